@@ -1,0 +1,16 @@
+"""daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
+
+>>> import daskstream as ds
+>>> sorted(ds.__all__)[:3]
+['ChunkPlan', 'DaskstreamError', 'Source']
+"""
+
+from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
+from daskstream.arrays import open
+from daskstream.errors import DaskstreamError
+from daskstream.planning import ChunkPlan, plan_chunks
+from daskstream.sources import Source, open_source
+
+__version__ = "0.1.0"
+
+__all__ = ["ChunkPlan", "DaskstreamError", "Source", "__version__", "open", "open_source", "plan_chunks"]

@@ -1,0 +1,86 @@
+"""Exceptions raised by daskstream.
+
+Every error raised on purpose derives from :class:`DaskstreamError`, and most
+also derive from the builtin a Python user would expect (``FileNotFoundError``,
+``ValueError``, ``TypeError``...), so ``except FileNotFoundError`` keeps working.
+Messages name the offending input and say what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChunkSplitWarning",
+    "CorruptSourceError",
+    "DaskstreamError",
+    "InvalidAxisError",
+    "InvalidBudgetError",
+    "InvalidChunksError",
+    "MemberNotFoundError",
+    "NotAZarrStoreError",
+    "NotAnArrayError",
+    "SourceChangedError",
+    "SourceNotFoundError",
+    "SourcePermissionError",
+    "UnknownFormatError",
+    "UnsupportedDtypeError",
+]
+
+
+class DaskstreamError(Exception):
+    """Base class of every error daskstream raises on purpose."""
+
+
+class SourceNotFoundError(DaskstreamError, FileNotFoundError):
+    """The path given does not exist."""
+
+
+class UnknownFormatError(DaskstreamError, ValueError):
+    """The file is neither .npy, HDF5 nor Zarr."""
+
+
+class NotAZarrStoreError(UnknownFormatError):
+    """A directory was given that holds no Zarr metadata."""
+
+
+class CorruptSourceError(DaskstreamError, OSError):
+    """The file is truncated, damaged or not what its signature claims."""
+
+
+class UnsupportedDtypeError(DaskstreamError, TypeError):
+    """The array's dtype cannot be read safely (object, variable-length...)."""
+
+
+class MemberNotFoundError(DaskstreamError, KeyError):
+    """The HDF5 dataset or Zarr member named does not exist."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its argument; a sentence reads better unquoted.
+        return str(self.args[0]) if self.args else ""
+
+
+class NotAnArrayError(DaskstreamError, TypeError):
+    """A group was named where an array was expected."""
+
+
+class InvalidBudgetError(DaskstreamError, ValueError):
+    """A memory budget that is not a positive number of bytes."""
+
+
+class InvalidChunksError(DaskstreamError, ValueError):
+    """A chunk specification that does not fit the array."""
+
+
+class SourceChangedError(DaskstreamError, RuntimeError):
+    """The file changed on disk after it was opened."""
+
+
+class ChunkSplitWarning(UserWarning):
+    """Chunks split storage chunks, so some are read more than once."""
+
+
+class InvalidAxisError(DaskstreamError, ValueError, IndexError):
+    """An axis outside the array's dimensions."""
+
+
+class SourcePermissionError(DaskstreamError, PermissionError):
+    """The path exists but cannot be read."""

@@ -1,0 +1,1 @@
+"""Where computations run: resources of the machine or cluster, schedulers."""

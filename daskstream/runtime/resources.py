@@ -1,0 +1,120 @@
+"""What the planner may assume about the place a computation runs.
+
+Precedence for the memory budget and thread counts: an explicit argument,
+then the setting ``daskstream.memory-budget`` when it is not ``"auto"``, then
+the active distributed Client's workers, then this machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import sys
+from dataclasses import dataclass
+
+import dask.config
+
+from daskstream import config
+
+_MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Memory and parallelism one computation may use.
+
+    Attributes
+    ----------
+    memory_budget
+        Bytes per worker process, shared by its threads.
+    threads
+        Tasks a worker runs at once.
+    workers
+        Worker processes.
+    origin
+        Where the figures came from, for explanations.
+    """
+
+    memory_budget: int
+    threads: int
+    workers: int
+    origin: str
+
+
+def detect_resources() -> Resources:
+    """Resources of the active distributed Client, else of this machine."""
+    return _client_resources() or machine_resources()
+
+
+def machine_resources() -> Resources:
+    """A share of this machine's available memory and its usable CPUs."""
+    import psutil
+
+    fraction = float(config.get("planning.machine-memory-fraction"))
+    budget = int(psutil.virtual_memory().available * fraction)
+    threads = dask.config.get("num_workers", None) or _usable_cpus()
+    return Resources(
+        memory_budget=budget,
+        threads=int(threads),
+        workers=1,
+        origin=f"this machine ({fraction:.0%} of available memory, {threads} CPU(s))",
+    )
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _client_resources() -> Resources | None:
+    # Only a program that imported distributed can have a Client; do not import it for nothing.
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import default_client
+
+    try:
+        client = default_client()
+    except ValueError:
+        return None
+    if client.status != "running":
+        return None
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    limits = [w.get("memory_limit") or 0 for w in workers]
+    if not workers or not all(limits):
+        return None
+    threads = min(w["nthreads"] for w in workers)
+    return Resources(
+        memory_budget=min(limits),
+        threads=threads,
+        workers=len(workers),
+        origin=f"the distributed Client at {client.scheduler.address}",
+    )
+
+
+@functools.cache
+def last_level_cache_bytes() -> int | None:
+    """Size of the CPU's largest cache, from sysfs; ``None`` where unknown."""
+    sizes = []
+    for entry in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        try:
+            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]])
+        except (KeyError, ValueError):
+            continue
+    return max(sizes, default=None)
+
+
+def cache_sized_chunk_bytes() -> int:
+    """A quarter of the last-level cache, clamped to [4 MiB, 64 MiB].
+
+    A chunk that size is still in cache when the op runs over it right after
+    the read; measured on a 32 MiB-L3 machine, 4-16 MiB chunks reduce a warm
+    .npy about twice as fast as 128 MiB ones. Unknown caches get 8 MiB.
+    """
+    llc = last_level_cache_bytes()
+    if llc is None:
+        return 8 * _MiB
+    return min(max(llc // 4, 4 * _MiB), 64 * _MiB)

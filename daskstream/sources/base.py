@@ -1,0 +1,211 @@
+"""The Source protocol: what every format reader exposes."""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from html import escape
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from daskstream.errors import InvalidChunksError, SourceNotFoundError, SourcePermissionError
+
+if TYPE_CHECKING:
+    from daskstream.planning.chunks import ChunkPlan
+
+Region = tuple[slice, ...]
+
+
+class Source(ABC):
+    """A lazily read array on disk: a small, picklable description of it.
+
+    A Source holds no open file handle and none of the array's data, so it can
+    sit in a dask graph and travel to worker processes; :meth:`read` opens the
+    file in whichever process it runs (see :mod:`daskstream.sources.handles`).
+
+    Attributes
+    ----------
+    format
+        ``"npy"``, ``"hdf5"`` or ``"zarr"``.
+    path
+        Where the data is (a local path or a URL).
+    dataset
+        The HDF5 dataset or Zarr member, ``None`` for a .npy file or a root array.
+    shape, dtype
+        The array's shape and its dtype in native byte order (what reads return).
+    storage_chunks
+        The on-disk chunk grid (the shard grid for sharded Zarr); ``None`` when
+        the data is stored contiguously.
+    layout
+        ``"C"`` or ``"F"`` for contiguous data, ``"chunked"`` otherwise.
+    token
+        A stable identity from the path, size, modification time and dataset:
+        equal for the same unchanged data, different once it is rewritten.
+    """
+
+    format: ClassVar[str]
+
+    path: str
+    dataset: str | None
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    storage_chunks: tuple[int, ...] | None
+    layout: str
+    token: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the whole array occupies in memory."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def name(self) -> str:
+        """``path`` or ``path::dataset``, as a user would write it."""
+        return self.path if self.dataset is None else f"{self.path}::{self.dataset}"
+
+    def read(self, region: Any = ()) -> np.ndarray:
+        """Read ``region`` (a tuple of slices and ints, like numpy indexing) into memory.
+
+        Returns a new native-byte-order numpy array that owns its data.
+        """
+        box, post = normalize_region(region, self.shape)
+        shape = tuple(s.stop - s.start for s in box)
+        out = np.empty(shape, dtype=self.dtype) if math.prod(shape) == 0 else self._read_box(box)
+        return out[post] if post else out
+
+    def __getitem__(self, region: Any) -> np.ndarray:
+        return self.read(region)
+
+    @abstractmethod
+    def _read_box(self, box: Region) -> np.ndarray:
+        """Read a non-empty box of unit-step slices within bounds."""
+
+    def plan(self, **kwargs: Any) -> ChunkPlan:
+        """Plan chunks for this source; keyword arguments go to :func:`daskstream.plan_chunks`."""
+        from daskstream.planning.chunks import plan_chunks
+
+        return plan_chunks(self.shape, self.dtype, storage_chunks=self.storage_chunks, layout=self.layout, **kwargs)
+
+    def describe_storage(self) -> str:
+        """One line on how the data sits on disk (codecs, chunks...)."""
+        if self.storage_chunks is None:
+            return f"contiguous, {self.layout} order"
+        return f"chunked {self.storage_chunks}"
+
+    def __repr__(self) -> str:
+        return (
+            f"<daskstream {type(self).__name__} {self.name!r} shape={self.shape} dtype={self.dtype} "
+            f"{self.describe_storage()}>"
+        )
+
+    def _repr_html_(self) -> str:
+        from daskstream.planning.budget import format_size
+
+        rows = [
+            ("format", self.format),
+            ("path", self.path),
+            ("dataset", self.dataset or "-"),
+            ("shape", self.shape),
+            ("dtype", self.dtype),
+            ("size", format_size(self.nbytes)),
+            ("storage", self.describe_storage()),
+        ]
+        body = "".join(
+            f"<tr><th style='text-align:left'>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows
+        )
+        return f"<div><strong>daskstream Source</strong><table>{body}</table></div>"
+
+
+def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple]:
+    """Split a numpy-style index into a unit-step bounding box and what to apply after.
+
+    Returns ``(box, post)``: ``box`` is one ``slice(start, stop)`` per axis; ``post``
+    is an index into the box that yields the requested result (empty when the
+    box already is it).
+
+    >>> normalize_region((slice(2, 8, 3), 1), (10, 4))
+    ((slice(2, 6, None), slice(1, 2, None)), (slice(0, 4, 3), 0))
+    """
+    if not isinstance(region, tuple):
+        region = (region,)
+    if any(r is Ellipsis for r in region):
+        at = next(i for i, r in enumerate(region) if r is Ellipsis)
+        fill = (slice(None),) * (len(shape) - len(region) + 1)
+        region = region[:at] + fill + region[at + 1 :]
+    if len(region) > len(shape):
+        raise InvalidChunksError(f"index {region!r} has {len(region)} entries but the array has {len(shape)} axes")
+    region = tuple(region) + (slice(None),) * (len(shape) - len(region))
+    box, post, trivial = [], [], True
+    for index, n in zip(region, shape):
+        if isinstance(index, slice):
+            picked = range(*index.indices(n))
+            if len(picked) == 0:
+                box.append(slice(0, 0))
+                post.append(slice(None))
+                continue
+            lo, hi = min(picked[0], picked[-1]), max(picked[0], picked[-1]) + 1
+            box.append(slice(lo, hi))
+            if picked.step == 1:
+                post.append(slice(None))
+                continue
+            stop = picked[-1] - lo + (1 if picked.step > 0 else -1)
+            post.append(slice(picked[0] - lo, stop if stop >= 0 else None, picked.step))
+            trivial = False
+        elif isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            i = int(index) + n if index < 0 else int(index)
+            if not 0 <= i < n:
+                raise IndexError(f"index {index} is out of bounds for an axis of length {n}")
+            box.append(slice(i, i + 1))
+            post.append(0)
+            trivial = False
+        else:
+            raise InvalidChunksError(f"index {index!r} is not supported; use slices and ints")
+    return tuple(box), (() if trivial else tuple(post))
+
+
+def file_stamp(path: str) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of a local path, with our errors for missing or unreadable ones."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"{path}: no such file or directory; check the path") from None
+    except PermissionError:
+        raise SourcePermissionError(f"{path}: permission denied; check the file's permissions") from None
+    return st.st_size, st.st_mtime_ns
+
+
+def native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order (what reads return)."""
+    return dtype.newbyteorder("=") if not dtype.isnative else dtype
+
+
+def to_native(array: np.ndarray) -> np.ndarray:
+    """Swap bytes in place where the array is not in native order."""
+    if array.dtype.isnative:
+        return array
+    array.byteswap(inplace=True)
+    return array.view(native(array.dtype))
+
+
+def listing(names: list[str], *, empty: str = "nothing", limit: int = 20) -> str:
+    """Names for an error message, shortened after ``limit``.
+
+    >>> listing(["a", "b"])
+    'a, b'
+    >>> listing([str(i) for i in range(25)], limit=3)
+    '0, 1, 2 and 22 more'
+    """
+    if not names:
+        return empty
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"

@@ -1,0 +1,86 @@
+"""Reading boxes out of a contiguous array stored at a byte offset in a file.
+
+Shared by .npy files and contiguous HDF5 datasets. Full slabs (every axis
+after the slowest one whole) are one ``preadv`` into a fresh buffer: no memory
+map outlives the read, so a worker's RSS holds only the chunks it works on.
+Other boxes map just the byte span they touch, copy it out and unmap.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+
+import numpy as np
+
+from daskstream.sources.base import Region, to_native
+
+# Linux transfers at most this many bytes per read call.
+_MAX_READ = 0x7FFFF000
+
+
+def read_contiguous_box(
+    path: str,
+    offset: int,
+    file_dtype: np.dtype,
+    shape: tuple[int, ...],
+    fortran_order: bool,
+    box: Region,
+) -> np.ndarray:
+    """Read ``box`` of an array of ``shape`` stored contiguously at ``offset`` of ``path``."""
+    if fortran_order:
+        # An F-ordered array is the C-ordered transpose: read that and transpose back.
+        block = read_contiguous_box(path, offset, file_dtype, shape[::-1], False, box[::-1])
+        return block.T
+    itemsize = file_dtype.itemsize
+    # One contiguous byte range when, after the first axis spanning more than one index, all axes are whole.
+    spanning = next((a for a, s in enumerate(box) if s.stop - s.start > 1), len(shape))
+    contiguous = all(box[a] == slice(0, shape[a]) for a in range(spanning + 1, len(shape)))
+    strides = _c_strides(shape, itemsize)
+    start = offset + sum(s.start * st for s, st in zip(box, strides))
+    out_shape = tuple(s.stop - s.start for s in box)
+    with open(path, "rb", buffering=0) as f:
+        if contiguous:
+            out = np.empty(out_shape, dtype=file_dtype)
+            _pread_into(f.fileno(), memoryview(out).cast("B"), start)
+            return to_native(out)
+        return _copy_from_map(f.fileno(), start, offset, file_dtype, shape, box, strides)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    return tuple(math.prod(shape[a + 1 :]) * itemsize for a in range(len(shape)))
+
+
+def _pread_into(fd: int, view: memoryview, position: int) -> None:
+    done, total = 0, len(view)
+    while done < total:
+        n = os.preadv(fd, [view[done : done + _MAX_READ]], position + done)
+        if n == 0:
+            raise EOFError(f"file ended {total - done} bytes before the data it declares")
+        done += n
+
+
+def _copy_from_map(
+    fd: int,
+    start: int,
+    offset: int,
+    file_dtype: np.dtype,
+    shape: tuple[int, ...],
+    box: Region,
+    strides: tuple[int, ...],
+) -> np.ndarray:
+    # Map only the span from the box's first to last byte, aligned down to a page.
+    last = offset + sum((s.stop - 1) * st for s, st in zip(box, strides)) + file_dtype.itemsize
+    page_start = start - start % mmap.ALLOCATIONGRANULARITY
+    with mmap.mmap(fd, last - page_start, access=mmap.ACCESS_READ, offset=page_start) as mapped:
+        view = np.ndarray(
+            shape=tuple(s.stop - s.start for s in box),
+            dtype=file_dtype,
+            buffer=mapped,
+            offset=start - page_start,
+            strides=strides,
+        )
+        out = np.array(view, order="C")
+        del view  # release the buffer before the map closes
+    return to_native(out)

@@ -1,0 +1,175 @@
+"""HDF5 datasets, read through h5py with one cached file handle per process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import numpy as np
+
+from daskstream.errors import (
+    CorruptSourceError,
+    MemberNotFoundError,
+    NotAnArrayError,
+    UnsupportedDtypeError,
+)
+from daskstream.sources.base import Region, Source, file_stamp, listing, native
+from daskstream.sources.contiguous import read_contiguous_box
+from daskstream.sources.handles import cached_handle
+from daskstream.sources.tokens import source_token
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+# Raw on-disk bytes equal numpy's for these kinds, so contiguous data can skip h5py.
+_RAW_READABLE_KINDS = set("biufcS")
+
+
+def _h5py() -> Any:
+    import h5py
+
+    with contextlib.suppress(ImportError):
+        # Registers the extra compression filters (blosc, zstd, lz4, bitshuffle...) when installed.
+        import hdf5plugin  # noqa: F401
+    return h5py
+
+
+class Hdf5Source(Source):
+    """One dataset of an HDF5 file: chunked, contiguous or compact.
+
+    Parameters
+    ----------
+    path
+        The HDF5 file.
+    dataset
+        Path of the dataset inside the file; may be omitted when the file holds
+        exactly one.
+
+    Notes
+    -----
+    Every filter h5py can decode is supported (gzip, lzf, shuffle, fletcher32,
+    scaleoffset, and the ``hdf5plugin`` filters when that package is
+    installed). Unwritten chunks read as the dataset's fill value. Contiguous
+    datasets of plain numeric types are read straight from their byte offset,
+    without h5py's global lock.
+    """
+
+    format = "hdf5"
+
+    def __init__(self, path: str | os.PathLike[str], dataset: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        size, mtime_ns = file_stamp(self.path)
+        h5py = _h5py()
+        try:
+            f = h5py.File(self.path, "r")
+        except OSError as exc:
+            raise CorruptSourceError(
+                f"{self.path}: HDF5 could not open the file ({_first_line(exc)}); it may be "
+                "truncated or damaged: re-create or re-copy it"
+            ) from None
+        with f:
+            dset = _find_dataset(f, self.path, dataset, h5py)
+            self.dataset = dset.name
+            self._describe(dset, h5py)
+        self.token = source_token(self.format, self.path, size, mtime_ns, dataset=self.dataset)
+
+    def _describe(self, dset: Any, h5py: Any) -> None:
+        if dset.shape is None:
+            raise NotAnArrayError(f"{self.name}: the dataset has an empty (null) dataspace and holds no array")
+        file_dtype = dset.dtype
+        if (
+            file_dtype.hasobject
+            or h5py.check_vlen_dtype(file_dtype) is not None
+            or (h5py.check_string_dtype(file_dtype) is not None and h5py.check_string_dtype(file_dtype).length is None)
+        ):
+            raise UnsupportedDtypeError(
+                f"{self.name}: dtype {file_dtype} is variable-length or holds references, which "
+                "cannot be read as a numpy array; store fixed-width data instead"
+            )
+        self.shape = tuple(int(n) for n in dset.shape)
+        self.dtype = native(file_dtype)
+        dcpl = dset.id.get_create_plist()
+        kind = dcpl.get_layout()
+        self.filters = tuple(dcpl.get_filter(i)[3].decode(errors="replace") for i in range(dcpl.get_nfilters()))
+        self.storage_chunks = tuple(int(c) for c in dset.chunks) if dset.chunks else None
+        self.layout = "chunked" if self.storage_chunks else "C"
+        self.storage_kind = {h5py.h5d.COMPACT: "compact", h5py.h5d.CONTIGUOUS: "contiguous"}.get(kind, "chunked")
+        self.raw_offset = None
+        if (
+            kind == h5py.h5d.CONTIGUOUS
+            and dcpl.get_external_count() == 0
+            and file_dtype.kind in _RAW_READABLE_KINDS
+            and not file_dtype.fields
+            and dset.id.get_type().get_size() == file_dtype.itemsize
+        ):
+            # None until the data is written; then unwritten data reads as the fill value via h5py.
+            self.raw_offset = dset.id.get_offset()
+        self.file_dtype = file_dtype
+
+    def _dataset(self) -> Any:
+        def open_file() -> Any:
+            return _h5py().File(self.path, "r")
+
+        return cached_handle(("hdf5", self.path, self.token), open_file)[self.dataset]
+
+    def _read_box(self, box: Region) -> np.ndarray:
+        if self.raw_offset is not None:
+            return read_contiguous_box(self.path, self.raw_offset, self.file_dtype, self.shape, False, box)
+        out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
+        try:
+            dset = self._dataset()
+            if self.ndim == 0:
+                out[...] = dset[()]
+            else:
+                dset.read_direct(out, source_sel=box)
+        except OSError as exc:
+            raise CorruptSourceError(
+                f"{self.name}: HDF5 could not read region {_box_text(box)} ({_first_line(exc)}); "
+                "the file may be damaged: re-create or re-copy it"
+            ) from None
+        return out
+
+    def describe_storage(self) -> str:
+        if self.storage_chunks is None:
+            return f"{self.storage_kind}"
+        filters = "+".join(self.filters) if self.filters else "no filters"
+        return f"chunked {self.storage_chunks}, {filters}"
+
+
+def _find_dataset(f: Any, path: str, dataset: str | None, h5py: Any) -> Any:
+    if dataset is None:
+        found = _list_datasets(f, h5py)
+        if len(found) == 1:
+            return f[found[0]]
+        have = listing(found, empty="no datasets")
+        raise MemberNotFoundError(
+            f"{path}: give the dataset to read, as dataset=... or '{path}::/name'; the file has: {have}"
+        )
+    try:
+        obj = f[dataset]
+    except KeyError:
+        have = listing(_list_datasets(f, h5py), empty="no datasets")
+        raise MemberNotFoundError(f"dataset {dataset!r} not found in {path}; it has: {have}") from None
+    if not isinstance(obj, h5py.Dataset):
+        inside = listing(_list_datasets(obj, h5py), empty="none")
+        raise NotAnArrayError(f"{path}::{dataset} is a group, not a dataset; datasets inside it: {inside}")
+    return obj
+
+
+def _list_datasets(group: Any, h5py: Any) -> list[str]:
+    names: list[str] = []
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            names.append(obj.name)
+
+    group.visititems(visit)
+    return names
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _box_text(box: Region) -> str:
+    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in box) + "]"

@@ -1,0 +1,251 @@
+"""Zarr arrays (format 2 and 3) through zarr-python 3: directories, zip files and fsspec URLs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+from typing import Any
+
+import numpy as np
+
+from daskstream.errors import (
+    CorruptSourceError,
+    MemberNotFoundError,
+    NotAnArrayError,
+    SourceNotFoundError,
+    UnsupportedDtypeError,
+)
+from daskstream.sources.base import Region, Source, file_stamp, listing
+from daskstream.sources.handles import cached_handle
+from daskstream.sources.tokens import source_token
+
+ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
+
+# What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
+_ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError)
+
+
+def is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+class ZarrSource(Source):
+    """An array in a Zarr store.
+
+    Parameters
+    ----------
+    path
+        A store directory, a ``.zip`` file holding a store, or an fsspec URL
+        (``s3://``, ``gs://``, ``http://``... whatever fsspec can reach).
+    dataset
+        The array's path inside the store when the root is a group; may be
+        omitted when the store holds exactly one array.
+    storage_options
+        Passed to fsspec for URLs (credentials, endpoints...).
+
+    Notes
+    -----
+    ``storage_chunks`` is the shard grid for sharded arrays (the unit one task
+    can read without another task touching the same object), the chunk grid
+    otherwise. Missing chunks read as the fill value, as the format says.
+    """
+
+    format = "zarr"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dataset: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        path = os.fspath(path)
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        self.path = path if is_url(path) else os.path.abspath(path)
+        self.storage_options = dict(storage_options or {})
+        stamp = self._stamp(dataset)
+        array = self._open_member(dataset)
+        self.dataset = _member_name(array)
+        dtype = np.dtype(array.dtype)
+        if dtype.hasobject or dtype.kind == "T":
+            raise UnsupportedDtypeError(
+                f"{self.name}: dtype {array.dtype} holds variable-length or Python objects, which "
+                "daskstream does not read (it never unpickles data); store fixed-width data instead"
+            )
+        self.shape = tuple(int(n) for n in array.shape)
+        self.dtype = dtype
+        self.storage_chunks = tuple(int(c) for c in (array.shards or array.chunks))
+        self.inner_chunks = tuple(int(c) for c in array.chunks)
+        self.zarr_format = array.metadata.zarr_format
+        self.codecs = _codec_names(array)
+        self.layout = "chunked"
+        self.token = source_token(self.format, self.path, *stamp, dataset=self.dataset)
+
+    def _store(self) -> Any:
+        import zarr
+
+        if is_url(self.path):
+            return zarr.storage.FsspecStore.from_url(self.path, storage_options=self.storage_options, read_only=True)
+        if os.path.isfile(self.path):
+            return zarr.storage.ZipStore(self.path, mode="r")
+        return zarr.storage.LocalStore(self.path, read_only=True)
+
+    def _open_member(self, dataset: str | None) -> Any:
+        import zarr
+
+        member = (dataset or "").strip("/")
+        try:
+            node = zarr.open(store=self._store(), mode="r", path=member)
+        except zarr.errors.NodeNotFoundError:
+            if not member:
+                raise CorruptSourceError(f"{self.path}: holds no readable Zarr metadata; check the path") from None
+            have = listing(self.list_arrays(), empty="no arrays")
+            raise MemberNotFoundError(f"array {dataset!r} not found in {self.path}; it has: {have}") from None
+        except _ZARR_READ_ERRORS as exc:
+            raise self._metadata_error(member, exc) from None
+        if isinstance(node, zarr.Array):
+            return node
+        inside = self.list_arrays(member)
+        if not member and len(inside) == 1:
+            return self._open_member(inside[0])
+        if member:
+            raise NotAnArrayError(
+                f"{self.path}::{member} is a group, not an array; arrays inside it: {listing(inside, empty='none')}"
+            )
+        raise MemberNotFoundError(
+            f"{self.path}: the store's root is a group; give the array to read as dataset=... "
+            f"or '{self.path}::name'; it has: {listing(inside, empty='no arrays')}"
+        )
+
+    def list_arrays(self, under: str = "") -> list[str]:
+        """Paths of the arrays in the store (below ``under``), found from metadata keys alone.
+
+        Listing keys rather than opening every node keeps one unreadable array
+        from hiding the others.
+        """
+        import fsspec
+
+        if is_url(self.path):
+            fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
+        elif os.path.isfile(self.path):
+            fs, root = fsspec.filesystem("zip", fo=self.path), ""
+        else:
+            fs, root = fsspec.filesystem("file"), self.path
+        base = posixpath.join(root, under) if under else root
+        arrays = []
+        for key in fs.find(base):
+            parent, name = posixpath.split(key)
+            if name == ".zarray" or (name == "zarr.json" and _node_type(fs.cat_file(key)) == "array"):
+                arrays.append(posixpath.relpath(parent, root) if root else parent)
+        return sorted(a.strip("/") for a in arrays if a.strip("/") not in ("", "."))
+
+    def _metadata_error(self, member: str, exc: BaseException) -> Exception:
+        where = f"{self.path}::{member}" if member else self.path
+        dtype = self._declared_dtype(member)
+        if dtype is not None and np.dtype(dtype).kind in "SUO":
+            return UnsupportedDtypeError(
+                f"{where}: zarr-python cannot read this array's metadata (dtype {dtype}: {exc}); "
+                "rewrite it with a valid fill_value for that dtype, or convert the data to a numeric dtype"
+            )
+        return CorruptSourceError(
+            f"{where}: zarr could not read the store's metadata ({exc}); check or re-create the store"
+        )
+
+    def _declared_dtype(self, member: str) -> str | None:
+        if is_url(self.path) or not os.path.isdir(self.path):
+            return None
+        meta = os.path.join(self.path, member, ".zarray")
+        try:
+            with open(meta) as f:
+                declared = json.load(f).get("dtype")
+            np.dtype(declared)
+        except (OSError, ValueError, TypeError):
+            return None
+        return declared
+
+    def _stamp(self, dataset: str | None) -> tuple[Any, ...]:
+        """File stamps that change when the array is rewritten."""
+        if is_url(self.path):
+            return (self._remote_metadata_digest(dataset),)
+        if os.path.isfile(self.path):
+            return file_stamp(self.path)
+        if not os.path.isdir(self.path):
+            file_stamp(self.path)  # raises our not-found / permission error
+        member_dir = os.path.join(self.path, (dataset or "").strip("/"))
+        stamps: list[Any] = []
+        for name in ZARR_METADATA_FILES:
+            meta = os.path.join(member_dir, name)
+            if os.path.exists(meta):
+                stamps.extend((name, *file_stamp(meta)))
+        # Chunk files appearing or vanishing change the directory's own mtime.
+        if os.path.isdir(member_dir):
+            stamps.append(os.stat(member_dir).st_mtime_ns)
+        return tuple(stamps)
+
+    def _remote_metadata_digest(self, dataset: str | None) -> str:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
+        member = posixpath.join(root, (dataset or "").strip("/"))
+        for name in ZARR_METADATA_FILES:
+            try:
+                return hashlib.sha1(fs.cat_file(posixpath.join(member, name)), usedforsecurity=False).hexdigest()
+            except FileNotFoundError:
+                continue
+        raise SourceNotFoundError(f"{self.path}: no Zarr metadata found at {member}; check the URL and dataset")
+
+    def _array(self) -> Any:
+        import zarr
+
+        def open_array() -> Any:
+            return zarr.open_array(store=self._store(), path=self.dataset or "", mode="r")
+
+        return cached_handle(("zarr", self.path, self.dataset, self.token), open_array)
+
+    def _read_box(self, box: Region) -> np.ndarray:
+        try:
+            return np.asarray(self._array()[box])
+        except _ZARR_READ_ERRORS as exc:
+            region = "[" + ", ".join(f"{s.start}:{s.stop}" for s in box) + "]"
+            raise CorruptSourceError(
+                f"{self.name}: zarr could not read region {region} ({type(exc).__name__}: {exc}); "
+                "a chunk may be damaged: re-create or re-copy the store"
+            ) from exc
+
+    def describe_storage(self) -> str:
+        grid = (
+            f"shards {self.storage_chunks} of chunks {self.inner_chunks}"
+            if self.storage_chunks != self.inner_chunks
+            else f"chunks {self.storage_chunks}"
+        )
+        codecs = "+".join(self.codecs) or "no codecs"
+        return f"zarr v{self.zarr_format}, {grid}, {codecs}"
+
+
+def _member_name(array: Any) -> str | None:
+    name = (array.path or "").strip("/")
+    return name or None
+
+
+def _node_type(raw: bytes) -> str | None:
+    try:
+        return json.loads(raw).get("node_type")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _codec_names(array: Any) -> tuple[str, ...]:
+    meta = array.metadata
+    if meta.zarr_format == 2:
+        parts = [*(meta.filters or ()), meta.compressor]
+        return tuple(p.codec_id if hasattr(p, "codec_id") else type(p).__name__ for p in parts if p is not None)
+    names = []
+    for codec in meta.codecs:
+        names.append(type(codec).__name__.removesuffix("Codec").lower())
+        inner = getattr(codec, "codecs", None)
+        if inner:
+            names.extend(type(c).__name__.removesuffix("Codec").lower() for c in inner)
+    return tuple(names)
