@@ -12,6 +12,7 @@ __all__ = [
     "ChunkSplitWarning",
     "CorruptSourceError",
     "DaskstreamError",
+    "InvalidArgumentError",
     "InvalidAxisError",
     "InvalidBudgetError",
     "InvalidChunksError",
@@ -84,3 +85,7 @@ class InvalidAxisError(DaskstreamError, ValueError, IndexError):
 
 class SourcePermissionError(DaskstreamError, PermissionError):
     """The path exists but cannot be read."""
+
+
+class InvalidArgumentError(DaskstreamError, ValueError):
+    """Arguments that contradict each other or cannot be used together."""

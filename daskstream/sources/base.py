@@ -81,7 +81,12 @@ class Source(ABC):
         box, post = normalize_region(region, self.shape)
         shape = tuple(s.stop - s.start for s in box)
         out = np.empty(shape, dtype=self.dtype) if math.prod(shape) == 0 else self._read_box(box)
-        return out[post] if post else out
+        if not post:
+            return out
+        # The Ellipsis keeps an all-int index an array rather than a numpy scalar; the copy keeps a
+        # strided pick from holding the whole bounding box in memory.
+        picked = out[(*post, Ellipsis)]
+        return picked if picked.size == out.size else picked.copy()
 
     def __getitem__(self, region: Any) -> np.ndarray:
         return self.read(region)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 import zipfile
 
-from daskstream.errors import CorruptSourceError, NotAZarrStoreError, SourcePermissionError, UnknownFormatError
+from daskstream.errors import (
+    CorruptSourceError,
+    InvalidArgumentError,
+    NotAZarrStoreError,
+    SourcePermissionError,
+    UnknownFormatError,
+)
 from daskstream.sources.base import file_stamp
 from daskstream.sources.hdf5 import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
@@ -38,7 +44,7 @@ def split_dataset(path: str, dataset: str | None) -> tuple[str, str | None]:
     if "::" in path:
         path, _, inner = path.partition("::")
         if dataset is not None and dataset != inner:
-            raise UnknownFormatError(
+            raise InvalidArgumentError(
                 f"{path}: dataset given twice, as {inner!r} after '::' and as dataset={dataset!r}; give it once"
             )
         return path, inner

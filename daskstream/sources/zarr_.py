@@ -23,6 +23,9 @@ from daskstream.sources.tokens import source_token
 
 ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
+# Keys of fsspec's info() that change when an object is rewritten (S3, GCS, Azure, HTTP, local, memory).
+_VERSION_STAMP_KEYS = ("ETag", "etag", "LastModified", "last_modified", "generation", "updated", "mtime", "created")
+
 # What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
 _ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError)
 
@@ -191,10 +194,15 @@ class ZarrSource(Source):
         fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         member = posixpath.join(root, (dataset or "").strip("/"))
         for name in ZARR_METADATA_FILES:
+            key = posixpath.join(member, name)
             try:
-                return hashlib.sha1(fs.cat_file(posixpath.join(member, name)), usedforsecurity=False).hexdigest()
+                digest = hashlib.sha1(fs.cat_file(key), usedforsecurity=False)
+                info = fs.info(key)
             except FileNotFoundError:
                 continue
+            # Rewritten data often leaves identical metadata bytes; the object's version stamp does not.
+            digest.update(repr([(k, info[k]) for k in _VERSION_STAMP_KEYS if k in info]).encode())
+            return digest.hexdigest()
         raise SourceNotFoundError(f"{self.path}: no Zarr metadata found at {member}; check the URL and dataset")
 
     def _array(self) -> Any:

@@ -1,0 +1,130 @@
+"""Shared fixtures: real files and a real dask cluster of separate processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _fresh_handles():
+    """Tests rewrite files under the same names: start each with no cached file handles."""
+    from daskstream.sources.handles import forget_handles
+
+    forget_handles()
+    yield
+    forget_handles()
+
+
+@pytest.fixture(scope="session")
+def dask_cluster(tmp_path_factory):
+    """A ``dask scheduler`` and two single-threaded ``dask worker`` processes on 127.0.0.1.
+
+    Yields the scheduler file path. The processes are real, started from the
+    command line as a user would, and killed at the end of the session.
+    """
+    folder = tmp_path_factory.mktemp("cluster")
+    scheduler_file = folder / "scheduler.json"
+    dask = shutil.which("dask")
+    base = [dask] if dask else [sys.executable, "-m", "dask"]
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    logs = [(folder / "scheduler.log").open("w"), (folder / "workers.log").open("w")]
+    scheduler = subprocess.Popen(
+        [
+            *base,
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=logs[0],
+        env=env,
+        start_new_session=True,
+    )
+    workers = []
+    try:
+        _wait_for(scheduler_file.exists, "the scheduler file", scheduler)
+        workers.append(
+            subprocess.Popen(
+                [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers", "2",
+                 "--nthreads", "1", "--memory-limit", "1GiB", "--no-dashboard"],
+                stdout=subprocess.DEVNULL,
+                stderr=logs[1],
+                env=env,
+                start_new_session=True,
+            )
+        )  # fmt: skip
+        from distributed import Client
+
+        with Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        yield scheduler_file
+    finally:
+        for proc in [*workers, scheduler]:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        for proc in [*workers, scheduler]:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
+def _wait_for(condition, what, proc, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process waiting for {what} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def sample_files(tmp_path) -> dict[str, tuple[str, np.ndarray]]:
+    """The same float32 array as .npy, HDF5 (chunked gzip), HDF5 contiguous, Zarr v2 and v3 (sharded)."""
+    import h5py
+    import zarr
+
+    rng = np.random.default_rng(42)
+    data = rng.standard_normal((300, 70)).astype("f4")
+    files = {}
+    npy = tmp_path / "a.npy"
+    np.save(npy, data)
+    files["npy"] = (str(npy), data)
+    h5 = tmp_path / "a.h5"
+    with h5py.File(h5, "w") as f:
+        f.create_dataset("chunked", data=data, chunks=(32, 16), compression="gzip", shuffle=True)
+        f.create_dataset("contiguous", data=data)
+    files["hdf5-chunked"] = (f"{h5}::/chunked", data)
+    files["hdf5-contiguous"] = (f"{h5}::/contiguous", data)
+    v2 = zarr.create_array(tmp_path / "v2.zarr", shape=data.shape, chunks=(40, 30), dtype="f4", zarr_format=2)
+    v2[...] = data
+    files["zarr-v2"] = (str(tmp_path / "v2.zarr"), data)
+    v3 = zarr.create_array(tmp_path / "v3.zarr", shape=data.shape, chunks=(20, 35), shards=(60, 70), dtype="f4")
+    v3[...] = data
+    files["zarr-v3-sharded"] = (str(tmp_path / "v3.zarr"), data)
+    return files
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]

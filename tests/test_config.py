@@ -1,0 +1,82 @@
+"""Configuration: defaults in one YAML file, documented in the schema, overridable the dask way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dask
+import yaml
+
+import daskstream as ds
+
+PACKAGE = Path(ds.__file__).parent
+
+
+def _keys(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _schema_keys(node, prefix=""):
+    for key, value in node.get("properties", {}).items():
+        if value.get("type") == "object":
+            yield from _schema_keys(value, f"{prefix}{key}.")
+        else:
+            assert value.get("description"), f"{prefix}{key} has no description"
+            yield f"{prefix}{key}"
+
+
+def test_every_default_is_documented_in_the_schema():
+    defaults = yaml.safe_load((PACKAGE / "daskstream.yaml").read_text())
+    schema = yaml.safe_load((PACKAGE / "daskstream-schema.yaml").read_text())
+    assert set(_keys(defaults)) == set(_schema_keys(schema))
+
+
+def test_defaults_are_registered_with_dask():
+    assert dask.config.get("daskstream.memory-budget") == "auto"
+    assert dask.config.get("daskstream.planning.working-set-factor") == 3
+
+
+def test_config_budget_is_used_and_an_argument_wins():
+    with dask.config.set({"daskstream.memory-budget": "48MiB"}):
+        assert ds.plan_chunks((1000,), "f4", threads=1, workers=1).memory_budget == 48 * 2**20
+        assert ds.plan_chunks((1000,), "f4", threads=1, workers=1, memory_budget="1GiB").memory_budget == 2**30
+
+
+def test_environment_variable_sets_the_budget():
+    env = {**os.environ, "DASK_DASKSTREAM__MEMORY_BUDGET": "96MiB"}
+    code = "import daskstream as ds; print(ds.plan_chunks((10,), 'f4', threads=1, workers=1).memory_budget)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(96 * 2**20)
+
+
+def test_machine_default_budget_is_a_share_of_available_memory():
+    import psutil
+
+    plan = ds.plan_chunks((10,), "f4", threads=1, workers=1)
+    available = psutil.virtual_memory().available
+    assert 0.3 * available < plan.memory_budget <= 0.5 * available * 1.1
+
+
+def test_planning_imports_no_dask_at_module_level():
+    """The planner stays pure: dask may only be imported inside functions."""
+    import ast
+
+    for module in (PACKAGE / "planning").glob("*.py"):
+        tree = ast.parse(module.read_text())
+        for node in tree.body:
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "dask" or n.startswith(("dask.", "distributed")) for n in names), module.name
+            assert not any(n.startswith(("h5py", "zarr", "daskstream.sources", "daskstream.runtime")) for n in names), (
+                module.name
+            )

@@ -1,0 +1,252 @@
+"""Bad input: each case raises a DaskstreamError subclass (and the matching builtin) naming the input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+import daskstream as ds
+from daskstream import errors
+
+# ---------------------------------------------------------------------------
+# Builders: each writes one bad input into ``tmp`` and returns (call, text the message must contain).
+
+
+def missing_path(tmp):
+    return lambda: ds.open(tmp / "nope.npy"), "nope.npy"
+
+
+def missing_path_with_dataset(tmp):
+    return lambda: ds.open(f"{tmp}/nope.h5::/x"), "nope.h5"
+
+
+def plain_directory(tmp):
+    (tmp / "plain").mkdir()
+    return lambda: ds.open(tmp / "plain"), "plain"
+
+
+def unknown_format(tmp):
+    (tmp / "notes.txt").write_text("hello, not an array")
+    return lambda: ds.open(tmp / "notes.txt"), "notes.txt"
+
+
+def empty_file(tmp):
+    (tmp / "empty.npy").write_bytes(b"")
+    return lambda: ds.open(tmp / "empty.npy"), "empty.npy"
+
+
+def truncated_npy(tmp):
+    np.save(tmp / "t.npy", np.zeros((100, 100)))
+    with open(tmp / "t.npy", "r+b") as f:
+        f.truncate(4000)
+    # Caught at open from the file size, not later in a task.
+    return lambda: ds.open_source(tmp / "t.npy"), "t.npy"
+
+
+def garbage_npy_header(tmp):
+    (tmp / "g.npy").write_bytes(b"\x93NUMPY\x01\x00\x10\x00{'nonsense': 1}  \n" + b"\0" * 64)
+    return lambda: ds.open(tmp / "g.npy"), "g.npy"
+
+
+def misnamed_h5(tmp):
+    (tmp / "fake.h5").write_bytes(b"this is not hdf5" * 10)
+    return lambda: ds.open(tmp / "fake.h5"), "fake.h5"
+
+
+def truncated_h5(tmp):
+    with h5py.File(tmp / "t.h5", "w") as f:
+        f["x"] = np.arange(10000.0)
+    size = os.path.getsize(tmp / "t.h5")
+    with open(tmp / "t.h5", "r+b") as f:
+        f.truncate(size // 2)
+    return lambda: ds.open(f"{tmp}/t.h5::/x"), "t.h5"
+
+
+def object_npy(tmp):
+    np.save(tmp / "o.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    return lambda: ds.open(tmp / "o.npy"), "o.npy"
+
+
+def vlen_string_h5(tmp):
+    with h5py.File(tmp / "s.h5", "w") as f:
+        f.create_dataset("names", data=["a", "bb"], dtype=h5py.string_dtype())
+    return lambda: ds.open(f"{tmp}/s.h5::/names"), "names"
+
+
+def vlen_string_zarr(tmp):
+    a = zarr.create_array(tmp / "s.zarr", shape=(2,), dtype=str)
+    a[...] = np.array(["a", "bb"])
+    return lambda: ds.open(tmp / "s.zarr"), "s.zarr"
+
+
+def missing_h5_dataset(tmp):
+    with h5py.File(tmp / "m.h5", "w") as f:
+        f["entry/data"] = np.zeros(3)
+        f["entry/mask"] = np.zeros(3)
+    # The message lists what the file does have.
+    return lambda: ds.open(tmp / "m.h5", dataset="/entry/dat"), "/entry/data, /entry/mask"
+
+
+def ambiguous_h5(tmp):
+    with h5py.File(tmp / "two.h5", "w") as f:
+        f["a"] = np.zeros(3)
+        f["b"] = np.zeros(3)
+    return lambda: ds.open(tmp / "two.h5"), "/a, /b"
+
+
+def h5_group(tmp):
+    with h5py.File(tmp / "g.h5", "w") as f:
+        f["entry/data"] = np.zeros(3)
+    return lambda: ds.open(f"{tmp}/g.h5::/entry"), "/entry/data"
+
+
+def missing_zarr_member(tmp):
+    g = zarr.open_group(tmp / "g.zarr", mode="w")
+    g.create_array("temperature", shape=(3,), dtype="f4")
+    return lambda: ds.open(tmp / "g.zarr", dataset="pressure"), "temperature"
+
+
+def zarr_group(tmp):
+    g = zarr.open_group(tmp / "g.zarr", mode="w")
+    g.create_array("sub/x", shape=(3,), dtype="f4")
+    return lambda: ds.open(f"{tmp}/g.zarr::sub"), "sub/x"
+
+
+def zarr_broken_metadata(tmp):
+    zarr.create_array(tmp / "b.zarr", shape=(3,), dtype="f4")
+    (tmp / "b.zarr" / "zarr.json").write_text("{ not json")
+    return lambda: ds.open(tmp / "b.zarr"), "b.zarr"
+
+
+def dataset_for_npy(tmp):
+    np.save(tmp / "a.npy", np.zeros(3))
+    return lambda: ds.open(tmp / "a.npy", dataset="x"), "a.npy"
+
+
+def dataset_twice(tmp):
+    with h5py.File(tmp / "a.h5", "w") as f:
+        f["x"] = np.zeros(3)
+    return lambda: ds.open(f"{tmp}/a.h5::/x", dataset="/y"), "a.h5"
+
+
+def budget(value):
+    def build(tmp):
+        np.save(tmp / "a.npy", np.zeros(3))
+        return lambda: ds.open(tmp / "a.npy", memory_budget=value), repr(value)
+
+    return build
+
+
+def chunks(value):
+    def build(tmp):
+        np.save(tmp / "a.npy", np.zeros((4, 4)))
+        return lambda: ds.open(tmp / "a.npy", chunks=value), "a.npy"
+
+    return build
+
+
+def plan_axis(tmp):
+    return lambda: ds.plan_chunks((4, 4), "f4", reduce_axis=5, memory_budget="1MiB", threads=1, workers=1), "axis 5"
+
+
+CASES = [
+    (missing_path, errors.SourceNotFoundError, FileNotFoundError),
+    (missing_path_with_dataset, errors.SourceNotFoundError, FileNotFoundError),
+    (plain_directory, errors.NotAZarrStoreError, ValueError),
+    (unknown_format, errors.UnknownFormatError, ValueError),
+    (empty_file, errors.CorruptSourceError, OSError),
+    (truncated_npy, errors.CorruptSourceError, OSError),
+    (garbage_npy_header, errors.CorruptSourceError, OSError),
+    (misnamed_h5, errors.CorruptSourceError, OSError),
+    (truncated_h5, errors.CorruptSourceError, OSError),
+    (object_npy, errors.UnsupportedDtypeError, TypeError),
+    (vlen_string_h5, errors.UnsupportedDtypeError, TypeError),
+    (vlen_string_zarr, errors.UnsupportedDtypeError, TypeError),
+    (missing_h5_dataset, errors.MemberNotFoundError, KeyError),
+    (ambiguous_h5, errors.MemberNotFoundError, KeyError),
+    (h5_group, errors.NotAnArrayError, TypeError),
+    (missing_zarr_member, errors.MemberNotFoundError, KeyError),
+    (zarr_group, errors.NotAnArrayError, TypeError),
+    (zarr_broken_metadata, errors.CorruptSourceError, OSError),
+    (dataset_for_npy, errors.MemberNotFoundError, KeyError),
+    (dataset_twice, errors.InvalidArgumentError, ValueError),
+    (budget("0"), errors.InvalidBudgetError, ValueError),
+    (budget("-1"), errors.InvalidBudgetError, ValueError),
+    (budget("lots"), errors.InvalidBudgetError, ValueError),
+    (budget(0), errors.InvalidBudgetError, ValueError),
+    (budget(True), errors.InvalidBudgetError, ValueError),
+    (chunks((0, 4)), errors.InvalidChunksError, ValueError),
+    (chunks((-2, 4)), errors.InvalidChunksError, ValueError),
+    (chunks((2,)), errors.InvalidChunksError, ValueError),
+    (plan_axis, errors.InvalidAxisError, IndexError),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "builtin"),
+    CASES,
+    ids=[c[0].__name__ if c[0].__name__ != "build" else f"{c[1].__name__}-{i}" for i, c in enumerate(CASES)],
+)
+def test_bad_input_raises_a_clear_error(tmp_path, build, error, builtin):
+    call, mentioned = build(tmp_path)
+    with pytest.raises(error) as info:
+        call()
+    assert isinstance(info.value, errors.DaskstreamError)
+    assert isinstance(info.value, builtin)
+    assert mentioned in str(info.value)
+    # One readable sentence, not a library's traceback text.
+    assert "Traceback" not in str(info.value)
+
+
+def test_every_error_class_is_exported_and_documented():
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert cls.__doc__, name
+        if name != "ChunkSplitWarning":
+            assert issubclass(cls, errors.DaskstreamError)
+
+
+def test_object_npy_is_never_unpickled(tmp_path):
+    marker = tmp_path / "unpickled"
+    payload = _Trap(str(marker))
+    np.save(tmp_path / "o.npy", np.array([payload, None], dtype=object), allow_pickle=True)
+    assert not marker.exists()
+    with pytest.raises(errors.UnsupportedDtypeError):
+        ds.open(tmp_path / "o.npy").compute()
+    assert not marker.exists()
+
+
+class _Trap:
+    """Unpickling this writes a marker file: proof that something unpickled user data."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize(
+    ("args", "mentioned"),
+    [
+        (["plan", "{tmp}/nope.npy"], "nope.npy"),
+        (["plan", "{tmp}"], "Zarr metadata"),
+        (["plan", "{tmp}/a.npy", "--memory-budget", "lots"], "lots"),
+    ],
+    ids=["missing", "plain-directory", "bad-budget"],
+)
+def test_cli_prints_one_line_and_exits_2(tmp_path, args, mentioned):
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    cmd = [sys.executable, "-m", "daskstream", *(a.format(tmp=tmp_path) for a in args)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("daskstream: error:")
+    assert mentioned in lines[0]
