@@ -10,7 +10,17 @@ from daskstream.arrays import open
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan, plan_chunks
 from daskstream.sources import Source, open_source
+from daskstream.sources.handles import forget_handles as close_files
 
 __version__ = "0.1.0"
 
-__all__ = ["ChunkPlan", "DaskstreamError", "Source", "__version__", "open", "open_source", "plan_chunks"]
+__all__ = [
+    "ChunkPlan",
+    "DaskstreamError",
+    "Source",
+    "__version__",
+    "close_files",
+    "open",
+    "open_source",
+    "plan_chunks",
+]

@@ -12,7 +12,7 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from daskstream.errors import ChunkSplitWarning, InvalidChunksError
+from daskstream.errors import ChunkSplitWarning, InvalidArgumentError, InvalidChunksError
 from daskstream.planning.chunks import ChunkPlan, read_amplification, regular_grid
 from daskstream.sources import Source, open_source
 
@@ -63,7 +63,15 @@ def open(
     >>> float(x.sum().compute())
     66.0
     """
-    source = path if isinstance(path, Source) else open_source(path, dataset=dataset, storage_options=storage_options)
+    if isinstance(path, Source):
+        if dataset is not None or storage_options is not None:
+            raise InvalidArgumentError(
+                f"{path.name}: dataset= and storage_options= apply when opening a path, not an open Source; "
+                "pass them to open_source instead"
+            )
+        source = path
+    else:
+        source = open_source(path, dataset=dataset, storage_options=storage_options)
     return as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidAxisError",
     "InvalidBudgetError",
     "InvalidChunksError",
+    "InvalidIndexError",
     "MemberNotFoundError",
     "NotAZarrStoreError",
     "NotAnArrayError",
@@ -89,3 +90,7 @@ class SourcePermissionError(DaskstreamError, PermissionError):
 
 class InvalidArgumentError(DaskstreamError, ValueError):
     """Arguments that contradict each other or cannot be used together."""
+
+
+class InvalidIndexError(DaskstreamError, IndexError):
+    """An index into a source that is out of bounds or of an unsupported kind."""

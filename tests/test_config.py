@@ -80,3 +80,10 @@ def test_planning_imports_no_dask_at_module_level():
             assert not any(n.startswith(("h5py", "zarr", "daskstream.sources", "daskstream.runtime")) for n in names), (
                 module.name
             )
+
+
+def test_cluster_config_file_sets_the_budget(repo_root):
+    env = {**os.environ, "DASK_CONFIG": str(repo_root / "cluster-configs" / "local.yaml")}
+    code = "import daskstream as ds; print(ds.plan_chunks((10,), 'f4', threads=1, workers=1).memory_budget)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(2 * 2**30)

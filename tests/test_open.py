@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import daskstream as ds
-from daskstream.errors import ChunkSplitWarning, InvalidChunksError
+from daskstream.errors import ChunkSplitWarning, InvalidArgumentError, InvalidChunksError
 
 FORMATS = ["npy", "hdf5-chunked", "hdf5-contiguous", "zarr-v2", "zarr-v3-sharded"]
 
@@ -213,6 +213,22 @@ def test_distributed_cluster_of_real_processes(dask_cluster, sample_files, fmt):
         assert x.npartitions >= 4
         result = client.compute(x.mean(axis=0)).result()
         np.testing.assert_allclose(result, data.mean(axis=0), rtol=1e-5)
-        # The tasks ran in the worker processes, which opened the file themselves.
+        # The tasks ran in the worker processes, each of which opened the file itself.
         pids = set(client.run(os.getpid).values())
         assert os.getpid() not in pids
+        if fmt.startswith("hdf5-chunked"):
+
+            def cached_handle_formats():
+                # Defined here so it travels by value: the workers cannot import this test module.
+                from daskstream.sources import handles
+
+                return sorted({key[0] for key in handles._handles})
+
+            opened = client.run(cached_handle_formats)
+            assert all("hdf5" in formats for formats in opened.values()), opened
+
+
+def test_source_with_dataset_argument_is_refused(sample_files):
+    source = ds.open_source(sample_files["npy"][0])
+    with pytest.raises(InvalidArgumentError):
+        ds.open(source, dataset="x")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from daskstream.errors import InvalidChunksError, SourceNotFoundError, SourcePermissionError
+from daskstream.errors import InvalidIndexError, SourceNotFoundError, SourcePermissionError
 
 if TYPE_CHECKING:
     from daskstream.planning.chunks import ChunkPlan
@@ -148,7 +148,7 @@ def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple
         fill = (slice(None),) * (len(shape) - len(region) + 1)
         region = region[:at] + fill + region[at + 1 :]
     if len(region) > len(shape):
-        raise InvalidChunksError(f"index {region!r} has {len(region)} entries but the array has {len(shape)} axes")
+        raise InvalidIndexError(f"index {region!r} has {len(region)} entries but the array has {len(shape)} axes")
     region = tuple(region) + (slice(None),) * (len(shape) - len(region))
     box, post, trivial = [], [], True
     for index, n in zip(region, shape):
@@ -169,12 +169,12 @@ def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple
         elif isinstance(index, (int, np.integer)) and not isinstance(index, bool):
             i = int(index) + n if index < 0 else int(index)
             if not 0 <= i < n:
-                raise IndexError(f"index {index} is out of bounds for an axis of length {n}")
+                raise InvalidIndexError(f"index {index} is out of bounds for an axis of length {n}")
             box.append(slice(i, i + 1))
             post.append(0)
             trivial = False
         else:
-            raise InvalidChunksError(f"index {index!r} is not supported; use slices and ints")
+            raise InvalidIndexError(f"index {index!r} is not supported; use slices and ints")
     return tuple(box), (() if trivial else tuple(post))
 
 

@@ -43,7 +43,8 @@ def read_contiguous_box(
     with open(path, "rb", buffering=0) as f:
         if contiguous:
             out = np.empty(out_shape, dtype=file_dtype)
-            _pread_into(f.fileno(), memoryview(out).cast("B"), start)
+            # A byte view: memoryview refuses datetime, timedelta and some record dtypes.
+            _pread_into(f.fileno(), memoryview(out.reshape(-1).view(np.uint8)), start)
             return to_native(out)
         return _copy_from_map(f.fileno(), start, offset, file_dtype, shape, box, strides)
 

@@ -29,7 +29,12 @@ def cached_handle(key: Hashable, opener: Callable[[], Any]) -> Any:
 
 
 def forget_handles() -> None:
-    """Drop (and close where possible) every cached handle of this process."""
+    """Close every file this process keeps open for reading sources.
+
+    Reads reopen what they need. Call it before rewriting, in the same
+    process, an HDF5 file that daskstream has read: HDF5 refuses to truncate a
+    file that is still open.
+    """
     with _lock:
         handles = list(_handles.values())
         _handles.clear()

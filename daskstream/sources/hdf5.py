@@ -69,11 +69,13 @@ class Hdf5Source(Source):
             ) from None
         with f:
             dset = _find_dataset(f, self.path, dataset, h5py)
-            self.dataset = dset.name
-            self._describe(dset, h5py)
+            in_this_file = dset.file.id.fileno == f.id.fileno
+            # h5py names a dataset reached through an external link by its path in the other file.
+            self.dataset = dset.name if in_this_file else "/" + (dataset or "").strip("/")
+            self._describe(dset, h5py, in_this_file)
         self.token = source_token(self.format, self.path, size, mtime_ns, dataset=self.dataset)
 
-    def _describe(self, dset: Any, h5py: Any) -> None:
+    def _describe(self, dset: Any, h5py: Any, in_this_file: bool) -> None:
         if dset.shape is None:
             raise NotAnArrayError(f"{self.name}: the dataset has an empty (null) dataspace and holds no array")
         file_dtype = dset.dtype
@@ -93,10 +95,15 @@ class Hdf5Source(Source):
         self.filters = tuple(dcpl.get_filter(i)[3].decode(errors="replace") for i in range(dcpl.get_nfilters()))
         self.storage_chunks = tuple(int(c) for c in dset.chunks) if dset.chunks else None
         self.layout = "chunked" if self.storage_chunks else "C"
-        self.storage_kind = {h5py.h5d.COMPACT: "compact", h5py.h5d.CONTIGUOUS: "contiguous"}.get(kind, "chunked")
+        self.storage_kind = {
+            h5py.h5d.COMPACT: "compact",
+            h5py.h5d.CONTIGUOUS: "contiguous",
+            h5py.h5d.VIRTUAL: "virtual",
+        }.get(kind, "chunked")
         self.raw_offset = None
         if (
             kind == h5py.h5d.CONTIGUOUS
+            and in_this_file  # an external link's offset is into another file
             and dcpl.get_external_count() == 0
             and file_dtype.kind in _RAW_READABLE_KINDS
             and not file_dtype.fields

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import struct
+import tokenize
 from typing import Any
 
 import numpy as np
@@ -13,6 +16,8 @@ from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.tokens import source_token
 
 NPY_MAGIC = b"\x93NUMPY"
+# The largest header numpy parses without allow_pickle (numpy.lib.format reads no larger by default).
+_MAX_HEADER_BYTES = 10000
 
 
 class NpySource(Source):
@@ -67,7 +72,10 @@ def read_npy_header(path: str) -> tuple[int, np.dtype, bool, tuple[int, ...]]:
         try:
             version = fmt.read_magic(f)
             shape, fortran_order, dtype = _read_header(f, version)
-        except (ValueError, EOFError, SyntaxError, TypeError, KeyError) as exc:
+            if any(n < 0 for n in shape):
+                raise ValueError(f"negative dimension in shape {shape}")
+        # TokenError: numpy re-tokenizes headers it cannot parse, in case Python 2 wrote them.
+        except (ValueError, EOFError, SyntaxError, TypeError, KeyError, tokenize.TokenError) as exc:
             raise CorruptSourceError(
                 f"{path}: not a readable .npy file ({exc}); re-create it with numpy.save"
             ) from None
@@ -88,5 +96,29 @@ def _read_header(f: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], boo
         return fmt.read_array_header_2_0(f)
     if version == (3, 0):
         # Version 3 is version 2 with a UTF-8 header; numpy exposes no public reader for it.
-        return fmt._read_array_header(f, version=(3, 0))
+        return _read_header_3_0(f)
     raise ValueError(f"unknown .npy format version {version}")
+
+
+def _read_header_3_0(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Parse a version 3.0 header with the checks numpy applies to versions 1 and 2."""
+    (length,) = struct.unpack("<I", _read_exactly(f, 4))
+    if length > _MAX_HEADER_BYTES:
+        raise ValueError(f"header of {length} bytes is larger than numpy reads without allow_pickle")
+    text = _read_exactly(f, length).decode("utf-8")
+    header = ast.literal_eval(text)
+    if not isinstance(header, dict) or header.keys() != {"descr", "fortran_order", "shape"}:
+        raise ValueError(f"header is not a dict of descr, fortran_order and shape: {text.strip()!r}")
+    shape, fortran_order = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) for n in shape):
+        raise ValueError(f"shape is not a tuple of ints: {shape!r}")
+    if not isinstance(fortran_order, bool):
+        raise ValueError(f"fortran_order is not a bool: {fortran_order!r}")
+    return shape, fortran_order, np.lib.format.descr_to_dtype(header["descr"])
+
+
+def _read_exactly(f: Any, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise EOFError(f"the file ends inside the header ({len(data)} of {n} bytes)")
+    return data

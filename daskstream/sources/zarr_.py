@@ -17,7 +17,7 @@ from daskstream.errors import (
     SourceNotFoundError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, file_stamp, listing
+from daskstream.sources.base import Region, Source, file_stamp, listing, native
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.tokens import source_token
 
@@ -69,9 +69,13 @@ class ZarrSource(Source):
             path = path[len("file://") :]
         self.path = path if is_url(path) else os.path.abspath(path)
         self.storage_options = dict(storage_options or {})
-        stamp = self._stamp(dataset)
+        if not is_url(self.path):
+            file_stamp(self.path)  # our not-found / permission errors rather than zarr's
         array = self._open_member(dataset)
         self.dataset = _member_name(array)
+        # Stamp the array found, not the path given: a root group's files stay as they were
+        # when the one array inside it is rewritten.
+        stamp = self._stamp(self.dataset)
         dtype = np.dtype(array.dtype)
         if dtype.hasobject or dtype.kind == "T":
             raise UnsupportedDtypeError(
@@ -79,7 +83,8 @@ class ZarrSource(Source):
                 "daskstream does not read (it never unpickles data); store fixed-width data instead"
             )
         self.shape = tuple(int(n) for n in array.shape)
-        self.dtype = dtype
+        # Format 2 keeps the byte order in the dtype and zarr returns data in it.
+        self.dtype = native(dtype)
         self.storage_chunks = tuple(int(c) for c in (array.shards or array.chunks))
         self.inner_chunks = tuple(int(c) for c in array.chunks)
         self.zarr_format = array.metadata.zarr_format
@@ -103,6 +108,8 @@ class ZarrSource(Source):
         try:
             node = zarr.open(store=self._store(), mode="r", path=member)
         except zarr.errors.NodeNotFoundError:
+            if not member and is_url(self.path):
+                raise SourceNotFoundError(f"{self.path}: no Zarr metadata found there; check the URL") from None
             if not member:
                 raise CorruptSourceError(f"{self.path}: holds no readable Zarr metadata; check the path") from None
             have = listing(self.list_arrays(), empty="no arrays")
@@ -215,13 +222,14 @@ class ZarrSource(Source):
 
     def _read_box(self, box: Region) -> np.ndarray:
         try:
-            return np.asarray(self._array()[box])
+            out = np.asarray(self._array()[box])
         except _ZARR_READ_ERRORS as exc:
             region = "[" + ", ".join(f"{s.start}:{s.stop}" for s in box) + "]"
             raise CorruptSourceError(
                 f"{self.name}: zarr could not read region {region} ({type(exc).__name__}: {exc}); "
                 "a chunk may be damaged: re-create or re-copy the store"
             ) from exc
+        return out if out.dtype.isnative else out.astype(self.dtype)
 
     def describe_storage(self) -> str:
         grid = (
