@@ -1,0 +1,35 @@
+"""The README's commands and example are the ones that work."""
+
+from __future__ import annotations
+
+import re
+
+import h5py
+import numpy as np
+
+
+def _code_blocks(text, lang):
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def test_quick_start_has_two_commands_and_ci_runs_the_second(repo_root):
+    readme = (repo_root / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1]
+    commands = _code_blocks(quick, "bash")[0].strip().splitlines()
+    assert len(commands) == 2
+    assert "daskstream demo" in commands[0]
+    assert "pytest" in commands[1]
+    ci = (repo_root / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-1] == commands[1]
+
+
+def test_usage_example_runs(repo_root, tmp_path, monkeypatch):
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("## Using it", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    data = np.random.default_rng(1).random((64, 50))
+    with h5py.File("scan.h5", "w") as f:
+        f.create_dataset("/entry/data", data=data, chunks=(8, 50), compression="gzip")
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    np.testing.assert_allclose(scope["x"].mean(axis=0).compute(), data.mean(axis=0))
