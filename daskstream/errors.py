@@ -17,13 +17,18 @@ __all__ = [
     "InvalidBudgetError",
     "InvalidChunksError",
     "InvalidIndexError",
+    "KernelError",
+    "KernelShapeError",
     "MemberNotFoundError",
     "NotAZarrStoreError",
     "NotAnArrayError",
     "SourceChangedError",
     "SourceNotFoundError",
     "SourcePermissionError",
+    "TargetExistsError",
+    "TargetMismatchError",
     "UnknownFormatError",
+    "UnknownOperationError",
     "UnsupportedDtypeError",
 ]
 
@@ -94,3 +99,23 @@ class InvalidArgumentError(DaskstreamError, ValueError):
 
 class InvalidIndexError(DaskstreamError, IndexError):
     """An index into a source that is out of bounds or of an unsupported kind."""
+
+
+class UnknownOperationError(DaskstreamError, ValueError):
+    """A reduction or kernel name that daskstream does not know."""
+
+
+class KernelError(DaskstreamError, RuntimeError):
+    """A user kernel raised on one block; the message names the block."""
+
+
+class KernelShapeError(DaskstreamError, ValueError):
+    """A kernel returned blocks of another shape than it declared."""
+
+
+class TargetExistsError(DaskstreamError, FileExistsError):
+    """The store target already holds an array and overwrite was not asked for."""
+
+
+class TargetMismatchError(DaskstreamError, ValueError):
+    """An existing store target has another shape, dtype or chunking than the array written."""

@@ -249,15 +249,9 @@ def plan_chunks(
     (2500, 100)
     """
     from daskstream import config
+    from daskstream.runtime.resources import resolve_resources
 
-    budget = memory_budget if memory_budget is not None else config.get("memory-budget")
-    if threads is None or workers is None or budget == "auto":
-        from daskstream.runtime.resources import detect_resources
-
-        found = detect_resources()
-        threads = found.threads if threads is None else threads
-        workers = found.workers if workers is None else workers
-        budget = found.memory_budget if budget == "auto" else budget
+    found = resolve_resources(memory_budget=memory_budget, threads=threads, workers=workers)
     target = config.get("planning.target-chunk-bytes", target_chunk_bytes)
     if target == "auto":
         from daskstream.runtime.resources import cache_sized_chunk_bytes
@@ -268,9 +262,9 @@ def plan_chunks(
         dtype,
         storage_chunks=storage_chunks,
         layout=layout,
-        memory_budget=parse_budget(budget),
-        threads=threads,
-        workers=workers,
+        memory_budget=found.memory_budget,
+        threads=found.threads,
+        workers=found.workers,
         reduce_axis=reduce_axis,
         target_chunk_bytes=parse_budget(target, name="target_chunk_bytes"),
         working_set_factor=float(config.get("planning.working-set-factor", working_set_factor)),

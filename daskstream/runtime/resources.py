@@ -41,6 +41,35 @@ class Resources:
     workers: int
     origin: str
 
+    @property
+    def per_task_bytes(self) -> int:
+        """Bytes one of a worker's concurrent tasks may hold."""
+        return self.memory_budget // self.threads
+
+
+def resolve_resources(
+    *, memory_budget: int | str | None = None, threads: int | None = None, workers: int | None = None
+) -> Resources:
+    """The budget and parallelism to plan for: arguments first, then config, the Client, the machine.
+
+    Examples
+    --------
+    >>> resolve_resources(memory_budget="1GiB", threads=2, workers=1)
+    Resources(memory_budget=1073741824, threads=2, workers=1, origin='arguments')
+    """
+    from daskstream.planning.budget import parse_budget
+
+    budget = config.get("memory-budget", memory_budget)
+    if budget != "auto" and threads is not None and workers is not None:
+        return Resources(parse_budget(budget), threads, workers, origin="arguments")
+    found = detect_resources()
+    return Resources(
+        memory_budget=found.memory_budget if budget == "auto" else parse_budget(budget),
+        threads=found.threads if threads is None else threads,
+        workers=found.workers if workers is None else workers,
+        origin=found.origin,
+    )
+
 
 def detect_resources() -> Resources:
     """Resources of the active distributed Client, else of this machine."""

@@ -1,0 +1,1 @@
+"""Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
