@@ -7,6 +7,7 @@
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
 from daskstream.arrays import open
+from daskstream.compute import describe, kernels, map_blocks, reduce
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan, plan_chunks
 from daskstream.sources import Source, open_source
@@ -20,7 +21,11 @@ __all__ = [
     "Source",
     "__version__",
     "close_files",
+    "describe",
+    "kernels",
+    "map_blocks",
     "open",
     "open_source",
     "plan_chunks",
+    "reduce",
 ]

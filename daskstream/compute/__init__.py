@@ -1,1 +1,20 @@
 """Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
+
+from daskstream.compute import kernels
+from daskstream.compute.describe import Description, LazyDescription, describe
+from daskstream.compute.kernels import map_blocks
+from daskstream.compute.quantiles import median, quantile
+from daskstream.compute.reductions import OPERATIONS, histogram, reduce
+
+__all__ = [
+    "OPERATIONS",
+    "Description",
+    "LazyDescription",
+    "describe",
+    "histogram",
+    "kernels",
+    "map_blocks",
+    "median",
+    "quantile",
+    "reduce",
+]

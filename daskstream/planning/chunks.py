@@ -301,7 +301,7 @@ def plan_chunks_exact(
         storage_chunks = _normalize_storage_chunks(storage_chunks, shape)
     elif layout == "chunked":
         raise InvalidChunksError('layout="chunked" needs storage_chunks; give them or use layout "C" or "F"')
-    reduce_axes = None if reduce_axis is None else _normalize_axes(reduce_axis, ndim)
+    reduce_axes = None if reduce_axis is None else normalize_axes(reduce_axis, ndim)
 
     itemsize = max(dtype.itemsize, 1)
     cap = _per_task_cap(memory_budget, threads, working_set_factor)
@@ -543,8 +543,13 @@ def _normalize_storage_chunks(storage_chunks: tuple[int, ...], shape: tuple[int,
     return out
 
 
-def _normalize_axes(axis: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+def normalize_axes(axis: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
+    """Sorted, non-negative, unique axes; :class:`InvalidAxisError` for any outside ``ndim``.
+
+    >>> normalize_axes((-1, 0), 3)
+    (0, 2)
+    """
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:

@@ -1,0 +1,348 @@
+"""``describe``: count, NaN count, mean, std, min, max (and a histogram) in one pass over the data.
+
+Each chunk is read once and every statistic is taken from it while it is in
+memory; partial results merge pairwise (Chan's formula for mean and variance),
+in a tree as wide as the memory budget allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from html import escape
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from daskstream.compute.reductions import chunk_moments, combine_fan_in, merge_moments
+from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
+from daskstream.planning.chunks import normalize_axes
+
+STATISTICS = ("count", "nan_count", "mean", "std", "min", "max")
+
+
+class Description(Mapping):
+    """The statistics of an array: a read-only mapping with a table view in Jupyter.
+
+    Keys are :data:`STATISTICS`, plus ``"histogram"`` (counts) and ``"bin_edges"``
+    when bins were asked for. Values are numpy scalars, or arrays over the kept
+    axes when ``describe`` reduced only some axes.
+    """
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        width = max(len(k) for k in self._values)
+        lines = [f"{k:<{width}}  {_short(v)}" for k, v in self._values.items()]
+        return "Description(\n  " + "\n  ".join(lines) + "\n)"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{escape(k)}</th><td><code>{escape(_short(v))}</code></td></tr>"
+            for k, v in self._values.items()
+        )
+        return f"<div><strong>daskstream describe</strong><table>{rows}</table></div>"
+
+
+def _short(value: Any) -> str:
+    return np.array2string(np.asarray(value), threshold=12, precision=6)
+
+
+class LazyDescription:
+    """What :func:`describe` returns: nothing is read until :meth:`compute`.
+
+    Attributes
+    ----------
+    delayed
+        The ``dask.delayed`` object that yields the :class:`Description`.
+    """
+
+    def __init__(self, delayed: Any, n_chunks: int) -> None:
+        self.delayed = delayed
+        self.n_chunks = n_chunks
+
+    def compute(self, **kwargs: Any) -> Description:
+        """Read the data once and return the :class:`Description` (kwargs go to ``dask.compute``)."""
+        (result,) = dask.compute(self.delayed, **kwargs)
+        return result
+
+    def __repr__(self) -> str:
+        return f"<LazyDescription over {self.n_chunks} chunk(s); call .compute()>"
+
+
+def describe(
+    x: Any,
+    axis: int | Sequence[int] | None = None,
+    bins: int | Sequence[float] | None = None,
+    *,
+    range: tuple[float, float] | None = None,
+    ddof: int = 0,
+    split_every: int | None = None,
+    memory_budget: int | str | None = None,
+) -> LazyDescription:
+    """Count, NaN count, mean, std, min and max of ``x`` (and a histogram), in one pass.
+
+    Parameters
+    ----------
+    x
+        A dask array of real numbers.
+    axis
+        ``None`` for one set of statistics over everything, or the axes to reduce.
+    bins
+        A histogram too: a bin count (with ``range``) or the bin edges. One pass
+        cannot know the data's range before reading it, so a count needs ``range``.
+    range
+        ``(low, high)`` for ``bins`` given as a count; the edges follow ``numpy.histogram``.
+    ddof
+        Delta degrees of freedom of ``std``.
+    split_every
+        Fan-in of the merge tree; by default as wide as the memory budget allows.
+    memory_budget
+        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+
+    Returns
+    -------
+    LazyDescription
+        ``.compute()`` gives a :class:`Description`. NaNs are left out of every
+        statistic but ``nan_count``; with no values left, mean, std, min and max are NaN.
+
+    Notes
+    -----
+    Precision: a float chunk reduced whole is summed in rows of 1024 values in
+    its own dtype (pairwise, at most about 10 units in the last place of a row's
+    absolute sum), and the row sums in float64; the standard deviation is taken
+    from deviations around a shift near the mean, so a large offset costs
+    nothing. Results agree with numpy's float64 answers to about 1e-9 relative.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np
+    >>> x = da.from_array(np.array([1.0, 2.0, np.nan, 5.0]), chunks=2)
+    >>> d = describe(x).compute()
+    >>> int(d["count"]), int(d["nan_count"]), float(d["mean"]), float(d["max"])
+    (3, 1, 2.6666666666666665, 5.0)
+    """
+    x = da.asarray(x)
+    if x.dtype.kind not in "biuf":
+        raise UnsupportedDtypeError(f"describe needs real numbers; dtype {x.dtype} is not supported")
+    axes = tuple(range_(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
+    edges = _edges(x.dtype, bins, range)
+    fan_in = split_every or combine_fan_in(
+        x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), memory_budget=memory_budget
+    )
+    blocks = x.to_delayed(optimize_graph=True)
+    kept = [a for a in range_(x.ndim) if a not in axes]
+    partial = dask.delayed(_chunk_statistics, pure=True)
+    # Group the chunks by their position along the kept axes; each group is reduced on its own.
+    groups: dict[tuple[int, ...], list[Any]] = {}
+    for index in itertools.product(*(range_(n) for n in x.numblocks)):
+        key = tuple(index[a] for a in kept)
+        groups.setdefault(key, []).append(partial(blocks[index], axes, edges))
+    merge = dask.delayed(_merge_statistics, pure=True)
+    reduced = {key: _tree(parts, merge, axes, fan_in) for key, parts in groups.items()}
+    grid = [n for a, n in enumerate(x.numblocks) if a in kept]
+    finished = dask.delayed(_finish, pure=True)(
+        [reduced[key] for key in itertools.product(*(range_(n) for n in grid))], grid, axes, edges, ddof, x.dtype
+    )
+    return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
+
+
+def range_(*args: int) -> range:
+    """``range`` under another name: ``describe`` takes numpy's ``range=`` keyword."""
+    return range(*args)
+
+
+def _edges(dtype: np.dtype, bins: Any, bin_range: Any) -> np.ndarray | None:
+    if bins is None:
+        return None
+    if np.ndim(bins) == 1:
+        edges = np.asarray(bins)
+        if edges.size < 2 or np.any(np.diff(edges) < 0):
+            raise InvalidArgumentError(f"bins={bins!r}: edges must be at least two, increasing")
+        return edges
+    if bin_range is None:
+        raise InvalidArgumentError(
+            f"bins={bins!r} needs range=(low, high): one pass cannot know the data's range before reading "
+            "it. Give range=, or the bin edges as bins="
+        )
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise InvalidArgumentError(f"bins={bins!r} must be a positive int or a sequence of edges")
+    return np.histogram_bin_edges(np.empty(0, dtype=dtype), int(bins), range=bin_range)
+
+
+def _tree(parts: list[Any], merge: Any, axes: tuple[int, ...], fan_in: int) -> Any:
+    while len(parts) > 1:
+        parts = [merge(parts[i : i + fan_in], axes) for i in range_(0, len(parts), fan_in)]
+    return parts[0]
+
+
+def _bin_counts(values: np.ndarray, edges: np.ndarray, out_shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
+    """Per kept position, counts in each bin, with numpy.histogram's rule (last bin closed)."""
+    kept = [a for a in range_(values.ndim) if a not in axes]
+    moved = np.moveaxis(values, kept, list(range_(len(kept)))).reshape(math.prod(out_shape), -1)
+    nbins = len(edges) - 1
+    index = np.searchsorted(edges, moved, side="right") - 1
+    index[moved == edges[-1]] = nbins - 1
+    inside = (moved >= edges[0]) & (moved <= edges[-1])
+    rows = np.broadcast_to(np.arange(moved.shape[0])[:, None], moved.shape)
+    flat = np.bincount((rows[inside] * nbins + index[inside]).ravel(), minlength=moved.shape[0] * nbins)
+    return flat.reshape((*out_shape, nbins))
+
+
+def _chunk_statistics(block: np.ndarray, axes: tuple[int, ...], edges: np.ndarray | None) -> dict[str, np.ndarray]:
+    values = block.astype(np.float64) if block.dtype.kind == "b" else block
+    stats = _finite_float_statistics(values) if len(axes) == values.ndim and values.dtype.kind == "f" else None
+    if stats is None:
+        stats = _masked_statistics(values, axes)
+    if edges is not None:
+        out_shape = tuple(1 if a in axes else n for a, n in enumerate(values.shape))
+        kept_shape = tuple(n for a, n in enumerate(values.shape) if a not in axes)
+        stats["hist"] = _bin_counts(values, edges, kept_shape, axes).reshape((*out_shape, len(edges) - 1))
+    return stats
+
+
+# Values summed together in the data's own precision before the partial sums go to float64.
+_ROW = 1024
+
+
+def _sums_of_rows(flat: np.ndarray) -> float:
+    """Sum in float64 of pairwise sums of rows of 1024 values in the data's dtype.
+
+    Each row's pairwise sum errs by at most about 10 units in the last place of
+    the row's absolute sum, and float64 carries the rest: float64 accuracy for
+    all practical purposes, at the speed of a float32 sum rather than a cast.
+    """
+    whole = flat.size - flat.size % _ROW
+    rows = flat[:whole].reshape(-1, _ROW).sum(axis=1)
+    return float(np.sum(rows, dtype=np.float64) + np.sum(flat[whole:], dtype=np.float64))
+
+
+def _finite_float_statistics(block: np.ndarray) -> dict[str, np.ndarray] | None:
+    """Statistics of a whole float chunk in a few vectorised passes; ``None`` if it holds NaN or inf."""
+    flat = block.reshape(-1)
+    n = flat.size
+    if n == 0:
+        return None
+    total = _sums_of_rows(flat)
+    if not np.isfinite(total):
+        return None  # NaN or inf inside: the masked path handles them
+    mean = total / n
+    # Deviations from a shift near the mean, in the data's dtype: the subtraction is exact for values
+    # near the shift, and M2 = sum(d^2) - n (mean - shift)^2 loses nothing to a large offset.
+    shift = flat.dtype.type(mean)
+    deviations = np.subtract(flat, shift)
+    np.square(deviations, out=deviations)
+    m2 = _sums_of_rows(deviations) - n * (mean - float(shift)) ** 2
+    shape = (1,) * block.ndim
+    return {
+        "n": np.full(shape, n, dtype="i8"),
+        "mean": np.full(shape, mean),
+        "m2": np.full(shape, max(m2, 0.0)),
+        "nan": np.zeros(shape, dtype="i8"),
+        "min": np.full(shape, flat.min()),
+        "max": np.full(shape, flat.max()),
+    }
+
+
+def _masked_statistics(values: np.ndarray, axes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    skipna = values.dtype.kind == "f"
+    stats = chunk_moments(values, axes, skipna=skipna)
+    valid = ~np.isnan(values) if skipna else np.ones(values.shape, dtype=bool)
+    stats["nan"] = np.sum(~valid, axis=axes, keepdims=True, dtype="i8")
+    low, high = _extremes(values.dtype)
+    stats["min"] = np.min(values, axis=axes, keepdims=True, where=valid, initial=high)
+    stats["max"] = np.max(values, axis=axes, keepdims=True, where=valid, initial=low)
+    return stats
+
+
+def _extremes(dtype: np.dtype) -> tuple[Any, Any]:
+    if dtype.kind == "f":
+        return -np.inf, np.inf
+    info = np.iinfo(dtype)
+    return info.min, info.max
+
+
+def _merge_statistics(parts: list[dict[str, np.ndarray]], axes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    if len(parts) == 1:
+        return parts[0]
+    # Lay the partials side by side along the first reduced axis, then merge along it.
+    along = axes[:1]
+    stacked = {k: np.concatenate([p[k] for p in parts], axis=along[0]) for k in parts[0]}
+    merged = merge_moments({k: stacked[k] for k in ("n", "mean", "m2")}, along)
+    merged["nan"] = np.sum(stacked["nan"], axis=along, keepdims=True)
+    merged["min"] = np.min(stacked["min"], axis=along, keepdims=True)
+    merged["max"] = np.max(stacked["max"], axis=along, keepdims=True)
+    if "hist" in stacked:
+        merged["hist"] = np.sum(stacked["hist"], axis=along, keepdims=True)
+    return merged
+
+
+def _finish(
+    reduced: list[dict[str, np.ndarray]],
+    grid: list[int],
+    axes: tuple[int, ...],
+    edges: np.ndarray | None,
+    ddof: int,
+    dtype: np.dtype,
+) -> Description:
+    keys = reduced[0].keys()
+    # Reassemble the kept axes from the groups' pieces, in block order.
+    whole = {k: _assemble([r[k] for r in reduced], grid, axes) for k in keys}
+    n = whole["n"]
+    empty = n == 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.sqrt(whole["m2"] / np.maximum(n - ddof, 0))
+    mean = np.where(empty, np.nan, whole["mean"])
+    low = np.where(empty, np.nan, whole["min"]) if empty.any() else whole["min"]
+    high = np.where(empty, np.nan, whole["max"]) if empty.any() else whole["max"]
+    values = {
+        "count": _squeeze(n, axes),
+        "nan_count": _squeeze(whole["nan"], axes),
+        "mean": _squeeze(mean, axes),
+        "std": _squeeze(np.where(empty, np.nan, std), axes),
+        "min": _squeeze(low, axes) if empty.any() or dtype.kind == "f" else _squeeze(low, axes).astype(dtype),
+        "max": _squeeze(high, axes) if empty.any() or dtype.kind == "f" else _squeeze(high, axes).astype(dtype),
+    }
+    if edges is not None:
+        counts = whole["hist"]
+        values["histogram"] = counts.reshape(
+            tuple(n for a, n in enumerate(counts.shape[:-1]) if a not in axes) + counts.shape[-1:]
+        )
+        values["bin_edges"] = edges
+    return Description(values)
+
+
+def _assemble(pieces: list[np.ndarray], grid: list[int], axes: tuple[int, ...]) -> np.ndarray:
+    if not grid:
+        return pieces[0]
+    ndim = len(grid) + len(axes)  # a histogram's extra bins axis, last, is never concatenated
+    kept = [a for a in range_(ndim) if a not in axes]
+    nested: Any = np.empty(grid, dtype=object)
+    for flat_index, piece in enumerate(pieces):
+        nested[np.unravel_index(flat_index, grid)] = piece
+    # Concatenate along each kept axis in turn, innermost grid axis first.
+    for depth in reversed(range_(len(grid))):
+        axis = kept[depth]
+        merged = np.empty(nested.shape[:-1], dtype=object)
+        for index in itertools.product(*(range_(n) for n in nested.shape[:-1])):
+            merged[index] = np.concatenate(list(nested[index]), axis=axis)
+        nested = merged
+    return nested[()]
+
+
+def _squeeze(value: np.ndarray, axes: tuple[int, ...]) -> Any:
+    out = np.squeeze(value, axis=axes)
+    return out[()] if out.ndim == 0 else out

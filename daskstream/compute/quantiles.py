@@ -1,0 +1,405 @@
+"""Exact quantiles and medians out of core, equal to ``numpy.quantile(..., method="linear")``.
+
+Two strategies, both lazy (one dask graph, nothing read until computed):
+
+* **Along axes** (``axis`` given, the rest kept): the array is rechunked so
+  each task holds the whole extent of the reduced axes for a slice of the kept
+  ones, sized to the memory budget, and numpy computes each slice. One pass
+  over the data (plus the rechunk).
+* **Over everything** (``axis=None``, or reduced axes too long for one task):
+  a radix select on the bits of the values. Floats and ints are mapped to
+  unsigned keys whose order is the values' order; each pass counts, in every
+  chunk, the next 16 bits of the keys that share the prefix found so far, and
+  the summed counts say which 16-bit digit holds each wanted order statistic.
+  After ``bits / 16`` passes each wanted key is known exactly. Passes over the
+  data: 1 for 8- and 16-bit dtypes, 2 for 32-bit (float32, int32), 4 for
+  64-bit. A task holds its chunk, its keys and one 65,536-bin count per
+  distinct prefix wanted (at most two per quantile).
+
+The two order statistics around numpy's virtual index are finally interpolated
+by numpy itself, on a two-element array, so the result is numpy's to the bit.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
+from daskstream.planning.chunks import normalize_axes
+from daskstream.runtime.resources import resolve_resources
+
+DIGIT_BITS = 16
+# Up to this many wanted order statistics (two per quantile) use 16-bit digits: 8 x 512 KiB of counts per task.
+_WIDE_DIGIT_TARGETS = 8
+# Working set of a task applying numpy.quantile to its block: the block, numpy's partitioned copy, keys.
+_QUANTILE_WORKING_SET = 3
+
+
+def quantile(
+    x: Any,
+    q: float | Sequence[float],
+    axis: int | Sequence[int] | None = None,
+    *,
+    keepdims: bool = False,
+    memory_budget: int | str | None = None,
+) -> da.Array:
+    """The ``q``-th quantile(s) of ``x`` over ``axis``, exactly as ``numpy.quantile`` (linear).
+
+    See :func:`median` for ``numpy.median``, which averages the two middle values
+    rather than interpolating, and so can differ from ``quantile(x, 0.5)`` in the last bit.
+
+    Parameters
+    ----------
+    x
+        A dask array of real numbers (ints or floats).
+    q
+        A number or a sequence of numbers in [0, 1]; a sequence puts a leading
+        axis of that length on the result, as numpy does.
+    axis
+        ``None`` for all values, an int or a tuple of ints.
+    keepdims
+        Keep reduced axes with length one.
+    memory_budget
+        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+
+    Returns
+    -------
+    dask.array.Array
+        Float64 for integer input, the input's dtype for floats (numpy's rule).
+        NaN wherever the values reduced over hold a NaN, as numpy gives.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np
+    >>> x = da.from_array(np.array([[1.0, 4.0], [3.0, 2.0]]), chunks=1)
+    >>> quantile(x, [0.25, 0.5]).compute()
+    array([1.75, 2.5 ])
+    >>> quantile(x, 0.5, axis=0).compute()
+    array([2., 3.])
+    """
+    return _order_statistic(x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False)
+
+
+def median(
+    x: Any, axis: int | Sequence[int] | None = None, *, keepdims: bool = False, memory_budget: int | str | None = None
+) -> da.Array:
+    """The median, exactly as ``numpy.median``; see :func:`quantile` for how it is found.
+
+    >>> import dask.array as da
+    >>> float(median(da.arange(10, chunks=4)).compute())
+    4.5
+    """
+    return _order_statistic(x, 0.5, axis, keepdims=keepdims, memory_budget=memory_budget, median=True)
+
+
+def _order_statistic(
+    x: Any,
+    q: Any,
+    axis: int | Sequence[int] | None,
+    *,
+    keepdims: bool,
+    memory_budget: int | str | None,
+    median: bool,
+) -> da.Array:
+    x = da.asarray(x)
+    if x.dtype.kind not in "iuf":
+        raise UnsupportedDtypeError(
+            f"quantiles of dtype {x.dtype} are not defined; numpy refuses them too. Use a real numeric dtype"
+        )
+    q_array = _check_quantiles(q)
+    # numpy gives a Python number "weak" typing: it interpolates with a Python float, and the
+    # result keeps the data's float dtype. Carry that through to the final interpolation.
+    weak = type(q) in (int, float)
+    axes = tuple(range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
+    if any(x.shape[a] == 0 for a in axes):
+        raise InvalidArgumentError(f"quantile of an empty selection (shape {x.shape}, axes {axes}) has no value")
+    kept = [a for a in range(x.ndim) if a not in axes]
+    resources = resolve_resources(memory_budget=memory_budget)
+    column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * _QUANTILE_WORKING_SET
+    if kept and column_bytes <= resources.per_task_bytes:
+        result = _quantile_along_axes(x, q, q_array, axes, kept, resources.per_task_bytes // column_bytes, median)
+    elif not kept:
+        result = _radix_quantile(x, q, q_array, weak, median)
+    else:
+        # The reduced extent is too long for one task: radix select per kept position would hold a
+        # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
+        raise InvalidArgumentError(
+            f"quantile over axes {axes} of shape {x.shape}: one column of the reduced axes "
+            f"({column_bytes // _QUANTILE_WORKING_SET} bytes) does not fit the per-task budget "
+            f"({resources.per_task_bytes} bytes); raise memory_budget, or reduce over all axes (axis=None)"
+        )
+    if keepdims:
+        shape = list(result.shape)
+        for a in axes:
+            shape.insert(a + (1 if q_array.ndim else 0), 1)
+        result = result.reshape(shape)
+    return result
+
+
+def _check_quantiles(q: Any) -> np.ndarray:
+    """``q`` as numpy.quantile holds it internally (a Python number stays float64, weakly typed)."""
+    q_array = np.asanyarray(q)
+    if q_array.dtype.kind not in "iuf" or q_array.ndim > 1:
+        raise InvalidArgumentError(f"q={q!r} must be a number or a 1-d sequence of numbers in [0, 1]")
+    if q_array.size and not (np.all(q_array >= 0) and np.all(q_array <= 1)):
+        raise InvalidArgumentError(f"q={q!r}: quantiles must be in the range [0, 1]")
+    return q_array
+
+
+# ---------------------------------------------------------------------------
+# Along axes: whole columns per task.
+
+
+def _quantile_along_axes(
+    x: da.Array,
+    q: Any,
+    q_array: np.ndarray,
+    axes: tuple[int, ...],
+    kept: list[int],
+    positions_per_task: int,
+    median: bool,
+) -> da.Array:
+    # Whole reduced axes in every chunk; the kept axes cut so one task's columns fit its budget.
+    chunks: dict[int, Any] = {a: -1 for a in axes}
+    remaining = max(1, positions_per_task)
+    for a in reversed(kept):
+        take = max(1, min(x.shape[a], remaining))
+        chunks[a] = take
+        remaining = max(1, remaining // take)
+    columns = x.rechunk(chunks)
+    moved = da.moveaxis(columns, list(axes), list(range(len(axes))))
+    out_dtype = _result_dtype(x.dtype, q, median)
+    q_axes = 1 if q_array.ndim else 0
+    return moved.map_blocks(
+        _block_quantile,
+        q=None if median else q,
+        n_reduced=len(axes),
+        dtype=out_dtype,
+        drop_axis=list(range(len(axes))),
+        new_axis=[0] if q_axes else None,
+        chunks=((len(q_array),) if q_axes else ()) + tuple(moved.chunks[len(axes) :]),
+    )
+
+
+def _result_dtype(dtype: np.dtype, q: Any, median: bool = False) -> np.dtype:
+    sample = np.ones(2, dtype=dtype)
+    return (np.median(sample) if median else np.quantile(sample, q)).dtype
+
+
+def _block_quantile(block: np.ndarray, q: Any, n_reduced: int) -> np.ndarray:
+    axis = tuple(range(n_reduced))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns about the NaNs it returns
+        return np.median(block, axis=axis) if q is None else np.quantile(block, q, axis=axis)
+
+
+# ---------------------------------------------------------------------------
+# Over all values: radix select on order-preserving keys.
+
+
+def ordered_keys(values: np.ndarray) -> np.ndarray:
+    """Unsigned integers whose order is the order of ``values`` (NaN excluded by the caller).
+
+    >>> ordered_keys(np.array([-2.0, -0.5, 0.0, 3.0])).argsort().tolist()
+    [0, 1, 2, 3]
+    >>> ordered_keys(np.array([-3, 0, 2], dtype="i2")).tolist()
+    [32765, 32768, 32770]
+    """
+    bits = values.dtype.itemsize * 8
+    unsigned = np.dtype(f"u{values.dtype.itemsize}")
+    raw = values.view(unsigned)
+    sign = unsigned.type(1 << (bits - 1))
+    if values.dtype.kind == "u":
+        return raw
+    if values.dtype.kind == "i":
+        return raw ^ sign
+    # Floats: flip every bit of negatives (their order reverses), set the sign bit of positives.
+    return np.where(raw & sign, ~raw, raw | sign)
+
+
+def values_from_keys(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Inverse of :func:`ordered_keys`.
+
+    >>> values_from_keys(ordered_keys(np.array([-2.5, 7.0])), np.dtype("f8")).tolist()
+    [-2.5, 7.0]
+    """
+    unsigned = np.dtype(f"u{dtype.itemsize}")
+    keys = keys.astype(unsigned)
+    sign = unsigned.type(1 << (dtype.itemsize * 8 - 1))
+    if dtype.kind == "u":
+        raw = keys
+    elif dtype.kind == "i":
+        raw = keys ^ sign
+    else:
+        raw = np.where(keys & sign, keys ^ sign, ~keys)
+    return raw.astype(unsigned).view(dtype)
+
+
+def _radix_quantile(x: da.Array, q_given: Any, q: np.ndarray, weak: bool, median: bool) -> da.Array:
+    bits = x.dtype.itemsize * 8
+    # Each wanted order statistic carries a count per digit; many quantiles take narrower digits.
+    digit_bits = min(DIGIT_BITS if _n_targets(q) <= _WIDE_DIGIT_TARGETS else 8, bits)
+    levels = bits // digit_bits
+    # Level 0 counts every value's top digit and the NaNs; it fixes n and so the ranks wanted.
+    counts = _summed(x.map_blocks(_top_digit_counts, digit_bits=digit_bits, **_one_row(x, (1 << digit_bits) + 1)))
+    state = counts.map_blocks(
+        _first_state, q=q, median=median, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
+    )
+    for level in range(1, levels):
+        width = _n_targets(q) * (1 << digit_bits)
+        counts = _summed(
+            x.map_blocks(_next_digit_counts, state=state, level=level, digit_bits=digit_bits, **_one_row(x, width))
+        )
+        state = counts.map_blocks(
+            _next_state, state=state, level=level, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
+        )
+    out_dtype = _result_dtype(x.dtype, q_given, median)
+    finish = {"q": q, "weak": weak, "median": median, "dtype_in": x.dtype, "dtype": out_dtype}
+    if q.ndim:
+        return state.map_blocks(_interpolate, chunks=((len(q),),), **finish)
+    return state.map_blocks(_interpolate, chunks=(), drop_axis=0, **finish)
+
+
+def _one_row(x: da.Array, width: int) -> dict[str, Any]:
+    """map_blocks arguments for a per-chunk row of ``width`` counts, laid out on a new last axis."""
+    return {
+        "dtype": "i8",
+        "chunks": (*((1,) * n for n in x.numblocks), (width,)),
+        "new_axis": x.ndim,
+    }
+
+
+def _summed(rows: da.Array) -> da.Array:
+    """Sum the per-chunk count rows with a wide tree: rows are small, so merge many per task."""
+    reduced = tuple(range(rows.ndim - 1))
+    row_bytes = rows.chunks[-1][0] * 8
+    fan_in = max(2, min(64, (256 * 2**20) // max(row_bytes, 1)))
+    return rows.sum(axis=reduced, split_every=fan_in)
+
+
+def _n_targets(q: np.ndarray) -> int:
+    # The order statistics below and above each quantile's virtual index.
+    return 2 * max(q.size, 1)
+
+
+def _state_len(q: np.ndarray) -> int:
+    # n, the NaN count, then per target: its rank left within the prefix, and the prefix.
+    return 2 + 2 * _n_targets(q)
+
+
+def _valid_keys(block: np.ndarray) -> np.ndarray:
+    values = block.ravel()
+    if values.dtype.kind == "f":
+        values = values[~np.isnan(values)]
+    return ordered_keys(values)
+
+
+def _top_digit_counts(block: np.ndarray, digit_bits: int) -> np.ndarray:
+    keys = _valid_keys(block)
+    shift = block.dtype.itemsize * 8 - digit_bits
+    counts = np.bincount((keys >> shift).astype(np.intp), minlength=1 << digit_bits)
+    nans = block.size - keys.size
+    return np.append(counts, nans).reshape((1,) * block.ndim + (-1,))
+
+
+def _target_ranks(n: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """numpy's virtual index for each quantile, and the order statistics on either side of it."""
+    virtual = (n - 1) * np.atleast_1d(q)
+    below = np.floor(virtual)
+    above_end = virtual >= n - 1
+    lower = np.where(above_end, n - 1, below).astype(np.int64)
+    upper = np.where(above_end, n - 1, below + 1).astype(np.int64)
+    return virtual, lower, upper
+
+
+def _first_state(counts: np.ndarray, q: np.ndarray, median: bool, digit_bits: int) -> np.ndarray:
+    histogram, nans = counts[:-1], int(counts[-1])
+    n = int(histogram.sum())
+    if median:
+        # numpy.median: the middle value, or the two middle values of an even count.
+        lower, upper = np.array([(n - 1) // 2]), np.array([n // 2])
+    else:
+        _, lower, upper = _target_ranks(n, q)
+    ranks = np.concatenate([lower, upper])
+    state = np.zeros(_state_len(q), dtype=np.uint64)
+    state[0], state[1] = n, nans
+    _descend(state, ranks, np.zeros(len(ranks), dtype=np.uint64), histogram[None, :].repeat(len(ranks), 0))
+    return state
+
+
+def _descend(state: np.ndarray, ranks: np.ndarray, prefixes: np.ndarray, histograms: np.ndarray) -> None:
+    """For each target, pick the digit whose bin holds its rank; record the longer prefix and the rank left."""
+    cumulative = np.cumsum(histograms, axis=1)
+    digits = np.array([np.searchsorted(c, r, side="right") for c, r in zip(cumulative, ranks)], dtype=np.int64)
+    before = np.array([c[d - 1] if d > 0 else 0 for c, d in zip(cumulative, digits)], dtype=np.int64)
+    width = histograms.shape[1].bit_length() - 1
+    targets = len(ranks)
+    state[2 : 2 + targets] = (ranks - before).astype(np.uint64)
+    state[2 + targets : 2 + 2 * targets] = (prefixes << np.uint64(width)) | digits.astype(np.uint64)
+
+
+def _next_digit_counts(block: np.ndarray, state: np.ndarray, level: int, digit_bits: int) -> np.ndarray:
+    keys = _valid_keys(block)
+    targets = (len(state) - 2) // 2
+    prefixes = state[2 + targets :]
+    bits = block.dtype.itemsize * 8
+    prefix_shift = bits - level * digit_bits
+    digit_shift = prefix_shift - digit_bits
+    digit_mask = np.uint64((1 << digit_bits) - 1)
+    key_prefix = (keys >> prefix_shift).astype(np.uint64) if prefix_shift < 64 else np.zeros(keys.size, np.uint64)
+    rows = np.zeros((targets, 1 << digit_bits), dtype=np.int64)
+    for prefix in np.unique(prefixes):
+        selected = keys[key_prefix == prefix]
+        digits = ((selected >> digit_shift).astype(np.uint64) & digit_mask).astype(np.intp)
+        counted = np.bincount(digits, minlength=1 << digit_bits)
+        rows[prefixes == prefix] = counted
+    return rows.reshape((1,) * block.ndim + (-1,))
+
+
+def _next_state(counts: np.ndarray, state: np.ndarray, level: int, digit_bits: int) -> np.ndarray:
+    targets = (len(state) - 2) // 2
+    histograms = counts.reshape(targets, 1 << digit_bits)
+    out = state.copy()
+    _descend(out, state[2 : 2 + targets].astype(np.int64), state[2 + targets :], histograms)
+    return out
+
+
+def _interpolate(state: np.ndarray, q: np.ndarray, weak: bool, median: bool, dtype_in: np.dtype) -> np.ndarray:
+    n, nans = int(state[0]), int(state[1])
+    targets = (len(state) - 2) // 2
+    values = values_from_keys(state[2 + targets :], dtype_in)
+    half = targets // 2
+    lower, upper = values[:half], values[half:]
+    if median:
+        middle = np.array([lower[0]] if n % 2 else [lower[0], upper[0]], dtype=dtype_in)
+        with np.errstate(invalid="ignore"):
+            result = np.asarray(np.median(middle))
+        return np.asarray(np.nan, dtype=result.dtype) if nans else result
+    if q.dtype.kind in "iu":
+        # Integer quantiles (0 or 1) are integer virtual indexes: numpy takes the value, no interpolation.
+        result = lower.astype(_result_dtype(dtype_in, int(q) if weak else q))
+        if nans:
+            result = result.astype(np.result_type(result.dtype, np.float16))
+            result[...] = np.nan
+        return result if q.ndim else result.reshape(())
+    virtual, _, _ = _target_ranks(n, q)
+    # numpy's weight between the two order statistics, in the dtype numpy holds it in.
+    gamma = (virtual - np.floor(virtual)).astype(virtual.dtype)
+    out = []
+    with np.errstate(invalid="ignore"):
+        for lo, hi, g, at_end in zip(lower, upper, gamma, virtual >= n - 1):
+            pair = np.array([lo, hi], dtype=dtype_in)
+            # For two values numpy's virtual index is the weight itself, so numpy interpolates
+            # these two exactly as it would inside the whole array.
+            weight = 1.0 if at_end else (float(g) if weak else np.asarray(g, dtype=virtual.dtype))
+            out.append(np.quantile(pair, weight))
+    result = np.array(out, dtype=_result_dtype(dtype_in, float(q) if weak else q))
+    if nans:
+        result[...] = np.nan
+    return result if q.ndim else result.reshape(())

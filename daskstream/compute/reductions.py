@@ -1,0 +1,396 @@
+"""Out-of-core reductions: one entry point, float64 accumulation, budget-sized combine trees.
+
+Every function here is lazy: it returns dask arrays and reads nothing until
+computed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.array.core import _concatenate2
+from dask.utils import deepmap
+
+from daskstream.errors import InvalidArgumentError, UnknownOperationError, UnsupportedDtypeError
+from daskstream.planning.chunks import normalize_axes
+from daskstream.runtime.resources import resolve_resources
+
+# Python's per-object overhead of one partial result held by a combine task, on top of its array bytes.
+_PARTIAL_OVERHEAD_BYTES = 1024
+# The widest combine we allow: beyond it the list handling in one task costs more than a tree level.
+_MAX_SPLIT_EVERY = 1024
+
+_ACCUMULATING = {"sum", "mean", "prod", "nansum", "nanmean"}
+_MOMENTS = {"var", "std", "nanvar", "nanstd"}
+
+
+def reduce(
+    x: Any,
+    op: str,
+    axis: int | Sequence[int] | None = None,
+    *,
+    dtype: Any = None,
+    ddof: int = 0,
+    q: float | Sequence[float] | None = None,
+    bins: int | Sequence[float] = 10,
+    range: tuple[float, float] | None = None,
+    keepdims: bool = False,
+    split_every: int | None = None,
+    memory_budget: int | str | None = None,
+) -> Any:
+    """Reduce ``x`` with ``op`` over ``axis``, lazily.
+
+    Parameters
+    ----------
+    x
+        A dask array (e.g. from :func:`daskstream.open`) or anything ``dask.array.asarray`` takes.
+    op
+        One of :data:`OPERATIONS`.
+    axis
+        ``None`` (all axes), an int or a tuple of ints; negative axes count from the end.
+    dtype
+        Accumulation dtype for sum, mean, prod and their nan-variants. Float inputs
+        accumulate in float64 (complex in complex128) unless this says otherwise.
+    ddof
+        Delta degrees of freedom for var, std and their nan-variants.
+    q
+        Quantile(s) in [0, 1] for ``op="quantile"``.
+    bins, range
+        For ``op="histogram"``: bin count or edges, and the range (computed from the
+        data, in an extra pass, when ``bins`` is a count and ``range`` is not given).
+    keepdims
+        Keep reduced axes with length one.
+    split_every
+        Fan-in of the combine tree; by default as wide as the memory budget allows
+        for the size of the partial results.
+    memory_budget
+        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+
+    Returns
+    -------
+    dask.array.Array
+        For ``histogram``, a pair ``(counts, edges)`` of dask arrays.
+
+    Raises
+    ------
+    UnknownOperationError
+        For an ``op`` not in :data:`OPERATIONS` (the message lists them).
+    InvalidAxisError
+        For an axis outside the array.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np
+    >>> x = da.from_array(np.arange(12, dtype="f4").reshape(3, 4), chunks=2)
+    >>> reduce(x, "mean", axis=0).compute()
+    array([4., 5., 6., 7.])
+    >>> float(reduce(x, "var", ddof=1).compute())
+    13.0
+    """
+    x = da.asarray(x)
+    if op not in OPERATIONS:
+        raise UnknownOperationError(f"unknown reduction {op!r}; choose one of: {', '.join(sorted(OPERATIONS))}")
+    axes = normalize_axes(tuple(range_(x.ndim)) if axis is None else axis, x.ndim) if x.ndim else ()
+    if op == "histogram":
+        return histogram(x, bins=bins, range=range, split_every=split_every, memory_budget=memory_budget)
+    if op in ("median", "quantile"):
+        from daskstream.compute.quantiles import median, quantile
+
+        if op == "median":
+            return median(x, axis=axis, keepdims=keepdims, memory_budget=memory_budget)
+        if q is None:
+            raise InvalidArgumentError('op="quantile" needs q=, a number or a sequence of numbers in [0, 1]')
+        return quantile(x, q, axis=axis, keepdims=keepdims, memory_budget=memory_budget)
+    if x.size == 0:
+        return _reduce_empty(x, op, axes, keepdims=keepdims, dtype=dtype, ddof=ddof)
+    fan_in = split_every or combine_fan_in(x, axes, partial_itemsize=8 * 3, memory_budget=memory_budget)
+    if op in _MOMENTS:
+        variance = moments(x, axes, ddof=ddof, skipna=op.startswith("nan"), keepdims=keepdims, split_every=fan_in)
+        return da.sqrt(variance) if op.endswith("std") else variance
+    kwargs: dict[str, Any] = {"axis": axes, "split_every": fan_in}
+    if op != "count_nonzero":
+        kwargs["keepdims"] = keepdims
+    if op in _ACCUMULATING:
+        kwargs["dtype"] = accumulation_dtype(x.dtype, dtype)
+    if op == "ptp":
+        return da.max(x, **kwargs) - da.min(x, **kwargs)
+    if op in ("argmin", "argmax"):
+        return _arg_reduction(x, op, axes, keepdims, fan_in)
+    if op == "count_nonzero":
+        counted = da.count_nonzero(x, axis=axes)
+        return da.expand_dims(counted, axis=axes) if keepdims and axes else counted
+    return getattr(da, op)(x, **kwargs)
+
+
+def _reduce_empty(x: da.Array, op: str, axes: tuple[int, ...], **kwargs: Any) -> da.Array:
+    """An empty array holds nothing to read: numpy's answer for that shape, computed now."""
+    empty = np.empty(x.shape, dtype=x.dtype)
+    numpy_op = getattr(np, op)
+    options: dict[str, Any] = {"axis": axes, "keepdims": kwargs["keepdims"]}
+    if op in _ACCUMULATING:
+        options["dtype"] = accumulation_dtype(x.dtype, kwargs["dtype"])
+    if op in _MOMENTS:
+        options["ddof"] = kwargs["ddof"]
+        empty = empty.astype("f8")
+    if op in ("argmin", "argmax"):
+        options["axis"] = None if len(axes) != 1 else axes[0]
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            # numpy warns that the mean of nothing is NaN; the NaN itself says so.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            answer = numpy_op(empty, **options)
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"{op} of an empty array (shape {x.shape}) over axes {axes} has no value: {exc}"
+        ) from None
+    return da.from_array(np.asarray(answer))
+
+
+def range_(n: int) -> range:
+    """``range`` under another name: ``reduce`` takes numpy's ``range=`` keyword."""
+    return range(n)
+
+
+OPERATIONS = frozenset(
+    {
+        "sum",
+        "mean",
+        "var",
+        "std",
+        "min",
+        "max",
+        "argmin",
+        "argmax",
+        "prod",
+        "any",
+        "all",
+        "count_nonzero",
+        "nansum",
+        "nanmean",
+        "nanvar",
+        "nanstd",
+        "nanmin",
+        "nanmax",
+        "ptp",
+        "median",
+        "quantile",
+        "histogram",
+    }
+)
+"""The reductions :func:`reduce` knows."""
+
+
+def accumulation_dtype(dtype: np.dtype, requested: Any = None) -> np.dtype | None:
+    """The dtype sums accumulate in: float64 for floats, complex128 for complex, else numpy's default.
+
+    >>> accumulation_dtype(np.dtype("f4"))
+    dtype('float64')
+    >>> accumulation_dtype(np.dtype("i2")) is None
+    True
+    """
+    if requested is not None:
+        return np.dtype(requested)
+    if dtype.kind == "f":
+        return np.dtype("f8")
+    if dtype.kind == "c":
+        return np.dtype("c16")
+    return None
+
+
+def combine_fan_in(
+    x: da.Array, axes: tuple[int, ...], *, partial_itemsize: int, memory_budget: int | str | None = None
+) -> int:
+    """How many partial results one combine task may merge, from the memory budget.
+
+    A partial result of one chunk holds ``partial_itemsize`` bytes per element of
+    the chunk's output (the chunk's extent along the kept axes). A combine task
+    holds ``split_every`` of them, within its share of the worker's budget.
+    """
+    resources = resolve_resources(memory_budget=memory_budget)
+    kept = [max(x.chunksize[a], 1) for a in range(x.ndim) if a not in axes]
+    partial_bytes = math.prod(kept) * partial_itemsize + _PARTIAL_OVERHEAD_BYTES
+    return int(max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (2 * partial_bytes))))
+
+
+def _arg_reduction(x: da.Array, op: str, axes: tuple[int, ...], keepdims: bool, fan_in: int) -> da.Array:
+    if len(axes) == x.ndim and x.ndim > 1:
+        # numpy's argmin/argmax over all axes index the flattened array.
+        out = getattr(da, op)(x.reshape(-1), axis=0, split_every=fan_in)
+        return out.reshape((1,) * x.ndim) if keepdims else out
+    if len(axes) > 1:
+        raise InvalidArgumentError(f"{op} takes one axis or None, as in numpy; got axes {axes}")
+    axis = axes[0] if axes else None
+    return getattr(da, op)(x, axis=axis, split_every=fan_in, keepdims=keepdims)
+
+
+# ---------------------------------------------------------------------------
+# Variance by pairwise (Chan et al.) merging of count, mean and squared deviations.
+
+
+def moments(
+    x: da.Array,
+    axes: tuple[int, ...],
+    *,
+    ddof: int = 0,
+    skipna: bool = False,
+    keepdims: bool = False,
+    split_every: int | None = None,
+) -> da.Array:
+    """Variance over ``axes``, merging per-chunk (count, mean, M2) with Chan's formula.
+
+    Each chunk's mean is taken first and deviations from it squared, in float64;
+    merging groups adds ``n_i (mean_i - mean)^2`` terms rather than subtracting
+    large sums of squares, so an offset of 1e9 costs no precision.
+    """
+    if x.dtype.kind not in "biuf":
+        raise UnsupportedDtypeError(f"variance of dtype {x.dtype} is not supported; use a real numeric dtype")
+    return da.reduction(
+        x,
+        chunk=functools.partial(_moments_chunk, skipna=skipna),
+        combine=_moments_combine,
+        aggregate=functools.partial(_moments_aggregate, ddof=ddof),
+        axis=axes,
+        keepdims=keepdims,
+        dtype=np.dtype("f8"),
+        split_every=split_every,
+        concatenate=False,
+        meta=np.empty((0,) * (x.ndim if keepdims else x.ndim - len(axes)), dtype="f8"),
+    )
+
+
+def chunk_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> dict[str, np.ndarray]:
+    """Count, mean and sum of squared deviations of one chunk, kept dims, in float64."""
+    values = block.astype("f8", copy=False)
+    valid = ~np.isnan(values) if skipna else None
+    n = np.sum(valid, axis=axis, keepdims=True, dtype="i8") if skipna else _count(block, axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = np.sum(values, axis=axis, keepdims=True, where=valid if skipna else True)
+        mean = np.where(n > 0, total / np.maximum(n, 1), 0.0)
+        deviation = np.subtract(values, mean)
+        m2 = np.sum(deviation * deviation, axis=axis, keepdims=True, where=valid if skipna else True)
+    return {"n": n, "mean": mean, "m2": m2}
+
+
+def merge_moments(parts: dict[str, np.ndarray], axis: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Merge groups laid side by side along ``axis`` into one, with Chan's pairwise formula."""
+    n_parts, mean_parts, m2_parts = parts["n"], parts["mean"], parts["m2"]
+    n = np.sum(n_parts, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weighted = np.sum(n_parts * mean_parts, axis=axis, keepdims=True)
+        mean = np.where(n > 0, weighted / np.maximum(n, 1), 0.0)
+        spread = n_parts * (mean_parts - mean) ** 2
+        # An infinite or NaN mean makes the spread NaN even for empty groups; those contribute nothing.
+        spread = np.where(n_parts > 0, spread, 0.0)
+        m2 = np.sum(m2_parts, axis=axis, keepdims=True) + np.sum(spread, axis=axis, keepdims=True)
+    return {"n": n, "mean": mean, "m2": m2}
+
+
+def _count(block: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:
+    shape = [1 if a in axis else n for a, n in enumerate(block.shape)]
+    return np.full(shape, math.prod(block.shape[a] for a in axis), dtype="i8")
+
+
+def _moments_chunk(block, axis, keepdims, skipna=False, computing_meta=False):
+    if computing_meta:  # dask probes with an empty array for the output's type
+        return block
+    return chunk_moments(block, axis, skipna)
+
+
+def gather_partials(pairs: Any, key: str, axis: tuple[int, ...]) -> np.ndarray:
+    """Concatenate one field of nested partial results along the reduced axes (as dask nests them)."""
+    return _concatenate2(deepmap(lambda part: part[key], pairs), axes=axis)
+
+
+def _merged(pairs: Any, axis: tuple[int, ...], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    return merge_moments({k: gather_partials(pairs, k, axis) for k in keys}, axis)
+
+
+def _moments_combine(pairs, axis, keepdims, computing_meta=False):
+    if computing_meta:
+        return pairs
+    return _merged(pairs, axis, ("n", "mean", "m2"))
+
+
+def _moments_aggregate(pairs, axis, keepdims, ddof=0, computing_meta=False):
+    if computing_meta:
+        return np.empty((0,), dtype="f8")
+    merged = _merged(pairs, axis, ("n", "mean", "m2"))
+    return variance_from(merged, ddof, axis, keepdims)
+
+
+def variance_from(merged: dict[str, np.ndarray], ddof: int, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """``m2 / max(n - ddof, 0)``, as numpy divides (NaN or inf where that is zero)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = merged["m2"] / np.maximum(merged["n"] - ddof, 0)
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+# ---------------------------------------------------------------------------
+# Histograms.
+
+
+def histogram(
+    x: da.Array,
+    *,
+    bins: int | Sequence[float] = 10,
+    range: tuple[float, float] | None = None,
+    split_every: int | None = None,
+    memory_budget: int | str | None = None,
+) -> tuple[da.Array, Any]:
+    """Counts and edges, exactly as ``numpy.histogram`` gives them; lazily.
+
+    Edges follow numpy's rules (``numpy.histogram_bin_edges``, in the data's
+    dtype). With a bin count and no ``range``, the range is the data's min and
+    max, found in an extra pass, so the edges are a lazy array too.
+
+    >>> import dask.array as da, numpy as np
+    >>> counts, edges = histogram(da.arange(10, chunks=3), bins=5)
+    >>> counts.compute().tolist(), np.asarray(edges).tolist()
+    ([2, 2, 2, 2, 2], [0.0, 1.8, 3.6, 5.4, 7.2, 9.0])
+    """
+    x = da.asarray(x)
+    if np.ndim(bins) == 1:
+        edges = np.asarray(bins)
+        if edges.size < 2 or np.any(np.diff(edges) < 0):
+            raise InvalidArgumentError(f"bins={bins!r}: edges must be at least two, increasing")
+    elif isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise InvalidArgumentError(f"bins={bins!r} must be a positive int or a sequence of edges")
+    elif range is not None or x.size == 0:
+        if range is not None and not float(range[0]) <= float(range[1]):
+            raise InvalidArgumentError(f"range={range!r}: the first value must not exceed the second")
+        edges = np.histogram_bin_edges(np.empty(0, dtype=x.dtype), int(bins), range=range)
+    else:
+        fan_in = split_every or combine_fan_in(
+            x, tuple(range_(x.ndim)), partial_itemsize=8, memory_budget=memory_budget
+        )
+        extremes = da.stack([da.min(x, split_every=fan_in), da.max(x, split_every=fan_in)]).rechunk(2)
+        edges = extremes.map_blocks(
+            np.histogram_bin_edges, int(bins), dtype=np.histogram_bin_edges(np.zeros(1, x.dtype), 1).dtype,
+            chunks=((int(bins) + 1,),),
+        )  # fmt: skip
+    flat = x.reshape(-1) if x.ndim != 1 else x
+    n_edges = len(edges)
+    # One row of counts per chunk, summed down the rows: a tree as wide as the budget allows.
+    per_chunk = da.map_blocks(
+        _chunk_counts,
+        flat,
+        dtype="i8",
+        chunks=((1,) * flat.numblocks[0], (n_edges - 1,)),
+        new_axis=1,
+        edges=edges,
+    )
+    fan_in = split_every or combine_fan_in(per_chunk, (0,), partial_itemsize=8, memory_budget=memory_budget)
+    return per_chunk.sum(axis=0, split_every=fan_in), edges
+
+
+def _chunk_counts(block: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    return np.histogram(block, bins=edges)[0][None, :]
+
+
+__all__ = ["OPERATIONS", "histogram", "reduce"]

@@ -1,0 +1,162 @@
+"""describe: every statistic against numpy, in one pass that reads each chunk once."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import ClassVar
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+import daskstream as ds
+from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
+from daskstream.sources.npy import NpySource
+
+
+def expected(a, axis=None, edges=None, ddof=0):
+    values = a.astype("f8")
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = {
+            "count": np.sum(~np.isnan(values), axis=axis),
+            "nan_count": np.sum(np.isnan(values), axis=axis),
+            "mean": np.nanmean(values, axis=axis),
+            "std": np.nanstd(values, axis=axis, ddof=ddof),
+            "min": np.nanmin(values, axis=axis),
+            "max": np.nanmax(values, axis=axis),
+        }
+    return out
+
+
+def check(description, want):
+    for key in ("count", "nan_count"):
+        np.testing.assert_array_equal(description[key], want[key], err_msg=key)
+    for key in ("mean", "std"):
+        # Whole float chunks are summed in rows of 1024 in their own dtype, then in float64 (see
+        # describe's docs): float64 agreement to about 1e-9, well inside this bound.
+        np.testing.assert_allclose(description[key], want[key], rtol=1e-7, equal_nan=True, err_msg=key)
+    for key in ("min", "max"):
+        np.testing.assert_array_equal(np.asarray(description[key], dtype="f8"), want[key], err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def field():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((41, 19, 6)).astype("f4")
+    a[0, 0, :] = np.nan  # a fully-NaN column for the per-axis case
+    a[7, 3, 2] = np.nan
+    return a
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, 2, (0, 2), (1, 2), (0, 1, 2)], ids=str)
+def test_statistics_match_numpy(field, axis):
+    x = da.from_array(field, chunks=(6, 5, 4))
+    check(ds.describe(x, axis=axis).compute(), expected(field, axis))
+
+
+def test_histogram_with_range_and_edges(field):
+    x = da.from_array(field, chunks=(6, 5, 4))
+    valid = field[~np.isnan(field)]
+    d = ds.describe(x, bins=9, range=(-2, 2)).compute()
+    counts, edges = np.histogram(valid, bins=9, range=(-2, 2))
+    np.testing.assert_array_equal(d["histogram"], counts)
+    np.testing.assert_array_equal(d["bin_edges"], edges)
+    d = ds.describe(x, bins=[-4, -1, 0, 1, 4]).compute()
+    np.testing.assert_array_equal(d["histogram"], np.histogram(valid, bins=[-4, -1, 0, 1, 4])[0])
+
+
+def test_histogram_per_kept_position(field):
+    x = da.from_array(field, chunks=(6, 5, 4))
+    d = ds.describe(x, axis=(0, 2), bins=4, range=(-1.5, 1.5)).compute()
+    for j in range(field.shape[1]):
+        column = field[:, j, :]
+        want = np.histogram(column[~np.isnan(column)], bins=4, range=(-1.5, 1.5))[0]
+        np.testing.assert_array_equal(d["histogram"][j], want)
+
+
+def test_integer_and_bool_inputs():
+    a = np.arange(-50, 70, dtype="i2").reshape(12, 10)
+    d = ds.describe(da.from_array(a, chunks=5)).compute()
+    check(d, expected(a))
+    assert d["min"].dtype == np.int16
+    b = np.arange(30).reshape(5, 6) % 3 == 0
+    check(ds.describe(da.from_array(b, chunks=2)).compute(), expected(b))
+
+
+def test_stable_std_under_offset():
+    rng = np.random.default_rng(5)
+    a = (np.float32(1e9) + rng.normal(0, 1000, 500_000)).astype("f4")
+    d = ds.describe(da.from_array(a, chunks=30_011)).compute()
+    assert d["std"] == pytest.approx(np.std(a.astype("f8")), rel=1e-6)
+
+
+def test_ddof():
+    a = np.random.default_rng(1).random((20, 3))
+    d = ds.describe(da.from_array(a, chunks=7), axis=0, ddof=1).compute()
+    np.testing.assert_allclose(d["std"], np.std(a, axis=0, ddof=1))
+
+
+def test_all_nan_and_empty():
+    nan = np.full((4, 3), np.nan)
+    d = ds.describe(da.from_array(nan, chunks=2)).compute()
+    assert d["count"] == 0
+    assert d["nan_count"] == 12
+    for key in ("mean", "std", "min", "max"):
+        assert np.isnan(d[key])
+
+
+def test_result_object_is_a_mapping_with_html(field):
+    d = ds.describe(da.from_array(field, chunks=10)).compute()
+    assert set(d) == {"count", "nan_count", "mean", "std", "min", "max"}
+    assert "<table>" in d._repr_html_()
+    assert "mean" in repr(d)
+    assert dict(d)["count"] == d["count"]
+
+
+class CountingNpySource(NpySource):
+    """A real .npy source that also counts the chunk reads it serves (per process)."""
+
+    reads: ClassVar[list] = []
+    lock = threading.Lock()
+
+    def _read_box(self, box):
+        with self.lock:
+            self.reads.append(tuple((s.start, s.stop) for s in box))
+        return super()._read_box(box)
+
+
+@pytest.mark.parametrize("bins", [None, 8])
+def test_one_pass_reads_each_chunk_exactly_once(tmp_path, bins):
+    a = np.random.default_rng(2).standard_normal((400, 30)).astype("f4")
+    np.save(tmp_path / "a.npy", a)
+    source = CountingNpySource(tmp_path / "a.npy")
+    CountingNpySource.reads.clear()
+    x = ds.open(source, chunks=(25, 30))
+    lazy = ds.describe(x, bins=bins, range=(-3, 3) if bins else None)
+    assert CountingNpySource.reads == []  # lazy: nothing read yet
+    with dask.config.set(scheduler="threads"):
+        d = lazy.compute()
+    assert sorted(CountingNpySource.reads) == sorted(set(CountingNpySource.reads))
+    assert len(CountingNpySource.reads) == x.npartitions == 16
+    check(d, expected(a))
+
+
+def test_bins_as_count_needs_a_range(field):
+    with pytest.raises(InvalidArgumentError, match="range"):
+        ds.describe(da.from_array(field), bins=10)
+
+
+def test_refuses_complex():
+    with pytest.raises(UnsupportedDtypeError):
+        ds.describe(da.from_array(np.array([1 + 2j])))
+
+
+def test_on_every_scheduler(tmp_path):
+    a = np.random.default_rng(4).standard_normal((300, 20))
+    np.save(tmp_path / "a.npy", a)
+    x = ds.open(tmp_path / "a.npy", memory_budget="256KiB")
+    for scheduler in ("sync", "threads", "processes"):
+        check(ds.describe(x, axis=0).compute(scheduler=scheduler), expected(a, 0))

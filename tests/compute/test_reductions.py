@@ -1,0 +1,296 @@
+"""Reductions against numpy: every op, ragged chunks, NaN/inf, empty and 0-d arrays, every axis."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import daskstream as ds
+from daskstream.compute.reductions import OPERATIONS, combine_fan_in
+from daskstream.errors import InvalidArgumentError, InvalidAxisError, UnknownOperationError
+
+# numpy's own function for each op, with float inputs accumulated in float64 as daskstream does.
+NUMPY = {
+    "sum": lambda a, axis, **kw: np.sum(a, axis=axis, dtype=_acc(a), **kw),
+    "mean": lambda a, axis, **kw: np.mean(a, axis=axis, dtype=_acc(a), **kw),
+    "prod": lambda a, axis, **kw: np.prod(a, axis=axis, dtype=_acc(a), **kw),
+    "nansum": lambda a, axis, **kw: np.nansum(a, axis=axis, dtype=_acc(a), **kw),
+    "nanmean": lambda a, axis, **kw: np.nanmean(a, axis=axis, dtype=_acc(a), **kw),
+    "var": lambda a, axis, **kw: np.var(a.astype("f8"), axis=axis, **kw),
+    "std": lambda a, axis, **kw: np.std(a.astype("f8"), axis=axis, **kw),
+    "nanvar": lambda a, axis, **kw: np.nanvar(a.astype("f8"), axis=axis, **kw),
+    "nanstd": lambda a, axis, **kw: np.nanstd(a.astype("f8"), axis=axis, **kw),
+    "min": np.min,
+    "max": np.max,
+    "nanmin": np.nanmin,
+    "nanmax": np.nanmax,
+    "ptp": np.ptp,
+    "any": np.any,
+    "all": np.all,
+    "count_nonzero": lambda a, axis, keepdims=False: np.count_nonzero(a, axis=axis, keepdims=keepdims),
+    "median": np.median,
+}
+ELEMENTWISE_OPS = sorted(NUMPY)
+
+
+def _acc(a):
+    return "f8" if a.dtype.kind == "f" else None
+
+
+def numpy_answer(op, a, axis, **kw):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return NUMPY[op](a, axis=axis, **kw)
+
+
+def ours(op, x, axis, **kw):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return ds.reduce(x, op, axis=axis, **kw).compute()
+
+
+def assert_matches(got, want, op):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (op, got.shape, want.shape)
+    if op == "median":
+        np.testing.assert_array_equal(got, want)  # exact, not approximate
+    elif got.dtype.kind in "fc" or want.dtype.kind in "fc":
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(7)
+    floats = rng.standard_normal((23, 17, 5))
+    with_specials = floats.copy()
+    with_specials[0, 0, 0] = np.nan
+    with_specials[5, 3, 2] = np.inf
+    with_specials[7, 1, 4] = -np.inf
+    return {
+        "float32": floats.astype("f4"),
+        "float64-nan-inf": with_specials,
+        "int16": rng.integers(-300, 300, (23, 17, 5)).astype("i2"),
+        "uint8": rng.integers(0, 255, (23, 17, 5)).astype("u1"),
+        "bool": rng.random((23, 17, 5)) > 0.3,
+    }
+
+
+AXES = [None, 1, -1, (0, 1), (0, 2), (-3, -1)]
+
+
+@pytest.mark.parametrize("axis", AXES, ids=str)
+@pytest.mark.parametrize("op", ELEMENTWISE_OPS)
+@pytest.mark.parametrize("kind", ["float32", "float64-nan-inf", "int16", "uint8", "bool"])
+def test_every_op_every_axis_matches_numpy(data, kind, op, axis):
+    a = data[kind]
+    if op in ("var", "std", "nanvar", "nanstd", "median", "ptp") and a.dtype == bool:
+        pytest.skip("numpy itself refuses arithmetic on booleans for this op")
+    # Ragged chunks on every axis.
+    x = da.from_array(a, chunks=(6, 5, 2))
+    assert_matches(ours(op, x, axis), numpy_answer(op, a, axis), op)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "var", "min", "argmax", "count_nonzero", "median", "any"])
+def test_keepdims(data, op):
+    a = data["float32"]
+    x = da.from_array(a, chunks=(6, 5, 2))
+    got = ours(op, x, (0, 2), keepdims=True) if op not in ("argmax",) else ours(op, x, 1, keepdims=True)
+    want = (
+        np.argmax(a, axis=1, keepdims=True)
+        if op == "argmax"
+        else numpy_answer(op, a, (0, 2), keepdims=True)
+        if op in NUMPY
+        else None
+    )
+    assert_matches(got, want, op)
+
+
+@pytest.mark.parametrize("op", ["argmin", "argmax"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_arg_reductions(data, op, axis):
+    a = data["float32"][:, :, 0]
+    x = da.from_array(a, chunks=(6, 5))
+    np.testing.assert_array_equal(ours(op, x, axis), getattr(np, op)(a, axis=axis))
+
+
+def test_float_inputs_accumulate_in_float64():
+    a = np.full(10**6, 0.1, dtype="f4")
+    x = da.from_array(a, chunks=10**5)
+    total = ds.reduce(x, "sum").compute()
+    assert total.dtype == np.float64
+    assert total == pytest.approx(np.sum(a, dtype="f8"), rel=1e-12)
+    assert ds.reduce(x, "sum", dtype="f4").compute().dtype == np.float32
+
+
+def test_variance_is_stable_under_a_large_offset():
+    """1e9 + noise in float32: the merge of per-chunk moments keeps the float64 answer to 1e-6."""
+    rng = np.random.default_rng(3)
+    a = (np.float32(1e9) + rng.normal(0, 1000, 2_000_000)).astype("f4")
+    x = da.from_array(a, chunks=100_003)
+    want = np.var(a.astype("f8"))
+    assert want > 1e5
+    assert ds.reduce(x, "var").compute() == pytest.approx(want, rel=1e-6)
+    assert ds.reduce(x, "std", ddof=1).compute() == pytest.approx(np.std(a.astype("f8"), ddof=1), rel=1e-6)
+
+
+@pytest.mark.parametrize("ddof", [0, 1, 5])
+def test_ddof(data, ddof):
+    a = data["float32"]
+    x = da.from_array(a, chunks=(6, 5, 2))
+    assert_matches(ours("var", x, 0, ddof=ddof), np.var(a.astype("f8"), axis=0, ddof=ddof), "var")
+    assert_matches(ours("nanstd", x, None, ddof=ddof), np.nanstd(a.astype("f8"), ddof=ddof), "nanstd")
+
+
+@pytest.mark.parametrize("q", [0.5, 0.0, 1.0, [0.1, 0.5, 0.9], 0.3333333])
+@pytest.mark.parametrize("axis", [None, 0, (0, 2), -1])
+def test_quantile_is_exactly_numpy(data, q, axis):
+    for kind in ("float32", "float64-nan-inf", "int16"):
+        a = data[kind]
+        x = da.from_array(a, chunks=(6, 5, 2))
+        got = ours("quantile", x, axis, q=q)
+        want = numpy_answer_quantile(a, q, axis)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def numpy_answer_quantile(a, q, axis):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.quantile(a, q, axis=axis)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(["f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"]),
+    size=st.integers(1, 400),
+    chunk=st.integers(1, 97),
+    q=st.one_of(st.floats(0, 1), st.lists(st.floats(0, 1), min_size=1, max_size=5)),
+    seed=st.integers(0, 2**16),
+    duplicates=st.booleans(),
+)
+def test_quantile_property_exact_for_any_dtype(dtype, size, chunk, q, seed, duplicates):
+    rng = np.random.default_rng(seed)
+    raw = rng.standard_normal(size) * 1000
+    if duplicates:
+        raw = np.round(raw / 300)  # few distinct values: many ties across chunks
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        raw = np.clip(raw, info.min, info.max)
+    a = raw.astype(dtype)
+    got = ds.reduce(da.from_array(a, chunks=chunk), "quantile", q=q).compute()
+    want = numpy_answer_quantile(a, q, None)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_median_over_all_axes_of_a_multichunk_array(data):
+    a = data["float32"]
+    x = da.from_array(a, chunks=(6, 5, 2))
+    assert ours("median", x, None) == np.median(a)
+
+
+def test_histogram_matches_numpy(data):
+    a = data["float32"]
+    x = da.from_array(a, chunks=(6, 5, 2))
+    for kwargs in ({"bins": 7}, {"bins": 5, "range": (-1, 2)}, {"bins": [-3, -1, 0, 0.5, 3]}):
+        counts, edges = ds.reduce(x, "histogram", **kwargs)
+        want_counts, want_edges = np.histogram(a, **kwargs)
+        np.testing.assert_array_equal(counts.compute(), want_counts)
+        np.testing.assert_array_equal(np.asarray(dask.compute(edges)[0]), want_edges)
+
+
+def test_0d_and_empty_arrays():
+    scalar = da.from_array(np.float32(2.5))
+    assert ds.reduce(scalar, "sum").compute() == 2.5
+    assert ds.reduce(scalar, "median").compute() == 2.5
+    empty = da.from_array(np.empty((0, 4), dtype="f4"), chunks=2)
+    assert ds.reduce(empty, "sum").compute() == 0
+    np.testing.assert_array_equal(ds.reduce(empty, "sum", axis=0).compute(), np.zeros(4))
+    assert np.isnan(ours("mean", empty, None))
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        ds.reduce(empty, "max")
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        ds.reduce(empty, "median")
+    # Reducing a non-empty axis of an empty array is fine, as in numpy.
+    assert ds.reduce(empty, "max", axis=1).compute().shape == (0,)
+
+
+def test_unknown_op_lists_the_choices():
+    x = da.ones(4, chunks=2)
+    with pytest.raises(UnknownOperationError) as info:
+        ds.reduce(x, "average")
+    assert isinstance(info.value, ValueError)
+    for op in OPERATIONS:
+        assert op in str(info.value)
+
+
+@pytest.mark.parametrize("axis", [2, -3, (0, 5)])
+def test_bad_axis(axis):
+    x = da.ones((3, 4), chunks=2)
+    with pytest.raises(InvalidAxisError):
+        ds.reduce(x, "sum", axis=axis)
+
+
+@pytest.mark.parametrize("q", [-0.1, 1.5, [0.2, 2.0], "half"])
+def test_bad_quantile(q):
+    x = da.ones(4, chunks=2)
+    with pytest.raises(InvalidArgumentError):
+        ds.reduce(x, "quantile", q=q)
+
+
+def test_quantile_refuses_complex_and_bool():
+    from daskstream.errors import UnsupportedDtypeError
+
+    for a in (np.array([1 + 1j, 2]), np.array([True, False])):
+        with pytest.raises(UnsupportedDtypeError):
+            ds.reduce(da.from_array(a), "median")
+
+
+def test_fan_in_comes_from_the_budget():
+    x = da.ones((4096, 4096), chunks=(64, 4096))
+    # Scalar partials are tiny: one combine level merges many.
+    wide = combine_fan_in(x, (0, 1), partial_itemsize=24, memory_budget="1GiB")
+    # Per-row partials along a kept axis of 4096: a small budget merges few at a time.
+    narrow = combine_fan_in(x, (0,), partial_itemsize=24, memory_budget="4MiB")
+    assert wide > 100
+    assert 2 <= narrow < 32
+    assert narrow != 4 or wide != 4
+
+
+def test_reductions_are_lazy_and_read_once_per_chunk(tmp_path):
+    """A reduction over an opened file reads nothing until computed."""
+    path = tmp_path / "a.npy"
+    np.save(path, np.arange(1000.0).reshape(100, 10))
+    x = ds.open(path, memory_budget="64KiB")
+    result = ds.reduce(x, "mean", axis=0)
+    path.unlink()  # nothing was read at graph-building time; reading now fails
+    with pytest.raises(FileNotFoundError):
+        result.compute()
+
+
+@pytest.mark.parametrize("op", ["sum", "var", "median"])
+def test_on_an_opened_file_every_scheduler(tmp_path, op):
+    a = np.random.default_rng(0).standard_normal((300, 40)).astype("f4")
+    np.save(tmp_path / "a.npy", a)
+    x = ds.open(tmp_path / "a.npy", memory_budget="256KiB")
+    for scheduler in ("sync", "threads", "processes"):
+        with dask.config.set(scheduler=scheduler):
+            assert_matches(ds.reduce(x, op, axis=0).compute(), numpy_answer(op, a, 0), op)
+
+
+def test_every_documented_op_is_reachable():
+    x = da.from_array(np.arange(1, 9, dtype="f8").reshape(2, 4), chunks=1)
+    for op in sorted(OPERATIONS):
+        kwargs = {"q": 0.5} if op == "quantile" else {}
+        out = ds.reduce(x, op, **kwargs)
+        assert out is not None
+        list(itertools.chain(out)) if isinstance(out, tuple) else out.compute()
