@@ -7,7 +7,7 @@
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
 from daskstream.arrays import open
-from daskstream.compute import describe, kernels, map_blocks, reduce
+from daskstream.compute import describe, kernels, map_blocks, reduce, store
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan, plan_chunks
 from daskstream.sources import Source, open_source
@@ -28,4 +28,5 @@ __all__ = [
     "open_source",
     "plan_chunks",
     "reduce",
+    "store",
 ]

@@ -85,3 +85,45 @@ def plan(path: str, dataset: str | None, memory_budget: str | None, as_json: boo
             indent=2,
         )
     )
+
+
+@main.command("store")
+@click.argument("source")
+@click.argument("target")
+@click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
+@click.option("--target-dataset", default=None, help="Dataset or member to write in TARGET (or TARGET::NAME).")
+@click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
+@click.option("--no-resume", "resume", flag_value=False, default=True, help="Refuse to finish an interrupted store.")
+@click.option("--compressor", default="default", show_default=True, help='"default", "none", or an HDF5 filter name.')
+@click.option(
+    "--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Format of a new Zarr array."
+)
+@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
+@click.option("--quiet", is_flag=True, help="Print no progress on stderr.")
+def store(
+    source: str,
+    target: str,
+    dataset: str | None,
+    target_dataset: str | None,
+    overwrite: bool,
+    resume: bool,
+    compressor: str,
+    zarr_format: str,
+    memory_budget: str | None,
+    quiet: bool,
+) -> None:
+    """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume."""
+    import daskstream as ds
+
+    x = ds.open(source, dataset=dataset, memory_budget=memory_budget)
+    ds.store(
+        x,
+        target,
+        dataset=target_dataset,
+        resume=resume,
+        overwrite=overwrite,
+        compressor=None if compressor == "none" else compressor,
+        zarr_format=int(zarr_format),
+        memory_budget=memory_budget,
+        progress=not quiet,
+    )

@@ -27,6 +27,7 @@ __all__ = [
     "SourcePermissionError",
     "TargetExistsError",
     "TargetMismatchError",
+    "TargetWriteError",
     "UnknownFormatError",
     "UnknownOperationError",
     "UnsupportedDtypeError",
@@ -119,3 +120,11 @@ class TargetExistsError(DaskstreamError, FileExistsError):
 
 class TargetMismatchError(DaskstreamError, ValueError):
     """An existing store target has another shape, dtype or chunking than the array written."""
+
+
+class TargetWriteError(DaskstreamError, OSError):
+    """The store target could not be written (permission denied, disk full...); blocks recorded as done stay."""
+
+    def __str__(self) -> str:
+        # OSError formats as "[Errno 28] message"; the message alone already says it.
+        return str(self.strerror if self.strerror is not None else (self.args[0] if self.args else ""))

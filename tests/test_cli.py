@@ -58,3 +58,18 @@ def test_unknown_demo_format_is_a_usage_error():
     done = run("demo", "--formats", "tiff")
     assert done.returncode == 2
     assert "tiff" in done.stderr
+
+
+def test_store_copies_and_refuses_to_overwrite(tmp_path):
+    data = np.arange(3000, dtype="f4").reshape(300, 10)
+    np.save(tmp_path / "a.npy", data)
+    target = tmp_path / "out.zarr"
+    done = run("store", str(tmp_path / "a.npy"), str(target), "--quiet")
+    assert done.returncode == 0, done.stderr
+    import zarr
+
+    np.testing.assert_array_equal(zarr.open_array(target, mode="r")[...], data)
+    again = run("store", str(tmp_path / "a.npy"), str(target), "--quiet")
+    assert again.returncode == 2
+    assert "out.zarr" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ from daskstream.compute.describe import Description, LazyDescription, describe
 from daskstream.compute.kernels import map_blocks
 from daskstream.compute.quantiles import median, quantile
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
+from daskstream.compute.store import store
 
 __all__ = [
     "OPERATIONS",
@@ -17,4 +18,5 @@ __all__ = [
     "median",
     "quantile",
     "reduce",
+    "store",
 ]

@@ -225,6 +225,8 @@ class _CheckedKernel:
         kwargs = {**self.kwargs, "block_info": block_info} if self.passes_block_info else self.kwargs
         try:
             result = self.fn(*blocks, **kwargs)
+        except MemoryError:
+            raise  # the machine's condition, not the kernel's bug: dask and the user must see it as is
         except Exception as exc:
             # Chained, and the kernel's error repeated in the message, which survives pickling
             # back from a worker process where the chain does not.

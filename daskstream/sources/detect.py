@@ -18,7 +18,7 @@ from daskstream.sources.npy import NPY_MAGIC
 from daskstream.sources.zarr_ import ZARR_METADATA_FILES, is_url
 
 ZIP_MAGIC = b"PK\x03\x04"
-_EXTENSIONS = {
+EXTENSIONS = {
     ".npy": "npy",
     ".h5": "hdf5",
     ".hdf5": "hdf5",
@@ -95,10 +95,10 @@ def guess_format(path: str) -> str:
     ext = os.path.splitext(path)[1].lower()
     if size == 0:
         raise CorruptSourceError(f"{path}: the file is empty; re-create or re-copy it")
-    if ext in _EXTENSIONS:
+    if ext in EXTENSIONS:
         raise CorruptSourceError(
-            f"{path}: named like a {_EXTENSIONS[ext]} file but its bytes are not one (no "
-            f"{_EXTENSIONS[ext]} signature); the file is damaged or mis-named"
+            f"{path}: named like a {EXTENSIONS[ext]} file but its bytes are not one (no "
+            f"{EXTENSIONS[ext]} signature); the file is damaged or mis-named"
         )
     raise UnknownFormatError(
         f"{path}: not a .npy, HDF5 or Zarr file (unrecognised first bytes {head!r}); "

@@ -25,7 +25,7 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _RAW_READABLE_KINDS = set("biufcS")
 
 
-def _h5py() -> Any:
+def import_h5py() -> Any:
     import h5py
 
     with contextlib.suppress(ImportError):
@@ -59,7 +59,7 @@ class Hdf5Source(Source):
     def __init__(self, path: str | os.PathLike[str], dataset: str | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         size, mtime_ns = file_stamp(self.path)
-        h5py = _h5py()
+        h5py = import_h5py()
         try:
             f = h5py.File(self.path, "r")
         except OSError as exc:
@@ -115,7 +115,7 @@ class Hdf5Source(Source):
 
     def _dataset(self) -> Any:
         def open_file() -> Any:
-            return _h5py().File(self.path, "r")
+            return import_h5py().File(self.path, "r")
 
         return cached_handle(("hdf5", self.path, self.token), open_file)[self.dataset]
 

@@ -1,0 +1,1160 @@
+"""``store``: write a dask array to Zarr or HDF5 out of core, resumably.
+
+Two writers share one plan. The array is cut on a regular grid (the Zarr or
+HDF5 chunk grid), so every block is exactly one storage chunk and no two
+blocks ever touch the same chunk.
+
+* **Zarr** (a local directory store): each task writes its own block into the
+  store, opening it by path inside the task, then leaves an empty marker file
+  in ``<array>/.daskstream-store/done/``. zarr-python's ``LocalStore`` writes
+  every key to a temporary file and renames it into place (zarr >= 3.1.3), so
+  a chunk file is either whole or absent.
+* **HDF5**: HDF5 takes writes from one process only, so blocks are computed
+  in parallel on the active scheduler but written by the calling process, a
+  bounded number in flight at a time; which blocks are done is a bitmap in
+  the dataset's attributes, flushed after each batch.
+
+A record, not the chunk itself, is the proof that a block is done: zarr
+writes no chunk file for a block equal to the fill value, so a missing file
+may be a finished block, and a chunk present in an HDF5 file may hold data
+that never reached the disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from itertools import islice
+from typing import Any
+
+import dask
+import dask.array as da
+import dask.local
+import dask.threaded
+import numpy as np
+
+from daskstream.errors import (
+    CorruptSourceError,
+    InvalidArgumentError,
+    InvalidChunksError,
+    TargetExistsError,
+    TargetMismatchError,
+    TargetWriteError,
+    UnknownFormatError,
+    UnsupportedDtypeError,
+)
+from daskstream.sources.base import Source, native
+from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
+from daskstream.sources.zarr_ import is_url
+
+__all__ = ["store"]
+
+ProgressCallback = Callable[[int, int], None]
+
+# Where a Zarr target keeps its progress record: hidden inside the array's own
+# directory, so replacing or deleting the array removes it too, and zarr never
+# reads it (chunk keys never start with a dot).
+PROGRESS_DIR = ".daskstream-store"
+_IDENTITY_FILE = "identity.json"
+_DONE_DIR = "done"
+# HDF5 attributes holding the progress record while a store is unfinished.
+H5_IDENTITY_ATTR = "daskstream_store"
+H5_DONE_ATTR = "daskstream_store_done"
+# An HDF5 attribute lives in the object header, whose messages are limited to 64 KiB.
+_H5_MAX_BLOCKS = 8 * 60_000
+# The temporary files zarr's LocalStore writes before renaming them into place.
+_ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+_HDF5_SUFFIXES = tuple(ext for ext, fmt in EXTENSIONS.items() if fmt == "hdf5")
+_RECORD_FORMAT = "daskstream.store/1"
+# Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.
+_BATCH_BYTES = 16 * 2**20
+_HDF5_ERRNO = re.compile(r"errno = (\d+)")
+# What h5py raises when HDF5 cannot write: OSError mostly, RuntimeError from flush and close.
+_H5_WRITE_ERRORS = (OSError, RuntimeError)
+
+
+@dataclass(frozen=True)
+class StoreIdentity:
+    """What a progress record belongs to: a resumed store must compute the same thing.
+
+    Examples
+    --------
+    >>> a = StoreIdentity(shape=(4,), dtype="float32", chunks=(2,), name="x-1")
+    >>> StoreIdentity.from_json(a.to_json()) == a
+    True
+    >>> a.differences(StoreIdentity(shape=(4,), dtype="float32", chunks=(2,), name="x-2"))
+    ["name 'x-2' (recorded: 'x-1')"]
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    name: str
+
+    @classmethod
+    def of(cls, x: da.Array) -> StoreIdentity:
+        return cls(shape=tuple(int(n) for n in x.shape), dtype=str(x.dtype), chunks=_chunk_shape(x.chunks), name=x.name)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": _RECORD_FORMAT, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> StoreIdentity:
+        record = json.loads(text)
+        if record.get("format") != _RECORD_FORMAT:
+            raise ValueError(f"unknown progress record format {record.get('format')!r}")
+        return cls(
+            shape=tuple(record["shape"]),
+            dtype=record["dtype"],
+            chunks=tuple(record["chunks"]),
+            name=record["name"],
+        )
+
+    def differences(self, other: StoreIdentity) -> list[str]:
+        """What ``other`` (the new computation) changes from this recorded one."""
+        return [
+            f"{field} {getattr(other, field)!r} (recorded: {getattr(self, field)!r})"
+            for field in ("shape", "dtype", "chunks", "name")
+            if getattr(self, field) != getattr(other, field)
+        ]
+
+
+def store(
+    x: da.Array,
+    target: str | os.PathLike[str],
+    *,
+    dataset: str | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+    compressor: Any = "default",
+    progress: bool | ProgressCallback | None = None,
+    zarr_format: int = 3,
+    memory_budget: int | str | None = None,
+) -> da.Array:
+    """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
+
+    Parameters
+    ----------
+    x
+        The array to write. Irregular chunks are first rechunked to a regular
+        grid (each axis cut at its largest chunk), because one block must be
+        one storage chunk.
+    target
+        A Zarr directory (``"out.zarr"``, ``"out.zarr::group/array"``) or an
+        HDF5 dataset (``"out.h5::/entry/data"``). HDF5 is chosen by the file's
+        signature when it exists, else by its extension (``.h5``, ``.hdf5``,
+        ``.nc``...); anything else is a Zarr store.
+    dataset
+        The array inside the target, instead of writing it after ``::``.
+        Required for HDF5.
+    resume
+        When the target holds an unfinished store of the same computation
+        (same shape, dtype, chunks and ``x.name``), write only the blocks it
+        does not have; the array keeps the format and compressor it was
+        created with. A different computation there is an error.
+        ``resume=False`` refuses an unfinished target unless ``overwrite``.
+    overwrite
+        Replace an existing array (or an unfinished store of another
+        computation) at the target. Without it an existing complete array is
+        never touched. Groups and folders that are not arrays are never
+        deleted. An unfinished store of the same computation is still resumed
+        when ``resume`` is true: its result would be the same.
+    compressor
+        ``"default"``: zstd level 3 for Zarr (``zarr.codecs.ZstdCodec``,
+        ``numcodecs.Zstd`` for format 2), gzip level 1 with shuffle for HDF5
+        (every HDF5 reader has gzip). ``None``: no compression. For Zarr, any
+        compressor or list of compressors ``zarr.create_array`` takes; for
+        HDF5, a filter name (``"lzf"``) or a mapping of ``h5py``
+        ``create_dataset`` keywords (an ``hdf5plugin`` filter is one).
+    progress
+        ``True`` prints blocks done to stderr; a callable is called as
+        ``progress(done, total)`` in this process as blocks finish.
+    zarr_format
+        2 or 3, for a new Zarr array.
+    memory_budget
+        Bytes one worker may use (``"2GiB"``); bounds how many computed blocks
+        the HDF5 writer holds at once. Default: as for :func:`daskstream.open`.
+
+    Returns
+    -------
+    dask.array.Array
+        ``daskstream.open`` of the written array: lazy, reading from disk.
+
+    Raises
+    ------
+    TargetExistsError
+        The target holds an array (or something that is not one) and
+        ``overwrite`` was not given.
+    TargetMismatchError
+        The target's shape or dtype differs from ``x``'s, or it holds an
+        unfinished store of another computation; ``overwrite=True`` replaces it.
+    TargetWriteError
+        Writing failed (permission denied, disk full...). Blocks finished
+        before the failure stay; rerun with ``resume=True`` once fixed.
+    CorruptSourceError
+        An existing HDF5 target cannot be opened for writing (damaged, or
+        held open by another process).
+    InvalidArgumentError
+        Arguments that cannot work: not a dask array, no HDF5 dataset named,
+        a URL, an unknown compressor, or ``x`` reading from the target itself.
+
+    Notes
+    -----
+    **Memory.** Nothing ever computes ``x`` whole. Zarr: the scheduler runs
+    one read-compute-write task per block and each returns a flag, so a worker
+    holds only the blocks it is writing. HDF5: at most ``2 * window`` computed
+    blocks are in this process at once (one batch being written while the
+    next is computed), where ``window`` is enough blocks to keep every
+    thread busy twice over (or to make up 16 MiB when blocks are small) but
+    at most ``memory_budget // (3 * block bytes)``, and at least 1.
+
+    **Schedulers.** Works on the synchronous, threaded, process and
+    distributed schedulers. Zarr tasks open the store by path in whichever
+    process runs them, so on a distributed cluster the target must be on a
+    file system every worker shares. HDF5 blocks travel to this process, the
+    only one that opens the file for writing; an array read from the same
+    HDF5 file can therefore be stored into it only on the threaded or
+    synchronous scheduler (HDF5 lets no other process open a file being
+    written).
+
+    **Interruption.** A Zarr chunk is written to a temporary file and renamed
+    into place (zarr-python >= 3.1.3), so a killed store leaves whole chunks
+    or none (plus, perhaps, an orphaned ``*.partial`` temporary file that a
+    resumed store removes); a block's marker is written only after its chunk.
+    HDF5 has no journal: blocks are recorded as done only after a flush that
+    wrote them, so a resumed store never skips a block that was not flushed,
+    but a process killed *while* HDF5 updates the file's metadata can leave the
+    file unreadable, and a full disk usually does (HDF5 has then promised
+    the file more space than it got; h5py may even crash the process at exit,
+    h5py issue 914). The store then reports the file as damaged: delete it
+    and start again. Deleting a dataset (``overwrite=True``) does not shrink
+    an HDF5 file; ``h5repack`` reclaims the space. Two stores writing to the
+    same target at once are not supported.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> x = da.arange(10, chunks=4) * 2
+    >>> y = store(x, os.path.join(folder, "twice.zarr"))
+    >>> y.compute().tolist()
+    [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
+    >>> z = store(x, os.path.join(folder, "twice.h5::/data"))
+    >>> int(z.sum().compute())
+    90
+    """
+    x = _regular(_check_array(x))
+    report = _progress_reporter(progress, target)
+    path, member = split_dataset(os.fspath(target), dataset)
+    identity = StoreIdentity.of(x)
+    if _target_format(path) == "hdf5":
+        if not member or not member.strip("/"):
+            raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
+        writer: _Target = _Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget)
+    else:
+        if zarr_format not in (2, 3):
+            raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
+        writer = _ZarrTarget(path, (member or "").strip("/") or None, compressor, zarr_format)
+    writer.check_sources(_sources_read_by(x))
+    writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
+
+    from daskstream.arrays import open as open_array
+
+    return open_array(writer.path, dataset=writer.member)
+
+
+# ---------------------------------------------------------------------------
+# Preparing the array
+
+
+def _check_array(x: Any) -> da.Array:
+    if not isinstance(x, da.Array):
+        raise InvalidArgumentError(
+            f"store writes a dask array, not {type(x).__name__}; wrap it with "
+            "dask.array.from_array(a, chunks=...) or open a file with daskstream.open"
+        )
+    if any(math.isnan(c) for sizes in x.chunks for c in sizes):
+        raise InvalidChunksError(
+            f"{x.name}: the array's chunk sizes are unknown (NaN); call x.compute_chunk_sizes() before storing it"
+        )
+    if x.dtype.hasobject:
+        raise UnsupportedDtypeError(
+            f"{x.name}: dtype {x.dtype} holds Python objects, which neither Zarr nor HDF5 stores as plain data; "
+            "convert it to a fixed-width dtype first"
+        )
+    return x
+
+
+def _chunk_shape(chunks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """One full chunk of a regular grid (the first chunk along each axis).
+
+    >>> _chunk_shape(((4, 4, 2), (7,)))
+    (4, 7)
+    """
+    return tuple(int(sizes[0]) for sizes in chunks)
+
+
+def is_regular(chunks: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether every chunk but the last along each axis has one size, the last no larger.
+
+    >>> is_regular(((4, 4, 2), (3,)))
+    True
+    >>> is_regular(((2, 4, 4),))
+    False
+    """
+    return all(all(c == sizes[0] for c in sizes[:-1]) and sizes[-1] <= sizes[0] for sizes in chunks if len(sizes) > 1)
+
+
+def _regular(x: da.Array) -> da.Array:
+    if is_regular(x.chunks):
+        return x
+    from daskstream.planning.chunks import regular_grid
+
+    # The largest chunk per axis keeps the number of blocks lowest without splitting any task's input.
+    return x.rechunk(regular_grid(x.shape, tuple(max(sizes) for sizes in x.chunks)))
+
+
+def _sources_read_by(x: da.Array) -> list[Source]:
+    """The daskstream sources ``x`` reads, found in the small layers ``daskstream.open`` names."""
+    found: list[Source] = []
+    for name, layer in x.dask.layers.items():
+        # Only daskstream's own layers: other materialized layers can hold a task per block.
+        mapping = getattr(layer, "mapping", None) if "daskstream-" in name else None
+        if mapping:
+            found.extend(value for value in mapping.values() if isinstance(value, Source))
+    return found
+
+
+def _in_process_scheduler() -> bool:
+    """Whether tasks run in this process (threads or synchronous), where HDF5 shares one open file."""
+    from dask.base import get_scheduler
+
+    scheduler = get_scheduler()
+    return _active_client() is None and scheduler in (None, dask.threaded.get, dask.local.get_sync)
+
+
+def _blocks(x: da.Array) -> list[tuple[int, ...]]:
+    return list(np.ndindex(*x.numblocks))
+
+
+def _region(chunks: tuple[tuple[int, ...], ...], index: tuple[int, ...]) -> tuple[slice, ...]:
+    """Where block ``index`` of a regular grid sits in the array.
+
+    >>> _region(((4, 4, 2), (3,)), (2, 0))
+    (slice(8, 10, None), slice(0, 3, None))
+    """
+    return tuple(slice(i * sizes[0], i * sizes[0] + sizes[i]) for sizes, i in zip(chunks, index))
+
+
+def _block_name(index: tuple[int, ...]) -> str:
+    return ".".join(map(str, index)) or "0"
+
+
+def _parse_block_name(name: str, ndim: int) -> tuple[int, ...] | None:
+    parts = name.split(".")
+    if ndim == 0:
+        return () if name == "0" else None
+    if len(parts) != ndim or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+# ---------------------------------------------------------------------------
+# Where the data goes
+
+
+def _target_format(path: str) -> str:
+    if is_url(path) or path.startswith("file://"):
+        raise InvalidArgumentError(
+            f"{path}: store writes local Zarr directories and HDF5 files; write locally and copy, or give a local path"
+        )
+    if os.path.isfile(path):
+        try:
+            fmt = guess_format(path)
+        except (UnknownFormatError, CorruptSourceError):
+            fmt = "other"
+        if fmt != "hdf5":
+            raise TargetExistsError(
+                f"{path}: a file that is not HDF5 is there, and store writes Zarr directories or HDF5 files; "
+                "choose another target (daskstream will not delete it)"
+            )
+        return "hdf5"
+    if os.path.isdir(path):
+        return "zarr"
+    return "hdf5" if path.lower().endswith(_HDF5_SUFFIXES) else "zarr"
+
+
+def _progress_reporter(progress: bool | ProgressCallback | None, target: Any) -> ProgressCallback | None:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        name = os.fspath(target)
+
+        def to_stderr(done: int, total: int) -> None:
+            end = "\n" if done == total else ""
+            print(f"\rstore {name}: {done}/{total} blocks", end=end, file=sys.stderr, flush=True)
+
+        return to_stderr
+    if callable(progress):
+        return progress
+    raise InvalidArgumentError(f"progress={progress!r}: give True, None or a callable progress(done, total)")
+
+
+class _Target:
+    """One kind of target: how to find its state, record progress and write blocks."""
+
+    path: str
+    member: str | None
+
+    def write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return self.path if self.member is None else f"{self.path}::{self.member}"
+
+    def check_sources(self, sources: list[Source]) -> None:
+        """Refuse to write over what the array itself reads."""
+        for source in sources:
+            if source.path == self.path and (source.dataset or None) == self.member:
+                raise InvalidArgumentError(
+                    f"{self.name}: the array stored reads from this very target; write it to another target, "
+                    "then replace the old one"
+                )
+
+    def _refuse_existing(self, what: str) -> TargetExistsError:
+        return TargetExistsError(
+            f"{self.name} already holds {what}; pass overwrite=True to replace it, or choose another target"
+        )
+
+    def _check_shape_dtype(self, shape: tuple[int, ...], dtype: np.dtype, x: da.Array) -> None:
+        if tuple(shape) != tuple(x.shape) or native(np.dtype(dtype)) != native(x.dtype):
+            raise TargetMismatchError(
+                f"{self.name} holds an array of shape {tuple(shape)} and dtype {dtype}, but the array stored "
+                f"has shape {tuple(x.shape)} and dtype {x.dtype}; pass overwrite=True to replace it, "
+                "or choose another target"
+            )
+
+    def _check_identity(self, recorded: StoreIdentity, identity: StoreIdentity) -> None:
+        changes = recorded.differences(identity)
+        if changes:
+            raise TargetMismatchError(
+                f"{self.name} holds an unfinished store of another computation ({'; '.join(changes)}); "
+                "pass overwrite=True to start it again with this array, or choose another target"
+            )
+
+    def _write_error(self, exc: BaseException, doing: str) -> TargetWriteError:
+        return _write_error(self.name, exc, doing, self._after_failure)
+
+    # What to do after a failed write, beyond fixing its cause.
+    _after_failure = "run store again with resume=True"
+
+
+# ---------------------------------------------------------------------------
+# Zarr
+
+
+class _ZarrTarget(_Target):
+    def __init__(self, path: str, member: str | None, compressor: Any, zarr_format: int) -> None:
+        self.path = os.path.abspath(path)
+        self.member = member
+        self.compressor = compressor
+        self.zarr_format = zarr_format
+        self.array_dir = os.path.join(self.path, *(member.split("/") if member else ()))
+        self.progress_dir = os.path.join(self.array_dir, PROGRESS_DIR)
+        self.done_dir = os.path.join(self.progress_dir, _DONE_DIR)
+
+    def write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+        done = self._prepare(x, identity, resume=resume, overwrite=overwrite)
+        blocks = _blocks(x)
+        pending = [b for b in blocks if b not in done] if x.size else []
+        total = len(blocks)
+        if report:
+            report(total - len(pending), total)
+        if pending:
+            self._run(x, pending, total, report)
+        self._finish()
+
+    # The state machine: absent -> recorded (identity.json) -> array created -> blocks marked -> finished.
+    def _prepare(self, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool) -> set[tuple]:
+        recorded = self._recorded_identity()
+        kind = self._node_kind()
+        if kind == "group":
+            raise TargetMismatchError(
+                f"{self.name} is a Zarr group; name an array inside it ('{self.path}::name' or dataset=...). "
+                "store never deletes groups"
+            )
+        if kind == "other":
+            raise TargetExistsError(
+                f"{self.name} exists and is not a Zarr array; choose another target (daskstream will not delete it)"
+            )
+        if recorded is not None and resume and not recorded.differences(identity):
+            if kind is None:
+                self._create(x)  # interrupted between recording and creating the array
+            else:
+                self._check_existing(x)
+            self._remove_partial_files()
+            return self._done_blocks(x.ndim)
+        if kind == "array" or recorded is not None:
+            if not overwrite:
+                if recorded is not None and not resume:
+                    raise TargetExistsError(
+                        f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
+                        "it, or overwrite=True to start again"
+                    )
+                if kind == "array":
+                    self._check_existing(x)
+                if recorded is not None:
+                    self._check_identity(recorded, identity)
+                raise self._refuse_existing("a Zarr array")
+            self._delete()
+        self._record(identity)
+        try:
+            self._create(x)
+        except (InvalidArgumentError, UnsupportedDtypeError):
+            # Nothing was written: leave no unfinished store behind for arguments that can never work.
+            shutil.rmtree(self.progress_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(self.array_dir)
+            raise
+        return set()
+
+    def _node_kind(self) -> str | None:
+        """``"array"``, ``"group"``, ``"other"`` (a file or a folder of something else) or ``None``."""
+        if not os.path.exists(self.array_dir):
+            return None
+        if not os.path.isdir(self.array_dir):
+            return "other"
+        meta = os.path.join(self.array_dir, "zarr.json")
+        if os.path.exists(meta):
+            try:
+                with open(meta) as f:
+                    node_type = json.load(f).get("node_type")
+            except (OSError, ValueError, AttributeError):
+                return "other"
+            return "array" if node_type == "array" else "group"
+        if os.path.exists(os.path.join(self.array_dir, ".zarray")):
+            return "array"
+        if os.path.exists(os.path.join(self.array_dir, ".zgroup")):
+            return "group"
+        leftovers = set(os.listdir(self.array_dir)) - {PROGRESS_DIR}
+        return "other" if leftovers else None
+
+    def _recorded_identity(self) -> StoreIdentity | None:
+        try:
+            with open(os.path.join(self.progress_dir, _IDENTITY_FILE)) as f:
+                text = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return StoreIdentity.from_json(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record ({PROGRESS_DIR}/{_IDENTITY_FILE}) cannot be read ({exc}); "
+                "pass overwrite=True to start again"
+            ) from None
+
+    def _check_existing(self, x: da.Array) -> None:
+        import zarr
+
+        try:
+            array = zarr.open_array(store=self._store(read_only=True), path=self.member or "", mode="r")
+        except (zarr.errors.NodeNotFoundError, ValueError, TypeError, KeyError) as exc:
+            raise CorruptSourceError(
+                f"{self.name}: zarr could not read the existing array's metadata ({exc}); "
+                "pass overwrite=True to replace it"
+            ) from None
+        self._check_shape_dtype(array.shape, np.dtype(array.dtype), x)
+
+    def _store(self, *, read_only: bool = False) -> Any:
+        import zarr
+
+        return zarr.storage.LocalStore(self.path, read_only=read_only)
+
+    def _record(self, identity: StoreIdentity) -> None:
+        try:
+            # Markers left by anything before belong to no computation of ours now.
+            shutil.rmtree(self.progress_dir, ignore_errors=True)
+            os.makedirs(self.done_dir, exist_ok=True)
+            _write_atomically(os.path.join(self.progress_dir, _IDENTITY_FILE), identity.to_json().encode())
+        except OSError as exc:
+            raise self._write_error(exc, "record progress") from exc
+
+    def _create(self, x: da.Array) -> None:
+        import zarr
+
+        compressors = self._compressors()
+        # Zarr chunk sides must be >= 1 even along an empty axis.
+        chunks = tuple(max(1, c) for c in _chunk_shape(x.chunks))
+        try:
+            zarr.create_array(
+                self._store(),
+                name=self.member,
+                shape=x.shape,
+                chunks=chunks,
+                dtype=x.dtype,
+                compressors=compressors,
+                zarr_format=self.zarr_format,
+                overwrite=False,
+            )
+        except OSError as exc:
+            raise self._write_error(exc, "create the array") from exc
+        except (ValueError, TypeError) as exc:
+            if not (self.compressor is None or (isinstance(self.compressor, str) and self.compressor == "default")):
+                raise InvalidArgumentError(
+                    f"{self.name}: zarr could not create an array of dtype {x.dtype} with compressor="
+                    f'{self.compressor!r} ({exc}); give a zarr compressor, a list of them, None or "default"'
+                ) from None
+            raise UnsupportedDtypeError(
+                f"{self.name}: zarr could not create an array of dtype {x.dtype} ({exc}); convert the data "
+                "to a dtype Zarr stores"
+            ) from None
+
+    def _compressors(self) -> Any:
+        if isinstance(self.compressor, str) and self.compressor == "default":
+            if self.zarr_format == 2:
+                import numcodecs
+
+                return numcodecs.Zstd(level=3)
+            from zarr.codecs import ZstdCodec
+
+            return ZstdCodec(level=3)
+        return self.compressor
+
+    def _delete(self) -> None:
+        # Only reached for a Zarr array or an unfinished store's folder: never a group or foreign data.
+        try:
+            shutil.rmtree(self.array_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._write_error(exc, "delete the existing array") from exc
+
+    def _remove_partial_files(self) -> None:
+        # Temporary files of chunk writes cut short by a kill; zarr never reads them.
+        for folder, _, files in os.walk(self.array_dir):
+            for name in files:
+                if _ZARR_PARTIAL.search(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+
+    def _done_blocks(self, ndim: int) -> set[tuple[int, ...]]:
+        try:
+            names = os.listdir(self.done_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        found = (_parse_block_name(n, ndim) for n in names)
+        return {index for index in found if index is not None}
+
+    def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
+        from dask.base import tokenize
+
+        writes = x.map_blocks(
+            _write_zarr_block,
+            self.path,
+            self.member,
+            self.done_dir,
+            self.name,
+            chunks=tuple((1,) * n for n in x.numblocks),
+            dtype=bool,
+            meta=np.empty((0,) * x.ndim, dtype=bool),
+            name=f"daskstream-store-{tokenize(x.name, self.path, self.member)}",
+        )
+        # One optimized graph for all blocks, then only the pending ones: read and write fuse into one task.
+        delayed = writes.to_delayed(optimize_graph=True)
+        tasks = [delayed[index] for index in pending]
+        done = total - len(pending)
+        client = _active_client()
+        if client is not None:
+            from distributed import as_completed
+
+            futures = client.compute(tasks)
+            try:
+                for future in as_completed(futures):
+                    future.result()
+                    done += 1
+                    if report:
+                        report(done, total)
+            except BaseException:
+                client.cancel(futures)
+                raise
+            return
+        if report is None:
+            dask.compute(*tasks)
+            return
+        from dask.callbacks import Callback
+
+        keys = {t.key for t in tasks}
+
+        def count(key: Any, *_: Any) -> None:
+            nonlocal done
+            if key in keys:
+                done += 1
+                report(done, total)
+
+        with Callback(posttask=count):
+            dask.compute(*tasks)
+
+    def _finish(self) -> None:
+        # The identity goes first: from then on the target reads as complete even if the
+        # markers' removal is cut short (leftovers are ignored, and removed by overwrite).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.progress_dir, _IDENTITY_FILE))
+        shutil.rmtree(self.progress_dir, ignore_errors=True)
+
+
+def _write_zarr_block(
+    block: np.ndarray,
+    store_path: str,
+    member: str | None,
+    done_dir: str,
+    target_name: str,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    """Write one block into its chunk and mark it done; runs inside a task, in any process."""
+    import zarr
+
+    info = block_info[0]  # type: ignore[index]
+    region = tuple(slice(start, stop) for start, stop in info["array-location"])
+    marker = os.path.join(done_dir, _block_name(tuple(info["chunk-location"])))
+    try:
+        # Opened by path here, in whichever process runs the task: no handle travels in the graph.
+        array = zarr.open_array(store=zarr.storage.LocalStore(store_path), path=member or "", mode="r+")
+        array[region] = block
+        # Only after the chunk is in place: an empty file appears whole or not at all.
+        with open(marker, "wb"):
+            pass
+    except OSError as exc:
+        raise _write_error(target_name, exc, f"write block {_block_name(tuple(info['chunk-location']))}") from exc
+    return np.ones((1,) * block.ndim, dtype=bool)
+
+
+def _write_error(
+    target_name: str, exc: BaseException, doing: str, after: str = _Target._after_failure
+) -> TargetWriteError:
+    number = getattr(exc, "errno", None)
+    if number is None:
+        # HDF5 reports the system error inside its message text, often as a RuntimeError.
+        found = _HDF5_ERRNO.search(str(exc))
+        number = int(found.group(1)) if found else None
+    reason = os.strerror(number) if number else _first_line(exc)
+    return TargetWriteError(
+        number,
+        f"{target_name}: could not {doing} ({reason}); blocks recorded as done are kept: free space or "
+        f"fix permissions, then {after}",
+    )
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _active_client() -> Any:
+    """The distributed Client dask.compute would use now, if any."""
+    # Only a program that imported distributed can have a Client; do not import it for nothing.
+    if "distributed" not in sys.modules:
+        return None
+    from dask.base import get_scheduler
+    from distributed import Client
+
+    owner = getattr(get_scheduler(), "__self__", None)
+    return owner if isinstance(owner, Client) else None
+
+
+# ---------------------------------------------------------------------------
+# HDF5
+
+
+class _Hdf5Target(_Target):
+    _after_failure = (
+        "run store again with resume=True (HDF5 has no journal: if it cannot reopen the file, delete it and "
+        "store again)"
+    )
+
+    def __init__(self, path: str, member: str, compressor: Any, memory_budget: int | str | None) -> None:
+        self.path = os.path.abspath(path)
+        self.member = member
+        self.compressor = compressor
+        self.memory_budget = memory_budget
+
+    def write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+        from daskstream.sources.handles import forget_handles
+
+        blocks = _blocks(x)
+        if len(blocks) > _H5_MAX_BLOCKS:
+            raise InvalidChunksError(
+                f"{self.name}: {len(blocks)} blocks is more than an HDF5 progress record holds "
+                f"({_H5_MAX_BLOCKS}); rechunk to larger chunks before storing"
+            )
+        # HDF5 refuses to open for writing a file this process still holds open for reading.
+        forget_handles()
+        h5file = self._open_file()
+        try:
+            dset, done = self._prepare(h5file, x, identity, resume=resume, overwrite=overwrite)
+            pending = [b for b in blocks if not done[_flat(b, x.numblocks)]] if x.size else []
+            total = len(blocks)
+            if report:
+                report(total - len(pending), total)
+            if pending:
+                _Hdf5Writer(self, h5file, dset, x, done, total, report).run(pending)
+            try:
+                del dset.attrs[H5_IDENTITY_ATTR]
+                del dset.attrs[H5_DONE_ATTR]
+                h5file.close()
+            except _H5_WRITE_ERRORS as exc:
+                raise self._write_error(exc, "remove the progress record") from exc
+        except BaseException:
+            # Closing flushes again; after a failed write that fails too and must not hide the first error.
+            with contextlib.suppress(OSError, RuntimeError):
+                h5file.close()
+            raise
+
+    def check_sources(self, sources: list[Source]) -> None:
+        super().check_sources(sources)
+        same_file = any(source.format == "hdf5" and source.path == self.path for source in sources)
+        if same_file and not _in_process_scheduler():
+            raise InvalidArgumentError(
+                f"{self.name}: the array stored reads from {self.path}, the file being written, and HDF5 lets "
+                "no other process read a file open for writing; use the threaded scheduler, or write to "
+                "another file"
+            )
+
+    def _open_file(self) -> Any:
+        from daskstream.sources.hdf5 import import_h5py
+
+        h5py = import_h5py()
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        except OSError as exc:
+            raise self._write_error(exc, "create the folder") from exc
+        existed = os.path.exists(self.path)
+        try:
+            return h5py.File(self.path, "a")
+        except PermissionError as exc:
+            raise self._write_error(exc, "open the file for writing") from exc
+        except OSError as exc:
+            if not existed:
+                raise self._write_error(exc, "create the file") from exc
+            raise CorruptSourceError(
+                f"{self.path}: HDF5 could not open the file for writing ({_first_line(exc)}). Another process "
+                "may hold it open (HDF5 allows one writer and no readers meanwhile), or an interrupted write "
+                "damaged it: close it elsewhere, or delete it and store again"
+            ) from None
+
+    def _prepare(
+        self, h5file: Any, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool
+    ) -> tuple[Any, np.ndarray]:
+        from daskstream.sources.hdf5 import import_h5py
+
+        h5py = import_h5py()
+        nblocks = math.prod(x.numblocks)
+        existing = h5file.get(self.member)
+        if existing is not None and not isinstance(existing, h5py.Dataset):
+            raise TargetMismatchError(
+                f"{self.name} is an HDF5 group, not a dataset; name a dataset to write. store never deletes groups"
+            )
+        if existing is not None:
+            recorded = self._recorded_identity(existing)
+            if recorded is not None and resume and not recorded.differences(identity):
+                self._check_shape_dtype(existing.shape, existing.dtype, x)
+                return existing, self._recorded_done(existing, nblocks)
+            if not overwrite:
+                if recorded is not None and not resume:
+                    raise TargetExistsError(
+                        f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
+                        "it, or overwrite=True to start again"
+                    )
+                self._check_shape_dtype(existing.shape, existing.dtype, x)
+                if recorded is not None:
+                    self._check_identity(recorded, identity)
+                raise self._refuse_existing("an HDF5 dataset")
+            try:
+                del h5file[self.member]
+            except _H5_WRITE_ERRORS as exc:
+                raise self._write_error(exc, "delete the existing dataset") from exc
+        return self._create(h5file, x, identity, nblocks), np.zeros(nblocks, dtype=bool)
+
+    def _recorded_identity(self, dset: Any) -> StoreIdentity | None:
+        if H5_IDENTITY_ATTR not in dset.attrs:
+            return None
+        try:
+            text = dset.attrs[H5_IDENTITY_ATTR]
+            return StoreIdentity.from_json(text.decode() if isinstance(text, bytes) else str(text))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record (attribute {H5_IDENTITY_ATTR!r}) cannot be read ({exc}); "
+                "pass overwrite=True to start again"
+            ) from None
+
+    def _recorded_done(self, dset: Any, nblocks: int) -> np.ndarray:
+        try:
+            packed = np.asarray(dset.attrs[H5_DONE_ATTR], dtype=np.uint8)
+        except (OSError, KeyError) as exc:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record (attribute {H5_DONE_ATTR!r}) cannot be read ({exc}); "
+                "pass overwrite=True to start again"
+            ) from None
+        return np.unpackbits(packed, count=nblocks).astype(bool)
+
+    def _create(self, h5file: Any, x: da.Array, identity: StoreIdentity, nblocks: int) -> Any:
+        chunks = _chunk_shape(x.chunks)
+        options: dict[str, Any] = {}
+        # HDF5 cannot chunk (or so compress) a scalar or an empty dataset.
+        if x.ndim and x.size:
+            if math.prod(chunks) * x.dtype.itemsize >= 2**32:
+                raise InvalidChunksError(
+                    f"{self.name}: chunks {chunks} hold 4 GiB or more, the most one HDF5 chunk may; rechunk smaller"
+                )
+            options = {"chunks": chunks, **self._filters()}
+        try:
+            dset = h5file.create_dataset(self.member, shape=x.shape, dtype=x.dtype, **options)
+            # The record is in place before any block is written; both reach the disk with one flush.
+            dset.attrs[H5_IDENTITY_ATTR] = identity.to_json()
+            dset.attrs[H5_DONE_ATTR] = np.packbits(np.zeros(nblocks, dtype=bool))
+            h5file.flush()
+        except _H5_WRITE_ERRORS as exc:
+            raise self._write_error(exc, "create the dataset") from exc
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgumentError(
+                f"{self.name}: h5py could not create the dataset with dtype {x.dtype} and "
+                f"compressor={self.compressor!r} ({exc}); give a filter name, a mapping of h5py "
+                'create_dataset keywords, None or "default"'
+            ) from None
+        return dset
+
+    def _filters(self) -> dict[str, Any]:
+        if self.compressor is None:
+            return {}
+        if isinstance(self.compressor, str):
+            if self.compressor == "default":
+                return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+            return {"compression": self.compressor}
+        if isinstance(self.compressor, Mapping):
+            return dict(self.compressor)
+        raise InvalidArgumentError(
+            f"{self.name}: compressor={self.compressor!r} is not an HDF5 filter; give a filter name "
+            '("gzip", "lzf"), a mapping of h5py create_dataset keywords (an hdf5plugin filter), None or "default"'
+        )
+
+    def window(self, x: da.Array) -> int:
+        """How many computed blocks one batch holds.
+
+        Enough to keep every thread busy twice over, or to make up ``_BATCH_BYTES``
+        when blocks are small (each batch costs a round trip to the scheduler), but
+        never more than a third of the memory budget: a batch is written while the
+        next one is computed.
+        """
+        from daskstream.runtime.resources import resolve_resources
+
+        resources = resolve_resources(memory_budget=self.memory_budget)
+        block_bytes = max(1, math.prod(_chunk_shape(x.chunks)) * x.dtype.itemsize)
+        wanted = max(2 * resources.threads * resources.workers, _BATCH_BYTES // block_bytes)
+        return max(1, min(wanted, resources.memory_budget // (3 * block_bytes)))
+
+
+def _flat(index: tuple[int, ...], numblocks: tuple[int, ...]) -> int:
+    return int(np.ravel_multi_index(index, numblocks)) if numblocks else 0
+
+
+class _Hdf5Writer:
+    """The one writer of an HDF5 target: blocks come in computed, go out written and recorded."""
+
+    def __init__(
+        self,
+        target: _Hdf5Target,
+        h5file: Any,
+        dset: Any,
+        x: da.Array,
+        done: np.ndarray,
+        total: int,
+        report: ProgressCallback | None,
+    ) -> None:
+        self.target, self.h5file, self.dset, self.x = target, h5file, dset, x
+        self.done, self.total, self.report = done, total, report
+        self.unrecorded: list[tuple[int, ...]] = []
+        self.count = int(done.sum())
+        # One optimized graph for all blocks; each batch sends only the part its blocks need.
+        delayed = x.to_delayed(optimize_graph=True)
+        self.graph = delayed.flat[0].__dask_graph__()
+        self.keys = {index: delayed[index].key for index in np.ndindex(*x.numblocks)}
+
+    def _delayed(self, batch: Sequence[tuple[int, ...]]) -> list[Any]:
+        from dask.delayed import Delayed
+
+        keys = [self.keys[index] for index in batch]
+        graph = dict(self.graph.cull(set(keys)))
+        return [Delayed(key, graph) for key in keys]
+
+    def run(self, pending: list[tuple[int, ...]]) -> None:
+        window = self.target.window(self.x)
+        client = _active_client()
+        try:
+            if client is not None:
+                self._run_distributed(client, pending, window)
+            else:
+                self._run_local(pending, window)
+        except BaseException:
+            # Blocks written before the failure are kept: record them if the file still takes it.
+            with contextlib.suppress(TargetWriteError):
+                self._record()
+            raise
+        self._record()
+
+    def _run_local(self, pending: list[tuple[int, ...]], window: int) -> None:
+        with _one_process_pool():
+            self._run_batches(pending, window)
+
+    def _run_batches(self, pending: list[tuple[int, ...]], window: int) -> None:
+        batches = _batched(pending, window)
+
+        def compute(batch: Sequence[tuple[int, ...]]) -> tuple[Sequence[tuple[int, ...]], tuple]:
+            return batch, dask.compute(*self._delayed(batch))
+
+        # The next batch computes while this one is written: at most two batches in memory.
+        with ThreadPoolExecutor(1, thread_name_prefix="daskstream-store") as pool:
+            first = next(batches, None)
+            running = pool.submit(compute, first) if first else None
+            while running is not None:
+                batch, results = running.result()
+                following = next(batches, None)
+                running = pool.submit(compute, following) if following else None
+                for index, block in zip(batch, results):
+                    self._write(index, block)
+                del results
+                self._record()
+
+    def _run_distributed(self, client: Any, pending: list[tuple[int, ...]], window: int) -> None:
+        from distributed import as_completed
+
+        queue = iter(pending)
+        in_flight: dict[Any, tuple[int, ...]] = {}
+        finished = as_completed()
+
+        def submit(n: int) -> None:
+            batch = list(islice(queue, n))
+            if batch:
+                for future, index in zip(client.compute(self._delayed(batch)), batch):
+                    in_flight[future] = index
+                    finished.add(future)
+
+        # Top up in groups rather than one by one: each submission sends a graph to the scheduler.
+        refill = max(1, window // 2)
+        submit(window)
+        try:
+            for future in finished:
+                index = in_flight.pop(future)
+                block = future.result()
+                future.release()
+                self._write(index, block)
+                del block
+                if len(self.unrecorded) >= refill or not in_flight:
+                    self._record()
+                if window - len(in_flight) >= refill:
+                    submit(window - len(in_flight))
+        except BaseException:
+            client.cancel(list(in_flight))
+            raise
+
+    def _write(self, index: tuple[int, ...], block: np.ndarray) -> None:
+        region = _region(self.x.chunks, index)
+        try:
+            self.dset[region] = block
+        except _H5_WRITE_ERRORS as exc:
+            raise self.target._write_error(exc, f"write block {_block_name(index)}") from exc
+        self.unrecorded.append(index)
+
+    def _record(self) -> None:
+        if not self.unrecorded:
+            return
+        try:
+            # Data first, then the record that claims it: a block is never marked done before it is flushed.
+            self.h5file.flush()
+            for index in self.unrecorded:
+                self.done[_flat(index, self.x.numblocks)] = True
+            self.dset.attrs[H5_DONE_ATTR] = np.packbits(self.done)
+            self.h5file.flush()
+        except _H5_WRITE_ERRORS as exc:
+            raise self.target._write_error(exc, "record progress") from exc
+        self.count += len(self.unrecorded)
+        self.unrecorded = []
+        if self.report:
+            self.report(self.count, self.total)
+
+
+@contextlib.contextmanager
+def _one_process_pool() -> Iterator[None]:
+    """Keep one process pool for all batches when dask's process scheduler is active.
+
+    Left alone, that scheduler starts (and imports everything into) a fresh pool
+    of processes for every ``dask.compute``: once per batch.
+    """
+    import dask.multiprocessing
+    from dask.base import get_scheduler
+
+    if get_scheduler() is not dask.multiprocessing.get or dask.config.get("pool", None) is not None:
+        yield
+        return
+    from functools import partial
+
+    # As dask.multiprocessing.get does: worker processes inherit one hash seed, so hashing agrees across them.
+    if os.environ.get("PYTHONHASHSEED") in (None, "0"):
+        os.environ["PYTHONHASHSEED"] = "6640"
+    initializer = partial(
+        dask.multiprocessing.initialize_worker_process,
+        user_initializer=dask.config.get("multiprocessing.initializer", None),
+    )
+    workers = dask.config.get("num_workers", None) or os.cpu_count() or 1
+    context = dask.multiprocessing.get_context()
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=initializer) as pool, dask.config.set(pool=pool):
+        yield
+
+
+def _batched(items: list[tuple[int, ...]], n: int) -> Iterator[list[tuple[int, ...]]]:
+    it = iter(items)
+    while batch := list(islice(it, n)):
+        yield batch
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,649 @@
+"""``store``: round trips, refusals, resuming after a kill, write errors and every scheduler.
+
+Everything is written to real files and read back with zarr, h5py or
+``daskstream.open``; numpy arrays in memory are the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import dask
+import dask.array as da
+import h5py
+import numpy as np
+import pytest
+import store_worker
+import zarr
+
+import daskstream as ds
+from daskstream.compute.store import H5_DONE_ATTR, H5_IDENTITY_ATTR, PROGRESS_DIR, store
+from daskstream.errors import (
+    CorruptSourceError,
+    DaskstreamError,
+    InvalidArgumentError,
+    TargetExistsError,
+    TargetMismatchError,
+    TargetWriteError,
+)
+
+WORKER = Path(store_worker.__file__)
+FORMATS = ["zarr-v3", "zarr-v2", "hdf5"]
+
+
+def target_for(folder: Path, fmt: str, name: str = "out") -> tuple[str, dict]:
+    """A target path and the keywords that select ``fmt``."""
+    if fmt == "hdf5":
+        return f"{folder / name}.h5::/group/data", {}
+    return str(folder / f"{name}.zarr"), {"zarr_format": 2 if fmt == "zarr-v2" else 3}
+
+
+def progress_record_exists(target: str) -> bool:
+    path, _, member = target.partition("::")
+    if path.endswith(".h5"):
+        with h5py.File(path, "r") as f:
+            return H5_IDENTITY_ATTR in f[member].attrs
+    return os.path.isdir(os.path.join(path, PROGRESS_DIR))
+
+
+def zarr_markers(target: str) -> set[str]:
+    return set(os.listdir(os.path.join(target, PROGRESS_DIR, "done")))
+
+
+def hdf5_done_blocks(target: str, numblocks: tuple[int, ...]) -> set[str]:
+    path, _, member = target.partition("::")
+    with h5py.File(path, "r") as f:
+        bits = np.unpackbits(f[member].attrs[H5_DONE_ATTR], count=int(np.prod(numblocks))).astype(bool)
+    return {".".join(map(str, np.unravel_index(i, numblocks))) for i in np.flatnonzero(bits)}
+
+
+def computed_blocks(counter_dir: Path) -> list[str]:
+    """Blocks the kernel computed, one entry per computation (see store_worker.slow_double)."""
+    return sorted(name.split("-")[0] for name in os.listdir(counter_dir))
+
+
+# ---------------------------------------------------------------------------
+# Round trips
+
+
+CASES = [
+    # 1-D with a ragged last chunk
+    pytest.param(np.float32, (50,), (16,), id="1d-float32"),
+    # 2-D ragged on both axes, a signed integer
+    pytest.param(np.int16, (30, 17), (8, 5), id="2d-int16"),
+    # 3-D bool: zarr and HDF5 each have their own encoding for it
+    pytest.param(np.bool_, (9, 10, 11), (4, 3, 5), id="3d-bool"),
+    # big-endian input comes back in native order with the same values
+    pytest.param(np.dtype(">f8"), (12, 6), (5, 6), id="2d-bigendian-float64"),
+]
+
+
+def oracle(dtype, shape, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) > 0.5
+    return (rng.standard_normal(shape) * 1000).astype(dtype)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(("dtype", "shape", "chunks"), CASES)
+def test_round_trip_equals_the_oracle(tmp_path, fmt, dtype, shape, chunks):
+    data = oracle(dtype, shape)
+    target, kw = target_for(tmp_path, fmt)
+    y = store(da.from_array(data, chunks=chunks), target, **kw)
+    assert isinstance(y, da.Array)
+    assert y.shape == data.shape
+    assert y.dtype == data.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(y.compute(), data)
+    assert not progress_record_exists(target)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_of_an_npy_source_through_daskstream_open(tmp_path, fmt):
+    data = oracle(np.float32, (200, 30), seed=3)
+    np.save(tmp_path / "src.npy", data)
+    x = ds.open(tmp_path / "src.npy", chunks=(64, 30)) + 1
+    target, kw = target_for(tmp_path, fmt)
+    np.testing.assert_array_equal(store(x, target, **kw).compute(), data + 1)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_chunks_equal_the_arrays_chunks(tmp_path, zarr_format):
+    x = da.from_array(oracle(np.float32, (100, 40)), chunks=(32, 16))
+    store(x, tmp_path / "out.zarr", zarr_format=zarr_format)
+    written = zarr.open_array(tmp_path / "out.zarr", mode="r")
+    assert written.chunks == (32, 16)
+    assert written.metadata.zarr_format == zarr_format
+
+
+def test_hdf5_chunks_equal_the_arrays_chunks(tmp_path):
+    x = da.from_array(oracle(np.int16, (100, 40)), chunks=(32, 16))
+    store(x, f"{tmp_path}/out.h5", dataset="/data")
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert f["data"].chunks == (32, 16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_irregular_chunks_are_written_on_a_regular_grid(tmp_path, fmt):
+    data = oracle(np.float32, (20, 9))
+    x = da.from_array(data, chunks=((5, 10, 5), (2, 7)))
+    target, kw = target_for(tmp_path, fmt)
+    y = store(x, target, **kw)
+    np.testing.assert_array_equal(y.compute(), data)
+    if fmt == "hdf5":
+        with h5py.File(target.split("::")[0], "r") as f:
+            assert f["/group/data"].chunks == (10, 7)
+    else:
+        # Each axis is cut at its largest chunk, so every block is exactly one storage chunk.
+        assert zarr.open_array(target, mode="r").chunks == (10, 7)
+
+
+def test_a_scalar_and_an_empty_array_round_trip(tmp_path):
+    np.testing.assert_array_equal(store(da.from_array(np.float64(2.5)), tmp_path / "s.zarr").compute(), 2.5)
+    empty = store(da.zeros((0, 4), chunks=(1, 4), dtype="i4"), f"{tmp_path}/e.h5::/e")
+    assert empty.shape == (0, 4)
+    assert empty.compute().shape == (0, 4)
+
+
+def test_a_member_inside_a_zarr_group(tmp_path):
+    data = oracle(np.int16, (10, 10))
+    y = store(da.from_array(data, chunks=5), f"{tmp_path}/g.zarr::inner/arr")
+    np.testing.assert_array_equal(y.compute(), data)
+    assert isinstance(zarr.open(tmp_path / "g.zarr", mode="r"), zarr.Group)
+    # A second member next to the first leaves the first alone.
+    store(da.from_array(data * 2, chunks=5), tmp_path / "g.zarr", dataset="inner/other")
+    np.testing.assert_array_equal(ds.open(f"{tmp_path}/g.zarr::inner/arr").compute(), data)
+
+
+def test_default_compressors(tmp_path):
+    x = da.from_array(oracle(np.float32, (64, 64)), chunks=32)
+    store(x, tmp_path / "v3.zarr")
+    store(x, tmp_path / "v2.zarr", zarr_format=2)
+    store(x, f"{tmp_path}/a.h5::/d")
+    (codec,) = zarr.open_array(tmp_path / "v3.zarr", mode="r").compressors
+    assert (type(codec).__name__, codec.level) == ("ZstdCodec", 3)
+    (codec2,) = zarr.open_array(tmp_path / "v2.zarr", mode="r").compressors
+    assert (codec2.codec_id, codec2.level) == ("zstd", 3)
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert (f["d"].compression, f["d"].compression_opts, f["d"].shuffle) == ("gzip", 1, True)
+
+
+def test_chosen_compressors(tmp_path):
+    data = oracle(np.float32, (64, 64))
+    x = da.from_array(data, chunks=32)
+    blosc = zarr.codecs.BloscCodec(cname="lz4", clevel=5)
+    y = store(x, tmp_path / "blosc.zarr", compressor=blosc)
+    assert type(zarr.open_array(tmp_path / "blosc.zarr", mode="r").compressors[0]).__name__ == "BloscCodec"
+    store(x, tmp_path / "raw.zarr", compressor=None)
+    assert zarr.open_array(tmp_path / "raw.zarr", mode="r").compressors == ()
+    z = store(x, f"{tmp_path}/a.h5::/d", compressor="lzf")
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert f["d"].compression == "lzf"
+    for written in (y, z, ds.open(tmp_path / "raw.zarr")):
+        np.testing.assert_array_equal(written.compute(), data)
+
+
+def test_bad_compressors_are_named(tmp_path):
+    x = da.ones(10, chunks=5)
+    with pytest.raises(InvalidArgumentError, match="compressor"):
+        store(x, f"{tmp_path}/a.h5::/d", compressor=42)
+    with pytest.raises(InvalidArgumentError, match="compressor"):
+        store(x, tmp_path / "a.zarr", compressor="not-a-codec")
+    # Arguments that can never work leave no unfinished store behind.
+    assert not (tmp_path / "a.zarr").exists()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_storing_an_array_onto_itself_is_refused(tmp_path, fmt):
+    data = oracle(np.float32, (8, 8))
+    target, kw = target_for(tmp_path, fmt)
+    store(da.from_array(data, chunks=4), target, **kw)
+    with pytest.raises(InvalidArgumentError, match="reads from this very target"):
+        store(ds.open(target) * 2, target, overwrite=True, **kw)
+    np.testing.assert_array_equal(ds.open(target).compute(), data)
+
+
+def test_hdf5_input_and_output_in_one_file(tmp_path):
+    data = oracle(np.float32, (40, 8))
+    with h5py.File(tmp_path / "both.h5", "w") as f:
+        f.create_dataset("input", data=data, chunks=(10, 8))
+    x = ds.open(f"{tmp_path}/both.h5::/input") * 2
+    # Threads share this process's open file: reading one dataset while writing another works.
+    with dask.config.set(scheduler="threads"):
+        np.testing.assert_array_equal(store(x, f"{tmp_path}/both.h5::/output").compute(), data * 2)
+    # Other processes cannot open a file HDF5 holds open for writing: refused before anything is written.
+    with dask.config.set(scheduler="processes"), pytest.raises(InvalidArgumentError, match="threaded scheduler"):
+        store(x, f"{tmp_path}/both.h5::/other")
+    with h5py.File(tmp_path / "both.h5", "r") as f:
+        assert sorted(f) == ["input", "output"]
+
+
+# ---------------------------------------------------------------------------
+# Existing targets
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_existing_array_is_not_overwritten_without_overwrite(tmp_path, fmt):
+    first = oracle(np.float32, (20, 10))
+    target, kw = target_for(tmp_path, fmt)
+    store(da.from_array(first, chunks=5), target, **kw)
+    with pytest.raises(TargetExistsError, match="overwrite=True") as caught:
+        store(da.from_array(first + 1, chunks=5), target, **kw)
+    assert target.split("::")[0] in str(caught.value)
+    assert isinstance(caught.value, FileExistsError)
+    np.testing.assert_array_equal(ds.open(target).compute(), first)
+
+    second = store(da.from_array(first + 1, chunks=4), target, overwrite=True, **kw)
+    np.testing.assert_array_equal(second.compute(), first + 1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    ("shape", "dtype", "what"),
+    [((20, 11), np.float32, "shape"), ((20, 10), np.int16, "dtype")],
+    ids=["shape", "dtype"],
+)
+def test_a_shape_or_dtype_mismatch_is_a_clear_error(tmp_path, fmt, shape, dtype, what):
+    target, kw = target_for(tmp_path, fmt)
+    store(da.zeros((20, 10), chunks=5, dtype=np.float32), target, **kw)
+    with pytest.raises(TargetMismatchError, match=r"shape \(20, 10\) and dtype float32.*overwrite=True"):
+        store(da.zeros(shape, chunks=5, dtype=dtype), target, **kw)
+    # overwrite=True replaces it whatever its shape and dtype.
+    replaced = store(da.ones(shape, chunks=5, dtype=dtype), target, overwrite=True, **kw)
+    assert (replaced.shape, replaced.dtype) == (shape, np.dtype(dtype))
+    assert replaced.compute().all()
+
+
+def test_groups_and_foreign_files_are_never_replaced(tmp_path):
+    x = da.ones(4, chunks=2)
+    zarr.create_group(tmp_path / "group.zarr")
+    with pytest.raises(TargetMismatchError, match="group"):
+        store(x, tmp_path / "group.zarr", overwrite=True)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_group("g")
+    with pytest.raises(TargetMismatchError, match="group"):
+        store(x, f"{tmp_path}/a.h5::/g", overwrite=True)
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    with pytest.raises(TargetExistsError, match="will not delete"):
+        store(x, tmp_path / "a.npy", overwrite=True)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(TargetExistsError, match="not a Zarr array"):
+        store(x, tmp_path / "notes", overwrite=True)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="dask array"):
+        store(np.zeros(3), tmp_path / "a.zarr")
+    with pytest.raises(InvalidArgumentError, match="name the HDF5 dataset"):
+        store(da.zeros(3, chunks=1), tmp_path / "a.h5")
+    with pytest.raises(InvalidArgumentError, match="local"):
+        store(da.zeros(3, chunks=1), "s3://bucket/a.zarr")
+    with pytest.raises(InvalidArgumentError, match="zarr_format"):
+        store(da.zeros(3, chunks=1), tmp_path / "a.zarr", zarr_format=4)
+
+
+# ---------------------------------------------------------------------------
+# Interrupted stores, resumed
+
+
+class Boom(RuntimeError):
+    """The simulated failure of one block's computation."""
+
+
+def fails_at_nth_block(block, flag_dir, counter_dir, block_info=None):
+    index = ".".join(map(str, block_info[0]["chunk-location"]))
+    (Path(counter_dir) / f"{index}-{time.monotonic_ns()}").touch()
+    flag = Path(flag_dir) / "fail-at"
+    # The nth block computed fails, whichever it is: the scheduler chooses the order.
+    if flag.exists() and len(os.listdir(counter_dir)) == int(flag.read_text()):
+        raise Boom(f"block {index}")
+    return block * 3
+
+
+def failing_array(data, flag_dir, counter_dir, name="fails-at-nth"):
+    # An explicit name: the identity of the computation must not depend on the bookkeeping folders.
+    return da.from_array(data, chunks=(4, 5), name=f"src-{name}").map_blocks(
+        fails_at_nth_block, str(flag_dir), str(counter_dir), dtype=data.dtype, name=name
+    )
+
+
+def bookkeeping(tmp_path: Path, fail_at: int) -> tuple[Path, Path]:
+    flags, counter = tmp_path / "flags", tmp_path / "counter"
+    flags.mkdir()
+    counter.mkdir()
+    (flags / "fail-at").write_text(str(fail_at))
+    return flags, counter
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_failed_store_resumes_with_only_the_missing_blocks(tmp_path, fmt):
+    data = oracle(np.float32, (16, 10))
+    data[:, :5] = 0  # blocks n.0 equal the fill value: zarr writes no chunk file for them
+    flags, counter = bookkeeping(tmp_path, fail_at=8)
+    target, kw = target_for(tmp_path, fmt)
+    # HDF5 batches of four 80-byte blocks: a budget of three times that.
+    with dask.config.set(scheduler="sync"), pytest.raises(Boom) as failed:
+        store(failing_array(data, flags, counter), target, memory_budget=3 * 4 * 80, **kw)
+    assert progress_record_exists(target)
+    failed_block = str(failed.value).split()[-1]
+    every = {f"{i}.{j}" for i in range(4) for j in range(2)}
+    if fmt == "hdf5":
+        done = hdf5_done_blocks(target, (4, 2))
+        # One batch was written and recorded before the failing one.
+        assert len(done) == 4
+    else:
+        done = zarr_markers(target)
+        assert done == every - {failed_block}
+        for i in range(4):
+            if f"{i}.0" in done:
+                # Marked done though no chunk file exists: a chunk file is not what proves a block done.
+                chunk = f"c/{i}/0" if fmt == "zarr-v3" else f"{i}.0"
+                assert not os.path.exists(os.path.join(target, chunk))
+    assert failed_block not in done
+    if fmt == "zarr-v3":
+        # What a chunk write killed part-way leaves: zarr's temporary file, never read as a chunk.
+        leftover = Path(target) / "c" / "0" / f"1.{'ab' * 16}.partial"
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_bytes(b"half a chunk")
+
+    (flags / "fail-at").unlink()
+    for name in os.listdir(counter):
+        os.unlink(counter / name)
+    calls = []
+    y = store(failing_array(data, flags, counter), target, progress=lambda d, t: calls.append((d, t)), **kw)
+    np.testing.assert_array_equal(y.compute(), data * 3)
+    assert computed_blocks(counter) == sorted(every - done)
+    assert calls[0] == (len(done), 8)
+    assert calls[-1] == (8, 8)
+    assert not progress_record_exists(target)
+    assert not list(Path(target.split("::")[0]).parent.rglob("*.partial"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_another_computation_into_an_unfinished_target_is_refused(tmp_path, fmt):
+    data = oracle(np.float32, (16, 10))
+    flags, counter = bookkeeping(tmp_path, fail_at=6)
+    target, kw = target_for(tmp_path, fmt)
+    with dask.config.set(scheduler="sync"), pytest.raises(Boom):
+        store(failing_array(data, flags, counter), target, **kw)
+    (flags / "fail-at").unlink()
+
+    other = failing_array(data, flags, counter, name="another-computation")
+    with pytest.raises(TargetMismatchError, match=r"unfinished store of another computation.*overwrite=True"):
+        store(other, target, **kw)
+    with pytest.raises(TargetExistsError, match="resume=True"):
+        store(failing_array(data, flags, counter), target, resume=False, **kw)
+    np.testing.assert_array_equal(store(other, target, overwrite=True, **kw).compute(), data * 3)
+
+
+@pytest.fixture(scope="module")
+def big_source(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """A 64 MiB float32 .npy with every value distinct, the first block all zeros."""
+    folder = tmp_path_factory.mktemp("big")
+    data = np.arange(4096 * 4096, dtype=np.float32).reshape(4096, 4096)  # exact: below 2**24
+    data[: store_worker.CHUNKS[0]] = 0
+    np.save(folder / "src.npy", data)
+    return folder / "src.npy", data
+
+
+def run_worker_until(args: list[str], done_at_least: int) -> int:
+    """Start the worker, SIGKILL it once ``done_at_least`` blocks are recorded; the blocks recorded then."""
+    proc = subprocess.Popen([sys.executable, str(WORKER), *args], stdout=subprocess.PIPE, text=True)
+    recorded = 0
+    try:
+        for line in proc.stdout:
+            if line.startswith("progress"):
+                recorded = int(line.split()[1])
+                if recorded >= done_at_least:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+        else:
+            pytest.fail("the worker finished before it could be killed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    return recorded
+
+
+@pytest.mark.parametrize("fmt", ["zarr-v3", "hdf5"])
+def test_a_killed_store_resumes_with_only_the_missing_blocks(tmp_path, big_source, fmt):
+    source, data = big_source
+    target = str(tmp_path / "out.zarr") if fmt == "zarr-v3" else f"{tmp_path}/out.h5::/data"
+    killed_counter, counter = tmp_path / "killed-counter", tmp_path / "counter"
+    killed_counter.mkdir()
+    counter.mkdir()
+    recorded = run_worker_until([str(source), target, str(killed_counter), "0.03"], done_at_least=12)
+
+    numblocks = (4096 // store_worker.CHUNKS[0], 1)
+    total = numblocks[0]
+    if fmt == "zarr-v3":
+        done = zarr_markers(target)
+        partial = zarr.open_array(target, mode="r")
+        chunk_dir = Path(target) / "c"
+        present = [p for p in chunk_dir.rglob("*") if p.is_file() and not p.name.endswith(".partial")]
+        assert present
+        for chunk in present:
+            # Every chunk file there decodes: none is half-written.
+            i, j = (int(part) for part in chunk.relative_to(chunk_dir).parts)
+            rows = slice(i * 64, (i + 1) * 64)
+            np.testing.assert_array_equal(partial[rows, j * 4096 : (j + 1) * 4096], data[rows] * 2)
+    else:
+        done = hdf5_done_blocks(target, numblocks)
+    assert len(done) >= recorded >= 12
+    assert len(done) < total
+
+    y = store(store_worker.build(str(source), str(counter), 0.03), target)
+    # Only the blocks without a record were computed again, each once.
+    every = {f"{i}.0" for i in range(total)}
+    assert computed_blocks(counter) == sorted(every - done)
+    np.testing.assert_array_equal(y.compute(), data * 2)
+    assert not progress_record_exists(target)
+
+
+# ---------------------------------------------------------------------------
+# Write errors
+
+
+@pytest.fixture(scope="module")
+def mixed_source(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """16 blocks of 1 MiB: fifteen constant (compress to bytes), the last incompressible noise."""
+    folder = tmp_path_factory.mktemp("mixed")
+    rows = store_worker.CHUNKS[0]
+    data = np.empty((16 * rows, 4096), dtype=np.float32)
+    for i in range(15):
+        data[i * rows : (i + 1) * rows] = i
+    data[15 * rows :] = np.random.default_rng(7).standard_normal((rows, 4096))
+    np.save(folder / "mixed.npy", data)
+    return folder / "mixed.npy", data
+
+
+def run_worker_with_file_size_limit(source: Path, target: str, counter: Path) -> dict:
+    # 512 KiB: a constant block's chunk fits, the noise block's does not (EFBIG, as on a full disk).
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(source), target, str(counter), "1.0", str(512 * 2**10)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert reports, f"no error reported; stdout: {proc.stdout[-2000:]} stderr: {proc.stderr[-2000:]}"
+    return reports[0]
+
+
+def test_a_full_disk_keeps_the_zarr_chunks_written_and_resumes(tmp_path, mixed_source):
+    source, data = mixed_source
+    target = str(tmp_path / "out.zarr")
+    (tmp_path / "c1").mkdir()
+    report = run_worker_with_file_size_limit(source, target, tmp_path / "c1")
+    assert report["error"][:4] == ["TargetWriteError", "DaskstreamError", "OSError", "Exception"]
+    assert target in report["message"]
+    assert "File too large" in report["message"]
+    done = zarr_markers(target)
+    assert done == {f"{i}.0" for i in range(15)}  # the constant blocks, finished while the noise block slept
+    partial = zarr.open_array(target, mode="r")
+    np.testing.assert_array_equal(partial[: 15 * 64], data[: 15 * 64] * 2)
+    # The failed chunk left nothing: zarr (>= 3.1.3) writes a temporary file and renames it into
+    # place, and removes the temporary file when the write fails. No truncated chunk 15.
+    assert not (Path(target) / "c" / "15" / "0").exists()
+    assert not list(Path(target).rglob("*.partial"))
+
+    (tmp_path / "c2").mkdir()
+    y = store(store_worker.build(str(source), str(tmp_path / "c2"), 0.0), target)
+    assert computed_blocks(tmp_path / "c2") == ["15.0"]
+    np.testing.assert_array_equal(y.compute(), data * 2)
+
+
+def test_a_full_disk_during_an_hdf5_store_is_reported(tmp_path, mixed_source):
+    source, _ = mixed_source
+    target = f"{tmp_path}/out.h5::/data"
+    (tmp_path / "c1").mkdir()
+    # The worker process may then crash at exit inside h5py (h5py#914: HDF5 cannot close a
+    # file it cannot flush); its report is written before that.
+    report = run_worker_with_file_size_limit(source, target, tmp_path / "c1")
+    assert report["error"][:4] == ["TargetWriteError", "DaskstreamError", "OSError", "Exception"]
+    assert target in report["message"]
+    assert "File too large" in report["message"]
+    # HDF5 has no journal: its superblock now claims more than the file holds, and a
+    # resumed store says so instead of writing into a damaged file.
+    (tmp_path / "c2").mkdir()
+    with pytest.raises(CorruptSourceError, match="delete it and store again"):
+        store(store_worker.build(str(source), str(tmp_path / "c2"), 0.0), target)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_target_that_cannot_be_created_is_a_write_error(tmp_path, fmt):
+    (tmp_path / "file").write_text("not a folder")
+    target, kw = target_for(tmp_path / "file", fmt)
+    with pytest.raises(TargetWriteError) as caught:
+        store(da.ones(4, chunks=2), target, **kw)
+    assert isinstance(caught.value, OSError)
+    assert isinstance(caught.value, DaskstreamError)
+    assert str(tmp_path / "file") in str(caught.value)
+
+
+# Run as the unprivileged user "nobody" when the tests run as root, who may write anywhere.
+# Everything store needs is imported first: nobody may not read the Python installation.
+_AS_NOBODY = """
+import json, os, sys
+import dask.array as da, dask.local, dask.threaded, h5py, numcodecs, zarr, zarr.codecs, zarr.storage
+import daskstream.arrays, daskstream.runtime.resources, daskstream.sources.handles, daskstream.sources.hdf5
+from daskstream.compute.store import store
+x = da.ones(4, chunks=2)
+x.compute()
+os.setgid(65534)
+os.setuid(65534)
+try:
+    store(x, sys.argv[1], zarr_format=3)
+except Exception as exc:
+    print(json.dumps({"error": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["zarr-v3", "hdf5"])
+def test_a_read_only_folder_is_a_write_error(fmt):
+    # Not under tmp_path: its parents are private to root, and the folder must be reachable.
+    base = Path(tempfile.mkdtemp(prefix="daskstream-ro-"))
+    target, _ = target_for(base, fmt)
+    base.chmod(0o555)
+    try:
+        if os.geteuid() != 0:
+            with pytest.raises(TargetWriteError) as caught:
+                store(da.ones(4, chunks=2), target)
+            kinds, message = [c.__name__ for c in type(caught.value).__mro__], str(caught.value)
+        else:
+            proc = subprocess.run([sys.executable, "-c", _AS_NOBODY, target], capture_output=True, text=True)
+            assert proc.stdout, proc.stderr[-2000:]
+            report = json.loads(proc.stdout)
+            kinds, message = report["error"], report["message"]
+    finally:
+        base.chmod(0o755)
+        shutil.rmtree(base)
+    assert kinds[:3] == ["TargetWriteError", "DaskstreamError", "OSError"]
+    assert target in message
+    assert "Permission denied" in message
+    assert "resume=True" in message
+
+
+# ---------------------------------------------------------------------------
+# Memory and schedulers
+
+
+@pytest.mark.parametrize("fmt", ["zarr-v3", "hdf5"])
+def test_memory_stays_a_few_blocks_whatever_the_array(tmp_path, big_source, fmt):
+    source, data = big_source
+    x = ds.open(source, chunks=store_worker.CHUNKS) * 2  # 64 MiB in 1 MiB blocks
+    target, kw = target_for(tmp_path, fmt)
+    tracemalloc.start()
+    try:
+        with dask.config.set(scheduler="threads", num_workers=2):
+            store(x, target, memory_budget="8MiB", **kw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, f"peak {peak / 2**20:.1f} MiB for a 64 MiB array"
+    np.testing.assert_array_equal(ds.open(target).compute(), data * 2)
+
+
+@pytest.mark.parametrize(
+    ("budget", "recorded"),
+    [
+        # three blocks' worth: one block per batch (one written while the next computes, plus slack)
+        pytest.param(3 * 8 * 2**10, list(range(9)), id="one-block"),
+        pytest.param(6 * 8 * 2**10, [0, 2, 4, 6, 8], id="two-blocks"),
+        # plenty: small blocks are gathered into one batch rather than paying a round trip each
+        pytest.param("1GiB", [0, 8], id="plenty"),
+    ],
+)
+def test_hdf5_batches_follow_the_memory_budget(tmp_path, budget, recorded):
+    x = da.from_array(oracle(np.float64, (64, 128)), chunks=(8, 128))  # 8 blocks of 8 KiB
+    calls = []
+    with dask.config.set(scheduler="threads", num_workers=2):
+        store(x, f"{tmp_path}/a.h5::/d", memory_budget=budget, progress=lambda d, t: calls.append(d))
+    assert calls == recorded
+
+
+def test_progress_true_prints_to_stderr(tmp_path, capsys):
+    store(da.ones(10, chunks=5), tmp_path / "a.zarr", progress=True)
+    assert "2/2 blocks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+@pytest.mark.parametrize("fmt", ["zarr-v3", "hdf5"])
+def test_local_schedulers(tmp_path, scheduler, fmt):
+    data = oracle(np.float32, (120, 30))
+    np.save(tmp_path / "src.npy", data)
+    x = ds.open(tmp_path / "src.npy", chunks=(16, 30)) * 2
+    target, kw = target_for(tmp_path, fmt)
+    with dask.config.set(scheduler=scheduler, num_workers=2):
+        store(x, target, **kw)
+    np.testing.assert_array_equal(ds.open(target).compute(scheduler="sync"), data * 2)
+
+
+@pytest.mark.parametrize("fmt", ["zarr-v3", "hdf5"])
+def test_distributed_cluster_of_real_processes(dask_cluster, tmp_path, fmt):
+    from distributed import Client
+
+    data = oracle(np.float32, (120, 30))
+    np.save(tmp_path / "src.npy", data)
+    target, kw = target_for(tmp_path, fmt)
+    calls = []
+    with Client(scheduler_file=str(dask_cluster)) as client:
+        x = ds.open(tmp_path / "src.npy", chunks=(16, 30)) * 2
+        y = store(x, target, progress=lambda d, t: calls.append((d, t)), **kw)
+        np.testing.assert_array_equal(client.compute(y).result(), data * 2)
+    assert calls[0] == (0, 8)
+    assert calls[-1] == (8, 8)
