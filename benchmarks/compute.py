@@ -87,8 +87,12 @@ def describe_vs_sum(path: Path, repeats: int) -> list[tuple[str, float, float, f
     return rows
 
 
+# Peak RSS from the kernel's high-water mark of this process's own memory map: unlike
+# getrusage's ru_maxrss, it does not carry over the parent's peak across fork and exec.
+_PEAK_RSS = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024"
+
 _MEDIAN_CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 import daskstream as ds
 path, budget = sys.argv[1], sys.argv[2]
@@ -96,18 +100,16 @@ start = time.perf_counter()
 x = ds.open(path, memory_budget=budget)
 value = ds.reduce(x, "median", memory_budget=budget).compute()
 print(json.dumps({"median": float(value), "seconds": time.perf_counter() - start,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "chunks": x.npartitions}))
-"""
+                  "peak_rss": PEAK_RSS, "chunks": x.npartitions}))
+""".replace("PEAK_RSS", _PEAK_RSS)
 
 _NUMPY_CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 start = time.perf_counter()
 value = np.median(np.load(sys.argv[1]))
-print(json.dumps({"median": float(value), "seconds": time.perf_counter() - start,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-"""
+print(json.dumps({"median": float(value), "seconds": time.perf_counter() - start, "peak_rss": PEAK_RSS}))
+""".replace("PEAK_RSS", _PEAK_RSS)
 
 
 def median_out_of_core(path: Path, nbytes: int) -> dict:
@@ -122,7 +124,7 @@ def median_out_of_core(path: Path, nbytes: int) -> dict:
             [sys.executable, "-c", _NUMPY_CHILD, str(path)], check=True, capture_output=True, text=True
         ).stdout
     )
-    baseline = json.loads(subprocess.run([sys.executable, "-c", "import json, resource, daskstream; print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))"], check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    baseline = json.loads(subprocess.run([sys.executable, "-c", f"import json, daskstream; print({_PEAK_RSS})"], check=True, capture_output=True, text=True).stdout)  # fmt: skip
     if ours["median"] != numpy["median"]:
         raise AssertionError(f"median {ours['median']!r} differs from numpy's {numpy['median']!r}")
     return {"budget": budget, "ours": ours, "numpy": numpy, "import_baseline_rss": baseline}

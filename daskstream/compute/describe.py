@@ -7,6 +7,7 @@ in a tree as wide as the memory budget allows.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -121,11 +122,14 @@ def describe(
 
     Notes
     -----
-    Precision: a float chunk reduced whole is summed in rows of 1024 values in
-    its own dtype (pairwise, at most about 10 units in the last place of a row's
-    absolute sum), and the row sums in float64; the standard deviation is taken
-    from deviations around a shift near the mean, so a large offset costs
-    nothing. Results agree with numpy's float64 answers to about 1e-9 relative.
+    Speed and precision: a float chunk reduced whole is summed in one pass by a
+    numba kernel when numba is installed (``pip install 'daskstream[fast]'``):
+    deviations from a shift near the data, accumulated in float64. Without
+    numba, numpy sums rows of 1024 values in the data's dtype (pairwise) and
+    the row sums in float64, over a few passes. Either way a large offset
+    costs nothing. With numba, results agree with numpy's float64 answers to
+    about 1e-12 relative; without it, to about 1e-7 of the data's spread
+    (its standard deviation) for float32 data.
 
     Examples
     --------
@@ -230,22 +234,43 @@ def _sums_of_rows(flat: np.ndarray) -> float:
     return float(np.sum(rows, dtype=np.float64) + np.sum(flat[whole:], dtype=np.float64))
 
 
-def _finite_float_statistics(block: np.ndarray) -> dict[str, np.ndarray] | None:
+@functools.cache
+def _compiled_shifted_sums() -> Any:
+    """numba's one-pass kernel when numba is installed, else ``None`` (numpy takes a few passes)."""
+    try:
+        from daskstream.compute.fused import shifted_sums
+    except ImportError:
+        return None
+    return shifted_sums
+
+
+def _finite_float_statistics(block: np.ndarray, *, compiled: bool = True) -> dict[str, np.ndarray] | None:
     """Statistics of a whole float chunk in a few vectorised passes; ``None`` if it holds NaN or inf."""
     flat = block.reshape(-1)
     n = flat.size
     if n == 0:
         return None
-    total = _sums_of_rows(flat)
-    if not np.isfinite(total):
-        return None  # NaN or inf inside: the masked path handles them
-    mean = total / n
-    # Deviations from a shift near the mean, in the data's dtype: the subtraction is exact for values
-    # near the shift, and M2 = sum(d^2) - n (mean - shift)^2 loses nothing to a large offset.
-    shift = flat.dtype.type(mean)
-    deviations = np.subtract(flat, shift)
-    np.square(deviations, out=deviations)
-    m2 = _sums_of_rows(deviations) - n * (mean - float(shift)) ** 2
+    kernel = _compiled_shifted_sums() if compiled and flat.dtype in (np.float32, np.float64) else None
+    if kernel is not None:
+        # Deviations from a shift near the data, summed in float64: a large offset costs nothing.
+        shift = float(np.mean(flat[:_ROW], dtype=np.float64))
+        deviation_sum, deviation_squares = kernel(flat, shift)
+        if not (np.isfinite(deviation_sum) and np.isfinite(deviation_squares)):
+            return None  # NaN or inf inside: the masked path handles them
+        mean = shift + deviation_sum / n
+        m2 = deviation_squares - deviation_sum * deviation_sum / n
+    else:
+        total = _sums_of_rows(flat)
+        if not np.isfinite(total):
+            return None
+        # Deviations from a shift near the mean, in the data's dtype: the subtraction is exact for values
+        # near the shift, so their small sums fix the mean and M2 whatever the offset.
+        shift = flat.dtype.type(total / n)
+        deviations = np.subtract(flat, shift)
+        deviation_sum = _sums_of_rows(deviations)
+        np.square(deviations, out=deviations)
+        mean = float(shift) + deviation_sum / n
+        m2 = _sums_of_rows(deviations) - deviation_sum * deviation_sum / n
     shape = (1,) * block.ndim
     return {
         "n": np.full(shape, n, dtype="i8"),

@@ -160,3 +160,29 @@ def test_on_every_scheduler(tmp_path):
     x = ds.open(tmp_path / "a.npy", memory_budget="256KiB")
     for scheduler in ("sync", "threads", "processes"):
         check(ds.describe(x, axis=0).compute(scheduler=scheduler), expected(a, 0))
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e6], ids=["centred", "offset"])
+@pytest.mark.parametrize("dtype", ["f4", "f8"])
+def test_compiled_and_numpy_chunk_paths_agree(offset, dtype):
+    """The numba one-pass kernel and the numpy fallback give the same statistics as numpy."""
+    from daskstream.compute.describe import _compiled_shifted_sums, _finite_float_statistics
+
+    assert _compiled_shifted_sums() is not None  # the test extra installs numba
+    rng = np.random.default_rng(9)
+    block = (offset + rng.normal(0, 3, (300, 70))).astype(dtype)
+    want_mean = block.astype("f8").mean()
+    want_m2 = ((block.astype("f8") - want_mean) ** 2).sum()
+    spread = block.astype("f8").std()
+    # The compiled kernel accumulates in float64; the numpy fallback sums rows in the data's dtype,
+    # which the docs bound by 1e-7 of the data's spread for float32 data.
+    for compiled, mean_error in ((True, 1e-12 * abs(want_mean) + 1e-12), (False, 1e-7 * spread)):
+        stats = _finite_float_statistics(block, compiled=compiled)
+        assert abs(stats["mean"].item() - want_mean) <= mean_error
+        assert stats["m2"].item() == pytest.approx(want_m2, rel=1e-6)
+        assert stats["min"].item() == block.min()
+        assert stats["max"].item() == block.max()
+    # NaN or inf in the chunk: both paths hand over to the masked computation.
+    block[3, 4] = np.nan
+    assert _finite_float_statistics(block, compiled=True) is None
+    assert _finite_float_statistics(block, compiled=False) is None
