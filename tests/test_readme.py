@@ -33,3 +33,23 @@ def test_usage_example_runs(repo_root, tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(example, "README.md", "exec"), scope)
     np.testing.assert_allclose(scope["x"].mean(axis=0).compute(), data.mean(axis=0))
+
+
+def test_computing_example_runs(repo_root, tmp_path, monkeypatch):
+    import zarr
+
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("### Computing", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    data = np.random.default_rng(2).standard_normal((120, 90)).astype("f4")
+    field = zarr.create_array("field.zarr", shape=data.shape, chunks=(30, 45), dtype="f4")
+    field[...] = data
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    np.testing.assert_array_equal(scope["stats"]["count"], data.size)
+    # The stencil over chunks equals the stencil over the whole array padded the same way.
+    padded = np.pad(data, 1, mode="symmetric")
+    want = -4 * data + padded[:-2, 1:-1] + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:]
+    np.testing.assert_allclose(scope["curvature"].compute(), want, rtol=1e-5, atol=1e-5)
+    stored = zarr.open_array("smooth.zarr", mode="r")[...]
+    np.testing.assert_allclose(stored, scope["smooth"].compute())
