@@ -7,6 +7,7 @@ in a tree as wide as the memory budget allows.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import itertools
 import math
@@ -142,31 +143,31 @@ def describe(
     x = da.asarray(x)
     if x.dtype.kind not in "biuf":
         raise UnsupportedDtypeError(f"describe needs real numbers; dtype {x.dtype} is not supported")
-    axes = tuple(range_(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
+    axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     edges = _edges(x.dtype, bins, range)
     fan_in = split_every or combine_fan_in(
         x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), memory_budget=memory_budget
     )
     blocks = x.to_delayed(optimize_graph=True)
-    kept = [a for a in range_(x.ndim) if a not in axes]
+    kept = [a for a in builtins.range(x.ndim) if a not in axes]
     partial = dask.delayed(_chunk_statistics, pure=True)
     # Group the chunks by their position along the kept axes; each group is reduced on its own.
     groups: dict[tuple[int, ...], list[Any]] = {}
-    for index in itertools.product(*(range_(n) for n in x.numblocks)):
+    for index in itertools.product(*(builtins.range(n) for n in x.numblocks)):
         key = tuple(index[a] for a in kept)
         groups.setdefault(key, []).append(partial(blocks[index], axes, edges))
     merge = dask.delayed(_merge_statistics, pure=True)
     reduced = {key: _tree(parts, merge, axes, fan_in) for key, parts in groups.items()}
     grid = [n for a, n in enumerate(x.numblocks) if a in kept]
     finished = dask.delayed(_finish, pure=True)(
-        [reduced[key] for key in itertools.product(*(range_(n) for n in grid))], grid, axes, edges, ddof, x.dtype
+        [reduced[key] for key in itertools.product(*(builtins.range(n) for n in grid))],
+        grid,
+        axes,
+        edges,
+        ddof,
+        x.dtype,
     )
     return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
-
-
-def range_(*args: int) -> range:
-    """``range`` under another name: ``describe`` takes numpy's ``range=`` keyword."""
-    return range(*args)
 
 
 def _edges(dtype: np.dtype, bins: Any, bin_range: Any) -> np.ndarray | None:
@@ -189,14 +190,14 @@ def _edges(dtype: np.dtype, bins: Any, bin_range: Any) -> np.ndarray | None:
 
 def _tree(parts: list[Any], merge: Any, axes: tuple[int, ...], fan_in: int) -> Any:
     while len(parts) > 1:
-        parts = [merge(parts[i : i + fan_in], axes) for i in range_(0, len(parts), fan_in)]
+        parts = [merge(parts[i : i + fan_in], axes) for i in builtins.range(0, len(parts), fan_in)]
     return parts[0]
 
 
 def _bin_counts(values: np.ndarray, edges: np.ndarray, out_shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
     """Per kept position, counts in each bin, with numpy.histogram's rule (last bin closed)."""
-    kept = [a for a in range_(values.ndim) if a not in axes]
-    moved = np.moveaxis(values, kept, list(range_(len(kept)))).reshape(math.prod(out_shape), -1)
+    kept = [a for a in builtins.range(values.ndim) if a not in axes]
+    moved = np.moveaxis(values, kept, list(builtins.range(len(kept)))).reshape(math.prod(out_shape), -1)
     nbins = len(edges) - 1
     index = np.searchsorted(edges, moved, side="right") - 1
     index[moved == edges[-1]] = nbins - 1
@@ -248,9 +249,9 @@ def _finite_float_statistics(block: np.ndarray, *, compiled: bool = True) -> dic
     """Statistics of a whole float chunk in a few vectorised passes; ``None`` if it holds NaN or inf."""
     flat = block.reshape(-1)
     n = flat.size
-    if n == 0:
-        return None
-    kernel = _compiled_shifted_sums() if compiled and flat.dtype in (np.float32, np.float64) else None
+    if n == 0 or flat.dtype not in (np.float32, np.float64):
+        return None  # half precision squares overflow: the float64 masked path takes it
+    kernel = _compiled_shifted_sums() if compiled else None
     if kernel is not None:
         # Deviations from a shift near the data, summed in float64: a large offset costs nothing.
         shift = float(np.mean(flat[:_ROW], dtype=np.float64))
@@ -271,6 +272,8 @@ def _finite_float_statistics(block: np.ndarray, *, compiled: bool = True) -> dic
         np.square(deviations, out=deviations)
         mean = float(shift) + deviation_sum / n
         m2 = _sums_of_rows(deviations) - deviation_sum * deviation_sum / n
+    if not np.isfinite(m2):
+        return None  # squares past the dtype's range: the float64 masked path takes it
     shape = (1,) * block.ndim
     return {
         "n": np.full(shape, n, dtype="i8"),
@@ -354,15 +357,15 @@ def _assemble(pieces: list[np.ndarray], grid: list[int], axes: tuple[int, ...]) 
     if not grid:
         return pieces[0]
     ndim = len(grid) + len(axes)  # a histogram's extra bins axis, last, is never concatenated
-    kept = [a for a in range_(ndim) if a not in axes]
+    kept = [a for a in builtins.range(ndim) if a not in axes]
     nested: Any = np.empty(grid, dtype=object)
     for flat_index, piece in enumerate(pieces):
         nested[np.unravel_index(flat_index, grid)] = piece
     # Concatenate along each kept axis in turn, innermost grid axis first.
-    for depth in reversed(range_(len(grid))):
+    for depth in reversed(builtins.range(len(grid))):
         axis = kept[depth]
         merged = np.empty(nested.shape[:-1], dtype=object)
-        for index in itertools.product(*(range_(n) for n in nested.shape[:-1])):
+        for index in itertools.product(*(builtins.range(n) for n in nested.shape[:-1])):
             merged[index] = np.concatenate(list(nested[index]), axis=axis)
         nested = merged
     return nested[()]

@@ -14,7 +14,12 @@ Two strategies, both lazy (one dask graph, nothing read until computed):
   After ``bits / 16`` passes each wanted key is known exactly. Passes over the
   data: 1 for 8- and 16-bit dtypes, 2 for 32-bit (float32, int32), 4 for
   64-bit. A task holds its chunk, its keys and one 65,536-bin count per
-  distinct prefix wanted (at most two per quantile).
+  order statistic wanted (two per quantile); past four quantiles the digits
+  narrow to 8 bits to keep those counts small, which doubles the passes.
+
+numpy sorts -0.0 and 0.0 as equal, so which of them it returns where both occur
+depends on where they sit in memory; here -0.0 always ranks first. Values are
+equal either way.
 
 The two order statistics around numpy's virtual index are finally interpolated
 by numpy itself, on a two-element array, so the result is numpy's to the bit.
@@ -30,6 +35,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.compute.reductions import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
 from daskstream.runtime.resources import resolve_resources
@@ -125,7 +131,7 @@ def _order_statistic(
     if kept and column_bytes <= resources.per_task_bytes:
         result = _quantile_along_axes(x, q, q_array, axes, kept, resources.per_task_bytes // column_bytes, median)
     elif not kept:
-        result = _radix_quantile(x, q, q_array, weak, median)
+        result = _radix_quantile(x, q, q_array, weak, median, memory_budget)
     else:
         # The reduced extent is too long for one task: radix select per kept position would hold a
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
@@ -241,21 +247,23 @@ def values_from_keys(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return raw.astype(unsigned).view(dtype)
 
 
-def _radix_quantile(x: da.Array, q_given: Any, q: np.ndarray, weak: bool, median: bool) -> da.Array:
+def _radix_quantile(
+    x: da.Array, q_given: Any, q: np.ndarray, weak: bool, median: bool, memory_budget: int | str | None
+) -> da.Array:
+    budget = {"memory_budget": memory_budget}
     bits = x.dtype.itemsize * 8
     # Each wanted order statistic carries a count per digit; many quantiles take narrower digits.
     digit_bits = min(DIGIT_BITS if _n_targets(q) <= _WIDE_DIGIT_TARGETS else 8, bits)
     levels = bits // digit_bits
     # Level 0 counts every value's top digit and the NaNs; it fixes n and so the ranks wanted.
-    counts = _summed(x.map_blocks(_top_digit_counts, digit_bits=digit_bits, **_one_row(x, (1 << digit_bits) + 1)))
+    counts = sum_rows(per_chunk_rows(x, _top_digit_counts, (1 << digit_bits) + 1, digit_bits=digit_bits), **budget)
     state = counts.map_blocks(
         _first_state, q=q, median=median, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
     )
     for level in range(1, levels):
         width = _n_targets(q) * (1 << digit_bits)
-        counts = _summed(
-            x.map_blocks(_next_digit_counts, state=state, level=level, digit_bits=digit_bits, **_one_row(x, width))
-        )
+        rows = per_chunk_rows(x, _next_digit_counts, width, state=state, level=level, digit_bits=digit_bits)
+        counts = sum_rows(rows, **budget)
         state = counts.map_blocks(
             _next_state, state=state, level=level, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
         )
@@ -264,23 +272,6 @@ def _radix_quantile(x: da.Array, q_given: Any, q: np.ndarray, weak: bool, median
     if q.ndim:
         return state.map_blocks(_interpolate, chunks=((len(q),),), **finish)
     return state.map_blocks(_interpolate, chunks=(), drop_axis=0, **finish)
-
-
-def _one_row(x: da.Array, width: int) -> dict[str, Any]:
-    """map_blocks arguments for a per-chunk row of ``width`` counts, laid out on a new last axis."""
-    return {
-        "dtype": "i8",
-        "chunks": (*((1,) * n for n in x.numblocks), (width,)),
-        "new_axis": x.ndim,
-    }
-
-
-def _summed(rows: da.Array) -> da.Array:
-    """Sum the per-chunk count rows with a wide tree: rows are small, so merge many per task."""
-    reduced = tuple(range(rows.ndim - 1))
-    row_bytes = rows.chunks[-1][0] * 8
-    fan_in = max(2, min(64, (256 * 2**20) // max(row_bytes, 1)))
-    return rows.sum(axis=reduced, split_every=fan_in)
 
 
 def _n_targets(q: np.ndarray) -> int:
@@ -370,6 +361,20 @@ def _next_state(counts: np.ndarray, state: np.ndarray, level: int, digit_bits: i
     return out
 
 
+def _lerp_at_end(last: Any, virtual: Any, weak: bool) -> Any:
+    """numpy's interpolation at or past the last value: both ends are that value, weight index + 1.
+
+    numpy marks the neighbours of such an index as -1 (the last element), so its weight is
+    ``virtual + 1``; the arithmetic below is numpy's ``_lerp`` for equal ends, which decides the
+    sign of a zero and NaN for an infinite end.
+    """
+    value = np.asarray(last)
+    weight = float(virtual) + 1 if weak else np.asarray(virtual + 1, dtype=np.asarray(virtual).dtype)
+    difference = value - value
+    ahead = np.add(value, difference * weight)
+    return np.subtract(value, difference * (1 - weight)).astype(ahead.dtype) if weight >= 0.5 else ahead
+
+
 def _interpolate(state: np.ndarray, q: np.ndarray, weak: bool, median: bool, dtype_in: np.dtype) -> np.ndarray:
     n, nans = int(state[0]), int(state[1])
     targets = (len(state) - 2) // 2
@@ -393,12 +398,14 @@ def _interpolate(state: np.ndarray, q: np.ndarray, weak: bool, median: bool, dty
     gamma = (virtual - np.floor(virtual)).astype(virtual.dtype)
     out = []
     with np.errstate(invalid="ignore"):
-        for lo, hi, g, at_end in zip(lower, upper, gamma, virtual >= n - 1):
+        for lo, hi, v, g, at_end in zip(lower, upper, virtual, gamma, virtual >= n - 1):
+            if at_end:
+                out.append(_lerp_at_end(hi, v, weak))
+                continue
             pair = np.array([lo, hi], dtype=dtype_in)
             # For two values numpy's virtual index is the weight itself, so numpy interpolates
             # these two exactly as it would inside the whole array.
-            weight = 1.0 if at_end else (float(g) if weak else np.asarray(g, dtype=virtual.dtype))
-            out.append(np.quantile(pair, weight))
+            out.append(np.quantile(pair, float(g) if weak else np.asarray(g, dtype=virtual.dtype)))
     result = np.array(out, dtype=_result_dtype(dtype_in, float(q) if weak else q))
     if nans:
         result[...] = np.nan

@@ -6,6 +6,7 @@ computed.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import math
 import warnings
@@ -96,8 +97,10 @@ def reduce(
     x = da.asarray(x)
     if op not in OPERATIONS:
         raise UnknownOperationError(f"unknown reduction {op!r}; choose one of: {', '.join(sorted(OPERATIONS))}")
-    axes = normalize_axes(tuple(range_(x.ndim)) if axis is None else axis, x.ndim) if x.ndim else ()
+    axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     if op == "histogram":
+        if axis is not None:
+            raise InvalidArgumentError('op="histogram" counts all values, as numpy.histogram does; give no axis')
         return histogram(x, bins=bins, range=range, split_every=split_every, memory_budget=memory_budget)
     if op in ("median", "quantile"):
         from daskstream.compute.quantiles import median, quantile
@@ -150,11 +153,6 @@ def _reduce_empty(x: da.Array, op: str, axes: tuple[int, ...], **kwargs: Any) ->
             f"{op} of an empty array (shape {x.shape}) over axes {axes} has no value: {exc}"
         ) from None
     return da.from_array(np.asarray(answer))
-
-
-def range_(n: int) -> range:
-    """``range`` under another name: ``reduce`` takes numpy's ``range=`` keyword."""
-    return range(n)
 
 
 OPERATIONS = frozenset(
@@ -367,30 +365,32 @@ def histogram(
         edges = np.histogram_bin_edges(np.empty(0, dtype=x.dtype), int(bins), range=range)
     else:
         fan_in = split_every or combine_fan_in(
-            x, tuple(range_(x.ndim)), partial_itemsize=8, memory_budget=memory_budget
+            x, tuple(builtins.range(x.ndim)), partial_itemsize=8, memory_budget=memory_budget
         )
         extremes = da.stack([da.min(x, split_every=fan_in), da.max(x, split_every=fan_in)]).rechunk(2)
         edges = extremes.map_blocks(
             np.histogram_bin_edges, int(bins), dtype=np.histogram_bin_edges(np.zeros(1, x.dtype), 1).dtype,
             chunks=((int(bins) + 1,),),
         )  # fmt: skip
-    flat = x.reshape(-1) if x.ndim != 1 else x
-    n_edges = len(edges)
-    # One row of counts per chunk, summed down the rows: a tree as wide as the budget allows.
-    per_chunk = da.map_blocks(
-        _chunk_counts,
-        flat,
-        dtype="i8",
-        chunks=((1,) * flat.numblocks[0], (n_edges - 1,)),
-        new_axis=1,
-        edges=edges,
-    )
-    fan_in = split_every or combine_fan_in(per_chunk, (0,), partial_itemsize=8, memory_budget=memory_budget)
-    return per_chunk.sum(axis=0, split_every=fan_in), edges
+    # One row of counts per chunk, in place of the chunk (no reshape, so no rechunk), summed down.
+    rows = per_chunk_rows(x, _chunk_counts, len(edges) - 1, edges=edges)
+    return sum_rows(rows, split_every=split_every, memory_budget=memory_budget), edges
+
+
+def per_chunk_rows(x: da.Array, fn: Any, width: int, **kwargs: Any) -> da.Array:
+    """``fn(block, **kwargs)`` gives one row of ``width`` int64 counts per chunk, on a new last axis."""
+    return x.map_blocks(fn, dtype="i8", chunks=(*((1,) * n for n in x.numblocks), (width,)), new_axis=x.ndim, **kwargs)
+
+
+def sum_rows(rows: da.Array, *, split_every: int | None = None, memory_budget: int | str | None = None) -> da.Array:
+    """Sum per-chunk rows of counts into one row, in a tree as wide as the budget allows."""
+    reduced = tuple(builtins.range(rows.ndim - 1))
+    fan_in = split_every or combine_fan_in(rows, reduced, partial_itemsize=8, memory_budget=memory_budget)
+    return rows.sum(axis=reduced, split_every=fan_in)
 
 
 def _chunk_counts(block: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    return np.histogram(block, bins=edges)[0][None, :]
+    return np.histogram(block, bins=edges)[0].reshape((1,) * block.ndim + (-1,))
 
 
 __all__ = ["OPERATIONS", "histogram", "reduce"]

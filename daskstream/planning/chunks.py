@@ -553,8 +553,7 @@ def normalize_axes(axis: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
-            raise InvalidAxisError(
-                f"axis {a!r} is out of range for an array with {ndim} dimension(s); use 0..{ndim - 1} or -{ndim}..-1"
-            )
+            valid = f"use 0..{ndim - 1} or -{ndim}..-1" if ndim else "a 0-d array has no axes: give axis=None"
+            raise InvalidAxisError(f"axis {a!r} is out of range for an array with {ndim} dimension(s); {valid}")
         out.append(int(a) % ndim)
     return tuple(sorted(set(out)))

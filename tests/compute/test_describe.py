@@ -186,3 +186,11 @@ def test_compiled_and_numpy_chunk_paths_agree(offset, dtype):
     block[3, 4] = np.nan
     assert _finite_float_statistics(block, compiled=True) is None
     assert _finite_float_statistics(block, compiled=False) is None
+
+
+def test_half_precision_does_not_overflow():
+    a = np.array([0, 512, 300, 65000], dtype="f2")
+    d = ds.describe(da.from_array(a, chunks=2)).compute()
+    check(d, expected(a))
+    d = ds.describe(da.from_array(a.reshape(2, 2), chunks=1), axis=0).compute()
+    check(d, expected(a.reshape(2, 2), 0))

@@ -184,12 +184,46 @@ def test_quantile_property_exact_for_any_dtype(dtype, size, chunk, q, seed, dupl
         raw = np.round(raw / 300)  # few distinct values: many ties across chunks
     if np.dtype(dtype).kind in "iu":
         info = np.iinfo(dtype)
-        raw = np.clip(raw, info.min, info.max)
-    a = raw.astype(dtype)
-    got = ds.reduce(da.from_array(a, chunks=chunk), "quantile", q=q).compute()
+        a = np.clip(raw, max(info.min, -1e15), min(info.max, 1e15)).astype(dtype)
+        # The extremes of the dtype, where an order-preserving key is easiest to get wrong.
+        a[: min(2, size)] = np.array([info.min, info.max], dtype=dtype)[: min(2, size)]
+    else:
+        if size > 3:
+            raw[:3] = [np.inf, -np.inf, 0.0]
+        with np.errstate(over="ignore"):  # float16 cannot hold every draw: inf, as a user would get
+            a = raw.astype(dtype)
+    # numpy's interpolation between the extremes of a small integer dtype overflows, with a warning;
+    # daskstream does the same arithmetic, so the same value and the same warning.
+    got = ours("quantile", da.from_array(a, chunks=chunk), None, q=q)
     want = numpy_answer_quantile(a, q, None)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("q", [0.1, 1.0, 1, [0.0, 1.0]], ids=str)
+@pytest.mark.parametrize("values", [[-0.0], [-0.0, -0.0, -0.0], [5.0, -0.0]], ids=str)
+def test_quantile_keeps_the_sign_of_zero(values, q):
+    # assert_array_equal treats -0.0 and 0.0 as equal: compare the sign bits too.
+    a = np.array(values)
+    got = ds.reduce(da.from_array(a, chunks=1), "quantile", q=q).compute()
+    want = np.quantile(a, q)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_axis_on_a_0d_array_is_refused():
+    with pytest.raises(InvalidAxisError, match="0-d"):
+        ds.reduce(da.from_array(np.array(3.0)), "sum", axis=0)
+
+
+def test_histogram_of_an_nd_array_keeps_its_chunks():
+    x = da.ones((400, 300), chunks=(100, 100))
+    counts, _ = ds.reduce(x, "histogram", bins=4, range=(0, 2))
+    np.testing.assert_array_equal(counts.compute(), [0, 0, 120000, 0])
+    # Counted chunk by chunk in place: no reshape of the array, so no rechunk tasks.
+    assert not any("reshape" in str(name) or "rechunk" in str(name) for name in counts.dask.layers)
+    with pytest.raises(InvalidArgumentError, match="axis"):
+        ds.reduce(x, "histogram", axis=0)
 
 
 def test_median_over_all_axes_of_a_multichunk_array(data):
