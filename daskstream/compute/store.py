@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -78,6 +79,10 @@ _RECORD_FORMAT = "daskstream.store/1"
 # Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.
 _BATCH_BYTES = 16 * 2**20
 _HDF5_ERRNO = re.compile(r"errno = (\d+)")
+# What zarr raises when the array it opens is gone or its metadata is damaged: its own errors
+# (zarr.errors.BaseZarrError, a ValueError), the ValueError of unreadable JSON, the KeyError of
+# metadata missing a field and the TypeError of a field of the wrong type.
+_ZARR_NODE_ERRORS = (ValueError, KeyError, TypeError)
 # What h5py raises when HDF5 cannot write: OSError mostly, RuntimeError from flush and close.
 _H5_WRITE_ERRORS = (OSError, RuntimeError)
 
@@ -197,6 +202,11 @@ def store(
     TargetMismatchError
         The target's shape or dtype differs from ``x``'s, or it holds an
         unfinished store of another computation; ``overwrite=True`` replaces it.
+        Also: the path runs through an array or dataset (only groups hold
+        others), or a Zarr target was deleted or damaged while being written.
+    UnsupportedDtypeError
+        ``x``'s dtype cannot be stored there (objects anywhere; unicode
+        strings, datetime64 or timedelta64 in HDF5).
     TargetWriteError
         Writing failed (permission denied, disk full...). Blocks finished
         before the failure stay; rerun with ``resume=True`` once fixed.
@@ -502,6 +512,7 @@ class _ZarrTarget(_Target):
 
     # The state machine: absent -> recorded (identity.json) -> array created -> blocks marked -> finished.
     def _prepare(self, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool) -> set[tuple]:
+        self._check_parents()
         recorded = self._recorded_identity()
         kind = self._node_kind()
         if kind == "group":
@@ -533,37 +544,40 @@ class _ZarrTarget(_Target):
                     self._check_identity(recorded, identity)
                 raise self._refuse_existing("a Zarr array")
             self._delete()
+        parts = self.member.split("/") if self.member else []
+        folders = [os.path.join(self.path, *parts[:depth]) for depth in range(len(parts) + 1)]
+        missing = [folder for folder in folders if not os.path.exists(folder)]
         self._record(identity)
         try:
             self._create(x)
         except (InvalidArgumentError, UnsupportedDtypeError):
-            # Nothing was written: leave no unfinished store behind for arguments that can never work.
+            # Nothing was written: leave no unfinished store behind for arguments that can never work,
+            # nor the folders made for it (only while empty: zarr may have put a group there).
             shutil.rmtree(self.progress_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                os.rmdir(self.array_dir)
+            for folder in reversed(missing if self.array_dir in missing else [*missing, self.array_dir]):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
             raise
         return set()
 
+    def _check_parents(self) -> None:
+        """Refuse a member inside an array: only groups hold other nodes, and nothing may be written there."""
+        parts = self.member.split("/") if self.member else []
+        for depth in range(len(parts)):
+            folder = os.path.join(self.path, *parts[:depth])
+            if not os.path.isdir(folder):
+                return  # store creates the missing groups
+            if _zarr_node_kind(folder) == "array":
+                inner = "/".join(parts[:depth])
+                where = f"{self.path}::{inner}" if inner else self.path
+                raise TargetMismatchError(
+                    f"{self.name}: {where} is a Zarr array, not a group, so it cannot hold {self.member}; "
+                    "name an array outside it. store never writes inside an existing array"
+                )
+
     def _node_kind(self) -> str | None:
         """``"array"``, ``"group"``, ``"other"`` (a file or a folder of something else) or ``None``."""
-        if not os.path.exists(self.array_dir):
-            return None
-        if not os.path.isdir(self.array_dir):
-            return "other"
-        meta = os.path.join(self.array_dir, "zarr.json")
-        if os.path.exists(meta):
-            try:
-                with open(meta) as f:
-                    node_type = json.load(f).get("node_type")
-            except (OSError, ValueError, AttributeError):
-                return "other"
-            return "array" if node_type == "array" else "group"
-        if os.path.exists(os.path.join(self.array_dir, ".zarray")):
-            return "array"
-        if os.path.exists(os.path.join(self.array_dir, ".zgroup")):
-            return "group"
-        leftovers = set(os.listdir(self.array_dir)) - {PROGRESS_DIR}
-        return "other" if leftovers else None
+        return _zarr_node_kind(self.array_dir)
 
     def _recorded_identity(self) -> StoreIdentity | None:
         try:
@@ -728,6 +742,28 @@ class _ZarrTarget(_Target):
         shutil.rmtree(self.progress_dir, ignore_errors=True)
 
 
+def _zarr_node_kind(folder: str) -> str | None:
+    """What the Zarr node at ``folder`` is: ``"array"``, ``"group"``, ``"other"`` or ``None`` (nothing)."""
+    if not os.path.exists(folder):
+        return None
+    if not os.path.isdir(folder):
+        return "other"
+    meta = os.path.join(folder, "zarr.json")
+    if os.path.exists(meta):
+        try:
+            with open(meta) as f:
+                node_type = json.load(f).get("node_type")
+        except (OSError, ValueError, AttributeError):
+            return "other"
+        return "array" if node_type == "array" else "group"
+    if os.path.exists(os.path.join(folder, ".zarray")):
+        return "array"
+    if os.path.exists(os.path.join(folder, ".zgroup")):
+        return "group"
+    leftovers = set(os.listdir(folder)) - {PROGRESS_DIR}
+    return "other" if leftovers else None
+
+
 def _write_zarr_block(
     block: np.ndarray,
     store_path: str,
@@ -741,7 +777,8 @@ def _write_zarr_block(
 
     info = block_info[0]  # type: ignore[index]
     region = tuple(slice(start, stop) for start, stop in info["array-location"])
-    marker = os.path.join(done_dir, _block_name(tuple(info["chunk-location"])))
+    name = _block_name(tuple(info["chunk-location"]))
+    marker = os.path.join(done_dir, name)
     try:
         # Opened by path here, in whichever process runs the task: no handle travels in the graph.
         array = zarr.open_array(store=zarr.storage.LocalStore(store_path), path=member or "", mode="r+")
@@ -749,8 +786,16 @@ def _write_zarr_block(
         # Only after the chunk is in place: an empty file appears whole or not at all.
         with open(marker, "wb"):
             pass
+    except _ZARR_NODE_ERRORS as exc:
+        # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to blame.
+        # The array was deleted, replaced or damaged while store wrote it: what was recorded no longer holds.
+        raise TargetMismatchError(
+            f"{target_name}: could not write block {name}: zarr could not open or write the array "
+            f"({type(exc).__name__}: {_first_line(exc)}); it was deleted, replaced or damaged while store "
+            "was writing it. Pass overwrite=True to store it again"
+        ) from exc
     except OSError as exc:
-        raise _write_error(target_name, exc, f"write block {_block_name(tuple(info['chunk-location']))}") from exc
+        raise _write_error(target_name, exc, f"write block {name}") from exc
     return np.ones((1,) * block.ndim, dtype=bool)
 
 
@@ -889,6 +934,15 @@ class _Hdf5Target(_Target):
 
         h5py = import_h5py()
         nblocks = math.prod(x.numblocks)
+        self._check_parents(h5file, h5py)
+        try:
+            # Before anything is deleted or created, and before any compressor is involved.
+            h5py.h5t.py_create(x.dtype, logical=True)
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedDtypeError(
+                f"{self.name}: HDF5 cannot store dtype {x.dtype} ({exc}); convert the data first (unicode "
+                "strings to fixed-width bytes, datetime64 or timedelta64 to integers), or store it to Zarr"
+            ) from exc
         existing = h5file.get(self.member)
         if existing is not None and not isinstance(existing, h5py.Dataset):
             raise TargetMismatchError(
@@ -914,6 +968,20 @@ class _Hdf5Target(_Target):
             except _H5_WRITE_ERRORS as exc:
                 raise self._write_error(exc, "delete the existing dataset") from exc
         return self._create(h5file, x, identity, nblocks), np.zeros(nblocks, dtype=bool)
+
+    def _check_parents(self, h5file: Any, h5py: Any) -> None:
+        """Refuse a dataset path that runs through a dataset: only groups hold other objects."""
+        parts = [part for part in self.member.split("/") if part]
+        for depth in range(1, len(parts)):
+            parent = "/" + "/".join(parts[:depth])
+            node = h5file.get(parent)
+            if node is None:
+                return  # store creates the missing groups
+            if isinstance(node, h5py.Dataset):
+                raise TargetMismatchError(
+                    f"{self.name}: {parent} in {self.path} is an HDF5 dataset, not a group, so it cannot hold "
+                    f"{self.member}; name a dataset outside it. store never deletes what is in the way"
+                )
 
     def _recorded_identity(self, dset: Any) -> StoreIdentity | None:
         if H5_IDENTITY_ATTR not in dset.attrs:
@@ -956,11 +1024,17 @@ class _Hdf5Target(_Target):
         except _H5_WRITE_ERRORS as exc:
             raise self._write_error(exc, "create the dataset") from exc
         except (ValueError, TypeError) as exc:
+            if self.compressor is None or (isinstance(self.compressor, str) and self.compressor == "default"):
+                # Not the compressor's doing: the dtype and the path were checked, so say what h5py said.
+                raise InvalidArgumentError(
+                    f"{self.name}: h5py could not create a dataset of shape {x.shape}, dtype {x.dtype} and "
+                    f"chunks {chunks} ({exc})"
+                ) from exc
             raise InvalidArgumentError(
                 f"{self.name}: h5py could not create the dataset with dtype {x.dtype} and "
                 f"compressor={self.compressor!r} ({exc}); give a filter name, a mapping of h5py "
                 'create_dataset keywords, None or "default"'
-            ) from None
+            ) from exc
         return dset
 
     def _filters(self) -> dict[str, Any]:
@@ -1014,17 +1088,32 @@ class _Hdf5Writer:
         self.done, self.total, self.report = done, total, report
         self.unrecorded: list[tuple[int, ...]] = []
         self.count = int(done.sum())
-        # One optimized graph for all blocks; each batch sends only the part its blocks need.
-        delayed = x.to_delayed(optimize_graph=True)
-        self.graph = delayed.flat[0].__dask_graph__()
-        self.keys = {index: delayed[index].key for index in np.ndindex(*x.numblocks)}
+        # One graph for all blocks, optimized once (as x.to_delayed(optimize_graph=True) does); each
+        # batch sends the scheduler only the tasks its blocks need, found by walking back from them.
+        # Building one Delayed per block and merging them with dask.compute costs batch² per batch.
+        keys = x.__dask_keys__()
+        self.graph: dict[Any, Any] = dict(x.__dask_optimize__(x.__dask_graph__(), keys))
+        self.dependencies: dict[Any, set[Any]] = {}
 
-    def _delayed(self, batch: Sequence[tuple[int, ...]]) -> list[Any]:
-        from dask.delayed import Delayed
+    def _key(self, index: tuple[int, ...]) -> tuple:
+        return (self.x.name, *index)
 
-        keys = [self.keys[index] for index in batch]
-        graph = dict(self.graph.cull(set(keys)))
-        return [Delayed(key, graph) for key in keys]
+    def _subgraph(self, keys: Sequence[Any]) -> dict[Any, Any]:
+        """The tasks ``keys`` need: work in proportion to them, not to the whole graph."""
+        from dask.core import get_dependencies
+
+        graph, dependencies = self.graph, self.dependencies
+        sub: dict[Any, Any] = {}
+        stack = list(keys)
+        while stack:
+            key = stack.pop()
+            if key in sub:
+                continue
+            sub[key] = graph[key]
+            if key not in dependencies:
+                dependencies[key] = get_dependencies(graph, key)
+            stack.extend(dependencies[key])
+        return sub
 
     def run(self, pending: list[tuple[int, ...]]) -> None:
         window = self.target.window(self.x)
@@ -1042,14 +1131,19 @@ class _Hdf5Writer:
         self._record()
 
     def _run_local(self, pending: list[tuple[int, ...]], window: int) -> None:
-        with _one_process_pool():
-            self._run_batches(pending, window)
+        from dask.base import get_scheduler
 
-    def _run_batches(self, pending: list[tuple[int, ...]], window: int) -> None:
+        # What dask.compute(x) would use: the configured scheduler, else the threaded one.
+        schedule = get_scheduler(collections=[self.x])
+        with _one_process_pool():
+            self._run_batches(pending, window, schedule)
+
+    def _run_batches(self, pending: list[tuple[int, ...]], window: int, schedule: Callable[..., Any]) -> None:
         batches = _batched(pending, window)
 
-        def compute(batch: Sequence[tuple[int, ...]]) -> tuple[Sequence[tuple[int, ...]], tuple]:
-            return batch, dask.compute(*self._delayed(batch))
+        def compute(batch: Sequence[tuple[int, ...]]) -> tuple[Sequence[tuple[int, ...]], Sequence[Any]]:
+            keys = [self._key(index) for index in batch]
+            return batch, schedule(self._subgraph(keys), keys)
 
         # The next batch computes while this one is written: at most two batches in memory.
         with ThreadPoolExecutor(1, thread_name_prefix="daskstream-store") as pool:
@@ -1074,7 +1168,8 @@ class _Hdf5Writer:
         def submit(n: int) -> None:
             batch = list(islice(queue, n))
             if batch:
-                for future, index in zip(client.compute(self._delayed(batch)), batch):
+                keys = [self._key(index) for index in batch]
+                for future, index in zip(client.get(self._subgraph(keys), keys, sync=False), batch):
                     in_flight[future] = index
                     finished.add(future)
 
@@ -1137,17 +1232,54 @@ def _one_process_pool() -> Iterator[None]:
         return
     from functools import partial
 
-    # As dask.multiprocessing.get does: worker processes inherit one hash seed, so hashing agrees across them.
-    if os.environ.get("PYTHONHASHSEED") in (None, "0"):
-        os.environ["PYTHONHASHSEED"] = "6640"
     initializer = partial(
         dask.multiprocessing.initialize_worker_process,
         user_initializer=dask.config.get("multiprocessing.initializer", None),
     )
     workers = dask.config.get("num_workers", None) or os.cpu_count() or 1
     context = dask.multiprocessing.get_context()
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=initializer) as pool, dask.config.set(pool=pool):
+    with (
+        _worker_hash_seed(),
+        ProcessPoolExecutor(workers, mp_context=context, initializer=initializer) as pool,
+        dask.config.set(pool=pool),
+    ):
         yield
+
+
+_HASH_SEED_LOCK = threading.Lock()
+_hash_seed_users = 0
+_hash_seed_before: str | None = None
+
+
+@contextlib.contextmanager
+def _worker_hash_seed() -> Iterator[None]:
+    """One hash seed for the worker processes while the pool lives; the environment as it was after.
+
+    dask.multiprocessing.get sets ``PYTHONHASHSEED`` when it starts its own pool (dask issue 6640):
+    with ``spawn``, each worker would otherwise salt ``hash()`` of strings differently, and tasks that
+    partition by ``hash()`` (dask.bag's groupby) would disagree across workers. A worker takes the seed
+    from the environment it is started in, and ``ProcessPoolExecutor`` neither takes an environment of
+    its own nor starts its workers before tasks arrive; so the variable is set for the pool's lifetime
+    only, and put back (or removed) when the last store using a pool ends. A seed already chosen is
+    left alone.
+    """
+    global _hash_seed_users, _hash_seed_before
+    with _HASH_SEED_LOCK:
+        if _hash_seed_users == 0:
+            _hash_seed_before = os.environ.get("PYTHONHASHSEED")
+            if _hash_seed_before in (None, "0"):
+                os.environ["PYTHONHASHSEED"] = "6640"
+        _hash_seed_users += 1
+    try:
+        yield
+    finally:
+        with _HASH_SEED_LOCK:
+            _hash_seed_users -= 1
+            if _hash_seed_users == 0 and os.environ.get("PYTHONHASHSEED") == "6640" and _hash_seed_before != "6640":
+                if _hash_seed_before is None:
+                    del os.environ["PYTHONHASHSEED"]
+                else:
+                    os.environ["PYTHONHASHSEED"] = _hash_seed_before
 
 
 def _batched(items: list[tuple[int, ...]], n: int) -> Iterator[list[tuple[int, ...]]]:

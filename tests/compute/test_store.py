@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -34,6 +36,7 @@ from daskstream.errors import (
     TargetExistsError,
     TargetMismatchError,
     TargetWriteError,
+    UnsupportedDtypeError,
 )
 
 WORKER = Path(store_worker.__file__)
@@ -647,3 +650,184 @@ def test_distributed_cluster_of_real_processes(dask_cluster, tmp_path, fmt):
         np.testing.assert_array_equal(client.compute(y).result(), data * 2)
     assert calls[0] == (0, 8)
     assert calls[-1] == (8, 8)
+
+
+# ---------------------------------------------------------------------------
+# Targets in the way, unsupported dtypes, targets damaged while written
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every file and folder under ``folder`` with its bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def test_an_hdf5_dataset_under_a_dataset_is_a_mismatch(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("data", data=np.arange(3.0))
+    with pytest.raises(TargetMismatchError, match=r"/data/sub.*/data in .* is an HDF5 dataset, not a group") as caught:
+        store(da.ones(4, chunks=2), f"{tmp_path}/a.h5::/data/sub")
+    assert "compressor" not in str(caught.value)
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        assert list(f) == ["data"]
+        np.testing.assert_array_equal(f["data"][()], np.arange(3.0))
+
+
+@pytest.mark.parametrize("dtype", ["<U2", "datetime64[s]", "timedelta64[ms]"])
+def test_a_dtype_hdf5_cannot_store_is_named_not_blamed_on_the_compressor(tmp_path, dtype):
+    x = da.from_array(np.zeros(4, dtype=dtype), chunks=2)
+    with pytest.raises(UnsupportedDtypeError, match=re.escape(str(np.dtype(dtype)))) as caught:
+        store(x, f"{tmp_path}/a.h5::/d")
+    assert "compressor" not in str(caught.value)
+    # Refused before anything is deleted: an existing dataset survives overwrite=True.
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f.create_dataset("d", data=np.arange(4.0))
+    with pytest.raises(UnsupportedDtypeError):
+        store(x, f"{tmp_path}/b.h5::/d", overwrite=True)
+    with h5py.File(tmp_path / "b.h5", "r") as f:
+        np.testing.assert_array_equal(f["d"][()], np.arange(4.0))
+
+
+@pytest.mark.parametrize("compressor", [{"compression": "no-such-filter"}, {"compression_opts": 1, "bogus": 2}])
+def test_a_bad_hdf5_compressor_is_still_blamed_on_the_compressor(tmp_path, compressor):
+    with pytest.raises(InvalidArgumentError, match="compressor="):
+        store(da.ones(4, chunks=2), f"{tmp_path}/a.h5::/d", compressor=compressor)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize(
+    ("array_at", "member"), [("", "sub/arr"), ("inner/arr", "inner/arr/deeper/x")], ids=["root", "nested"]
+)
+def test_a_zarr_member_inside_an_array_is_a_mismatch_and_writes_nothing(tmp_path, zarr_format, array_at, member):
+    target = tmp_path / "b.zarr"
+    if array_at:
+        zarr.create_group(target, zarr_format=zarr_format)
+    zarr.create_array(target, name=array_at or None, shape=(4,), chunks=(2,), dtype="f8", zarr_format=zarr_format)
+    before = snapshot(target)
+    where = f"{target}::{array_at}" if array_at else str(target)
+    with pytest.raises(TargetMismatchError, match=re.escape(f"{where} is a Zarr array, not a group")):
+        store(da.ones(4, chunks=2), f"{target}::{member}", zarr_format=zarr_format, overwrite=True)
+    assert snapshot(target) == before
+
+
+def test_a_refused_zarr_member_leaves_no_folders_behind(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="compressor"):
+        store(da.ones(4, chunks=2), f"{tmp_path}/new.zarr::sub/arr", compressor="not-a-codec")
+    assert not (tmp_path / "new.zarr").exists()
+    # Inside an existing group, only the folders made for the refused array go.
+    zarr.create_group(tmp_path / "g.zarr")
+    before = snapshot(tmp_path / "g.zarr")
+    with pytest.raises(InvalidArgumentError, match="compressor"):
+        store(da.ones(4, chunks=2), f"{tmp_path}/g.zarr::sub/arr", compressor="not-a-codec")
+    assert snapshot(tmp_path / "g.zarr") == before
+
+
+def damage_at_block_2(block, target, how, block_info=None):
+    """Damage the Zarr target while its blocks are being written (the store runs on one thread)."""
+    if block_info[0]["chunk-location"] == (2,):
+        meta = Path(target) / "zarr.json"
+        if how == "deleted":
+            shutil.rmtree(target)
+        elif how == "garbage":
+            meta.write_text("{")
+        elif how == "field-missing":
+            fields = json.loads(meta.read_text())
+            del fields["shape"]
+            meta.write_text(json.dumps(fields))
+        elif how == "field-wrong":
+            fields = json.loads(meta.read_text())
+            fields["shape"] = "x"
+            meta.write_text(json.dumps(fields))
+        elif how == "now-a-group":
+            meta.write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
+    return block
+
+
+@pytest.mark.parametrize("how", ["deleted", "garbage", "field-missing", "field-wrong", "now-a-group"])
+def test_a_zarr_target_damaged_while_written_is_named_with_the_block(tmp_path, how):
+    target = str(tmp_path / "out.zarr")
+    x = da.arange(8, chunks=2).map_blocks(damage_at_block_2, target, how, dtype=int)
+    with dask.config.set(scheduler="sync"), pytest.raises(DaskstreamError) as caught:
+        store(x, target)
+    assert isinstance(caught.value, (TargetMismatchError, TargetWriteError))
+    assert target in str(caught.value)
+    assert "block 2" in str(caught.value)
+    assert caught.value.__cause__ is not None  # zarr's own error stays attached
+
+
+def count_python_calls(fn) -> int:
+    """Python function calls made by ``fn`` in this thread and in threads it starts: a measure of work."""
+    calls = 0
+
+    def profile(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    threading.setprofile(profile)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return calls
+
+
+def test_hdf5_store_work_grows_in_proportion_to_the_blocks(tmp_path):
+    def work(n: int) -> int:
+        x = da.from_array(np.arange(n, dtype="f8"), chunks=1) + 1  # tiny blocks: all in one batch
+        with dask.config.set(scheduler="sync"):
+            return count_python_calls(lambda: store(x, f"{tmp_path}/w{n}.h5::/d"))
+
+    work(4)  # imports and first-use caches are not the store's work
+    small, large = work(250), work(1000)
+    # Four times the blocks, four times the work (once quadratic: each block's task carried a
+    # copy of the batch's graph, all merged again for every batch).
+    assert large / small < 6, (small, large)
+
+
+def test_hdf5_batches_send_the_scheduler_only_their_own_tasks(tmp_path):
+    sent = []
+
+    def recording_get(dsk, keys, **kwargs):
+        sent.append((len(dsk), len(keys)))
+        return dask.local.get_sync(dsk, keys, **kwargs)
+
+    data = np.arange(400.0)
+    x = da.from_array(data, chunks=4) * 2  # 100 blocks of 32 bytes
+    with dask.config.set(scheduler=recording_get):
+        y = store(x, f"{tmp_path}/a.h5::/d", memory_budget=3 * 10 * 32)  # batches of 10 blocks
+    np.testing.assert_array_equal(y.compute(scheduler="sync"), data * 2)
+    assert [k for _, k in sent] == [10] * 10
+    # A block's tasks and the one source array, never the whole graph.
+    assert all(tasks <= 3 * keys + 2 for tasks, keys in sent), sent
+
+
+_HASH_SEED_CHECK = """
+import os, sys
+import dask, dask.array as da, numpy as np
+from daskstream.compute.store import store
+
+def salted(block):
+    return np.full(block.shape, hash("daskstream"), dtype=np.int64)
+
+x = da.zeros(16, chunks=1, dtype=np.int64).map_blocks(salted, dtype=np.int64)
+with dask.config.set(scheduler="processes", num_workers=2):
+    y = store(x, sys.argv[1])
+print(len(set(y.compute(scheduler="sync").tolist())), os.environ.get("PYTHONHASHSEED", "unset"))
+"""
+
+
+def test_process_workers_share_a_hash_seed_and_the_environment_is_left_alone(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _HASH_SEED_CHECK, f"{tmp_path}/a.h5::/d"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    distinct_hashes, seed_after = proc.stdout.split()
+    assert distinct_hashes == "1"  # every worker hashed alike, as under dask's own process pool
+    assert seed_after == "unset"
