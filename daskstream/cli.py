@@ -53,6 +53,115 @@ def demo(size: str, folder: str | None, formats: str) -> None:
 @main.command()
 @click.argument("path")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def info(path: str, dataset: str | None, as_json: bool) -> None:
+    """Show a source's format, shape, dtype, storage chunks, layout, size and codecs."""
+    import daskstream as ds
+    from daskstream.planning.budget import format_size
+
+    source = ds.open_source(path, dataset=dataset)
+    facts = {
+        "path": source.path,
+        "dataset": source.dataset,
+        "format": source.format,
+        "shape": source.shape,
+        "dtype": str(source.dtype),
+        "storage_chunks": source.storage_chunks,
+        "layout": source.layout,
+        "nbytes": source.nbytes,
+        "storage": source.describe_storage(),
+    }
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    for key, value in facts.items():
+        shown = format_size(value) if key == "nbytes" else value
+        click.echo(f"{key:<15} {shown}")
+
+
+@main.command("reduce")
+@click.argument("path")
+@click.option(
+    "--op", required=True, help="sum, mean, var, std, min, max, median, quantile, ... (see daskstream.reduce)."
+)
+@click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
+@click.option("--q", type=float, multiple=True, help="Quantile in [0, 1] for --op quantile; repeat for several.")
+@click.option("--ddof", type=int, default=0, show_default=True, help="Delta degrees of freedom for var and std.")
+@click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def reduce_command(
+    path: str,
+    op: str,
+    axis: tuple[int, ...],
+    q: tuple[float, ...],
+    ddof: int,
+    dataset: str | None,
+    memory_budget: str | None,
+    as_json: bool,
+) -> None:
+    """Reduce a source with one operation and print the result."""
+    import time
+
+    import daskstream as ds
+
+    x = ds.open(path, dataset=dataset, memory_budget=memory_budget)
+    options: dict[str, Any] = {"ddof": ddof, "memory_budget": memory_budget}
+    if q:
+        options["q"] = q[0] if len(q) == 1 else list(q)
+    start = time.perf_counter()
+    result = ds.reduce(x, op, axis=axis or None, **options)
+    value = (
+        [part.compute() if hasattr(part, "compute") else part for part in result]
+        if op == "histogram"
+        else result.compute()
+    )
+    seconds = time.perf_counter() - start
+    if as_json:
+        shown = [_plain(v) for v in value] if op == "histogram" else _plain(value)
+        click.echo(json.dumps({"op": op, "axis": list(axis) or None, "result": shown, "seconds": seconds}))
+        return
+    click.echo(f"{op} over {list(axis) if axis else 'all axes'} of {path}: {value} ({seconds:.2f} s)")
+
+
+@main.command("describe")
+@click.argument("path")
+@click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
+@click.option("--bins", type=int, default=None, help="Also a histogram with this many bins (needs --range).")
+@click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge of the histogram.")
+@click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def describe_command(
+    path: str,
+    axis: tuple[int, ...],
+    bins: int | None,
+    bin_range: tuple[float, float] | None,
+    dataset: str | None,
+    memory_budget: str | None,
+    as_json: bool,
+) -> None:
+    """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass."""
+    import daskstream as ds
+
+    x = ds.open(path, dataset=dataset, memory_budget=memory_budget)
+    description = ds.describe(x, axis=axis or None, bins=bins, range=bin_range, memory_budget=memory_budget).compute()
+    if as_json:
+        click.echo(json.dumps({key: _plain(value) for key, value in description.items()}))
+        return
+    click.echo(repr(description))
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays as JSON-ready numbers and nested lists."""
+    import numpy as np
+
+    return np.asarray(value).tolist()
+
+
+@main.command()
+@click.argument("path")
+@click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def plan(path: str, dataset: str | None, memory_budget: str | None, as_json: bool) -> None:

@@ -73,3 +73,62 @@ def test_store_copies_and_refuses_to_overwrite(tmp_path):
     assert again.returncode == 2
     assert "out.zarr" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def field_npy(tmp_path):
+    data = np.random.default_rng(3).standard_normal((400, 30)).astype("f4")
+    data[5, 5] = np.nan
+    np.save(tmp_path / "f.npy", data)
+    return tmp_path / "f.npy", data
+
+
+def test_info_json(field_npy):
+    path, data = field_npy
+    done = run("info", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["format"], out["shape"], out["dtype"], out["nbytes"]) == ("npy", [400, 30], "float32", data.nbytes)
+    assert out["layout"] == "C"
+    assert out["storage_chunks"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "oracle"),
+    [
+        (["--op", "nanmean", "--axis", "0"], lambda a: np.nanmean(a.astype("f8"), axis=0)),
+        (["--op", "max", "--axis", "1"], lambda a: np.max(a, axis=1)),
+        (["--op", "quantile", "--q", "0.1", "--q", "0.9"], lambda a: np.quantile(a, [0.1, 0.9])),
+        (["--op", "nanstd", "--ddof", "1"], lambda a: np.nanstd(a.astype("f8"), ddof=1)),
+    ],
+    ids=["nanmean-axis0", "max-axis1", "quantiles", "nanstd"],
+)
+def test_reduce_json_matches_numpy(field_npy, args, oracle):
+    path, data = field_npy
+    done = run("reduce", str(path), *args, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    with np.errstate(all="ignore"):
+        want = oracle(data)
+    np.testing.assert_allclose(np.array(out["result"], dtype="f8"), want, rtol=1e-6, equal_nan=True)
+    assert out["seconds"] >= 0
+
+
+def test_describe_json(field_npy):
+    path, data = field_npy
+    done = run("describe", str(path), "--bins", "4", "--range", "-2", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    valid = data[~np.isnan(data)]
+    assert (out["count"], out["nan_count"]) == (valid.size, 1)
+    assert out["mean"] == pytest.approx(valid.astype("f8").mean(), rel=1e-9)
+    assert out["histogram"] == np.histogram(valid, bins=4, range=(-2, 2))[0].tolist()
+
+
+def test_reduce_unknown_op_is_one_line_exit_2(field_npy):
+    path, _ = field_npy
+    done = run("reduce", str(path), "--op", "average")
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "average" in done.stderr
+    assert "median" in done.stderr
