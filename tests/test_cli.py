@@ -132,3 +132,38 @@ def test_reduce_unknown_op_is_one_line_exit_2(field_npy):
     assert len(done.stderr.strip().splitlines()) == 1
     assert "average" in done.stderr
     assert "median" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "codec", "chunks", "storage_word"),
+    [
+        ("out.zarr", "lz4", "100,30", "blosc"),
+        ("out.zarr", "zstd", "auto", "zstd"),
+        ("out.h5::/x", "gzip", "50,30", "deflate"),
+        ("out.h5::/x", "zstd", "storage", "zstd"),
+    ],
+    ids=["zarr-lz4", "zarr-zstd", "hdf5-gzip", "hdf5-zstd"],
+)
+def test_convert_reencodes_with_new_chunks(tmp_path, target, codec, chunks, storage_word):
+    data = np.random.default_rng(8).standard_normal((400, 30)).astype("f4")
+    if chunks == "storage":
+        import zarr
+
+        src = zarr.create_array(tmp_path / "src.zarr", shape=data.shape, chunks=(80, 30), dtype="f4")
+        src[...] = data
+        source = str(tmp_path / "src.zarr")
+    else:
+        np.save(tmp_path / "src.npy", data)
+        source = str(tmp_path / "src.npy")
+    out = f"{tmp_path}/{target}"
+    done = run("convert", source, out, "--codec", codec, "--chunks", chunks, "--quiet")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(run("info", out, "--json").stdout)
+    assert storage_word in info["storage"]
+    if chunks not in ("auto", "storage"):
+        assert info["storage_chunks"] == [int(c) for c in chunks.split(",")]
+    if chunks == "storage":
+        assert info["storage_chunks"] == [80, 30]
+    import daskstream as ds
+
+    np.testing.assert_array_equal(ds.open(out).compute(), data)

@@ -266,7 +266,7 @@ def store(
     report = _progress_reporter(progress, target)
     path, member = split_dataset(os.fspath(target), dataset)
     identity = StoreIdentity.of(x)
-    if _target_format(path) == "hdf5":
+    if target_format(path) == "hdf5":
         if not member or not member.strip("/"):
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
         writer: _Target = _Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget)
@@ -382,7 +382,8 @@ def _parse_block_name(name: str, ndim: int) -> tuple[int, ...] | None:
 # Where the data goes
 
 
-def _target_format(path: str) -> str:
+def target_format(path: str) -> str:
+    """``"hdf5"`` for an existing HDF5 file or an HDF5 file name, else ``"zarr"``; URLs are refused."""
     if is_url(path) or path.startswith("file://"):
         raise InvalidArgumentError(
             f"{path}: store writes local Zarr directories and HDF5 files; write locally and copy, or give a local path"

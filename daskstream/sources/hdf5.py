@@ -92,7 +92,10 @@ class Hdf5Source(Source):
         self.dtype = native(file_dtype)
         dcpl = dset.id.get_create_plist()
         kind = dcpl.get_layout()
-        self.filters = tuple(dcpl.get_filter(i)[3].decode(errors="replace") for i in range(dcpl.get_nfilters()))
+        # Plugin filters register long names ("HDF5 zstd filter; see https://..."): keep the name part.
+        self.filters = tuple(
+            dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0].strip() for i in range(dcpl.get_nfilters())
+        )
         self.storage_chunks = tuple(int(c) for c in dset.chunks) if dset.chunks else None
         self.layout = "chunked" if self.storage_chunks else "C"
         self.storage_kind = {
