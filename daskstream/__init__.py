@@ -10,6 +10,7 @@ from daskstream.arrays import open
 from daskstream.compute import describe, kernels, map_blocks, reduce, store
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan, plan_chunks
+from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
 
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ChunkPlan",
     "DaskstreamError",
+    "Session",
     "Source",
     "__version__",
     "close_files",
@@ -28,5 +30,6 @@ __all__ = [
     "open_source",
     "plan_chunks",
     "reduce",
+    "session",
     "store",
 ]

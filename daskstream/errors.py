@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "ChunkSplitWarning",
+    "ClusterConnectionError",
     "CorruptSourceError",
     "DaskstreamError",
     "InvalidArgumentError",
@@ -128,3 +129,7 @@ class TargetWriteError(DaskstreamError, OSError):
     def __str__(self) -> str:
         # OSError formats as "[Errno 28] message"; the message alone already says it.
         return str(self.strerror if self.strerror is not None else (self.args[0] if self.args else ""))
+
+
+class ClusterConnectionError(DaskstreamError, ConnectionError):
+    """No scheduler answered at the address given, or it refused the connection."""

@@ -250,3 +250,22 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, args, mentioned):
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("daskstream: error:")
     assert mentioned in lines[0]
+
+
+def test_unreachable_scheduler_is_a_clear_connection_error():
+    import socket
+
+    import dask
+
+    # A port nothing listens on: bind one, then close it.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "2s"}),
+        pytest.raises(errors.ClusterConnectionError) as info,
+        ds.session(f"tcp://127.0.0.1:{port}"),
+    ):
+        pass
+    assert isinstance(info.value, ConnectionError)
+    assert str(port) in str(info.value)

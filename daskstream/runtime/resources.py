@@ -1,7 +1,9 @@
 """What the planner may assume about the place a computation runs.
 
 Precedence for the memory budget and thread counts: an explicit argument,
-then the setting ``daskstream.memory-budget`` when it is not ``"auto"``, then
+then the setting ``daskstream.memory-budget`` when it is not ``"auto"`` (an
+active :func:`daskstream.session` with a budget sets it), then the active
+session's place (its workers, or this machine as its scheduler uses it), then
 the active distributed Client's workers, then this machine.
 """
 
@@ -72,7 +74,12 @@ def resolve_resources(
 
 
 def detect_resources() -> Resources:
-    """Resources of the active distributed Client, else of this machine."""
+    """Resources of the active session, else of the active distributed Client, else of this machine."""
+    from daskstream.runtime.session import current
+
+    active = current()
+    if active is not None:
+        return active.resources()
     return _client_resources() or machine_resources()
 
 
@@ -98,16 +105,18 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _client_resources() -> Resources | None:
-    # Only a program that imported distributed can have a Client; do not import it for nothing.
-    if "distributed" not in sys.modules:
-        return None
-    from distributed import default_client
+def _client_resources(client: object | None = None) -> Resources | None:
+    """Resources of ``client``'s workers (by default the active Client); ``None`` when unknown."""
+    if client is None:
+        # Only a program that imported distributed can have a Client; do not import it for nothing.
+        if "distributed" not in sys.modules:
+            return None
+        from distributed import default_client
 
-    try:
-        client = default_client()
-    except ValueError:
-        return None
+        try:
+            client = default_client()
+        except ValueError:
+            return None
     if client.status != "running":
         return None
     workers = client.scheduler_info(n_workers=-1)["workers"].values()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from daskstream.sources.base import Region, Source, file_stamp, listing, native
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.tokens import source_token
+
+if TYPE_CHECKING:
+    from daskstream.planning.chunks import ChunkPlan
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -138,6 +142,15 @@ class Hdf5Source(Source):
                 "the file may be damaged: re-create or re-copy it"
             ) from None
         return out
+
+    def plan(self, **kwargs: Any) -> ChunkPlan:
+        """The planner's plan, noting when threads would queue on h5py's lock to decompress."""
+        from daskstream.runtime.session import HDF5_LOCK_NOTE, tasks_share_h5py_lock
+
+        chunk_plan = super().plan(**kwargs)
+        if self.filters and self.storage_chunks is not None and tasks_share_h5py_lock():
+            chunk_plan = dataclasses.replace(chunk_plan, axis_notes=(*chunk_plan.axis_notes, HDF5_LOCK_NOTE))
+        return chunk_plan
 
     def describe_storage(self) -> str:
         if self.storage_chunks is None:

@@ -1,0 +1,362 @@
+"""Sessions: choose where computations run, and make the planner plan for that place.
+
+>>> import daskstream as ds
+>>> from daskstream.runtime.session import current, session
+>>> with session("sync", memory_budget="256MiB", progress=False) as s:
+...     plan = ds.plan_chunks((1000, 1000), "f8")
+...     current() is s, s.kind, plan.memory_budget, plan.threads, plan.workers
+(True, 'sync', 268435456, 1, 1)
+>>> current() is None
+True
+
+What the planner sees inside a session, for each scheduler:
+
+==============  =======================================  ===========  ==========================
+scheduler       memory budget (per worker)               threads      workers
+==============  =======================================  ===========  ==========================
+``sync``        a share of this machine's memory         1            1
+``threads``     a share of this machine's memory         usable CPUs  1
+``processes``   that share divided among the processes   1            usable CPUs (one process
+                                                                      each, as dask's pool runs)
+distributed     the smallest worker memory limit         per worker   the workers connected
+==============  =======================================  ===========  ==========================
+
+(``dask.config`` ``num_workers``, when set, replaces "usable CPUs".) A budget
+given to :func:`session`, else the ``daskstream.memory-budget`` of a cluster
+file, replaces the memory column; an argument given to
+:func:`daskstream.plan_chunks` still wins over everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import dask
+import dask.config
+
+from daskstream.errors import ClusterConnectionError, InvalidArgumentError
+from daskstream.runtime.progress import TaskProgress, progress_bar, track_futures
+from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+LOCAL_SCHEDULERS = ("sync", "threads", "processes")
+SCHEDULERS = (*LOCAL_SCHEDULERS, "distributed")
+
+HDF5_LOCK_NOTE = (
+    "HDF5 decompression holds h5py's global lock: threads will not run in parallel; "
+    "use session('processes') or 'distributed' for compressed HDF5"
+)
+
+# Active sessions, innermost last. dask's scheduler setting is process-wide, so
+# the session that set it is too: a module-level stack rather than a contextvar.
+_active: list[Session] = []
+_active_lock = threading.Lock()
+
+
+def current() -> Session | None:
+    """The innermost active session, or ``None`` outside any.
+
+    Examples
+    --------
+    >>> current() is None
+    True
+    """
+    with _active_lock:
+        return _active[-1] if _active else None
+
+
+def tasks_share_h5py_lock() -> bool:
+    """Whether tasks computed now run as threads of this process, sharing h5py's global lock.
+
+    True inside a ``"threads"`` session, and outside any session when dask
+    would use its default threaded scheduler (no distributed Client active).
+
+    Examples
+    --------
+    >>> with session("processes", progress=False):
+    ...     tasks_share_h5py_lock()
+    False
+    """
+    active = current()
+    if active is not None:
+        return active.kind == "threads"
+    import dask.threaded
+    from dask.base import get_scheduler
+
+    # A default Client makes get_scheduler return its bound ``get``.
+    return get_scheduler() in (None, dask.threaded.get)
+
+
+def session(
+    scheduler: str | None = None,
+    *,
+    cluster: str | os.PathLike[str] | None = None,
+    memory_budget: int | str | None = None,
+    progress: bool = True,
+) -> Session:
+    """Run computations on a chosen scheduler, with chunk plans sized to it.
+
+    Use as a context manager. While it is active, ``dask.compute`` and
+    ``.compute()`` run on its scheduler, and :func:`daskstream.plan_chunks`
+    (hence :func:`daskstream.open` with ``chunks="auto"``) plans for its memory
+    budget, threads and workers. Leaving it closes the Client and cluster it
+    started, leaves a cluster it only joined running, and restores the dask
+    configuration and any outer session.
+
+    Parameters
+    ----------
+    scheduler
+        ``"threads"`` (default without ``cluster``): this process's threads.
+        ``"sync"``: one task at a time in the calling thread (for debugging).
+        ``"processes"``: a pool of one-thread processes, as many as CPUs.
+        ``"distributed"``: a ``LocalCluster`` sized to this machine on
+        127.0.0.1, started on entry and closed on exit. An address such as
+        ``"tcp://10.0.0.5:8786"`` or ``"tls://..."``: a Client to that running
+        scheduler.
+    cluster
+        A cluster YAML file (see :mod:`daskstream.runtime.clusters`): the
+        cluster it describes is started or joined on entry. Cannot be combined
+        with ``scheduler``.
+    memory_budget
+        Bytes per worker (``"2GiB"``) to plan for, instead of the cluster
+        file's ``daskstream: memory-budget`` or the workers' memory limit.
+    progress
+        Show a progress bar in :meth:`Session.compute` (needs ``tqdm``; without
+        it there is no bar).
+
+    Returns
+    -------
+    Session
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown scheduler, or both ``scheduler`` and ``cluster``.
+    InvalidBudgetError
+        For a memory budget that is not a positive size.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> import daskstream as ds
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.arange(12.0).reshape(3, 4))
+    >>> with session("threads", progress=False) as s:
+    ...     total, first = s.compute(ds.open(path).sum(), ds.open(path)[0])
+    >>> float(total), first.tolist()
+    (66.0, [0.0, 1.0, 2.0, 3.0])
+    """
+    return Session(scheduler, cluster=cluster, memory_budget=memory_budget, progress=progress)
+
+
+class Session:
+    """Where computations run while it is active; made by :func:`session`.
+
+    Attributes
+    ----------
+    kind
+        ``"sync"``, ``"threads"``, ``"processes"`` or ``"distributed"`` (also
+        for an address or a cluster file).
+    address
+        The scheduler's address for a distributed session, once entered.
+    client
+        The distributed Client while active (``None`` for local schedulers).
+    cluster
+        The cluster object this session started, if any (``None`` when it
+        joined a running scheduler or runs locally).
+    memory_budget
+        Bytes per worker given to the session or read from its cluster file, or ``None``.
+    progress
+        Whether :meth:`compute` shows a progress bar.
+    """
+
+    def __init__(
+        self,
+        scheduler: str | None = None,
+        *,
+        cluster: str | os.PathLike[str] | None = None,
+        memory_budget: int | str | None = None,
+        progress: bool = True,
+    ) -> None:
+        from daskstream.planning.budget import parse_budget
+
+        if scheduler is not None and cluster is not None:
+            raise InvalidArgumentError(
+                f"session(scheduler={scheduler!r}, cluster={os.fspath(cluster)!r}): give one of them; the "
+                "cluster file already says where work runs"
+            )
+        if scheduler is None and cluster is None:
+            scheduler = "threads"
+        self._address: str | None = None
+        if scheduler is not None:
+            if not isinstance(scheduler, str) or (scheduler not in SCHEDULERS and "://" not in scheduler):
+                choices = ", ".join(repr(s) for s in SCHEDULERS)
+                raise InvalidArgumentError(
+                    f"scheduler={scheduler!r} is not known; use one of {choices}, or the address of a "
+                    "running scheduler such as 'tcp://127.0.0.1:8786'"
+                )
+            if "://" in scheduler:
+                self._address = scheduler
+        self.scheduler = scheduler
+        self.cluster_file = None if cluster is None else os.fspath(cluster)
+        self.kind = scheduler if scheduler in LOCAL_SCHEDULERS else "distributed"
+        self._given_budget = None if memory_budget is None else parse_budget(memory_budget)
+        self.memory_budget = self._given_budget
+        self.progress = bool(progress)
+        self.client: Any = None
+        self.cluster: Any = None
+        self._exit_stack: contextlib.ExitStack | None = None
+
+    @property
+    def address(self) -> str | None:
+        """The distributed scheduler's address (``None`` for local schedulers or before entry)."""
+        if self.client is not None:
+            return self.client.scheduler.address
+        return self._address
+
+    def __repr__(self) -> str:
+        where = self.cluster_file or self.scheduler
+        state = "active" if self._exit_stack is not None else "inactive"
+        return f"<daskstream Session {where!r} ({self.kind}), {state}>"
+
+    # -- entering and leaving ------------------------------------------------
+
+    def __enter__(self) -> Session:
+        if self._exit_stack is not None:
+            raise InvalidArgumentError(f"{self!r} is already active; make a new session() to nest one")
+        with contextlib.ExitStack() as stack:
+            if self.kind in LOCAL_SCHEDULERS:
+                stack.enter_context(dask.config.set(scheduler=self.kind))
+            else:
+                # Entered before the Client exists: the Client's own config change is then undone
+                # on its close and this one on exit, restoring whatever an outer session had set.
+                stack.enter_context(dask.config.set(scheduler="dask.distributed"))
+                self._start_distributed(stack)
+            if self.memory_budget is not None:
+                stack.enter_context(dask.config.set({"daskstream.memory-budget": self.memory_budget}))
+            with _active_lock:
+                _active.append(self)
+            stack.callback(self._deactivate)
+            self._exit_stack = stack.pop_all()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leave the session: close what it started and restore what it changed (idempotent)."""
+        stack, self._exit_stack = self._exit_stack, None
+        if stack is not None:
+            stack.close()
+
+    def _deactivate(self) -> None:
+        with _active_lock:
+            if self in _active:
+                _active.remove(self)
+
+    def _start_distributed(self, stack: contextlib.ExitStack) -> None:
+        # Callbacks unwind last-in first-out: the Client closes before the cluster it runs on.
+        from distributed import Client
+
+        if self.cluster_file is not None:
+            from daskstream.planning.budget import parse_budget
+            from daskstream.runtime import clusters
+
+            config = clusters.load_cluster_config(self.cluster_file)
+            budget = (config.daskstream or {}).get("memory-budget")
+            if self._given_budget is None and budget is not None:
+                self.memory_budget = parse_budget(budget)
+                stack.callback(setattr, self, "memory_budget", None)  # the file is read again on re-entry
+            self.client, self.cluster = clusters.connect(config)
+            if self.cluster is not None:
+                stack.callback(self.cluster.close)
+        elif self._address is not None:
+            try:
+                self.client = Client(self._address, timeout=dask.config.get("distributed.comm.timeouts.connect"))
+            except (OSError, TimeoutError) as exc:
+                raise ClusterConnectionError(
+                    f"no dask scheduler answered at {self._address} ({exc}); check the address and that the "
+                    "scheduler is running (for tls:// give the certificates through a cluster file)"
+                ) from None
+        else:
+            from distributed import LocalCluster
+
+            # LocalCluster sizes workers x threads and each worker's memory limit to this machine.
+            # Without a dashboard the scheduler still serves /health on 8787 unless told otherwise;
+            # a free loopback port keeps a second session from colliding with the first one's.
+            self.cluster = LocalCluster(
+                host="127.0.0.1", dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}
+            )
+            stack.callback(self.cluster.close)
+            self.client = Client(self.cluster)
+        stack.callback(self.client.close)
+
+    # -- what the planner sees -----------------------------------------------
+
+    def resources(self) -> Resources:
+        """The memory budget, threads and workers this session offers (see the module's table).
+
+        The budget given to the session is applied separately, through the
+        ``daskstream.memory-budget`` setting, so an explicit argument to the
+        planner still wins over it.
+        """
+        label = f"session({self.cluster_file or self.scheduler!r})"
+        if self.client is not None:
+            found = _client_resources(self.client)
+            if found is not None:
+                return Resources(found.memory_budget, found.threads, found.workers, f"{label}: {found.origin}")
+        machine = machine_resources()
+        if self.kind == "sync":
+            return Resources(machine.memory_budget, 1, 1, f"{label}: {machine.origin}, one task at a time")
+        if self.kind == "processes":
+            n = int(dask.config.get("num_workers", None) or _usable_cpus())
+            return Resources(machine.memory_budget // n, 1, n, f"{label}: {machine.origin}, shared by {n} process(es)")
+        # "threads", or a distributed session whose workers do not report a memory limit.
+        return Resources(machine.memory_budget, machine.threads, machine.workers, f"{label}: {machine.origin}")
+
+    # -- computing -------------------------------------------------------------
+
+    def compute(self, *objs: Any) -> Any:
+        """Compute dask collections together on this session's scheduler.
+
+        Shared inputs are read once. With ``progress`` a bar on stderr counts
+        finished tasks (local schedulers) or finished output chunks
+        (distributed).
+
+        Returns
+        -------
+        The single result for one object, else a tuple of results (numpy
+        arrays for dask arrays); objects that are not dask collections come
+        back as they are.
+        """
+        if self._exit_stack is None:
+            raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
+        bar = progress_bar(unit="task" if self.client is None else "chunk") if self.progress else None
+        try:
+            if self.client is not None:
+                results = self._compute_distributed(objs, bar)
+            else:
+                with TaskProgress(bar) if bar is not None else contextlib.nullcontext():
+                    results = dask.compute(*objs, scheduler=self.kind)
+        finally:
+            if bar is not None:
+                bar.close()
+        return results[0] if len(objs) == 1 else tuple(results)
+
+    def _compute_distributed(self, objs: tuple[Any, ...], bar: Any) -> tuple[Any, ...]:
+        from distributed import futures_of
+
+        if bar is None:
+            return tuple(self.client.gather(self.client.compute(list(objs))))
+        # Persist first so the bar can follow every output chunk, then assemble them.
+        persisted = [self.client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
+        for _ in track_futures(futures_of(persisted), bar):
+            pass
+        return tuple(self.client.gather(self.client.compute(persisted)))

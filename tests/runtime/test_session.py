@@ -1,0 +1,267 @@
+"""daskstream.session: real schedulers, real clusters on 127.0.0.1, real files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+from urllib.parse import urlparse
+
+import dask
+import dask.config
+import numpy as np
+import pytest
+from distributed import Client
+
+import daskstream as ds
+from daskstream.errors import InvalidArgumentError, InvalidBudgetError
+from daskstream.runtime.resources import machine_resources
+from daskstream.runtime.session import (
+    HDF5_LOCK_NOTE,
+    SCHEDULERS,
+    current,
+    session,
+    tasks_share_h5py_lock,
+)
+
+MiB = 2**20
+SHAPE, DTYPE = (4000, 500), "f8"  # 16 MB: big enough that the budget shapes the plan
+
+
+@pytest.fixture
+def npy(tmp_path):
+    data = np.random.default_rng(0).standard_normal((600, 90)).astype("f4")
+    path = tmp_path / "field.npy"
+    np.save(path, data)
+    return str(path), data
+
+
+def _cpus():
+    return machine_resources().threads
+
+
+def _refuses_connections(address: str) -> bool:
+    parsed = urlparse(address)
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "threads", "workers"),
+    [
+        pytest.param("sync", lambda: 1, lambda: 1, id="sync-one-task-at-a-time"),
+        pytest.param("threads", _cpus, lambda: 1, id="threads-one-process"),
+        pytest.param("processes", lambda: 1, _cpus, id="processes-one-thread-each"),
+    ],
+)
+def test_local_scheduler_computes_and_planner_sees_it(npy, scheduler, threads, workers):
+    path, data = npy
+    outside = ds.plan_chunks(SHAPE, DTYPE)
+    with session(scheduler, memory_budget="64MiB", progress=False) as s:
+        assert current() is s
+        assert dask.config.get("scheduler") == scheduler
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+        x = ds.open(path)
+        total, col_max = s.compute(x.sum(dtype="f8"), x.max(axis=0))
+        # An explicit argument to the planner still wins over the session.
+        explicit = ds.plan_chunks(SHAPE, DTYPE, memory_budget="8MiB", threads=3, workers=5)
+    assert (plan.memory_budget, plan.threads, plan.workers) == (64 * MiB, threads(), workers())
+    assert (explicit.memory_budget, explicit.threads, explicit.workers) == (8 * MiB, 3, 5)
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+    np.testing.assert_array_equal(col_max, data.max(axis=0))
+    # Outside, the planner is back to this machine.
+    assert current() is None
+    assert dask.config.get("scheduler", None) is None
+    after = ds.plan_chunks(SHAPE, DTYPE)
+    assert (after.threads, after.workers) == (outside.threads, outside.workers) == (_cpus(), 1)
+    assert after.memory_budget != 64 * MiB
+
+
+def test_processes_session_splits_machine_memory_among_processes():
+    with session("processes", progress=False):
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+    machine = machine_resources()
+    # Available memory moves between the two readings; the split is what matters.
+    assert plan.workers == machine.workers * _cpus()
+    assert plan.memory_budget == pytest.approx(machine.memory_budget / _cpus(), rel=0.2)
+
+
+def test_distributed_starts_a_local_cluster_and_closes_it(npy):
+    path, data = npy
+    with session("distributed", progress=False) as s:
+        address = s.address
+        assert address.startswith("tcp://127.0.0.1:")
+        info = s.client.scheduler_info(n_workers=-1)["workers"].values()
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+        result = s.compute(ds.open(path).mean(axis=0, dtype="f8"))
+        # Plain dask.compute also goes to the session's cluster.
+        assert dask.base.get_scheduler().__self__ is s.client
+    assert plan.memory_budget == min(w["memory_limit"] for w in info)
+    assert (plan.threads, plan.workers) == (min(w["nthreads"] for w in info), len(info))
+    np.testing.assert_allclose(result, data.mean(axis=0, dtype="f8"), rtol=1e-12)
+    assert s.client.status == "closed"
+    assert _refuses_connections(address)
+    assert current() is None
+    assert dask.config.get("scheduler", None) is None
+
+
+def _address(scheduler_file) -> str:
+    return json.loads(scheduler_file.read_text())["address"]
+
+
+def test_address_joins_a_running_scheduler_and_leaves_it_running(dask_cluster, npy):
+    path, data = npy
+    address = _address(dask_cluster)
+    with session(address, progress=False) as s:
+        assert s.cluster is None
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+        total = s.compute(ds.open(path).sum(dtype="f8"))
+    # The fixture's workers: two processes of one thread, 1 GiB each.
+    assert (plan.memory_budget, plan.threads, plan.workers) == (2**30, 1, 2)
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+    assert s.client.status == "closed"
+    with Client(address, timeout="10s") as again:
+        assert len(again.scheduler_info(n_workers=-1)["workers"]) == 2
+        assert again.submit(sum, [1, 2]).result() == 3
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        pytest.param("threads", id="local-counts-tasks"),
+        pytest.param("distributed", id="distributed-counts-output-chunks"),
+    ],
+)
+def test_progress_bar_reaches_the_end_and_changes_nothing(npy, capfd, scheduler):
+    pytest.importorskip("tqdm")
+    path, _ = npy
+    with session(scheduler, progress=False) as quiet:
+        x = ds.open(path)
+        expected = quiet.compute(x.sum(axis=1), x.std(dtype="f8"))
+    assert "%|" not in capfd.readouterr().err
+    with session(scheduler, progress=True) as loud:
+        x = ds.open(path)
+        got = loud.compute(x.sum(axis=1), x.std(dtype="f8"))
+    err = capfd.readouterr().err
+    assert "100%|" in err
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    done, total = final.split("|")[-1].split()[0].split("/")
+    assert done == total
+    assert int(total) > 1
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_progress_without_tqdm_computes_without_a_bar(npy, capfd, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # importing it now raises ImportError
+    path, data = npy
+    with session("threads", progress=True) as s:
+        total = s.compute(ds.open(path).sum(dtype="f8"))
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+    assert capfd.readouterr().err == ""
+
+
+def test_unknown_scheduler_lists_the_choices():
+    with pytest.raises(InvalidArgumentError) as info:
+        session("thread")
+    for choice in SCHEDULERS:
+        assert repr(choice) in str(info.value)
+    assert "tcp://" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        pytest.param({"scheduler": "threads", "cluster": "c.yaml"}, InvalidArgumentError, id="scheduler-and-cluster"),
+        pytest.param({"memory_budget": "-1GiB"}, InvalidBudgetError, id="negative-budget"),
+    ],
+)
+def test_contradictory_arguments_are_refused(kwargs, error):
+    with pytest.raises(error):
+        session(**kwargs)
+
+
+def test_nested_sessions_restore_the_outer_one():
+    with session("threads", memory_budget="64MiB", progress=False) as outer:
+        with session("sync", memory_budget="32MiB", progress=False) as inner:
+            assert current() is inner
+            assert dask.config.get("scheduler") == "sync"
+            plan = ds.plan_chunks(SHAPE, DTYPE)
+            assert (plan.memory_budget, plan.threads) == (32 * MiB, 1)
+        assert current() is outer
+        assert dask.config.get("scheduler") == "threads"
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+        assert (plan.memory_budget, plan.threads) == (64 * MiB, _cpus())
+    assert current() is None
+    assert dask.config.get("daskstream.memory-budget") == "auto"
+
+
+def test_session_left_by_an_error_restores_everything():
+    with pytest.raises(ZeroDivisionError), session("sync", memory_budget="32MiB", progress=False):
+        1 / 0  # noqa: B018
+    assert current() is None
+    assert dask.config.get("scheduler", None) is None
+    assert dask.config.get("daskstream.memory-budget") == "auto"
+
+
+def test_compute_outside_the_session_is_refused(npy):
+    s = session("sync", progress=False)
+    with pytest.raises(InvalidArgumentError, match="inside"):
+        s.compute(ds.open(npy[0]).sum())
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "shares"),
+    [("threads", True), ("sync", False), ("processes", False)],
+)
+def test_threads_sessions_say_hdf5_decompression_is_serialised(scheduler, shares):
+    with session(scheduler, progress=False):
+        assert tasks_share_h5py_lock() is shares
+    assert "session('processes')" in HDF5_LOCK_NOTE
+
+
+clusters_missing = pytest.mark.skipif(
+    importlib.util.find_spec("daskstream.runtime.clusters") is None,
+    reason="daskstream.runtime.clusters (cluster YAML files) is not written yet",
+)
+
+
+@clusters_missing
+def test_cluster_file_budget_beats_workers_and_session_budget_beats_file(tmp_path, npy):
+    path, data = npy
+    config = tmp_path / "local.yaml"
+    config.write_text(
+        "daskstream:\n"
+        "  cluster: local\n"
+        "  memory-budget: 96MiB\n"
+        # A free port: the default 8787 may still be held by the cluster a moment ago.
+        "  local: {n-workers: 1, threads-per-worker: 2, memory-limit: 512MiB, dashboard-address: '127.0.0.1:0'}\n"
+    )
+    with session(cluster=config, progress=False) as s:
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+        total = s.compute(ds.open(path).sum(dtype="f8"))
+        address = s.address
+    assert (plan.memory_budget, plan.threads, plan.workers) == (96 * MiB, 2, 1)
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+    assert _refuses_connections(address)
+    with session(cluster=config, memory_budget="48MiB", progress=False):
+        assert ds.plan_chunks(SHAPE, DTYPE).memory_budget == 48 * MiB
+
+
+@clusters_missing
+def test_cluster_file_for_a_remote_scheduler_leaves_it_running(tmp_path, dask_cluster):
+    address = _address(dask_cluster)
+    config = tmp_path / "remote.yaml"
+    config.write_text(f"scheduler-address: {address}\ndaskstream:\n  cluster: remote\n")
+    with session(cluster=config, progress=False) as s:
+        assert s.cluster is None
+        plan = ds.plan_chunks(SHAPE, DTYPE)
+        assert s.compute(dask.delayed(sum)([1, 2])) == 3
+    assert plan.memory_budget == 2**30
+    with Client(address, timeout="10s") as again:
+        assert again.submit(sum, [1, 2]).result() == 3
