@@ -312,3 +312,34 @@ def _compressor(codec: str, level: int, hdf5: bool) -> Any:
         "lz4": zarr.codecs.BloscCodec(cname="lz4", clevel=level, shuffle="shuffle"),
         "gzip": zarr.codecs.GzipCodec(level=level),
     }[codec]
+
+
+@main.group()
+def cluster() -> None:
+    """Cluster configuration files (see cluster-configs/)."""
+
+
+@cluster.command("check")
+@click.argument("file")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def cluster_check(file: str, as_json: bool) -> None:
+    """Validate a cluster YAML without starting anything; print the job script or cluster spec it makes."""
+    import yaml
+
+    from daskstream.runtime.clusters import check_cluster_config
+
+    check = check_cluster_config(file)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"kind": check.kind, "lines": check.lines, "job_script": check.job_script, "spec": check.spec},
+                default=str,
+            )
+        )
+        return
+    for line in check.lines:
+        click.echo(line)
+    if check.job_script:
+        click.echo("\n" + check.job_script)
+    if check.spec:
+        click.echo("\n" + yaml.safe_dump(check.spec, sort_keys=False))

@@ -167,3 +167,19 @@ def test_convert_reencodes_with_new_chunks(tmp_path, target, codec, chunks, stor
     import daskstream as ds
 
     np.testing.assert_array_equal(ds.open(out).compute(), data)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [("slurm.yaml", "#SBATCH"), ("pbs.yaml", "#PBS"), ("kubernetes.yaml", "DaskCluster")]
+)
+def test_cluster_check_prints_what_would_be_submitted(repo_root, name, expected):
+    done = run("cluster", "check", str(repo_root / "cluster-configs" / name))
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout
+
+
+def test_cluster_check_of_a_missing_file_is_one_line(tmp_path):
+    done = run("cluster", "check", str(tmp_path / "nope.yaml"))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "nope.yaml" in done.stderr

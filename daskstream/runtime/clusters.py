@@ -1,0 +1,438 @@
+"""Cluster configurations: one YAML file says where a computation runs.
+
+Each file in ``cluster-configs/`` is plain dask configuration (the sections
+``distributed:``, ``jobqueue:`` and ``kubernetes:`` mean what dask,
+dask-jobqueue and dask-kubernetes say they mean) plus a ``daskstream:``
+section whose ``cluster:`` key names the kind of cluster:
+
+======================  ===========================================================
+``local``               a ``LocalCluster`` on this machine (``daskstream.local``)
+``remote``              an existing scheduler at ``scheduler-address: tcp://...``
+``tls``                 an existing scheduler at ``tls://...``, certificates in
+                        ``distributed.comm.tls``
+``ssh``                 distributed's ``SSHCluster`` over ``daskstream.ssh.hosts``
+``slurm``, ``pbs``      dask-jobqueue, from ``jobqueue.slurm`` / ``jobqueue.pbs``
+``kubernetes``          the dask-kubernetes operator's ``KubeCluster``
+======================  ===========================================================
+
+Relative certificate paths are read from the folder of the YAML file.
+Backends outside distributed are imported only by the kinds that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+import yaml
+from dask.utils import parse_bytes
+
+from daskstream.errors import InvalidArgumentError, SourceNotFoundError
+
+if TYPE_CHECKING:
+    import distributed
+
+__all__ = ["KINDS", "ClusterCheck", "ClusterConfig", "check_cluster_config", "connect", "load_cluster_config"]
+
+KINDS = ("local", "remote", "ssh", "slurm", "pbs", "kubernetes", "tls")
+
+# The extra that installs each optional backend, and the module that proves it is there.
+_BACKENDS = {
+    "slurm": ("dask_jobqueue", "jobqueue"),
+    "pbs": ("dask_jobqueue", "jobqueue"),
+    "kubernetes": ("dask_kubernetes.operator", "kubernetes"),
+    "ssh": ("asyncssh", "ssh"),
+}
+
+# Only checks render job scripts; this address is never contacted.
+_RENDER_SCHEDULER = "tcp://127.0.0.1:8786"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """A cluster configuration file, read but not acted on.
+
+    Attributes
+    ----------
+    path
+        The YAML file.
+    kind
+        One of :data:`KINDS`, from the file's ``daskstream.cluster`` key.
+    settings
+        The whole YAML document, shaped like dask configuration.
+    """
+
+    path: Path
+    kind: str
+    settings: dict
+
+    @property
+    def daskstream(self) -> dict:
+        """The ``daskstream:`` section (``{}`` when the file has none)."""
+        return self.settings.get("daskstream") or {}
+
+
+@dataclass(frozen=True)
+class ClusterCheck:
+    """What :func:`connect` would do with a configuration, found without starting anything.
+
+    Attributes
+    ----------
+    kind
+        The kind of cluster.
+    lines
+        A human summary, one fact per line.
+    job_script
+        For ``slurm`` and ``pbs``: the batch script dask-jobqueue would submit per job.
+    spec
+        For ``kubernetes``: the ``DaskCluster`` resource the operator would be given.
+    """
+
+    kind: str
+    lines: list[str]
+    job_script: str | None = None
+    spec: dict | None = field(default=None)
+
+
+def load_cluster_config(path: str | Path) -> ClusterConfig:
+    """Read a cluster configuration file and check that its kind and required keys are there.
+
+    Raises
+    ------
+    SourceNotFoundError
+        The file does not exist.
+    InvalidArgumentError
+        The file is not a YAML mapping, names no known kind, or lacks a key its kind needs.
+    """
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"cluster configuration {path} does not exist") from None
+    except IsADirectoryError:
+        raise InvalidArgumentError(f"cluster configuration {path} is a directory, not a YAML file") from None
+    try:
+        settings = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidArgumentError(f"cluster configuration {path} is not valid YAML: {exc}") from None
+    if settings is None:
+        raise InvalidArgumentError(f"cluster configuration {path} is empty; start from a file in cluster-configs/")
+    if not isinstance(settings, dict):
+        raise InvalidArgumentError(
+            f"cluster configuration {path} must be a YAML mapping of dask settings, not {type(settings).__name__}"
+        )
+    section = settings.get("daskstream") or {}
+    kind = section.get("cluster") if isinstance(section, dict) else None
+    if kind is None:
+        raise InvalidArgumentError(
+            f"cluster configuration {path} has no 'daskstream: cluster:' key; set it to one of: {', '.join(KINDS)}"
+        )
+    if kind not in KINDS:
+        raise InvalidArgumentError(
+            f"cluster configuration {path} names unknown cluster kind {kind!r}; known kinds: {', '.join(KINDS)}"
+        )
+    config = ClusterConfig(path=path, kind=kind, settings=settings)
+    for key in _REQUIRED[kind]:
+        if _lookup(settings, key) is None:
+            raise InvalidArgumentError(f"cluster configuration {path} ({kind}) lacks the required key '{key}'")
+    return config
+
+
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "local": (),
+    "remote": ("scheduler-address",),
+    "tls": ("scheduler-address", "distributed.comm.tls.ca-file", "distributed.comm.tls.client.cert"),
+    "ssh": ("daskstream.ssh.hosts",),
+    "slurm": ("jobqueue.slurm.cores", "jobqueue.slurm.memory"),
+    "pbs": ("jobqueue.pbs.cores", "jobqueue.pbs.memory"),
+    "kubernetes": ("kubernetes.name", "kubernetes.image"),
+}
+
+
+def check_cluster_config(path: str | Path) -> ClusterCheck:
+    """Validate a configuration as far as possible without starting or contacting anything.
+
+    Jobqueue kinds render the job script; kubernetes builds the cluster resource;
+    remote and tls check the address and the certificates; ssh checks the hosts.
+    """
+    config = load_cluster_config(path)
+    return _CHECKS[config.kind](config)
+
+
+def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
+    """A Client for the configured cluster, and the cluster object started for it.
+
+    The second item is ``None`` when the Client joined a scheduler that was
+    already running (``remote``, ``tls``): close only what this returned.
+    """
+    from distributed import Client
+
+    if config.kind in ("remote", "tls"):
+        address, security = _remote_address(config)
+        # The file's other settings (timeouts, comm options) hold while the Client connects.
+        with _applied(config):
+            return Client(address, security=security), None
+    jobs = _jobs(config) if config.kind in ("slurm", "pbs") else None
+    cluster = _start_cluster(config)
+    try:
+        if jobs is not None:
+            cluster.scale(jobs=jobs)
+        with _applied(config):
+            client = Client(cluster)
+    except BaseException:
+        cluster.close()
+        raise
+    return client, cluster
+
+
+def _start_cluster(config: ClusterConfig) -> Any:
+    options = config.daskstream.get(config.kind) or {}
+    # Workers and job classes read their settings from dask.config while they are created.
+    with _applied(config):
+        if config.kind == "local":
+            from distributed import LocalCluster
+
+            local = _local_options(config)
+            return LocalCluster(
+                host="127.0.0.1",
+                # The scheduler always serves HTTP (8787 on its host when unset): pin it to loopback.
+                dashboard_address=local["dashboard-address"] or "127.0.0.1:0",
+                n_workers=local["n-workers"],
+                threads_per_worker=local["threads-per-worker"],
+                memory_limit=local["memory-limit"],
+            )
+        if config.kind in ("slurm", "pbs"):
+            module = _backend(config, f"dask_jobqueue.{config.kind}")
+            cluster_cls = module.SLURMCluster if config.kind == "slurm" else module.PBSCluster
+            return cluster_cls()
+        if config.kind == "kubernetes":
+            return _backend(config, "dask_kubernetes.operator").KubeCluster()
+        # ssh
+        _backend(config, "asyncssh")
+        from distributed import SSHCluster
+
+        hosts = _ssh_hosts(config)
+        return SSHCluster(
+            hosts,
+            connect_options=options.get("connect-options") or {},
+            worker_options=options.get("worker-options") or {},
+            scheduler_options=options.get("scheduler-options") or {},
+            remote_python=options.get("remote-python"),
+        )
+
+
+def _check_local(config: ClusterConfig) -> ClusterCheck:
+    local = _local_options(config)
+    budget = config.daskstream.get("memory-budget", "not set")
+    return ClusterCheck(
+        "local",
+        [
+            f"LocalCluster on 127.0.0.1: {local['n-workers']} worker(s) x {local['threads-per-worker']} thread(s)",
+            f"memory limit per worker: {local['memory-limit']}; daskstream memory budget: {budget}",
+            f"dashboard: {local['dashboard-address'] or '127.0.0.1, a free port'}",
+        ],
+    )
+
+
+def _check_remote(config: ClusterConfig) -> ClusterCheck:
+    address, security = _remote_address(config)
+    lines = [f"connect to the running scheduler at {address}"]
+    if security is not None:
+        lines += [
+            f"CA certificate: {security.tls_ca_file}",
+            f"client certificate: {security.tls_client_cert}",
+            f"client key: {security.tls_client_key or 'inside the certificate file'}",
+            f"require encryption: {security.require_encryption}",
+        ]
+    return ClusterCheck(config.kind, lines)
+
+
+def _check_jobqueue(config: ClusterConfig) -> ClusterCheck:
+    module = _backend(config, f"dask_jobqueue.{config.kind}")
+    job_cls = module.SLURMJob if config.kind == "slurm" else module.PBSJob
+    with _applied(config):
+        try:
+            script = job_cls(scheduler=_RENDER_SCHEDULER, name="dask-worker").job_script()
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"cluster configuration {config.path} ({config.kind}): {exc}") from exc
+    section = config.settings["jobqueue"][config.kind]
+    jobs = _jobs(config)
+    return ClusterCheck(
+        config.kind,
+        [
+            f"{config.kind.upper()} jobs: {jobs}, each {section['cores']} core(s) and {section['memory']}",
+            "job script (the scheduler address is filled in when the cluster starts):",
+        ],
+        job_script=script,
+    )
+
+
+def _check_kubernetes(config: ClusterConfig) -> ClusterCheck:
+    operator = _backend(config, "dask_kubernetes.operator")
+    with _applied(config):
+        get = dask.config.get
+        spec = operator.make_cluster_spec(
+            name=get("kubernetes.name"),
+            image=get("kubernetes.image"),
+            n_workers=get("kubernetes.count.start"),
+            resources=get("kubernetes.resources"),
+            env=get("kubernetes.env"),
+            worker_command=get("kubernetes.worker-command"),
+            scheduler_service_type=get("kubernetes.scheduler-service-type"),
+            idle_timeout=get("kubernetes.idle-timeout") or 0,
+        )
+        namespace = get("kubernetes.namespace") or "the current namespace"
+    workers = spec["spec"]["worker"]["replicas"]
+    return ClusterCheck(
+        "kubernetes",
+        [
+            f"DaskCluster {spec['metadata']['name']!r} in {namespace}: {workers} worker(s) of image {_worker_image(spec)}"
+        ],
+        spec=spec,
+    )
+
+
+def _worker_image(spec: dict) -> str:
+    return spec["spec"]["worker"]["spec"]["containers"][0]["image"]
+
+
+def _check_ssh(config: ClusterConfig) -> ClusterCheck:
+    _backend(config, "asyncssh")
+    hosts = _ssh_hosts(config)
+    return ClusterCheck(
+        "ssh",
+        [f"SSHCluster: scheduler on {hosts[0]}, workers on {', '.join(hosts[1:])}"],
+    )
+
+
+_CHECKS = {
+    "local": _check_local,
+    "remote": _check_remote,
+    "tls": _check_remote,
+    "ssh": _check_ssh,
+    "slurm": _check_jobqueue,
+    "pbs": _check_jobqueue,
+    "kubernetes": _check_kubernetes,
+}
+
+
+def _local_options(config: ClusterConfig) -> dict[str, Any]:
+    local = {"n-workers": 1, "threads-per-worker": 1, "memory-limit": "auto", "dashboard-address": None}
+    local.update(config.daskstream.get("local") or {})
+    for key in ("n-workers", "threads-per-worker"):
+        value = local[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgumentError(
+                f"cluster configuration {config.path}: daskstream.local.{key} must be a positive integer, not {value!r}"
+            )
+    limit = local["memory-limit"]
+    if limit != "auto":
+        try:
+            if parse_bytes(limit) <= 0:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"cluster configuration {config.path}: daskstream.local.memory-limit must be a size "
+                f"such as '2GiB' or 'auto', not {limit!r}"
+            ) from None
+    address = local["dashboard-address"]
+    if address is not None and not str(address).startswith(("127.0.0.1:", "localhost:")):
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path}: daskstream.local.dashboard-address {address!r} would listen "
+            "beyond this machine; use '127.0.0.1:PORT' or null"
+        )
+    return local
+
+
+def _remote_address(config: ClusterConfig) -> tuple[str, Any]:
+    address = str(config.settings["scheduler-address"])
+    scheme = "tls://" if config.kind == "tls" else "tcp://"
+    if not address.startswith(scheme):
+        hint = " (a tls:// scheduler needs 'cluster: tls' and certificates)" if address.startswith("tls://") else ""
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path}: scheduler-address {address!r} must start with {scheme}{hint}"
+        )
+    if config.kind == "remote":
+        return address, None
+    from distributed.security import Security
+
+    tls = config.settings["distributed"]["comm"]["tls"]
+    client = tls.get("client") or {}
+    return address, Security(
+        tls_ca_file=_certificate(config, "distributed.comm.tls.ca-file", tls["ca-file"]),
+        tls_client_cert=_certificate(config, "distributed.comm.tls.client.cert", client["cert"]),
+        tls_client_key=_certificate(config, "distributed.comm.tls.client.key", client.get("key")),
+        require_encryption=bool(_lookup(config.settings, "distributed.comm.require-encryption")),
+    )
+
+
+def _certificate(config: ClusterConfig, key: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = config.path.parent / path
+    if not path.is_file():
+        raise SourceNotFoundError(f"cluster configuration {config.path}: {key} names {path}, which does not exist")
+    return str(path)
+
+
+def _jobs(config: ClusterConfig) -> int:
+    jobs = config.daskstream.get("jobs", 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path}: daskstream.jobs must be a whole number of jobs, not {jobs!r}"
+        )
+    return jobs
+
+
+def _ssh_hosts(config: ClusterConfig) -> list[str]:
+    hosts = config.daskstream["ssh"]["hosts"]
+    if not isinstance(hosts, list) or len(hosts) < 2 or not all(isinstance(h, str) and h for h in hosts):
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path}: daskstream.ssh.hosts must list at least two host names "
+            f"(the scheduler's first, then the workers'), not {hosts!r}"
+        )
+    return hosts
+
+
+def _backend(config: ClusterConfig, module: str) -> Any:
+    package, extra = _BACKENDS[config.kind]
+    try:
+        importlib.import_module(package)
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path} ({config.kind}) needs {exc.name or package}, "
+            f"which is not installed; install it with: pip install 'daskstream[{extra}]'"
+        ) from exc
+
+
+@contextlib.contextmanager
+def _applied(config: ClusterConfig) -> Iterator[None]:
+    """The file's settings on top of the current dask config, leaf by leaf."""
+    with dask.config.set(dict(_leaves(config.settings))):
+        yield
+
+
+def _leaves(settings: Mapping, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    # dask.config.set replaces a whole section given as a dict; dotted leaves keep its other defaults.
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _lookup(settings: Mapping, dotted: str) -> Any:
+    value: Any = settings
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value

@@ -1,0 +1,351 @@
+"""Cluster configuration files: every shipped file checks, and real clusters on 127.0.0.1 connect."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import dask.array as da
+import dask.config
+import numpy as np
+import pytest
+import yaml
+
+from daskstream.errors import DaskstreamError, InvalidArgumentError, SourceNotFoundError
+from daskstream.runtime.clusters import KINDS, check_cluster_config, connect, load_cluster_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "cluster-configs"
+DASK = [shutil.which("dask")] if shutil.which("dask") else [sys.executable, "-m", "dask"]
+
+
+# --- certificates -------------------------------------------------------------------------------
+
+
+def _write_certificates(folder: Path, *, names=("ca", "node")) -> dict[str, Path]:
+    """A CA and one certificate it signed for 127.0.0.1, as PEM files named ``<name>.pem``/``<name>-key.pem``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+
+    def build(subject, issuer, public_key, signing_key, *, ca):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+        return builder.sign(signing_key, hashes.SHA256())
+
+    ca_name, node_name = names
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    node_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = build(f"{ca_name} test CA", f"{ca_name} test CA", ca_key.public_key(), ca_key, ca=True)
+    node_cert = build("127.0.0.1", f"{ca_name} test CA", node_key.public_key(), ca_key, ca=False)
+    paths = {ca_name: folder / f"{ca_name}.pem", node_name: folder / f"{node_name}.pem"}
+    paths[ca_name].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[node_name].write_bytes(node_cert.public_bytes(serialization.Encoding.PEM))
+    paths[f"{node_name}-key"] = folder / f"{node_name}-key.pem"
+    paths[f"{node_name}-key"].write_bytes(
+        node_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return paths
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _processes(folder: Path):
+    """Start ``dask`` command-line processes in their own sessions; kill every one at the end."""
+    started: list[subprocess.Popen] = []
+    logs = []
+
+    def start(*args):
+        log = (folder / f"process-{len(started)}.log").open("w")
+        logs.append(log)
+        env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+        proc = subprocess.Popen([*DASK, *args], stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        for proc in started:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in logs:
+            log.close()
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the scheduler exited with {proc.returncode} before writing {path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {path}")
+        time.sleep(0.1)
+
+
+def _scheduler_address(scheduler_file: Path) -> str:
+    return json.loads(scheduler_file.read_text())["address"]
+
+
+def _write_yaml(path: Path, document: dict) -> Path:
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+# --- every shipped file -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_every_shipped_config_loads_and_checks(name, tmp_path):
+    # Checked from a copy, beside certificates made where the file says they are.
+    copy = tmp_path / name
+    shutil.copy(CONFIGS / name, copy)
+    settings = yaml.safe_load(copy.read_text())
+    tls = settings.get("distributed", {}).get("comm", {}).get("tls", {})
+    if tls:
+        made = _write_certificates(tmp_path / "tmp-certs")
+        for source, target in [(made["ca"], tls["ca-file"]), (made["node"], tls["client"]["cert"]),
+                               (made["node-key"], tls["client"]["key"])]:  # fmt: skip
+            (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, tmp_path / target)
+
+    config = load_cluster_config(copy)
+    check = check_cluster_config(copy)
+
+    assert config.kind in KINDS
+    assert check.kind == config.kind == config.daskstream["cluster"]
+    assert check.lines
+    assert all(isinstance(line, str) and line for line in check.lines)
+
+
+@pytest.mark.parametrize(("name", "directive"), [("slurm.yaml", "#SBATCH"), ("pbs.yaml", "#PBS")])
+def test_jobqueue_check_prints_the_job_script_with_the_configured_resources(name, directive, tmp_path):
+    settings = yaml.safe_load((CONFIGS / name).read_text())
+    kind = settings["daskstream"]["cluster"]
+    settings["jobqueue"][kind].update(cores=6, memory="18GiB", processes=3)
+    path = _write_yaml(tmp_path / name, settings)
+
+    script = check_cluster_config(path).job_script
+
+    assert script is not None
+    assert directive in script
+    directives = "\n".join(line for line in script.splitlines() if line.startswith(directive))
+    if kind == "slurm":
+        assert "--cpus-per-task=6" in directives
+        assert "--mem=18G" in directives
+    else:
+        assert "ncpus=6" in directives
+        assert "mem=18GB" in directives
+    # 3 worker processes of 2 threads and 6 GiB each.
+    assert "--nworkers 3" in script
+    assert "--nthreads 2" in script
+    assert "--memory-limit 6.00GiB" in script
+
+
+def test_kubernetes_check_builds_the_cluster_resource(tmp_path):
+    settings = yaml.safe_load((CONFIGS / "kubernetes.yaml").read_text())
+    settings["kubernetes"].update(image="example.org/daskstream:1.2", count={"start": 5})
+    path = _write_yaml(tmp_path / "kubernetes.yaml", settings)
+
+    check = check_cluster_config(path)
+
+    assert check.spec is not None
+    assert check.spec["kind"] == "DaskCluster"
+    assert check.spec["spec"]["worker"]["replicas"] == 5
+    assert check.spec["spec"]["worker"]["spec"]["containers"][0]["image"] == "example.org/daskstream:1.2"
+    assert "5 worker(s)" in check.lines[0]
+
+
+# --- real clusters ------------------------------------------------------------------------------
+
+
+def test_local_config_starts_a_local_cluster_and_computes():
+    config = load_cluster_config(CONFIGS / "local.yaml")
+    x = da.arange(10_000, chunks=1_000, dtype="i8")
+
+    client, cluster = connect(config)
+    try:
+        assert cluster is not None
+        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        assert len(workers) == config.daskstream["local"]["n-workers"]
+        assert all(w["host"] == "127.0.0.1" for w in workers.values())
+        assert all(w["nthreads"] == config.daskstream["local"]["threads-per-worker"] for w in workers.values())
+        assert client.compute(x.sum()).result(timeout=60) == 10_000 * 9_999 // 2
+        # The file's distributed.worker.memory thresholds reached the worker processes.
+        pauses = client.run(lambda: dask.config.get("distributed.worker.memory.pause"))
+        assert set(pauses.values()) == {config.settings["distributed"]["worker"]["memory"]["pause"]}
+    finally:
+        client.close()
+        cluster.close()
+    assert cluster.status.name == "closed"
+
+
+def test_remote_config_joins_a_running_scheduler_and_leaves_it_running(dask_cluster, tmp_path):
+    from distributed import Client
+
+    address = _scheduler_address(dask_cluster)
+    path = _write_yaml(tmp_path / "remote.yaml", {"daskstream": {"cluster": "remote"}, "scheduler-address": address})
+
+    client, cluster = connect(load_cluster_config(path))
+    with client:
+        assert cluster is None
+        assert client.scheduler.address == address
+        assert client.compute(da.ones((200, 50), chunks=(50, 50)).sum()).result(timeout=60) == 10_000
+
+    with Client(address, timeout="10s") as again:
+        assert len(again.scheduler_info(n_workers=-1)["workers"]) == 2
+
+
+# --- bad configurations -------------------------------------------------------------------------
+
+
+def _bad(tmp_path, text):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "message"),
+    [
+        # not a mapping of settings
+        ("a: [unclosed", InvalidArgumentError, "not valid YAML"),
+        ("- just\n- a list\n", InvalidArgumentError, "must be a YAML mapping"),
+        ("# only a comment\n", InvalidArgumentError, "is empty"),
+        # the kind decides everything else, so it must be there and known
+        ("distributed: {}\n", InvalidArgumentError, "no 'daskstream: cluster:' key"),
+        ("daskstream: {cluster: yarn}\n", InvalidArgumentError, "unknown cluster kind 'yarn'; known kinds: local"),
+        # required keys of each kind
+        ("daskstream: {cluster: remote}\n", InvalidArgumentError, "lacks the required key 'scheduler-address'"),
+        ("daskstream: {cluster: slurm}\njobqueue: {slurm: {cores: 4}}\n", InvalidArgumentError,
+         "'jobqueue.slurm.memory'"),
+        ("daskstream: {cluster: tls}\nscheduler-address: tls://127.0.0.1:1\n", InvalidArgumentError,
+         "'distributed.comm.tls.ca-file'"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_is_refused_when_loaded_naming_the_file(tmp_path, text, error, message):
+    path = _bad(tmp_path, text)
+    with pytest.raises(error, match=r"cluster configuration .*cluster\.yaml") as info:
+        load_cluster_config(path)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "message"),
+    [
+        # a tls:// scheduler needs the tls kind and its certificates
+        ("daskstream: {cluster: remote}\nscheduler-address: tls://127.0.0.1:1\n", InvalidArgumentError,
+         "needs 'cluster: tls'"),
+        ("daskstream: {cluster: remote}\nscheduler-address: 127.0.0.1:8786\n", InvalidArgumentError,
+         "must start with tcp://"),
+        ("daskstream: {cluster: tls}\nscheduler-address: tls://127.0.0.1:1\ndistributed: {comm: {tls: "
+         "{ca-file: nowhere/ca.pem, client: {cert: nowhere/me.pem}}}}\n", SourceNotFoundError, "nowhere/ca.pem"),
+        ("daskstream: {cluster: local, local: {n-workers: 0}}\n", InvalidArgumentError, "positive integer"),
+        ("daskstream: {cluster: local, local: {memory-limit: lots}}\n", InvalidArgumentError, "'lots'"),
+        ("daskstream: {cluster: local, local: {dashboard-address: ':8787'}}\n", InvalidArgumentError,
+         "beyond this machine"),
+        ("daskstream: {cluster: ssh, ssh: {hosts: [only-one]}}\n", InvalidArgumentError, "at least two host"),
+        ("daskstream: {cluster: slurm, jobs: two}\njobqueue: {slurm: {cores: 4, memory: 8GiB}}\n",
+         InvalidArgumentError, "daskstream.jobs"),
+        ("daskstream: {cluster: pbs}\njobqueue: {pbs: {cores: 4, memory: plenty}}\n", InvalidArgumentError,
+         "pbs"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_is_refused_by_check_naming_the_file(tmp_path, text, error, message):
+    path = _bad(tmp_path, text)
+    with pytest.raises(error, match=r"cluster configuration .*cluster\.yaml") as info:
+        check_cluster_config(path)
+    assert message in str(info.value)
+
+
+def test_a_missing_file_is_named():
+    with pytest.raises(SourceNotFoundError, match=r"cluster configuration .*nowhere\.yaml does not exist"):
+        load_cluster_config("nowhere.yaml")
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "extra"),
+    [("slurm.yaml", "dask_jobqueue", "jobqueue"), ("kubernetes.yaml", "dask_kubernetes", "kubernetes"),
+     ("ssh.yaml", "asyncssh", "ssh")],
+)  # fmt: skip
+def test_a_missing_backend_names_the_pip_command(name, module, extra):
+    # A fresh interpreter in which the backend cannot be imported, as where it is not installed.
+    code = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from daskstream.runtime.clusters import check_cluster_config\n"
+        f"check_cluster_config({str(CONFIGS / name)!r})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert f"InvalidArgumentError: cluster configuration {CONFIGS / name}" in out.stderr
+    assert f"pip install 'daskstream[{extra}]'" in out.stderr
+
+
+def test_errors_are_daskstream_errors_and_builtins(tmp_path):
+    with pytest.raises(DaskstreamError):
+        load_cluster_config(tmp_path / "absent.yaml")
+    with pytest.raises(FileNotFoundError):
+        load_cluster_config(tmp_path / "absent.yaml")
+    with pytest.raises(ValueError, match="unknown cluster kind"):
+        load_cluster_config(_bad(tmp_path, "daskstream: {cluster: mesos}\n"))
+
+
+def test_numpy_result_through_the_local_cluster_matches_numpy(tmp_path):
+    path = _write_yaml(
+        tmp_path / "local.yaml",
+        {
+            "daskstream": {
+                "cluster": "local",
+                "local": {"n-workers": 1, "threads-per-worker": 2, "memory-limit": "1GiB"},
+            }
+        },
+    )
+    data = np.random.default_rng(0).standard_normal((400, 30))
+    client, cluster = connect(load_cluster_config(path))
+    try:
+        assert len(client.scheduler_info(n_workers=-1)["workers"]) == 1
+        result = client.compute(da.from_array(data, chunks=(100, 30)).mean(axis=0)).result(timeout=60)
+    finally:
+        client.close()
+        cluster.close()
+    np.testing.assert_allclose(result, data.mean(axis=0))
