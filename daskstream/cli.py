@@ -60,17 +60,7 @@ def info(path: str, dataset: str | None, as_json: bool) -> None:
     from daskstream.planning.budget import format_size
 
     source = ds.open_source(path, dataset=dataset)
-    facts = {
-        "path": source.path,
-        "dataset": source.dataset,
-        "format": source.format,
-        "shape": source.shape,
-        "dtype": str(source.dtype),
-        "storage_chunks": source.storage_chunks,
-        "layout": source.layout,
-        "nbytes": source.nbytes,
-        "storage": source.describe_storage(),
-    }
+    facts = {**_source_facts(source), "nbytes": source.nbytes, "storage": source.describe_storage()}
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -152,6 +142,19 @@ def describe_command(
     click.echo(repr(description))
 
 
+def _source_facts(source: Any) -> dict[str, Any]:
+    """What a source is, for the commands that describe one."""
+    return {
+        "path": source.path,
+        "dataset": source.dataset,
+        "format": source.format,
+        "shape": source.shape,
+        "dtype": str(source.dtype),
+        "storage_chunks": source.storage_chunks,
+        "layout": source.layout,
+    }
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars and arrays as JSON-ready numbers and nested lists."""
     import numpy as np
@@ -177,13 +180,7 @@ def plan(path: str, dataset: str | None, memory_budget: str | None, as_json: boo
     click.echo(
         json.dumps(
             {
-                "path": source.path,
-                "dataset": source.dataset,
-                "format": source.format,
-                "shape": source.shape,
-                "dtype": str(source.dtype),
-                "storage_chunks": source.storage_chunks,
-                "layout": source.layout,
+                **_source_facts(source),
                 "chunks": chunk_plan.chunks,
                 "chunk_bytes": chunk_plan.chunk_bytes,
                 "n_tasks": chunk_plan.n_tasks,

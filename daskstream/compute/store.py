@@ -22,6 +22,7 @@ that never reached the disk.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import math
@@ -420,12 +421,13 @@ def _progress_reporter(progress: bool | ProgressCallback | None, target: Any) ->
     raise InvalidArgumentError(f"progress={progress!r}: give True, None or a callable progress(done, total)")
 
 
-class _Target:
+class _Target(abc.ABC):
     """One kind of target: how to find its state, record progress and write blocks."""
 
     path: str
     member: str | None
 
+    @abc.abstractmethod
     def write(
         self,
         x: da.Array,
@@ -435,7 +437,7 @@ class _Target:
         overwrite: bool,
         report: ProgressCallback | None,
     ) -> None:
-        raise NotImplementedError
+        """Write the blocks of ``x`` not yet recorded as done, recording each as it lands."""
 
     @property
     def name(self) -> str:
