@@ -5,13 +5,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import dask.array as da
@@ -24,7 +20,6 @@ from daskstream.errors import DaskstreamError, InvalidArgumentError, SourceNotFo
 from daskstream.runtime.clusters import KINDS, check_cluster_config, connect, load_cluster_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "cluster-configs"
-DASK = [shutil.which("dask")] if shutil.which("dask") else [sys.executable, "-m", "dask"]
 
 
 # --- certificates -------------------------------------------------------------------------------
@@ -75,51 +70,6 @@ def _write_certificates(folder: Path, *, names=("ca", "node")) -> dict[str, Path
         )
     )
     return paths
-
-
-# --- processes ----------------------------------------------------------------------------------
-
-
-@contextmanager
-def _processes(folder: Path):
-    """Start ``dask`` command-line processes in their own sessions; kill every one at the end."""
-    started: list[subprocess.Popen] = []
-    logs = []
-
-    def start(*args):
-        log = (folder / f"process-{len(started)}.log").open("w")
-        logs.append(log)
-        env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
-        proc = subprocess.Popen([*DASK, *args], stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
-        started.append(proc)
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-        for proc in started:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for log in logs:
-            log.close()
-
-
-def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the scheduler exited with {proc.returncode} before writing {path}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {path}")
-        time.sleep(0.1)
 
 
 def _scheduler_address(scheduler_file: Path) -> str:
