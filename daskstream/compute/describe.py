@@ -19,7 +19,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from daskstream.compute.reductions import chunk_moments, combine_fan_in, merge_moments
+from daskstream.compute.reductions import chunk_moments, combine_fan_in, known_bin_edges, merge_moments
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
 
@@ -173,19 +173,13 @@ def describe(
 def _edges(dtype: np.dtype, bins: Any, bin_range: Any) -> np.ndarray | None:
     if bins is None:
         return None
-    if np.ndim(bins) == 1:
-        edges = np.asarray(bins)
-        if edges.size < 2 or np.any(np.diff(edges) < 0):
-            raise InvalidArgumentError(f"bins={bins!r}: edges must be at least two, increasing")
-        return edges
-    if bin_range is None:
+    edges = known_bin_edges(bins, bin_range, dtype)
+    if edges is None:
         raise InvalidArgumentError(
             f"bins={bins!r} needs range=(low, high): one pass cannot know the data's range before reading "
             "it. Give range=, or the bin edges as bins="
         )
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise InvalidArgumentError(f"bins={bins!r} must be a positive int or a sequence of edges")
-    return np.histogram_bin_edges(np.empty(0, dtype=dtype), int(bins), range=bin_range)
+    return edges
 
 
 def _tree(parts: list[Any], merge: Any, axes: tuple[int, ...], fan_in: int) -> Any:

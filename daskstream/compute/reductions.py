@@ -353,17 +353,8 @@ def histogram(
     ([2, 2, 2, 2, 2], [0.0, 1.8, 3.6, 5.4, 7.2, 9.0])
     """
     x = da.asarray(x)
-    if np.ndim(bins) == 1:
-        edges = np.asarray(bins)
-        if edges.size < 2 or np.any(np.diff(edges) < 0):
-            raise InvalidArgumentError(f"bins={bins!r}: edges must be at least two, increasing")
-    elif isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise InvalidArgumentError(f"bins={bins!r} must be a positive int or a sequence of edges")
-    elif range is not None or x.size == 0:
-        if range is not None and not float(range[0]) <= float(range[1]):
-            raise InvalidArgumentError(f"range={range!r}: the first value must not exceed the second")
-        edges = np.histogram_bin_edges(np.empty(0, dtype=x.dtype), int(bins), range=range)
-    else:
+    edges = known_bin_edges(bins, range, x.dtype, empty=x.size == 0)
+    if edges is None:
         fan_in = split_every or combine_fan_in(
             x, tuple(builtins.range(x.ndim)), partial_itemsize=8, memory_budget=memory_budget
         )
@@ -375,6 +366,34 @@ def histogram(
     # One row of counts per chunk, in place of the chunk (no reshape, so no rechunk), summed down.
     rows = per_chunk_rows(x, _chunk_counts, len(edges) - 1, edges=edges)
     return sum_rows(rows, split_every=split_every, memory_budget=memory_budget), edges
+
+
+def known_bin_edges(
+    bins: Any, bin_range: tuple[float, float] | None, dtype: np.dtype, *, empty: bool = False
+) -> np.ndarray | None:
+    """Histogram edges that are known before reading, by numpy's rules; ``None`` for a bare count.
+
+    Explicit edges are checked; a count with a range (or over no data at all) gives
+    ``numpy.histogram_bin_edges`` in the data's dtype. A count without a range needs
+    the data's min and max, so the caller decides.
+
+    >>> known_bin_edges(4, (0, 1), np.dtype("f8")).tolist()
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+    >>> known_bin_edges(4, None, np.dtype("f8")) is None
+    True
+    """
+    if np.ndim(bins) == 1:
+        edges = np.asarray(bins)
+        if edges.size < 2 or np.any(np.diff(edges) < 0):
+            raise InvalidArgumentError(f"bins={bins!r}: edges must be at least two, increasing")
+        return edges
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise InvalidArgumentError(f"bins={bins!r} must be a positive int or a sequence of edges")
+    if bin_range is not None and not float(bin_range[0]) <= float(bin_range[1]):
+        raise InvalidArgumentError(f"range={bin_range!r}: the first value must not exceed the second")
+    if bin_range is None and not empty:
+        return None
+    return np.histogram_bin_edges(np.empty(0, dtype=dtype), int(bins), range=bin_range)
 
 
 def per_chunk_rows(x: da.Array, fn: Any, width: int, **kwargs: Any) -> da.Array:
