@@ -18,6 +18,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from dask.delayed import Delayed
 
 from daskstream.compute.reductions import chunk_moments, combine_fan_in, known_bin_edges, merge_moments
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
@@ -66,6 +67,10 @@ def _short(value: Any) -> str:
 class LazyDescription:
     """What :func:`describe` returns: nothing is read until :meth:`compute`.
 
+    A dask collection: ``dask.compute`` and :meth:`daskstream.Session.compute`
+    accept it (alongside other collections, sharing their reads) and give back
+    the :class:`Description`.
+
     Attributes
     ----------
     delayed
@@ -78,11 +83,38 @@ class LazyDescription:
 
     def compute(self, **kwargs: Any) -> Description:
         """Read the data once and return the :class:`Description` (kwargs go to ``dask.compute``)."""
-        (result,) = dask.compute(self.delayed, **kwargs)
+        (result,) = dask.compute(self, **kwargs)
         return result
 
     def __repr__(self) -> str:
         return f"<LazyDescription over {self.n_chunks} chunk(s); call .compute()>"
+
+    # The dask collection protocol, delegated to the delayed object.
+    def __dask_graph__(self) -> Any:
+        return self.delayed.__dask_graph__()
+
+    def __dask_keys__(self) -> Any:
+        return self.delayed.__dask_keys__()
+
+    def __dask_layers__(self) -> Any:
+        return self.delayed.__dask_layers__()
+
+    def __dask_tokenize__(self) -> Any:
+        return self.delayed.key
+
+    def __dask_postcompute__(self) -> Any:
+        return self.delayed.__dask_postcompute__()
+
+    def __dask_postpersist__(self) -> Any:
+        rebuild, args = self.delayed.__dask_postpersist__()
+        return _rebuild_description, (rebuild, args, self.n_chunks)
+
+    __dask_optimize__ = staticmethod(Delayed.__dask_optimize__)
+    __dask_scheduler__ = staticmethod(Delayed.__dask_scheduler__)
+
+
+def _rebuild_description(dsk: Any, rebuild: Any, args: Any, n_chunks: int, **kwargs: Any) -> LazyDescription:
+    return LazyDescription(rebuild(dsk, *args, **kwargs), n_chunks)
 
 
 def describe(

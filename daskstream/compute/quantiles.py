@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dask.array as da
 import numpy as np
+from dask.graph_manipulation import clone
 
 from daskstream.compute.reductions import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
@@ -45,6 +46,8 @@ DIGIT_BITS = 16
 _WIDE_DIGIT_TARGETS = 8
 # Working set of a task applying numpy.quantile to its block: the block, numpy's partitioned copy, keys.
 _QUANTILE_WORKING_SET = 3
+# Values counted at a time by the radix passes: their temporaries stay around 8 bytes x 4 x this.
+_PIECE_VALUES = 1 << 18
 
 
 def quantile(
@@ -97,9 +100,10 @@ def median(
 ) -> da.Array:
     """The median, exactly as ``numpy.median``; see :func:`quantile` for how it is found.
 
-    >>> import dask.array as da
-    >>> float(median(da.arange(10, chunks=4)).compute())
-    4.5
+        >>> import dask.array as da
+    from dask.graph_manipulation import clone
+        >>> float(median(da.arange(10, chunks=4)).compute())
+        4.5
     """
     return _order_statistic(x, 0.5, axis, keepdims=keepdims, memory_budget=memory_budget, median=True)
 
@@ -262,10 +266,14 @@ def _radix_quantile(
     )
     for level in range(1, levels):
         width = _n_targets(q) * (1 << digit_bits)
-        rows = per_chunk_rows(x, _next_digit_counts, width, state=state, level=level, digit_bits=digit_bits)
+        # A pass of its own over the source: with the read tasks shared, every chunk of the first
+        # pass would wait in memory for the state that the whole pass decides.
+        again = clone(x, seed=level)
+        rows = per_chunk_rows(again, _next_digit_counts, width, state, level=level, digit_bits=digit_bits)
         counts = sum_rows(rows, **budget)
-        state = counts.map_blocks(
-            _next_state, state=state, level=level, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
+        # The state goes in as a graph input, not a keyword: see per_chunk_rows.
+        state = da.blockwise(
+            _next_state, "s", counts, "c", state, "s", concatenate=True, level=level, digit_bits=digit_bits, dtype="u8"
         )
     out_dtype = _result_dtype(x.dtype, q_given, median)
     finish = {"q": q, "weak": weak, "median": median, "dtype_in": x.dtype, "dtype": out_dtype}
@@ -291,12 +299,27 @@ def _valid_keys(block: np.ndarray) -> np.ndarray:
     return ordered_keys(values)
 
 
+def _pieces(block: np.ndarray) -> Iterator[np.ndarray]:
+    """The block's values, flat, in pieces of ``_PIECE_VALUES``.
+
+    The counting below makes several temporaries the size of what it counts
+    (keys, masks, digits); counting piece by piece keeps them small, so a task
+    holds little more than its block whatever the block's size.
+    """
+    flat = block.reshape(-1)
+    for start in range(0, flat.size, _PIECE_VALUES):
+        yield flat[start : start + _PIECE_VALUES]
+
+
 def _top_digit_counts(block: np.ndarray, digit_bits: int) -> np.ndarray:
-    keys = _valid_keys(block)
     shift = block.dtype.itemsize * 8 - digit_bits
-    counts = np.bincount((keys >> shift).astype(np.intp), minlength=1 << digit_bits)
-    nans = block.size - keys.size
-    return np.append(counts, nans).reshape((1,) * block.ndim + (-1,))
+    counts = np.zeros(1 << digit_bits, dtype=np.int64)
+    n_valid = 0
+    for piece in _pieces(block):
+        keys = _valid_keys(piece)
+        counts += np.bincount((keys >> shift).astype(np.intp), minlength=1 << digit_bits)
+        n_valid += keys.size
+    return np.append(counts, block.size - n_valid).reshape((1,) * block.ndim + (-1,))
 
 
 def _target_ranks(n: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -336,20 +359,22 @@ def _descend(state: np.ndarray, ranks: np.ndarray, prefixes: np.ndarray, histogr
 
 
 def _next_digit_counts(block: np.ndarray, state: np.ndarray, level: int, digit_bits: int) -> np.ndarray:
-    keys = _valid_keys(block)
     targets = (len(state) - 2) // 2
     prefixes = state[2 + targets :]
+    wanted = np.unique(prefixes)
     bits = block.dtype.itemsize * 8
     prefix_shift = bits - level * digit_bits
     digit_shift = prefix_shift - digit_bits
     digit_mask = np.uint64((1 << digit_bits) - 1)
-    key_prefix = (keys >> prefix_shift).astype(np.uint64) if prefix_shift < 64 else np.zeros(keys.size, np.uint64)
-    rows = np.zeros((targets, 1 << digit_bits), dtype=np.int64)
-    for prefix in np.unique(prefixes):
-        selected = keys[key_prefix == prefix]
-        digits = ((selected >> digit_shift).astype(np.uint64) & digit_mask).astype(np.intp)
-        counted = np.bincount(digits, minlength=1 << digit_bits)
-        rows[prefixes == prefix] = counted
+    counted = np.zeros((wanted.size, 1 << digit_bits), dtype=np.int64)
+    for piece in _pieces(block):
+        keys = _valid_keys(piece)
+        key_prefix = (keys >> prefix_shift).astype(np.uint64) if prefix_shift < 64 else np.zeros(keys.size, np.uint64)
+        for i, prefix in enumerate(wanted):
+            selected = keys[key_prefix == prefix]
+            digits = ((selected >> digit_shift).astype(np.uint64) & digit_mask).astype(np.intp)
+            counted[i] += np.bincount(digits, minlength=1 << digit_bits)
+    rows = counted[np.searchsorted(wanted, prefixes)]
     return rows.reshape((1,) * block.ndim + (-1,))
 
 

@@ -396,9 +396,31 @@ def known_bin_edges(
     return np.histogram_bin_edges(np.empty(0, dtype=dtype), int(bins), range=bin_range)
 
 
-def per_chunk_rows(x: da.Array, fn: Any, width: int, **kwargs: Any) -> da.Array:
-    """``fn(block, **kwargs)`` gives one row of ``width`` int64 counts per chunk, on a new last axis."""
-    return x.map_blocks(fn, dtype="i8", chunks=(*((1,) * n for n in x.numblocks), (width,)), new_axis=x.ndim, **kwargs)
+def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs: Any) -> da.Array:
+    """``fn(block, *arrays, **kwargs)`` gives one row of ``width`` int64 counts per chunk, on a new last axis.
+
+    Each of ``arrays`` reaches every call whole (one chunk each, however it is
+    chunked). They go in as graph inputs, not keyword values: dask would turn a
+    dask array given as a keyword into a separate copy of its whole graph, and
+    compute that copy again.
+    """
+    # Index names: one per axis of x, one for the new row axis, one per whole array.
+    block_index = tuple(f"a{i}" for i in builtins.range(x.ndim))
+    row_axis = "row"
+    whole = [part for i, array in enumerate(arrays) for part in (array, (f"whole{i}",))]
+    return da.blockwise(
+        fn,
+        (*block_index, row_axis),
+        x,
+        block_index,
+        *whole,
+        new_axes={row_axis: width},
+        adjust_chunks=dict.fromkeys(block_index, 1),
+        concatenate=True,
+        dtype="i8",
+        meta=np.empty((0,) * (x.ndim + 1), dtype="i8"),
+        **kwargs,
+    )
 
 
 def sum_rows(rows: da.Array, *, split_every: int | None = None, memory_budget: int | str | None = None) -> da.Array:

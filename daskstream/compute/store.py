@@ -54,6 +54,7 @@ from daskstream.errors import (
     UnknownFormatError,
     UnsupportedDtypeError,
 )
+from daskstream.runtime.resources import active_client
 from daskstream.sources.base import Source, native
 from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
 from daskstream.sources.zarr_ import is_url
@@ -350,7 +351,7 @@ def _in_process_scheduler() -> bool:
     from dask.base import get_scheduler
 
     scheduler = get_scheduler()
-    return _active_client() is None and scheduler in (None, dask.threaded.get, dask.local.get_sync)
+    return active_client() is None and scheduler in (None, dask.threaded.get, dask.local.get_sync)
 
 
 def _blocks(x: da.Array) -> list[tuple[int, ...]]:
@@ -706,7 +707,7 @@ class _ZarrTarget(_Target):
         delayed = writes.to_delayed(optimize_graph=True)
         tasks = [delayed[index] for index in pending]
         done = total - len(pending)
-        client = _active_client()
+        client = active_client()
         if client is not None:
             from distributed import as_completed
 
@@ -828,18 +829,6 @@ def _write_atomically(path: str, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def _active_client() -> Any:
-    """The distributed Client dask.compute would use now, if any."""
-    # Only a program that imported distributed can have a Client; do not import it for nothing.
-    if "distributed" not in sys.modules:
-        return None
-    from dask.base import get_scheduler
-    from distributed import Client
-
-    owner = getattr(get_scheduler(), "__self__", None)
-    return owner if isinstance(owner, Client) else None
 
 
 # ---------------------------------------------------------------------------
@@ -1120,7 +1109,7 @@ class _Hdf5Writer:
 
     def run(self, pending: list[tuple[int, ...]]) -> None:
         window = self.target.window(self.x)
-        client = _active_client()
+        client = active_client()
         try:
             if client is not None:
                 self._run_distributed(client, pending, window)

@@ -14,6 +14,7 @@ import os
 import pathlib
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import dask.config
 
@@ -103,6 +104,18 @@ def _usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def active_client() -> Any:
+    """The distributed Client ``dask.compute`` would use now, if any."""
+    # Only a program that imported distributed can have a Client; do not import it for nothing.
+    if "distributed" not in sys.modules:
+        return None
+    from dask.base import get_scheduler
+    from distributed import Client
+
+    owner = getattr(get_scheduler(), "__self__", None)
+    return owner if isinstance(owner, Client) else None
 
 
 def _client_resources(client: object | None = None) -> Resources | None:

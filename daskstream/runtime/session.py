@@ -171,6 +171,10 @@ class Session:
         joined a running scheduler or runs locally).
     memory_budget
         Bytes per worker given to the session or read from its cluster file, or ``None``.
+    read_counter
+        In an active ``"processes"`` session, the shared-memory counter its
+        worker processes add the bytes they read to (see
+        :class:`daskstream.runtime.metering.ReadMeter`); else ``None``.
     progress
         Whether :meth:`compute` shows a progress bar.
     """
@@ -210,6 +214,7 @@ class Session:
         self.progress = bool(progress)
         self.client: Any = None
         self.cluster: Any = None
+        self.read_counter: Any = None
         self._exit_stack: contextlib.ExitStack | None = None
 
     @property
@@ -232,6 +237,8 @@ class Session:
         with contextlib.ExitStack() as stack:
             if self.kind in LOCAL_SCHEDULERS:
                 stack.enter_context(dask.config.set(scheduler=self.kind))
+                if self.kind == "processes":
+                    self._share_read_counter(stack)
             else:
                 # Entered before the Client exists: the Client's own config change is then undone
                 # on its close and this one on exit, restoring whatever an outer session had set.
@@ -255,6 +262,20 @@ class Session:
         stack, self._exit_stack = self._exit_stack, None
         if stack is not None:
             stack.close()
+
+    def _share_read_counter(self, stack: contextlib.ExitStack) -> None:
+        # dask starts a pool of new processes for each computation; their read counters die with
+        # them, so they add to one in shared memory instead (see daskstream.runtime.metering).
+        from functools import partial
+
+        from daskstream.runtime.metering import process_initializer, shared_counter
+
+        self.read_counter = shared_counter()
+        then = dask.config.get("multiprocessing.initializer", None)
+        stack.enter_context(
+            dask.config.set({"multiprocessing.initializer": partial(process_initializer, self.read_counter, then)})
+        )
+        stack.callback(setattr, self, "read_counter", None)
 
     def _deactivate(self) -> None:
         with _active_lock:

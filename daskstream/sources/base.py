@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from daskstream.errors import InvalidIndexError, SourceNotFoundError, SourcePermissionError
+from daskstream.runtime.metering import record_read
 
 if TYPE_CHECKING:
     from daskstream.planning.chunks import ChunkPlan
@@ -81,6 +82,7 @@ class Source(ABC):
         box, post = normalize_region(region, self.shape)
         shape = tuple(s.stop - s.start for s in box)
         out = np.empty(shape, dtype=self.dtype) if math.prod(shape) == 0 else self._read_box(box)
+        record_read(out.nbytes)
         if not post:
             return out
         # The Ellipsis keeps an all-int index an array rather than a numpy scalar; the copy keeps a

@@ -1,0 +1,129 @@
+"""Counting the bytes sources deliver, wherever the tasks that read them run.
+
+Every :meth:`daskstream.Source.read` adds the bytes it returns to a counter of
+the process it runs in. A :class:`ReadMeter` adds those counters up over a
+computation: this process's (threads and sync), the workers' of a distributed
+Client (asked before and after), and, inside a ``session("processes")``, one
+shared by the session's worker processes (dask starts a new pool for every
+computation, so their own counters would vanish with them).
+
+The figure is the data delivered to tasks, decoded: a computation that passes
+over an array twice (an exact quantile of float32 data, say) reads twice its
+``nbytes``.
+
+>>> import numpy as np, tempfile, os
+>>> import daskstream as ds
+>>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+>>> np.save(path, np.ones((100, 10), dtype="f8"))
+>>> with ReadMeter() as meter:
+...     _ = ds.open(path).sum().compute(scheduler="threads")
+>>> meter.bytes_read
+8000
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from daskstream.runtime.resources import active_client
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+_lock = threading.Lock()
+_bytes_read_here = 0
+# In a worker process of a daskstream "processes" session: the session's shared counter.
+_shared_counter: Any = None
+
+
+def record_read(nbytes: int) -> None:
+    """Add ``nbytes`` read from a source to this process's counter (or its session's shared one)."""
+    global _bytes_read_here
+    shared = _shared_counter
+    if shared is not None:
+        with shared.get_lock():
+            shared.value += nbytes
+        return
+    with _lock:
+        _bytes_read_here += nbytes
+
+
+def bytes_read_here() -> int:
+    """Bytes sources have delivered in this process since it started (runs on workers too)."""
+    return _bytes_read_here
+
+
+def shared_counter() -> Any:
+    """A counter that processes started by dask's ``processes`` scheduler can add to."""
+    from dask.multiprocessing import get_context
+
+    return get_context().Value("Q", 0)
+
+
+def process_initializer(counter: Any, then: Any = None) -> None:
+    """Run in each new worker process of a session's pool: count into ``counter``, then ``then()``."""
+    global _shared_counter
+    _shared_counter = counter
+    if then is not None:
+        then()
+
+
+class ReadMeter:
+    """Bytes read from sources while the ``with`` block runs, on this session's scheduler.
+
+    Parameters
+    ----------
+    session
+        The :class:`daskstream.Session` computing inside the block; default the
+        active one. Outside any session, tasks running as threads of this
+        process or on the default distributed Client are counted.
+
+    Attributes
+    ----------
+    bytes_read
+        Bytes counted, once the block has ended; ``None`` when they could not be
+        counted (the ``processes`` scheduler set outside a daskstream session,
+        whose pool processes are gone with their counters).
+    """
+
+    def __init__(self, session: Any = None) -> None:
+        from daskstream.runtime.session import current
+
+        self._session = session if session is not None else current()
+        self.bytes_read: int | None = None
+        self._start: int | None = None
+
+    def __enter__(self) -> ReadMeter:
+        self._start = self._total()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        end = self._total()
+        self.bytes_read = None if end is None or self._start is None else end - self._start
+
+    def _total(self) -> int | None:
+        total = bytes_read_here()
+        session = self._session
+        if session is not None:
+            client = session.client
+            counter = session.read_counter
+        else:
+            client, counter = active_client(), None
+            if client is None and _uses_processes():
+                return None
+        if counter is not None:
+            total += counter.value
+        if client is not None:
+            # Workers that joined or left between the two readings make the figure approximate.
+            total += sum(client.run(bytes_read_here).values())
+        return total
+
+
+def _uses_processes() -> bool:
+    import dask.multiprocessing
+    from dask.base import get_scheduler
+
+    return get_scheduler() is dask.multiprocessing.get
