@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -21,6 +22,46 @@ class _Group(click.Group):
         except DaskstreamError as exc:
             click.echo(f"daskstream: error: {exc}", err=True)
             sys.exit(2)
+
+
+def _budget_option(fn: Any) -> Any:
+    return click.option(
+        "--budget",
+        "--memory-budget",
+        "memory_budget",
+        default=None,
+        help='Bytes one worker may use, e.g. "2GiB" (default: from the scheduler\'s workers or this machine).',
+    )(fn)
+
+
+def _where_options(fn: Any) -> Any:
+    """--scheduler and --cluster, with daskstream.session's meaning."""
+    fn = click.option(
+        "--cluster",
+        "cluster_file",
+        default=None,
+        metavar="FILE",
+        help="A cluster YAML (see cluster-configs/) to start or join for the run.",
+    )(fn)
+    return click.option(
+        "--scheduler",
+        default=None,
+        metavar="NAME|ADDRESS",
+        help="sync, threads (default), processes, distributed (a LocalCluster on this machine), "
+        "or the address of a running scheduler (tcp://host:8786, tls://...).",
+    )(fn)
+
+
+def _compute_options(fn: Any) -> Any:
+    """Where the work runs, its memory budget, and whether progress shows on stderr."""
+    fn = click.option("--quiet", is_flag=True, help="Print no progress on stderr.")(fn)
+    return _where_options(_budget_option(fn))
+
+
+def _session(scheduler: str | None, cluster_file: str | None, memory_budget: str | None, quiet: bool) -> Any:
+    import daskstream as ds
+
+    return ds.session(scheduler, cluster=cluster_file, memory_budget=memory_budget, progress=not quiet)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,8 +118,10 @@ def info(path: str, dataset: str | None, as_json: bool) -> None:
 @click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
 @click.option("--q", type=float, multiple=True, help="Quantile in [0, 1] for --op quantile; repeat for several.")
 @click.option("--ddof", type=int, default=0, show_default=True, help="Delta degrees of freedom for var and std.")
+@click.option("--bins", type=int, default=None, help="Bin count for --op histogram (default 10).")
+@click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge for --op histogram.")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
-@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
+@_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def reduce_command(
     path: str,
@@ -86,32 +129,55 @@ def reduce_command(
     axis: tuple[int, ...],
     q: tuple[float, ...],
     ddof: int,
+    bins: int | None,
+    bin_range: tuple[float, float] | None,
     dataset: str | None,
+    scheduler: str | None,
+    cluster_file: str | None,
     memory_budget: str | None,
+    quiet: bool,
     as_json: bool,
 ) -> None:
-    """Reduce a source with one operation and print the result."""
+    """Reduce a source with one operation and print the result.
+
+    JSON keys: op, axis, result (a number or nested lists; for histogram
+    [counts, edges]), seconds, bytes_read (decoded bytes the tasks read; more
+    than the array's size when the operation passes over it several times),
+    scheduler.
+    """
     import time
 
     import daskstream as ds
+    from daskstream.planning.budget import format_size
+    from daskstream.runtime.metering import ReadMeter
 
-    x = ds.open(path, dataset=dataset, memory_budget=memory_budget)
-    options: dict[str, Any] = {"ddof": ddof, "memory_budget": memory_budget}
+    options: dict[str, Any] = {"ddof": ddof}
     if q:
         options["q"] = q[0] if len(q) == 1 else list(q)
-    start = time.perf_counter()
-    result = ds.reduce(x, op, axis=axis or None, **options)
-    value = (
-        [part.compute() if hasattr(part, "compute") else part for part in result]
-        if op == "histogram"
-        else result.compute()
-    )
-    seconds = time.perf_counter() - start
+    if op == "histogram":
+        options.update(bins=10 if bins is None else bins, range=bin_range)
+    with _session(scheduler, cluster_file, memory_budget, quiet) as s:
+        # Opened inside the session, so the chunks are planned for its workers.
+        x = ds.open(path, dataset=dataset)
+        result = ds.reduce(x, op, axis=axis or None, **options)
+        start = time.perf_counter()
+        with ReadMeter(s) as meter:
+            value = list(s.compute(*result)) if op == "histogram" else s.compute(result)
+        seconds = time.perf_counter() - start
     if as_json:
         shown = [_plain(v) for v in value] if op == "histogram" else _plain(value)
-        click.echo(json.dumps({"op": op, "axis": list(axis) or None, "result": shown, "seconds": seconds}))
+        report = {
+            "op": op,
+            "axis": list(axis) or None,
+            "result": shown,
+            "seconds": seconds,
+            "bytes_read": meter.bytes_read,
+            "scheduler": s.cluster_file or s.scheduler,
+        }
+        click.echo(json.dumps(report))
         return
-    click.echo(f"{op} over {list(axis) if axis else 'all axes'} of {path}: {value} ({seconds:.2f} s)")
+    read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read"
+    click.echo(f"{op} over {list(axis) if axis else 'all axes'} of {path}: {value} ({seconds:.2f} s{read})")
 
 
 @main.command("describe")
@@ -120,7 +186,7 @@ def reduce_command(
 @click.option("--bins", type=int, default=None, help="Also a histogram with this many bins (needs --range).")
 @click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge of the histogram.")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
-@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
+@_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def describe_command(
     path: str,
@@ -128,14 +194,18 @@ def describe_command(
     bins: int | None,
     bin_range: tuple[float, float] | None,
     dataset: str | None,
+    scheduler: str | None,
+    cluster_file: str | None,
     memory_budget: str | None,
+    quiet: bool,
     as_json: bool,
 ) -> None:
     """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass."""
     import daskstream as ds
 
-    x = ds.open(path, dataset=dataset, memory_budget=memory_budget)
-    description = ds.describe(x, axis=axis or None, bins=bins, range=bin_range, memory_budget=memory_budget).compute()
+    with _session(scheduler, cluster_file, memory_budget, quiet) as s:
+        x = ds.open(path, dataset=dataset)
+        description = s.compute(ds.describe(x, axis=axis or None, bins=bins, range=bin_range))
     if as_json:
         click.echo(json.dumps({key: _plain(value) for key, value in description.items()}))
         return
@@ -165,14 +235,37 @@ def _plain(value: Any) -> Any:
 @main.command()
 @click.argument("path")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
-@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
+@_budget_option
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads per worker to plan for.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes to plan for.")
+@_where_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def plan(path: str, dataset: str | None, memory_budget: str | None, as_json: bool) -> None:
-    """Show a source's shape, storage and the chunk plan for it, with the reasons."""
+def plan(
+    path: str,
+    dataset: str | None,
+    memory_budget: str | None,
+    threads: int | None,
+    workers: int | None,
+    scheduler: str | None,
+    cluster_file: str | None,
+    as_json: bool,
+) -> None:
+    """Show a source's shape, storage and the chunk plan for it, with the reasons.
+
+    Plans for this machine's threads, or for the workers of --scheduler or
+    --cluster (which are started or joined to ask them); --budget, --threads
+    and --workers override what was found.
+    """
     import daskstream as ds
 
     source = ds.open_source(path, dataset=dataset)
-    chunk_plan = source.plan(memory_budget=memory_budget)
+    where = (
+        _session(scheduler, cluster_file, None, quiet=True)
+        if scheduler is not None or cluster_file is not None
+        else contextlib.nullcontext()
+    )
+    with where:
+        chunk_plan = source.plan(memory_budget=memory_budget, threads=threads, workers=workers)
     if not as_json:
         click.echo(repr(source))
         click.echo(chunk_plan.explain())
@@ -187,6 +280,8 @@ def plan(path: str, dataset: str | None, memory_budget: str | None, as_json: boo
                 "read_amplification": chunk_plan.read_amplification,
                 "projected_peak_bytes": chunk_plan.projected_peak_bytes,
                 "memory_budget": chunk_plan.memory_budget,
+                "threads": chunk_plan.threads,
+                "workers": chunk_plan.workers,
             },
             indent=2,
         )
@@ -204,8 +299,7 @@ def plan(path: str, dataset: str | None, memory_budget: str | None, as_json: boo
 @click.option(
     "--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Format of a new Zarr array."
 )
-@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
-@click.option("--quiet", is_flag=True, help="Print no progress on stderr.")
+@_compute_options
 def store(
     source: str,
     target: str,
@@ -215,24 +309,26 @@ def store(
     resume: bool,
     compressor: str,
     zarr_format: str,
+    scheduler: str | None,
+    cluster_file: str | None,
     memory_budget: str | None,
     quiet: bool,
 ) -> None:
     """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume."""
     import daskstream as ds
 
-    x = ds.open(source, dataset=dataset, memory_budget=memory_budget)
-    ds.store(
-        x,
-        target,
-        dataset=target_dataset,
-        resume=resume,
-        overwrite=overwrite,
-        compressor=None if compressor == "none" else compressor,
-        zarr_format=int(zarr_format),
-        memory_budget=memory_budget,
-        progress=not quiet,
-    )
+    with _session(scheduler, cluster_file, memory_budget, quiet):
+        x = ds.open(source, dataset=dataset)
+        ds.store(
+            x,
+            target,
+            dataset=target_dataset,
+            resume=resume,
+            overwrite=overwrite,
+            compressor=None if compressor == "none" else compressor,
+            zarr_format=int(zarr_format),
+            progress=not quiet,
+        )
 
 
 @main.command()
@@ -248,8 +344,7 @@ def store(
 )
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
-@click.option("--memory-budget", default=None, help='Bytes one worker may use, e.g. "2GiB".')
-@click.option("--quiet", is_flag=True, help="Print no progress on stderr.")
+@_compute_options
 def convert(
     source: str,
     target: str,
@@ -258,6 +353,8 @@ def convert(
     chunks: str,
     dataset: str | None,
     overwrite: bool,
+    scheduler: str | None,
+    cluster_file: str | None,
     memory_budget: str | None,
     quiet: bool,
 ) -> None:
@@ -273,16 +370,10 @@ def convert(
             raise click.BadParameter(
                 f"{chunks!r}: give auto, storage or integers like 256,1024", param_hint="--chunks"
             ) from None
-    x = ds.open(source, dataset=dataset, chunks=spec, memory_budget=memory_budget)
     hdf5 = target_format(target.partition("::")[0]) == "hdf5"
-    ds.store(
-        x,
-        target,
-        overwrite=overwrite,
-        compressor=_compressor(codec, level, hdf5),
-        memory_budget=memory_budget,
-        progress=not quiet,
-    )
+    with _session(scheduler, cluster_file, memory_budget, quiet):
+        x = ds.open(source, dataset=dataset, chunks=spec)
+        ds.store(x, target, overwrite=overwrite, compressor=_compressor(codec, level, hdf5), progress=not quiet)
 
 
 def _compressor(codec: str, level: int, hdf5: bool) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,53 +25,39 @@ def _fresh_handles():
     forget_handles()
 
 
-@pytest.fixture(scope="session")
-def dask_cluster(tmp_path_factory):
-    """A ``dask scheduler`` and two single-threaded ``dask worker`` processes on 127.0.0.1.
+@contextlib.contextmanager
+def dask_processes(folder: Path, *, options: tuple[str, ...] = (), security=None, nworkers: int = 2):
+    """A ``dask scheduler`` and ``nworkers`` single-threaded ``dask worker`` processes on 127.0.0.1.
 
-    Yields the scheduler file path. The processes are real, started from the
-    command line as a user would, and killed at the end of the session.
+    Yields the scheduler file path once the workers have joined. The processes
+    are real, started from the command line as a user would, and killed on exit.
+    ``options`` go to both commands (the TLS flags, say); ``security`` is what
+    a Client needs to check that the workers joined.
     """
-    folder = tmp_path_factory.mktemp("cluster")
     scheduler_file = folder / "scheduler.json"
     dask = shutil.which("dask")
     base = [dask] if dask else [sys.executable, "-m", "dask"]
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
     logs = [(folder / "scheduler.log").open("w"), (folder / "workers.log").open("w")]
     scheduler = subprocess.Popen(
-        [
-            *base,
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(scheduler_file),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=logs[0],
-        env=env,
-        start_new_session=True,
-    )
+        [*base, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+         "--scheduler-file", str(scheduler_file), *options],
+        stdout=subprocess.DEVNULL, stderr=logs[0], env=env, start_new_session=True,
+    )  # fmt: skip
     workers = []
     try:
         _wait_for(scheduler_file.exists, "the scheduler file", scheduler)
         workers.append(
             subprocess.Popen(
-                [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers", "2",
-                 "--nthreads", "1", "--memory-limit", "1GiB", "--no-dashboard"],
-                stdout=subprocess.DEVNULL,
-                stderr=logs[1],
-                env=env,
-                start_new_session=True,
+                [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers",
+                 str(nworkers), "--nthreads", "1", "--memory-limit", "1GiB", "--no-dashboard", *options],
+                stdout=subprocess.DEVNULL, stderr=logs[1], env=env, start_new_session=True,
             )
         )  # fmt: skip
         from distributed import Client
 
-        with Client(scheduler_file=str(scheduler_file), timeout="30s") as client:
-            client.wait_for_workers(2, timeout=60)
+        with Client(scheduler_file=str(scheduler_file), security=security, timeout="30s") as client:
+            client.wait_for_workers(nworkers, timeout=60)
         yield scheduler_file
     finally:
         for proc in [*workers, scheduler]:
@@ -86,6 +73,20 @@ def dask_cluster(tmp_path_factory):
                 proc.wait()
         for log in logs:
             log.close()
+
+
+@pytest.fixture(scope="session")
+def dask_cluster(tmp_path_factory):
+    """A real scheduler and two one-thread, 1 GiB workers on 127.0.0.1 (see :func:`dask_processes`)."""
+    with dask_processes(tmp_path_factory.mktemp("cluster")) as scheduler_file:
+        yield scheduler_file
+
+
+@pytest.fixture
+def start_dask_processes():
+    """:func:`dask_processes` for one test: call it with the same arguments; stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda *args, **kwargs: stack.enter_context(dask_processes(*args, **kwargs))
 
 
 def _wait_for(condition, what, proc, timeout=60.0):

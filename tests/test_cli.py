@@ -47,6 +47,17 @@ def test_plan_json(tmp_path):
     assert sum(1 for _ in range(out["n_tasks"])) >= 2
 
 
+def test_plan_for_threads_workers_and_budget_given_on_the_command_line(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((4000, 1000), dtype="f4"))
+    done = run("plan", str(tmp_path / "a.npy"), "--budget", "8MiB", "--threads", "4", "--workers", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["memory_budget"], out["threads"], out["workers"]) == (8 * 2**20, 4, 3)
+    # Four tasks at a time share a worker's 8 MiB.
+    assert out["projected_peak_bytes"] <= 8 * 2**20
+    assert out["n_tasks"] >= 4 * 3
+
+
 @pytest.mark.parametrize("command", [[], ["demo"], ["plan"]], ids=["main", "demo", "plan"])
 def test_help(command):
     done = run(*command, "--help")
@@ -112,6 +123,8 @@ def test_reduce_json_matches_numpy(field_npy, args, oracle):
         want = oracle(data)
     np.testing.assert_allclose(np.array(out["result"], dtype="f8"), want, rtol=1e-6, equal_nan=True)
     assert out["seconds"] >= 0
+    # One pass over the file, except the exact quantiles: float32 takes two radix passes.
+    assert out["bytes_read"] == data.nbytes * (2 if "quantile" in args else 1)
 
 
 def test_describe_json(field_npy):
@@ -183,3 +196,77 @@ def test_cluster_check_of_a_missing_file_is_one_line(tmp_path):
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert "nope.yaml" in done.stderr
+
+
+# --- where the work runs ------------------------------------------------------------------------
+
+
+def _address(scheduler_file) -> str:
+    return json.loads(scheduler_file.read_text())["address"]
+
+
+@pytest.mark.parametrize("kind", ["hdf5-chunked", "zarr-v3-sharded"])
+def test_reduce_and_describe_on_a_running_cluster_by_address(dask_cluster, sample_files, kind):
+    path, data = sample_files[kind]
+    address = _address(dask_cluster)
+    done = run("reduce", path, "--op", "std", "--axis", "1", "--scheduler", address, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    np.testing.assert_allclose(out["result"], data.astype("f8").std(axis=1), rtol=1e-6)
+    # The workers read the file; their counters were asked.
+    assert out["bytes_read"] == data.nbytes
+    assert out["scheduler"] == address
+    described = run("describe", path, "--scheduler", address, "--json", "--quiet")
+    assert described.returncode == 0, described.stderr
+    assert json.loads(described.stdout)["max"] == pytest.approx(float(data.max()))
+
+
+def test_store_on_a_running_cluster_writes_what_numpy_reads(dask_cluster, sample_files, tmp_path):
+    import zarr
+
+    path, data = sample_files["hdf5-chunked"]
+    done = run("store", path, str(tmp_path / "copy.zarr"), "--scheduler", _address(dask_cluster), "--quiet")
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "copy.zarr")[...], data)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "processes"])
+def test_local_schedulers_give_numpys_answer_and_count_what_they_read(tmp_path, scheduler):
+    data = np.random.default_rng(9).standard_normal((500, 40)).astype("f4")
+    np.save(tmp_path / "a.npy", data)
+    done = run("reduce", str(tmp_path / "a.npy"), "--op", "median", "--scheduler", scheduler, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["result"] == float(np.median(data))
+    # Two radix passes over float32; the processes' reads are counted too.
+    assert out["bytes_read"] == 2 * data.nbytes
+
+
+def test_cluster_file_starts_its_cluster_for_the_command_and_progress_goes_to_stderr(repo_root, tmp_path):
+    data = np.random.default_rng(5).standard_normal((3000, 200))
+    np.save(tmp_path / "a.npy", data)
+    done = run("reduce", str(tmp_path / "a.npy"), "--op", "mean", "--cluster", str(repo_root / "cluster-configs" / "local.yaml"),
+               "--json", "--budget", "64MiB")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)  # stdout holds the JSON alone
+    assert out["result"] == pytest.approx(data.mean(), rel=1e-12)
+    assert out["scheduler"].endswith("local.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scheduler", "tcp://127.0.0.1:1"], "no dask scheduler answered at tcp://127.0.0.1:1"),
+        (["--scheduler", "gpu"], "scheduler='gpu' is not known"),
+        (["--scheduler", "threads", "--cluster", "local.yaml"], "give one of them"),
+        (["--cluster", "no-such-cluster.yaml"], "no-such-cluster.yaml"),
+        (["--budget", "lots"], "'lots' is not a size"),
+    ],
+    ids=["nothing-listening", "unknown-scheduler", "both", "missing-cluster-file", "bad-budget"],
+)
+def test_bad_places_to_run_are_one_line_exit_2(field_npy, args, message):
+    path, _ = field_npy
+    done = run("reduce", str(path), "--op", "sum", *args)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert message in done.stderr

@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+import dask
 import dask.config
 import yaml
 from dask.utils import parse_bytes
 
-from daskstream.errors import InvalidArgumentError, SourceNotFoundError
+from daskstream.errors import ClusterConnectionError, InvalidArgumentError, SourceNotFoundError
 
 if TYPE_CHECKING:
     import distributed
@@ -176,7 +179,7 @@ def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
         address, security = _remote_address(config)
         # The file's other settings (timeouts, comm options) hold while the Client connects.
         with _applied(config):
-            return Client(address, security=security), None
+            return join(address, security=security, source=str(config.path)), None
     jobs = _jobs(config) if config.kind in ("slurm", "pbs") else None
     cluster = _start_cluster(config)
     try:
@@ -188,6 +191,63 @@ def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
         cluster.close()
         raise
     return client, cluster
+
+
+def join(address: str, *, security: Any = None, source: str | None = None) -> distributed.Client:
+    """A Client to the scheduler running at ``address``; a clear error when none answers.
+
+    Parameters
+    ----------
+    address
+        ``tcp://host:port`` or ``tls://host:port``.
+    security
+        distributed's ``Security`` for a TLS scheduler.
+    source
+        The cluster file that named the address, for the error message.
+
+    Raises
+    ------
+    ClusterConnectionError
+        Nothing listens there, the connection timed out, or the TLS handshake failed.
+    """
+    from distributed import Client
+    from distributed.security import Security
+
+    if address.startswith("tls://") and security is None:
+        # Certificates may come from dask's own configuration (distributed.comm.tls).
+        security = Security()
+        if security.get_connection_args("client").get("ssl_context") is None:
+            raise ClusterConnectionError(
+                f"{address} is a TLS scheduler and no client certificate is configured; connect through a "
+                "cluster file with the certificates (see cluster-configs/tls.yaml: daskstream --cluster tls.yaml)"
+            )
+    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    try:
+        _probe(address, timeout)
+        return Client(address, security=security, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        where = f" (from {source})" if source else ""
+        hint = (
+            "check the certificates and that this client's are signed by the scheduler's CA"
+            if address.startswith("tls://")
+            else "check the address and that the scheduler is running (a tls:// scheduler needs the "
+            "certificates of a cluster file, see cluster-configs/tls.yaml)"
+        )
+        raise ClusterConnectionError(f"no dask scheduler answered at {address}{where} ({exc}); {hint}") from None
+
+
+def _probe(address: str, timeout: Any) -> None:
+    """Fail at once where nothing listens at a tcp:// or tls:// address.
+
+    distributed's Client retries a refused connection until its timeout runs
+    out (30 s by default); a port with no listener is worth saying so now.
+    """
+    from dask.utils import parse_timedelta
+
+    parts = urlsplit(address)
+    if parts.scheme not in ("tcp", "tls") or parts.hostname is None or parts.port is None:
+        return
+    socket.create_connection((parts.hostname, parts.port), timeout=parse_timedelta(timeout)).close()
 
 
 def _start_cluster(config: ClusterConfig) -> Any:

@@ -1,7 +1,8 @@
 """Progress bars for computations: tqdm on stderr (a live widget in Jupyter), or nothing.
 
-tqdm is optional: it is imported only when a bar is asked for, and without it
-computations run exactly as they would with ``progress=False``. A bar only
+tqdm is imported only when a bar is asked for; where it is missing,
+computations run exactly as they would with ``progress=False``. Bars appear
+only for computations that take longer than half a second. A bar only
 watches; it never changes what runs or what comes back.
 """
 
@@ -20,7 +21,8 @@ def progress_bar(*, total: int = 0, unit: str = "task", desc: str = "daskstream"
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True)
+    # ``delay``: a computation done within half a second shows no bar at all.
+    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True, delay=0.5)
 
 
 class TaskProgress(Callback):

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 import dask.config
 
-from daskstream.errors import ClusterConnectionError, InvalidArgumentError
+from daskstream.errors import InvalidArgumentError
 from daskstream.runtime.progress import TaskProgress, progress_bar, track_futures
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
 
@@ -292,20 +292,17 @@ class Session:
 
             config = clusters.load_cluster_config(self.cluster_file)
             budget = (config.daskstream or {}).get("memory-budget")
-            if self._given_budget is None and budget is not None:
+            # "auto" in a file means what no budget means: plan for the workers' memory limit.
+            if self._given_budget is None and budget not in (None, "auto"):
                 self.memory_budget = parse_budget(budget)
                 stack.callback(setattr, self, "memory_budget", None)  # the file is read again on re-entry
             self.client, self.cluster = clusters.connect(config)
             if self.cluster is not None:
                 stack.callback(self.cluster.close)
         elif self._address is not None:
-            try:
-                self.client = Client(self._address, timeout=dask.config.get("distributed.comm.timeouts.connect"))
-            except (OSError, TimeoutError) as exc:
-                raise ClusterConnectionError(
-                    f"no dask scheduler answered at {self._address} ({exc}); check the address and that the "
-                    "scheduler is running (for tls:// give the certificates through a cluster file)"
-                ) from None
+            from daskstream.runtime.clusters import join
+
+            self.client = join(self._address)
         else:
             from distributed import LocalCluster
 

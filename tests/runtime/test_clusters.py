@@ -299,3 +299,80 @@ def test_numpy_result_through_the_local_cluster_matches_numpy(tmp_path):
         client.close()
         cluster.close()
     np.testing.assert_allclose(result, data.mean(axis=0))
+
+
+# --- TLS end to end -----------------------------------------------------------------------------
+
+
+def _daskstream(*args, env=None, timeout=180):
+    """The daskstream command in a subprocess: a client that hangs cannot hang the test suite."""
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "daskstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _tls_config(path: Path, address: str, ca: Path, cert: Path, key: Path) -> Path:
+    """The shipped tls.yaml, pointed at ``address`` and at the given certificates."""
+    document = yaml.safe_load((CONFIGS / "tls.yaml").read_text())
+    document["scheduler-address"] = address
+    tls = document["distributed"]["comm"]["tls"]
+    tls["ca-file"] = str(ca)
+    tls["client"] = {"cert": str(cert), "key": str(key)}
+    return _write_yaml(path, document)
+
+
+def test_tls_cluster_computes_through_tls_yaml_and_refuses_clients_without_its_certificates(
+    tmp_path, start_dask_processes, sample_files
+):
+    from distributed.security import Security
+
+    import daskstream as ds
+    from daskstream.runtime.session import session
+
+    certs = _write_certificates(tmp_path / "certs")
+    rogue = _write_certificates(tmp_path / "rogue", names=("rogue", "intruder"))
+    options = ("--protocol", "tls", "--tls-ca-file", str(certs["ca"]),
+               "--tls-cert", str(certs["node"]), "--tls-key", str(certs["node-key"]))  # fmt: skip
+    security = Security(
+        tls_ca_file=str(certs["ca"]),
+        tls_client_cert=str(certs["node"]),
+        tls_client_key=str(certs["node-key"]),
+        require_encryption=True,
+    )
+    scheduler_file = start_dask_processes(tmp_path, options=options, security=security, nworkers=1)
+    address = _scheduler_address(scheduler_file)
+    assert address.startswith("tls://127.0.0.1:")
+    good = _tls_config(tmp_path / "tls.yaml", address, certs["ca"], certs["node"], certs["node-key"])
+
+    # From Python: an HDF5 source, read by the worker over a TLS-only cluster.
+    h5, data = sample_files["hdf5-chunked"]
+    with session(cluster=good, progress=False) as s:
+        assert s.address == address
+        total = s.compute(ds.reduce(ds.open(h5), "sum", dtype="f8"))
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+
+    # From the command line, through the same file: a Zarr source.
+    zarr_path, data = sample_files["zarr-v3-sharded"]
+    done = _daskstream("reduce", zarr_path, "--op", "max", "--axis", "0", "--cluster", str(good), "--json")
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(json.loads(done.stdout)["result"], data.max(axis=0))
+
+    # Refused: no certificate at all, and a certificate from another CA. Short connect timeouts:
+    # a refused TLS handshake is retried until the timeout runs out.
+    impostor = _tls_config(tmp_path / "rogue.yaml", address, rogue["rogue"], rogue["intruder"], rogue["intruder-key"])
+    quick = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"}
+    for where, message in (
+        (["--scheduler", address], "no client certificate is configured"),
+        (["--cluster", str(impostor)], f"no dask scheduler answered at {address}"),
+    ):
+        refused = _daskstream("reduce", zarr_path, "--op", "sum", *where, env=quick, timeout=120)
+        assert refused.returncode == 2, (where, refused.stderr)
+        assert refused.stderr.count("\n") == 1
+        assert "Traceback" not in refused.stderr
+        assert message in refused.stderr

@@ -139,11 +139,11 @@ def test_progress_bar_reaches_the_end_and_changes_nothing(npy, capfd, scheduler)
     pytest.importorskip("tqdm")
     path, _ = npy
     with session(scheduler, progress=False) as quiet:
-        x = ds.open(path)
+        x = _slowly(ds.open(path, chunks=(60, 90)))
         expected = quiet.compute(x.sum(axis=1), x.std(dtype="f8"))
     assert "%|" not in capfd.readouterr().err
     with session(scheduler, progress=True) as loud:
-        x = ds.open(path)
+        x = _slowly(ds.open(path, chunks=(60, 90)))
         got = loud.compute(x.sum(axis=1), x.std(dtype="f8"))
     err = capfd.readouterr().err
     assert "100%|" in err
@@ -153,6 +153,17 @@ def test_progress_bar_reaches_the_end_and_changes_nothing(npy, capfd, scheduler)
     assert int(total) > 1
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _slowly(x):
+    """``x``, each block a little late: bars appear only for computations longer than half a second."""
+    import time
+
+    def late(block):
+        time.sleep(0.15)
+        return block
+
+    return x.map_blocks(late, dtype=x.dtype)
 
 
 def test_progress_without_tqdm_computes_without_a_bar(npy, capfd, monkeypatch):
