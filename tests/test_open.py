@@ -209,7 +209,8 @@ def test_distributed_cluster_of_real_processes(dask_cluster, sample_files, fmt):
         # Inside a Client, the plan sees its workers: 2 workers x 1 thread.
         plan = ds.open_source(path).plan()
         assert (plan.workers, plan.threads) == (2, 1)
-        assert plan.memory_budget == 2**30
+        # 60% of the workers' 1 GiB (distributed starts spilling there), less what the idle worker holds.
+        assert 2**30 // 8 <= plan.memory_budget < 0.6 * 2**30
         assert x.npartitions >= 4
         result = client.compute(x.mean(axis=0)).result()
         np.testing.assert_allclose(result, data.mean(axis=0), rtol=1e-5)

@@ -100,10 +100,9 @@ def median(
 ) -> da.Array:
     """The median, exactly as ``numpy.median``; see :func:`quantile` for how it is found.
 
-        >>> import dask.array as da
-    from dask.graph_manipulation import clone
-        >>> float(median(da.arange(10, chunks=4)).compute())
-        4.5
+    >>> import dask.array as da
+    >>> float(median(da.arange(10, chunks=4)).compute())
+    4.5
     """
     return _order_statistic(x, 0.5, axis, keepdims=keepdims, memory_budget=memory_budget, median=True)
 
@@ -267,7 +266,8 @@ def _radix_quantile(
     for level in range(1, levels):
         width = _n_targets(q) * (1 << digit_bits)
         # A pass of its own over the source: with the read tasks shared, every chunk of the first
-        # pass would wait in memory for the state that the whole pass decides.
+        # pass would wait in memory for the state that the whole pass decides. The clone's reads
+        # are fused into the tasks that count them, which wait for the state.
         again = clone(x, seed=level)
         rows = per_chunk_rows(again, _next_digit_counts, width, state, level=level, digit_bits=digit_bits)
         counts = sum_rows(rows, **budget)

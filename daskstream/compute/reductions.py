@@ -263,7 +263,29 @@ def moments(
 
 
 def chunk_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> dict[str, np.ndarray]:
-    """Count, mean and sum of squared deviations of one chunk, kept dims, in float64."""
+    """Count, mean and sum of squared deviations of one chunk, kept dims, in float64.
+
+    Worked out piece by piece along the block's longest axis: the float64
+    copies and squared deviations of a piece take a few MiB, where those of the
+    whole block would take six times its size (the planner counts on three).
+    Pieces side by side along a reduced axis are merged with Chan's formula;
+    along a kept axis they are laid side by side.
+    """
+    if block.size <= _PIECE_VALUES or block.ndim == 0:
+        return _piece_moments(block, axis, skipna)
+    longest = max(range(block.ndim), key=block.shape.__getitem__)
+    step = max(1, _PIECE_VALUES * block.shape[longest] // block.size)
+    pieces = [
+        chunk_moments(block[(slice(None),) * longest + (slice(start, start + step),)], axis, skipna)
+        for start in range(0, block.shape[longest], step)
+    ]
+    if len(pieces) == 1:
+        return pieces[0]
+    laid = {key: np.concatenate([piece[key] for piece in pieces], axis=longest) for key in ("n", "mean", "m2")}
+    return merge_moments(laid, (longest,)) if longest in axis else laid
+
+
+def _piece_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> dict[str, np.ndarray]:
     values = block.astype("f8", copy=False)
     valid = ~np.isnan(values) if skipna else None
     n = np.sum(valid, axis=axis, keepdims=True, dtype="i8") if skipna else _count(block, axis)
@@ -287,6 +309,10 @@ def merge_moments(parts: dict[str, np.ndarray], axis: tuple[int, ...]) -> dict[s
         spread = np.where(n_parts > 0, spread, 0.0)
         m2 = np.sum(m2_parts, axis=axis, keepdims=True) + np.sum(spread, axis=axis, keepdims=True)
     return {"n": n, "mean": mean, "m2": m2}
+
+
+# Values worked on at a time by chunk_moments: its float64 temporaries stay around 8 bytes x 3 x this.
+_PIECE_VALUES = 1 << 18
 
 
 def _count(block: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:
@@ -399,24 +425,22 @@ def known_bin_edges(
 def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs: Any) -> da.Array:
     """``fn(block, *arrays, **kwargs)`` gives one row of ``width`` int64 counts per chunk, on a new last axis.
 
-    Each of ``arrays`` reaches every call whole (one chunk each, however it is
-    chunked). They go in as graph inputs, not keyword values: dask would turn a
-    dask array given as a keyword into a separate copy of its whole graph, and
-    compute that copy again.
+    Each of ``arrays`` reaches every call whole, as a numpy array. They go in
+    as one graph input each: as keyword values, dask would turn each into a
+    separate copy of its whole graph and compute that copy again; as indexed
+    block inputs, the read of ``x``'s chunk would no longer be fused into the
+    task that counts it, and chunks could be read long before they are counted.
     """
-    # Index names: one per axis of x, one for the new row axis, one per whole array.
     block_index = tuple(f"a{i}" for i in builtins.range(x.ndim))
-    row_axis = "row"
-    whole = [part for i, array in enumerate(arrays) for part in (array, (f"whole{i}",))]
+    wholes = [(array.rechunk(array.shape).to_delayed().ravel()[0], None) for array in arrays]
     return da.blockwise(
         fn,
-        (*block_index, row_axis),
+        (*block_index, "row"),
         x,
         block_index,
-        *whole,
-        new_axes={row_axis: width},
+        *(part for whole in wholes for part in whole),
+        new_axes={"row": width},
         adjust_chunks=dict.fromkeys(block_index, 1),
-        concatenate=True,
         dtype="i8",
         meta=np.empty((0,) * (x.ndim + 1), dtype="i8"),
         **kwargs,

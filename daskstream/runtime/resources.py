@@ -132,17 +132,53 @@ def _client_resources(client: object | None = None) -> Resources | None:
             return None
     if client.status != "running":
         return None
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    limits = [w.get("memory_limit") or 0 for w in workers]
-    if not workers or not all(limits):
+    workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
+    if not workers or not all(w.get("memory_limit") for w in workers):
         return None
+    fraction = worker_memory_fraction()
+    limit = min(w["memory_limit"] for w in workers)
+    # What an idle worker already holds (the interpreter, the libraries, its caches) is not
+    # the tasks' to use: the thresholds act on the whole process.
+    baseline = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers)
+    floor = limit // 8
+    budget = max(min(int(w["memory_limit"] * fraction) for w in workers) - baseline, floor)
     threads = min(w["nthreads"] for w in workers)
-    return Resources(
-        memory_budget=min(limits),
-        threads=threads,
-        workers=len(workers),
-        origin=f"the distributed Client at {client.scheduler.address}",
+    origin = (
+        f"the distributed Client at {client.scheduler.address}: {fraction:.0%} of the workers' memory limit "
+        f"({_size(limit)}) less the {_size(baseline)} an idle worker holds"
     )
+    if budget == floor:
+        origin += f"; that leaves less than {_size(floor)}, so 1/8 of the limit (expect spilling)"
+    return Resources(memory_budget=budget, threads=threads, workers=len(workers), origin=origin)
+
+
+def worker_memory_fraction() -> float:
+    """The share of a worker's memory limit tasks may fill before distributed acts.
+
+    The lowest of distributed's enabled worker memory thresholds: ``target``
+    (start spilling stored results to disk), ``spill`` (spill on process
+    memory) and ``pause`` (stop running tasks); 0.6 by default. This process's
+    dask configuration is read: it is the workers' own for a cluster started
+    from here.
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> with dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": 0.85}):
+    ...     worker_memory_fraction()
+    0.8
+    """
+    import distributed.config  # noqa: F401  (its defaults enter dask.config on import)
+
+    thresholds = [dask.config.get(f"distributed.worker.memory.{name}", None) for name in ("target", "spill", "pause")]
+    enabled = [float(t) for t in thresholds if t not in (None, False)]
+    return min(enabled, default=1.0)
+
+
+def _size(nbytes: int) -> str:
+    from daskstream.planning.budget import format_size
+
+    return format_size(nbytes)
 
 
 @functools.cache

@@ -18,7 +18,9 @@ scheduler       memory budget (per worker)               threads      workers
 ``threads``     a share of this machine's memory         usable CPUs  1
 ``processes``   that share divided among the processes   1            usable CPUs (one process
                                                                       each, as dask's pool runs)
-distributed     the smallest worker memory limit         per worker   the workers connected
+distributed     the smallest worker memory limit, times  per worker   the workers connected
+                distributed's lowest memory threshold
+                (0.6), less what an idle worker holds
 ==============  =======================================  ===========  ==========================
 
 (``dask.config`` ``num_workers``, when set, replaces "usable CPUs".) A budget
