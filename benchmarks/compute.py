@@ -95,12 +95,14 @@ _MEDIAN_CHILD = """
 import json, sys, time
 import numpy as np
 import daskstream as ds
+from daskstream.runtime.metering import ReadMeter
 path, budget = sys.argv[1], sys.argv[2]
 start = time.perf_counter()
 x = ds.open(path, memory_budget=budget)
-value = ds.reduce(x, "median", memory_budget=budget).compute()
+with ReadMeter() as meter:
+    value = ds.reduce(x, "median", memory_budget=budget).compute()
 print(json.dumps({"median": float(value), "seconds": time.perf_counter() - start,
-                  "peak_rss": PEAK_RSS, "chunks": x.npartitions}))
+                  "peak_rss": PEAK_RSS, "chunks": x.npartitions, "passes": meter.bytes_read / x.nbytes}))
 """.replace("PEAK_RSS", _PEAK_RSS)
 
 _NUMPY_CHILD = """
@@ -150,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     ours, numpy = result["ours"], result["numpy"]
     print(
         f"\nExact median, budget {format_size(result['budget'])} (a quarter of the data): "
-        f"{ours['median']!r}, equal to numpy.median; 2 passes over {ours['chunks']} chunks (float32: "
-        f"two 16-bit radix passes) in {ours['seconds']:.2f} s; peak RSS {format_size(ours['peak_rss'])} "
+        f"{ours['median']!r}, equal to numpy.median; {ours['passes']:g} passes over {ours['chunks']} chunks "
+        f"(bytes read / bytes in the file; float32 takes two 16-bit radix passes) in {ours['seconds']:.2f} s; peak RSS {format_size(ours['peak_rss'])} "
         f"(the interpreter with daskstream imported alone: {format_size(result['import_baseline_rss'])}). "
         f"numpy.median on the loaded array: {numpy['seconds']:.2f} s, peak RSS {format_size(numpy['peak_rss'])}."
     )
