@@ -44,7 +44,7 @@ def read_contiguous_box(
         if contiguous:
             out = np.empty(out_shape, dtype=file_dtype)
             # A byte view: memoryview refuses datetime, timedelta and some record dtypes.
-            _pread_into(f.fileno(), memoryview(out.reshape(-1).view(np.uint8)), start)
+            pread_into(f.fileno(), memoryview(out.reshape(-1).view(np.uint8)), start)
             return to_native(out)
         return _copy_from_map(f.fileno(), start, offset, file_dtype, shape, box, strides)
 
@@ -53,7 +53,7 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(math.prod(shape[a + 1 :]) * itemsize for a in range(len(shape)))
 
 
-def _pread_into(fd: int, view: memoryview, position: int) -> None:
+def pread_into(fd: int, view: memoryview, position: int) -> None:
     done, total = 0, len(view)
     while done < total:
         n = os.preadv(fd, [view[done : done + _MAX_READ]], position + done)

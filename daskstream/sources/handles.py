@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 _handles: dict[Hashable, Any] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # an opener may open another handle (an HDF5 chunk index opens its file)
 
 
 def cached_handle(key: Hashable, opener: Callable[[], Any]) -> Any:
@@ -48,7 +48,7 @@ def _clear_in_child() -> None:
     # The parent's handles (and possibly-held lock) must not be used after fork.
     global _lock
     _handles.clear()
-    _lock = threading.Lock()
+    _lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_clear_in_child)

@@ -18,6 +18,7 @@ from daskstream.errors import (
 from daskstream.sources.base import Region, Source, file_stamp, listing, native
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.handles import cached_handle
+from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
@@ -55,7 +56,9 @@ class Hdf5Source(Source):
     scaleoffset, and the ``hdf5plugin`` filters when that package is
     installed). Unwritten chunks read as the dataset's fill value. Contiguous
     datasets of plain numeric types are read straight from their byte offset,
-    without h5py's global lock.
+    without h5py's global lock; so are chunked ones whose filters are among
+    deflate, shuffle, Fletcher-32, zstd and blosc, decoded in parallel (see
+    :mod:`daskstream.sources.hdf5_chunks`).
     """
 
     format = "hdf5"
@@ -119,6 +122,22 @@ class Hdf5Source(Source):
             # None until the data is written; then unwritten data reads as the fill value via h5py.
             self.raw_offset = dset.id.get_offset()
         self.file_dtype = file_dtype
+        # (filter id, client values) in the order HDF5 applies them on write.
+        self.pipeline = tuple(
+            (int(code), tuple(int(v) for v in values))
+            for code, _, values, _ in (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
+        )
+        self.fill_value = dset.fillvalue
+        # Chunks whose bytes can be read and decoded here, in parallel, rather than under h5py's lock.
+        self.raw_chunks = (
+            self.storage_kind == "chunked"
+            and in_this_file
+            and dcpl.get_external_count() == 0
+            and file_dtype.kind in _RAW_READABLE_KINDS
+            and not file_dtype.fields
+            and dset.id.get_type().get_size() == file_dtype.itemsize
+            and all(code in DECODABLE for code, _ in self.pipeline)
+        )
 
     def _dataset(self) -> Any:
         def open_file() -> Any:
@@ -126,10 +145,27 @@ class Hdf5Source(Source):
 
         return cached_handle(("hdf5", self.path, self.token), open_file)[self.dataset]
 
+    def _chunk_reader(self) -> ChunkedReader:
+        def build() -> ChunkedReader:
+            try:
+                index = ChunkIndex.of(self._dataset(), self.storage_chunks)
+            except OSError as exc:
+                raise CorruptSourceError(
+                    f"{self.name}: HDF5 could not list the dataset's chunks ({_first_line(exc)}); the file may be "
+                    "damaged: re-create or re-copy it"
+                ) from None
+            decoder = ChunkDecoder(self.pipeline, self.file_dtype, self.storage_chunks)
+            return ChunkedReader(self.path, self.name, index, decoder, self.fill_value)
+
+        return cached_handle(("hdf5-chunks", self.path, self.token, self.dataset), build)
+
     def _read_box(self, box: Region) -> np.ndarray:
         if self.raw_offset is not None:
             return read_contiguous_box(self.path, self.raw_offset, self.file_dtype, self.shape, False, box)
         out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
+        if self.raw_chunks:
+            self._chunk_reader().read_box(box, out)
+            return out
         try:
             dset = self._dataset()
             if self.ndim == 0:
