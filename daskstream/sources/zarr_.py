@@ -20,6 +20,7 @@ from daskstream.errors import (
 from daskstream.sources.base import Region, Source, file_stamp, listing, native
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.tokens import source_token
+from daskstream.sources.zarr_chunks import chunk_reader_for
 
 ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
@@ -220,7 +221,18 @@ class ZarrSource(Source):
 
         return cached_handle(("zarr", self.path, self.dataset, self.token), open_array)
 
+    def _chunk_reader(self) -> Any:
+        # False (not None, which the cache reads as "not opened yet") when zarr must read this array.
+        return cached_handle(
+            ("zarr-chunks", self.path, self.dataset, self.token), lambda: chunk_reader_for(self._array()) or False
+        )
+
     def _read_box(self, box: Region) -> np.ndarray:
+        reader = self._chunk_reader()
+        if reader:
+            out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
+            reader.read_box(box, out, self.name)
+            return out
         try:
             out = np.asarray(self._array()[box])
         except _ZARR_READ_ERRORS as exc:

@@ -1,0 +1,246 @@
+"""Zarr arrays in a local directory, read chunk by chunk in the calling thread.
+
+zarr-python 3 runs every read through one event loop and decodes on its own
+thread pool, so dask threads calling it queue behind each other and compete
+with that pool for the cores. For arrays in a local directory whose codecs
+numcodecs decodes (zstd, blosc, gzip, crc32c; the bytes codec; sharding over
+those), a task here reads each chunk or shard file with one system call and
+decodes it with numcodecs in its own thread. numcodecs releases the GIL while
+it decompresses, so two tasks decode on two cores, and nothing else spawns
+threads.
+
+Any other store (zip, fsspec URLs) or codec goes through zarr.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from daskstream.errors import CorruptSourceError
+from daskstream.sources.base import Region
+
+_EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
+
+
+def chunk_reader_for(array: Any) -> ZarrChunkReader | None:
+    """A reader for ``array`` when its store is a local directory and its codecs are decoded here, else ``None``."""
+    from zarr.storage import LocalStore
+
+    if not isinstance(array.store, LocalStore):
+        return None
+    metadata = array.metadata
+    try:
+        if metadata.zarr_format == 2:
+            storage_chunks = tuple(metadata.chunks)
+            decode = _v2_decoder(metadata)
+        else:
+            # The grid of chunk files: shards when the array is sharded.
+            storage_chunks = tuple(metadata.chunk_grid.chunk_shape)
+            decode = _v3_decoder(metadata.codecs, storage_chunks, metadata)
+    except _NotDecodedHere:
+        return None
+    root = os.path.join(str(array.store.root), array.path or "")
+    fill = array.fill_value if array.fill_value is not None else 0
+    return ZarrChunkReader(root, metadata.encode_chunk_key, storage_chunks, decode, fill)
+
+
+class _NotDecodedHere(Exception):
+    """A codec or layout this module leaves to zarr."""
+
+
+class ZarrChunkReader:
+    """Reads boxes of one array from its chunk (or shard) files.
+
+    Parameters
+    ----------
+    root
+        The array's directory.
+    chunk_key
+        Maps a position in the storage grid to the file's key ("c/0/1", "0.1").
+    storage_chunks
+        The storage grid: shards when sharded, else chunks.
+    decode
+        ``decode(file bytes, box inside the storage chunk) -> array of that box``.
+    fill_value
+        What a missing chunk file reads as.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        chunk_key: Callable[[tuple[int, ...]], str],
+        storage_chunks: tuple[int, ...],
+        decode: Callable[[bytes, Region, Any], np.ndarray],
+        fill_value: Any,
+    ) -> None:
+        self.root = root
+        self.chunk_key = chunk_key
+        self.storage_chunks = storage_chunks
+        self.decode = decode
+        self.fill_value = fill_value
+
+    def read_box(self, box: Region, out: np.ndarray, name: str) -> None:
+        """Fill ``out`` with ``box`` of the array; ``name`` is the source's, for errors."""
+        for grid, inside, target in _pieces(box, self.storage_chunks):
+            key = self.chunk_key(grid)
+            try:
+                with open(os.path.join(self.root, key), "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
+                continue
+            try:
+                out[target] = self.decode(data, inside, self.fill_value)
+            except Exception as exc:  # each codec has its own errors; all mean a damaged chunk
+                raise CorruptSourceError(
+                    f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
+                    "damaged: re-create or re-copy it"
+                ) from None
+
+
+def _pieces(box: Region, grid_shape: tuple[int, ...]):
+    """For each storage chunk ``box`` touches: its grid position, the part inside it, and where that goes in ``box``."""
+    ranges = [range(s.start // c, (s.stop - 1) // c + 1) for s, c in zip(box, grid_shape)]
+    for grid in itertools.product(*ranges):
+        origin = [g * c for g, c in zip(grid, grid_shape)]
+        inside = tuple(slice(max(s.start, o) - o, min(s.stop, o + c) - o) for s, o, c in zip(box, origin, grid_shape))
+        target = tuple(
+            slice(o + piece.start - s.start, o + piece.stop - s.start) for s, o, piece in zip(box, origin, inside)
+        )
+        yield grid, inside, target
+
+
+# --- format 2 -------------------------------------------------------------------------------------
+
+
+def _v2_decoder(metadata: Any) -> Callable[[bytes, Region, Any], np.ndarray]:
+    dtype = np.dtype(metadata.dtype.to_native_dtype())
+    if dtype.hasobject:
+        raise _NotDecodedHere
+    compressor, filters = metadata.compressor, tuple(metadata.filters or ())
+    shape, order = tuple(metadata.chunks), metadata.order
+
+    def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
+        buffer: Any = compressor.decode(data) if compressor is not None else data
+        for codec in reversed(filters):
+            buffer = codec.decode(buffer)
+        chunk = np.frombuffer(buffer, dtype=np.uint8).view(dtype).reshape(shape, order=order)
+        return chunk[inside]
+
+    return decode
+
+
+# --- format 3 -------------------------------------------------------------------------------------
+
+
+def _v3_decoder(
+    codecs: tuple, chunk_shape: tuple[int, ...], metadata: Any
+) -> Callable[[bytes, Region, Any], np.ndarray]:
+    from zarr.codecs import BytesCodec, ShardingCodec
+
+    *array_codecs, to_bytes = [c for c in codecs if not _is_bytes_to_bytes(c)]
+    if array_codecs:
+        raise _NotDecodedHere  # transpose and other array-to-array codecs: zarr's
+    unwrap = _bytes_steps([c for c in codecs if _is_bytes_to_bytes(c)])
+    if isinstance(to_bytes, ShardingCodec):
+        return _shard_decoder(to_bytes, chunk_shape, unwrap, metadata)
+    if not isinstance(to_bytes, BytesCodec):
+        raise _NotDecodedHere
+    dtype = _v3_dtype(metadata, to_bytes)
+
+    def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
+        chunk = np.frombuffer(unwrap(data), dtype=dtype).reshape(chunk_shape)
+        return chunk[inside]
+
+    return decode
+
+
+def _shard_decoder(
+    sharding: Any, shard_shape: tuple[int, ...], unwrap: Callable[[Any], Any], metadata: Any
+) -> Callable[[bytes, Region, Any], np.ndarray]:
+    from zarr.codecs import BytesCodec, ShardingCodecIndexLocation
+
+    inner_shape = tuple(sharding.chunk_shape)
+    per_shard = tuple(s // c for s, c in zip(shard_shape, inner_shape))
+    inner_to_bytes = [c for c in sharding.codecs if not _is_bytes_to_bytes(c)]
+    if len(inner_to_bytes) != 1 or not isinstance(inner_to_bytes[0], BytesCodec):
+        raise _NotDecodedHere  # nested shards, transposes: zarr's
+    inner_unwrap = _bytes_steps([c for c in sharding.codecs if _is_bytes_to_bytes(c)])
+    index_codecs = list(sharding.index_codecs)
+    if not isinstance(index_codecs[0], BytesCodec):
+        raise _NotDecodedHere
+    index_unwrap = _bytes_steps(index_codecs[1:])
+    index_size = 16 * math.prod(per_shard) + 4 * sum(type(c).__name__ == "Crc32cCodec" for c in index_codecs[1:])
+    at_end = sharding.index_location == ShardingCodecIndexLocation.end
+    index_dtype = np.dtype(
+        "<u8" if index_codecs[0].endian is None or index_codecs[0].endian.value == "little" else ">u8"
+    )
+    dtype = _v3_dtype(metadata, inner_to_bytes[0])
+
+    def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
+        data = memoryview(unwrap(data))
+        raw_index = data[len(data) - index_size :] if at_end else data[:index_size]
+        index = np.frombuffer(index_unwrap(raw_index), dtype=index_dtype).reshape((*per_shard, 2))
+        out = np.empty(tuple(s.stop - s.start for s in inside), dtype=dtype)
+        for grid, part, target in _pieces(inside, inner_shape):
+            offset, nbytes = index[grid]
+            if offset == _EMPTY and nbytes == _EMPTY:
+                out[target] = fill
+                continue
+            encoded = data[int(offset) : int(offset) + int(nbytes)]
+            out[target] = np.frombuffer(inner_unwrap(encoded), dtype=dtype).reshape(inner_shape)[part]
+        return out
+
+    return decode
+
+
+def _v3_dtype(metadata: Any, to_bytes: Any) -> np.dtype:
+    dtype = np.dtype(metadata.data_type.to_native_dtype())
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise _NotDecodedHere
+    if to_bytes.endian is not None and dtype.itemsize > 1:
+        dtype = dtype.newbyteorder("<" if to_bytes.endian.value == "little" else ">")
+    return dtype
+
+
+def _is_bytes_to_bytes(codec: Any) -> bool:
+    from zarr.abc.codec import BytesBytesCodec
+
+    return isinstance(codec, BytesBytesCodec)
+
+
+def _bytes_steps(codecs: list) -> Callable[[Any], Any]:
+    """Undo bytes-to-bytes codecs, last applied first, with numcodecs."""
+    steps = [_numcodecs_for(codec) for codec in reversed(codecs)]
+
+    def unwrap(data: Any) -> Any:
+        for step in steps:
+            data = step(data)
+        return data
+
+    return unwrap
+
+
+def _numcodecs_for(codec: Any) -> Callable[[Any], Any]:
+    import numcodecs
+    from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
+
+    if isinstance(codec, ZstdCodec):
+        return numcodecs.Zstd().decode
+    if isinstance(codec, BloscCodec):
+        from numcodecs import blosc
+
+        return blosc.decompress
+    if isinstance(codec, GzipCodec):
+        return numcodecs.GZip().decode
+    if isinstance(codec, Crc32cCodec):
+        from numcodecs.checksum32 import CRC32C
+
+        return CRC32C(location="end").decode
+    raise _NotDecodedHere
