@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="Where the results go.")
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.only.split(",") if k.strip()]
-    chosen = {DASKSTREAM, NUMPY} | {c.strip() for c in args.contenders.split(",") if c.strip()}
+    chosen = {DASKSTREAM} | {c.strip() for c in args.contenders.split(",") if c.strip()}
     if chosen - set(CONTENDERS):
         parser.error(f"unknown contenders {sorted(chosen - set(CONTENDERS))}; choose from {', '.join(CONTENDERS)}")
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
