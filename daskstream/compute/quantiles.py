@@ -36,7 +36,7 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
 
-from daskstream.compute.reductions import per_chunk_rows, sum_rows
+from daskstream.compute.reductions import PIECE_VALUES, per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
 from daskstream.runtime.resources import resolve_resources
@@ -46,8 +46,6 @@ DIGIT_BITS = 16
 _WIDE_DIGIT_TARGETS = 8
 # Working set of a task applying numpy.quantile to its block: the block, numpy's partitioned copy, keys.
 _QUANTILE_WORKING_SET = 3
-# Values counted at a time by the radix passes: their temporaries stay around 8 bytes x 4 x this.
-_PIECE_VALUES = 1 << 18
 
 
 def quantile(
@@ -300,15 +298,15 @@ def _valid_keys(block: np.ndarray) -> np.ndarray:
 
 
 def _pieces(block: np.ndarray) -> Iterator[np.ndarray]:
-    """The block's values, flat, in pieces of ``_PIECE_VALUES``.
+    """The block's values, flat, in pieces of ``PIECE_VALUES``.
 
     The counting below makes several temporaries the size of what it counts
     (keys, masks, digits); counting piece by piece keeps them small, so a task
     holds little more than its block whatever the block's size.
     """
     flat = block.reshape(-1)
-    for start in range(0, flat.size, _PIECE_VALUES):
-        yield flat[start : start + _PIECE_VALUES]
+    for start in range(0, flat.size, PIECE_VALUES):
+        yield flat[start : start + PIECE_VALUES]
 
 
 def _top_digit_counts(block: np.ndarray, digit_bits: int) -> np.ndarray:

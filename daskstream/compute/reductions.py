@@ -271,10 +271,10 @@ def chunk_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> dic
     Pieces side by side along a reduced axis are merged with Chan's formula;
     along a kept axis they are laid side by side.
     """
-    if block.size <= _PIECE_VALUES or block.ndim == 0:
+    if block.size <= PIECE_VALUES or block.ndim == 0:
         return _piece_moments(block, axis, skipna)
     longest = max(range(block.ndim), key=block.shape.__getitem__)
-    step = max(1, _PIECE_VALUES * block.shape[longest] // block.size)
+    step = max(1, PIECE_VALUES * block.shape[longest] // block.size)
     pieces = [
         chunk_moments(block[(slice(None),) * longest + (slice(start, start + step),)], axis, skipna)
         for start in range(0, block.shape[longest], step)
@@ -311,8 +311,9 @@ def merge_moments(parts: dict[str, np.ndarray], axis: tuple[int, ...]) -> dict[s
     return {"n": n, "mean": mean, "m2": m2}
 
 
-# Values worked on at a time by chunk_moments: its float64 temporaries stay around 8 bytes x 3 x this.
-_PIECE_VALUES = 1 << 18
+# Values a kernel works on at a time when its temporaries grow with what it works on (chunk_moments'
+# float64 copies, the radix passes' keys and masks): a few MiB, however large the chunk.
+PIECE_VALUES = 1 << 18
 
 
 def _count(block: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:

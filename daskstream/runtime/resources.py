@@ -135,6 +135,8 @@ def _client_resources(client: object | None = None) -> Resources | None:
     workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
     if not workers or not all(w.get("memory_limit") for w in workers):
         return None
+    from daskstream.planning.budget import format_size
+
     fraction = worker_memory_fraction()
     limit = min(w["memory_limit"] for w in workers)
     # What an idle worker already holds (the interpreter, the libraries, its caches) is not
@@ -145,10 +147,10 @@ def _client_resources(client: object | None = None) -> Resources | None:
     threads = min(w["nthreads"] for w in workers)
     origin = (
         f"the distributed Client at {client.scheduler.address}: {fraction:.0%} of the workers' memory limit "
-        f"({_size(limit)}) less the {_size(baseline)} an idle worker holds"
+        f"({format_size(limit)}) less the {format_size(baseline)} an idle worker holds"
     )
     if budget == floor:
-        origin += f"; that leaves less than {_size(floor)}, so 1/8 of the limit (expect spilling)"
+        origin += f"; that leaves less than {format_size(floor)}, so 1/8 of the limit (expect spilling)"
     return Resources(memory_budget=budget, threads=threads, workers=len(workers), origin=origin)
 
 
@@ -173,12 +175,6 @@ def worker_memory_fraction() -> float:
     thresholds = [dask.config.get(f"distributed.worker.memory.{name}", None) for name in ("target", "spill", "pause")]
     enabled = [float(t) for t in thresholds if t not in (None, False)]
     return min(enabled, default=1.0)
-
-
-def _size(nbytes: int) -> str:
-    from daskstream.planning.budget import format_size
-
-    return format_size(nbytes)
 
 
 @functools.cache

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from html import escape
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -131,6 +133,24 @@ class Source(ABC):
             f"<tr><th style='text-align:left'>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows
         )
         return f"<div><strong>daskstream Source</strong><table>{body}</table></div>"
+
+
+def storage_pieces(box: Region, grid_shape: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], Region, Region]]:
+    """For each storage chunk ``box`` touches: its grid position, the part inside it, and where that goes in ``box``.
+
+    >>> [(g, i, t) for g, i, t in storage_pieces((slice(3, 12),), (5,))]  # doctest: +NORMALIZE_WHITESPACE
+    [((0,), (slice(3, 5, None),), (slice(0, 2, None),)),
+     ((1,), (slice(0, 5, None),), (slice(2, 7, None),)),
+     ((2,), (slice(0, 2, None),), (slice(7, 9, None),))]
+    """
+    ranges = [range(s.start // c, (s.stop - 1) // c + 1) for s, c in zip(box, grid_shape)]
+    for grid in itertools.product(*ranges):
+        origin = [g * c for g, c in zip(grid, grid_shape)]
+        inside = tuple(slice(max(s.start, o) - o, min(s.stop, o + c) - o) for s, o, c in zip(box, origin, grid_shape))
+        target = tuple(
+            slice(o + piece.start - s.start, o + piece.stop - s.start) for s, o, piece in zip(box, origin, inside)
+        )
+        yield grid, inside, target
 
 
 def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple]:

@@ -15,9 +15,7 @@ Only pipelines made of those filters take this path; any other filter
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError
-from daskstream.sources.base import Region
+from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.contiguous import pread_into
 
 # HDF5's filter identifiers: the library's own, and the registered plugin ids.
@@ -136,7 +134,7 @@ def _inflater() -> Callable[[Any, int], Any]:
         import deflate
     except ImportError:
         return lambda data, size: zlib.decompress(data, bufsize=size)
-    return lambda data, size: deflate.zlib_decompress(bytes(data) if not isinstance(data, bytes) else data, size)
+    return deflate.zlib_decompress
 
 
 class ChunkedReader:
@@ -161,38 +159,28 @@ class ChunkedReader:
         self.index = index
         self.decoder = decoder
         self.fill_value = fill_value
-        self._fd = os.open(path, os.O_RDONLY)
-        self._closed = threading.Event()
+        self._fd: int | None = os.open(path, os.O_RDONLY)
 
     def close(self) -> None:
         """Close the file (idempotent)."""
-        if not self._closed.is_set():
-            self._closed.set()
-            os.close(self._fd)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def read_box(self, box: Region, out: np.ndarray) -> None:
         """Fill ``out`` (native byte order, the box's shape) with ``box`` of the dataset."""
-        chunk_shape = self.decoder.chunk_shape
-        ranges = [range(s.start // c, (s.stop - 1) // c + 1) for s, c in zip(box, chunk_shape)]
-        for grid in itertools.product(*ranges):
-            origin = [g * c for g, c in zip(grid, chunk_shape)]
-            inside = tuple(
-                slice(max(s.start, o) - o, min(s.stop, o + c) - o) for s, o, c in zip(box, origin, chunk_shape)
-            )
-            target = tuple(
-                slice(o + piece.start - s.start, o + piece.stop - s.start) for s, o, piece in zip(box, origin, inside)
-            )
+        for grid, inside, target in storage_pieces(box, self.decoder.chunk_shape):
             stored = self.index.chunks.get(grid)
             if stored is None:
                 out[target] = self.fill_value
                 continue
             destination = out[target]
-            if self._reads_straight_into(destination, inside, stored):
+            if self._reads_straight_into(destination, stored):
                 self._read_raw_into(grid, stored, destination)
                 continue
             destination[...] = self._chunk(grid, stored)[inside]
 
-    def _reads_straight_into(self, destination: np.ndarray, inside: Region, stored: StoredChunk) -> bool:
+    def _reads_straight_into(self, destination: np.ndarray, stored: StoredChunk) -> bool:
         """Whether the chunk's stored bytes are exactly ``destination``'s: no filter applied, whole, same layout."""
         applied = [i for i in range(len(self.decoder.pipeline)) if not stored.filter_mask & (1 << i)]
         return (

@@ -14,7 +14,6 @@ Any other store (zip, fsspec URLs) or codec goes through zarr.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError
-from daskstream.sources.base import Region
+from daskstream.sources.base import Region, storage_pieces
 
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
 
@@ -87,7 +86,7 @@ class ZarrChunkReader:
 
     def read_box(self, box: Region, out: np.ndarray, name: str) -> None:
         """Fill ``out`` with ``box`` of the array; ``name`` is the source's, for errors."""
-        for grid, inside, target in _pieces(box, self.storage_chunks):
+        for grid, inside, target in storage_pieces(box, self.storage_chunks):
             key = self.chunk_key(grid)
             try:
                 with open(os.path.join(self.root, key), "rb") as f:
@@ -102,18 +101,6 @@ class ZarrChunkReader:
                     f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
                     "damaged: re-create or re-copy it"
                 ) from None
-
-
-def _pieces(box: Region, grid_shape: tuple[int, ...]):
-    """For each storage chunk ``box`` touches: its grid position, the part inside it, and where that goes in ``box``."""
-    ranges = [range(s.start // c, (s.stop - 1) // c + 1) for s, c in zip(box, grid_shape)]
-    for grid in itertools.product(*ranges):
-        origin = [g * c for g, c in zip(grid, grid_shape)]
-        inside = tuple(slice(max(s.start, o) - o, min(s.stop, o + c) - o) for s, o, c in zip(box, origin, grid_shape))
-        target = tuple(
-            slice(o + piece.start - s.start, o + piece.stop - s.start) for s, o, piece in zip(box, origin, inside)
-        )
-        yield grid, inside, target
 
 
 # --- format 2 -------------------------------------------------------------------------------------
@@ -188,7 +175,7 @@ def _shard_decoder(
         raw_index = data[len(data) - index_size :] if at_end else data[:index_size]
         index = np.frombuffer(index_unwrap(raw_index), dtype=index_dtype).reshape((*per_shard, 2))
         out = np.empty(tuple(s.stop - s.start for s in inside), dtype=dtype)
-        for grid, part, target in _pieces(inside, inner_shape):
+        for grid, part, target in storage_pieces(inside, inner_shape):
             offset, nbytes = index[grid]
             if offset == _EMPTY and nbytes == _EMPTY:
                 out[target] = fill
