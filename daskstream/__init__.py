@@ -1,7 +1,7 @@
 """daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
 
 >>> import daskstream as ds
->>> x = ds.open  # ds.open, ds.plan_chunks, ds.reduce, ds.describe, ds.store, ds.session...
+>>> x = ds.open  # ds.open, ds.plan_chunks, ds.reduce, ds.describe, ds.store, ds.session, ds.tune...
 >>> all(hasattr(ds, name) for name in ds.__all__)
 True
 """
@@ -14,6 +14,7 @@ from daskstream.planning import ChunkPlan, plan_chunks
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
+from daskstream.tuning import TuneResult, tune
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "DaskstreamError",
     "Session",
     "Source",
+    "TuneResult",
     "__version__",
     "close_files",
     "describe",
@@ -33,4 +35,5 @@ __all__ = [
     "reduce",
     "session",
     "store",
+    "tune",
 ]

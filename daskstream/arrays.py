@@ -38,8 +38,11 @@ def open(
         HDF5 dataset or Zarr member, when the file holds more than one.
     chunks
         ``"auto"`` (default): the planner's choice, aligned to storage and
-        sized to ``memory_budget`` and the workers. ``"storage"``: the storage
-        chunks as they are. A tuple, dict or int (dask's meanings) or a
+        sized to ``memory_budget`` and the workers. ``"tune"``: the chunks
+        :func:`daskstream.tune` measures fastest on this machine for the
+        setting ``daskstream.tune.default-op`` (``"sum"``), remembered per kind
+        of data, so a second file of the same kind costs no measuring.
+        ``"storage"``: the storage chunks as they are. A tuple, dict or int (dask's meanings) or a
         :class:`ChunkPlan` is used as given; when it splits storage chunks a
         :class:`ChunkSplitWarning` states the read amplification.
     memory_budget
@@ -97,6 +100,10 @@ def resolve_chunks(
     if isinstance(chunks, str):
         if chunks == "auto":
             return source.plan(memory_budget=memory_budget).dask_chunks
+        if chunks == "tune":
+            from daskstream.tuning.tuner import tuned_chunks
+
+            return regular_grid(source.shape, tuned_chunks(source, memory_budget=memory_budget))
         if chunks == "storage":
             if source.storage_chunks is None:
                 raise InvalidChunksError(
@@ -105,7 +112,7 @@ def resolve_chunks(
                 )
             return regular_grid(source.shape, source.storage_chunks)
         raise InvalidChunksError(
-            f"chunks={chunks!r} for {source.name}: use 'auto', 'storage', a tuple, a dict or a ChunkPlan"
+            f"chunks={chunks!r} for {source.name}: use 'auto', 'storage', 'tune', a tuple, a dict or a ChunkPlan"
         )
     if isinstance(chunks, ChunkPlan):
         if chunks.shape != source.shape:

@@ -288,6 +288,66 @@ def plan(
     )
 
 
+@main.command("tune")
+@click.argument("path", required=False)
+@click.option("--op", default="sum", show_default=True, help='Reduction to tune for, or "describe".')
+@click.option("--axis", type=int, multiple=True, help="Axis the reduction removes; repeat for several (default: all).")
+@click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@click.option(
+    "--time-budget", default=None, help='Longest time to measure, e.g. "10s" (default: daskstream.tune.time-budget).'
+)
+@click.option("--refresh", is_flag=True, help="Measure again even when a result is remembered.")
+@click.option("--clear", is_flag=True, help="Empty the tuning cache (and tune PATH afterwards, when given).")
+@_where_options
+@_budget_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def tune_command(
+    path: str | None,
+    op: str,
+    axis: tuple[int, ...],
+    dataset: str | None,
+    time_budget: str | None,
+    refresh: bool,
+    clear: bool,
+    scheduler: str | None,
+    cluster_file: str | None,
+    memory_budget: str | None,
+    as_json: bool,
+) -> None:
+    """Measure chunk shapes for PATH on this machine, print the candidates and the winner, and remember it.
+
+    A later `daskstream.open(..., chunks="tune")` of the same kind of data
+    (format, codecs, storage chunks, dtype) on this machine uses the winner
+    without measuring. --clear empties the remembered results.
+    """
+    from daskstream.tuning import TuneCache, tune
+
+    if clear:
+        cache = TuneCache()
+        removed = cache.clear()
+        click.echo(f"removed {removed} remembered result(s) from {cache.path}", err=as_json or path is not None)
+    if path is None:
+        if not clear:
+            raise click.UsageError("give PATH to tune, or --clear")
+        return
+    where = (
+        _session(scheduler, cluster_file, memory_budget, quiet=True)
+        if scheduler is not None or cluster_file is not None
+        else contextlib.nullcontext()
+    )
+    with where:
+        result = tune(
+            path,
+            op=op,
+            axis=axis or None,
+            dataset=dataset,
+            memory_budget=memory_budget,
+            time_budget=time_budget,
+            refresh=refresh,
+        )
+    click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json else str(result))
+
+
 @main.command("store")
 @click.argument("source")
 @click.argument("target")

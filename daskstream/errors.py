@@ -29,6 +29,7 @@ __all__ = [
     "TargetExistsError",
     "TargetMismatchError",
     "TargetWriteError",
+    "TuneCacheWarning",
     "UnknownFormatError",
     "UnknownOperationError",
     "UnsupportedDtypeError",
@@ -85,6 +86,10 @@ class SourceChangedError(DaskstreamError, RuntimeError):
 
 class ChunkSplitWarning(UserWarning):
     """Chunks split storage chunks, so some are read more than once."""
+
+
+class TuneCacheWarning(UserWarning):
+    """The tuning cache file could not be read; it is treated as empty."""
 
 
 class InvalidAxisError(DaskstreamError, ValueError, IndexError):

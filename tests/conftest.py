@@ -15,6 +15,17 @@ import numpy as np
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_tune_cache(tmp_path_factory):
+    """Keep the tuning cache of the whole run (and of its subprocesses) out of the user's cache folder."""
+    import dask.config
+
+    path = str(tmp_path_factory.mktemp("tune-cache") / "tune.json")
+    os.environ["DASK_DASKSTREAM__TUNE__CACHE"] = path
+    with dask.config.set({"daskstream.tune.cache": path}):
+        yield path
+
+
 @pytest.fixture(autouse=True)
 def _fresh_handles():
     """Tests rewrite files under the same names: start each with no cached file handles."""

@@ -348,7 +348,10 @@ class Session:
 
         Shared inputs are read once. With ``progress`` a bar on stderr counts
         finished tasks (local schedulers) or finished output chunks
-        (distributed).
+        (distributed). A computation reading one daskstream source that runs
+        longer than ``daskstream.tune.feedback-min-seconds`` is recorded in the
+        tuning cache (see :mod:`daskstream.tuning.feedback`), so the next
+        :func:`daskstream.tune` of that kind of data starts from it.
 
         Returns
         -------
@@ -358,13 +361,16 @@ class Session:
         """
         if self._exit_stack is None:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
+        from daskstream.tuning.feedback import observation
+
         bar = progress_bar(unit="task" if self.client is None else "chunk") if self.progress else None
         try:
-            if self.client is not None:
-                results = self._compute_distributed(objs, bar)
-            else:
-                with TaskProgress(bar) if bar is not None else contextlib.nullcontext():
-                    results = dask.compute(*objs, scheduler=self.kind)
+            with observation(self, objs):
+                if self.client is not None:
+                    results = self._compute_distributed(objs, bar)
+                else:
+                    with TaskProgress(bar) if bar is not None else contextlib.nullcontext():
+                        results = dask.compute(*objs, scheduler=self.kind)
         finally:
             if bar is not None:
                 bar.close()

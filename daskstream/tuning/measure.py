@@ -1,0 +1,144 @@
+"""Timing candidates: the real read and work on blocks spread over the array, on the job's scheduler."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+import dask.local
+
+from daskstream.arrays import as_dask_array
+from daskstream.sources import Source
+from daskstream.tuning.search import Measurement, Multiples, SearchSpace, project_seconds
+from daskstream.tuning.work import Work, spread_blocks
+
+Get = Callable[[dict, list], Any]
+
+
+def scheduler_get() -> Get:
+    """The ``get`` function dask would use now (a session's, a default Client's, else threads)."""
+    import dask.threaded
+    from dask.base import get_scheduler
+
+    return get_scheduler() or dask.threaded.get
+
+
+def _noop() -> None:
+    return None
+
+
+def scheduler_overhead(get: Get, concurrency: int, repeats: int = 5) -> float:
+    """Seconds the scheduler takes to run ``concurrency`` empty tasks (median of ``repeats``)."""
+    keys = [("tune-noop", i) for i in range(concurrency)]
+    graph = {k: (_noop,) for k in keys}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        get(graph, keys)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass
+class Sampler:
+    """Runs one candidate's sample and turns the timings into a :class:`Measurement`.
+
+    Attributes
+    ----------
+    source, work, space
+        What is read, what runs on each block, and the candidates' geometry.
+    get
+        The scheduler's ``get``.
+    fixed_overhead
+        Seconds the scheduler spends on a computation regardless of its tasks
+        (subtracted from each batch's wall time).
+    task_overhead
+        Seconds per task the scheduler adds (for the tasks the sample cannot show).
+    batches
+        Timed batches per candidate; their spread is the measurement's noise.
+    min_batch_bytes
+        Bytes a batch reads at least, so that small chunks run long enough to time.
+    """
+
+    source: Source
+    work: Work
+    space: SearchSpace
+    get: Get
+    fixed_overhead: float
+    task_overhead: float
+    batches: int = 2
+    min_batch_bytes: int = 16 * 2**20
+
+    def tasks_per_batch(self, multiples: Multiples) -> int:
+        """One task per slot at least, more when the chunks are small."""
+        per_wave = self.space.concurrency * self.space.chunk_bytes(multiples)
+        waves = max(1, math.ceil(self.min_batch_bytes / max(per_wave, 1)))
+        return min(self.space.concurrency * waves, self.space.n_tasks(multiples))
+
+    def sample_bytes(self, multiples: Multiples, *, peak: bool = False) -> int:
+        """Bytes a measurement of ``multiples`` reads (upper bound: full chunks with their halo)."""
+        chunks = self.space.chunks(multiples)
+        halo = self.work.halo or (0,) * len(chunks)
+        haloed = math.prod(min(c + 2 * h, n) for c, h, n in zip(chunks, halo, self.space.shape))
+        tasks = self.batches * self.tasks_per_batch(multiples) + (1 if peak else 0)
+        return tasks * haloed * self.space.itemsize
+
+    def measure(self, multiples: Multiples, *, peak: bool = False) -> Measurement:
+        """Time ``multiples`` on ``batches`` batches of blocks spread over the array."""
+        started = time.perf_counter()
+        chunks = self.space.chunks(multiples)
+        x = as_dask_array(self.source, chunks=chunks)
+        count = self.tasks_per_batch(multiples)
+        wave_bytes = self.space.concurrency * self.space.chunk_bytes(multiples)
+        sampled, wave_seconds, peak_bytes = 0, [], None
+        if peak:
+            # Run first: it also warms what a first task pays once (file handles, chunk index, compiled code).
+            peak_bytes, probed = self.peak_task_bytes(x)
+            sampled += probed
+        for batch in range(self.batches):
+            blocks = spread_blocks(x.numblocks, count, offset=(batch + 0.5) / self.batches)
+            graph, keys = self.work.sample_graph(self.source, x, blocks)
+            t0 = time.perf_counter()
+            self.get(graph, keys)
+            seconds = max(time.perf_counter() - t0 - self.fixed_overhead, 1e-9)
+            nbytes = sum(_block_bytes(x.chunks, b, self.space.itemsize) for b in blocks)
+            sampled += nbytes
+            wave_seconds.append(seconds * wave_bytes / nbytes)
+        task_seconds = statistics.median(wave_seconds)
+        spread = (max(wave_seconds) - min(wave_seconds)) / 2 / task_seconds if len(wave_seconds) > 1 else 0.0
+        whole = project_seconds(self.space, multiples, task_seconds, self.task_overhead) + self.fixed_overhead
+        return Measurement(
+            throughput=self.space.nbytes / whole,
+            spread=spread,
+            task_seconds=task_seconds,
+            sample_bytes=sampled,
+            seconds=time.perf_counter() - started,
+            peak_task_bytes=peak_bytes,
+        )
+
+    def peak_task_bytes(self, x: Any) -> tuple[int, int]:
+        """Peak memory of one task (traced allocations, run in this thread) and the bytes it read."""
+        block = spread_blocks(x.numblocks, 1)
+        graph, keys = self.work.sample_graph(self.source, x, block)
+        tracing = tracemalloc.is_tracing()
+        if not tracing:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            dask.local.get_sync(graph, keys)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            if not tracing:
+                tracemalloc.stop()
+        return max(peak, 0), _block_bytes(x.chunks, block[0], self.space.itemsize)
+
+
+def _block_bytes(chunks: tuple[tuple[int, ...], ...], block: tuple[int, ...], itemsize: int) -> int:
+    return math.prod(c[i] for c, i in zip(chunks, block)) * itemsize

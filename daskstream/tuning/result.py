@@ -1,0 +1,223 @@
+"""What a tuning found: the winner, every candidate it looked at, and how it compares with the planner."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from html import escape
+from typing import Any
+
+from daskstream.planning.budget import format_size
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One chunk shape the tuner looked at.
+
+    Attributes
+    ----------
+    chunks
+        The chunk shape (edge chunks may be smaller).
+    chunk_bytes, tasks
+        Bytes in one chunk; chunks over the whole array.
+    throughput
+        Projected bytes per second over the whole array (``None`` when pruned).
+    spread
+        Relative noise of that figure (half the range of the timed batches).
+    peak_task_bytes
+        Peak memory of one task: measured for the first candidate, projected
+        from it (same multiple of the chunk) for the others.
+    peak_measured
+        Whether ``peak_task_bytes`` was measured rather than projected.
+    pruned
+        Why it was not timed (memory, parallelism, overhead floor), else ``None``.
+    origin
+        ``"planner"`` (the rule-based choice), ``"climb"``, or ``"observed"``
+        (a shape seen in an earlier computation).
+    """
+
+    chunks: tuple[int, ...]
+    chunk_bytes: int
+    tasks: int
+    throughput: float | None
+    spread: float | None
+    peak_task_bytes: int | None
+    peak_measured: bool
+    pruned: str | None
+    origin: str
+
+    def row(self) -> dict[str, Any]:
+        """The candidate as one table row of plain values."""
+        return {**asdict(self), "chunks": list(self.chunks)}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The outcome of :func:`daskstream.tune`.
+
+    Attributes
+    ----------
+    chunks
+        The winning chunk shape; ``daskstream.open(path, chunks=result.chunks)`` uses it.
+    auto_chunks
+        The planner's rule-based choice (``chunks="auto"``).
+    candidates
+        Every candidate looked at, in order (see :class:`Candidate`).
+    speedup_vs_auto
+        Winner's measured throughput over the planner's choice's, or ``None``
+        when nothing could be measured.
+    work
+        What was tuned for (a reduction's chunk step, ``"describe"``, or a kernel's name).
+    source
+        The source tuned on (``path`` or ``path::dataset``).
+    seconds
+        Time the tuning took (a cache hit: the lookup).
+    sampled_bytes
+        Bytes read while measuring.
+    stopped
+        Why the search ended.
+    from_cache
+        True when the result was remembered, not measured now.
+    key
+        The cache key (kind of data, work, scheduler, machine).
+    """
+
+    chunks: tuple[int, ...]
+    auto_chunks: tuple[int, ...]
+    candidates: tuple[Candidate, ...]
+    speedup_vs_auto: float | None
+    work: str
+    source: str
+    seconds: float
+    sampled_bytes: int
+    stopped: str
+    from_cache: bool = False
+    key: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def winner(self) -> Candidate | None:
+        """The candidate row of the winning chunks."""
+        return next((c for c in self.candidates if c.chunks == self.chunks and c.pruned is None), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as ``daskstream tune --json`` prints them."""
+        return {
+            "source": self.source,
+            "work": self.work,
+            "chunks": list(self.chunks),
+            "auto_chunks": list(self.auto_chunks),
+            "speedup_vs_auto": self.speedup_vs_auto,
+            "seconds": self.seconds,
+            "sampled_bytes": self.sampled_bytes,
+            "stopped": self.stopped,
+            "from_cache": self.from_cache,
+            "key": self.key,
+            "candidates": [c.row() for c in self.candidates],
+        }
+
+    def to_dataframe(self) -> Any:
+        """The candidates as a ``pandas.DataFrame`` (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError("TuneResult.to_dataframe needs pandas: pip install pandas") from exc
+        frame = pd.DataFrame([c.row() for c in self.candidates])
+        frame["winner"] = [tuple(c.chunks) == self.chunks and c.pruned is None for c in self.candidates]
+        return frame
+
+    def plot(self, ax: Any = None) -> Any:
+        """Throughput against chunk size, the spread as error bars and the winner marked (needs matplotlib).
+
+        Returns the matplotlib ``Axes``.
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise ImportError("TuneResult.plot needs matplotlib: pip install 'daskstream[bench]'") from exc
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.5))
+        timed = [c for c in self.candidates if c.throughput is not None]
+        sizes = [c.chunk_bytes / 2**20 for c in timed]
+        rates = [c.throughput / 1e9 for c in timed]
+        errors = [c.throughput * (c.spread or 0) / 1e9 for c in timed]
+        ax.errorbar(sizes, rates, yerr=errors, fmt="o", color="tab:blue", label="measured")
+        for c in timed:
+            if c.origin == "planner":
+                ax.scatter(
+                    [c.chunk_bytes / 2**20],
+                    [c.throughput / 1e9],
+                    marker="s",
+                    s=90,
+                    facecolors="none",
+                    edgecolors="tab:gray",
+                    label="planner (auto)",
+                )
+        winner = self.winner
+        if winner is not None and winner.throughput is not None:
+            ax.scatter(
+                [winner.chunk_bytes / 2**20],
+                [winner.throughput / 1e9],
+                marker="*",
+                s=220,
+                color="tab:red",
+                label="winner",
+                zorder=3,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("chunk size (MiB)")
+        ax.set_ylabel("projected throughput (GB/s)")
+        ax.set_title(f"{self.work} on {self.source}", fontsize=9)
+        ax.legend(fontsize=8)
+        return ax
+
+    def table(self) -> str:
+        """The candidates as a plain-text table."""
+        lines = [f"{'chunks':<24} {'size':>10} {'tasks':>7} {'GB/s':>7} {'±':>5} {'peak/task':>11}  note"]
+        for c in self.candidates:
+            mark = "*" if c.chunks == self.chunks and c.pruned is None else " "
+            rate = "-" if c.throughput is None else f"{c.throughput / 1e9:.2f}"
+            noise = "-" if c.spread is None else f"{100 * c.spread:.0f}%"
+            peak = (
+                "-" if c.peak_task_bytes is None else format_size(c.peak_task_bytes) + ("" if c.peak_measured else "~")
+            )
+            note = c.pruned or c.origin
+            lines.append(
+                f"{mark}{c.chunks!s:<23} {format_size(c.chunk_bytes):>10} {c.tasks:>7} {rate:>7} {noise:>5} "
+                f"{peak:>11}  {note}"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        speed = "not measured" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x the planner's"
+        origin = "remembered" if self.from_cache else f"{len(self.candidates)} candidate(s), {self.seconds:.2f} s"
+        return (
+            f"Tuned {self.work} on {self.source} ({origin}, read {format_size(self.sampled_bytes)}): "
+            f"chunks {self.chunks}, {speed} (auto: {self.auto_chunks})\n{self.table()}\nStopped: {self.stopped}"
+        )
+
+    def _repr_html_(self) -> str:
+        head = "".join(
+            f"<th>{escape(h)}</th>" for h in ("chunks", "size", "tasks", "GB/s", "±", "peak per task", "note")
+        )
+        rows = []
+        for c in self.candidates:
+            won = c.chunks == self.chunks and c.pruned is None
+            style = " style='font-weight:bold;background:#e8f4e8'" if won else ""
+            cells = (
+                str(c.chunks),
+                format_size(c.chunk_bytes),
+                str(c.tasks),
+                "-" if c.throughput is None else f"{c.throughput / 1e9:.2f}",
+                "-" if c.spread is None else f"{100 * c.spread:.0f}%",
+                "-" if c.peak_task_bytes is None else format_size(c.peak_task_bytes),
+                c.pruned or c.origin,
+            )
+            rows.append(f"<tr{style}>" + "".join(f"<td>{escape(v)}</td>" for v in cells) + "</tr>")
+        speed = "-" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x"
+        return (
+            f"<div><strong>daskstream TuneResult</strong>: {escape(self.work)} on {escape(self.source)}"
+            f"<br>winner <code>{escape(str(self.chunks))}</code>, {speed} the planner's "
+            f"<code>{escape(str(self.auto_chunks))}</code>{' (remembered)' if self.from_cache else ''}"
+            f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+            f"<small>{escape(self.stopped)}; {self.seconds:.2f} s, read {escape(format_size(self.sampled_bytes))}"
+            "</small></div>"
+        )

@@ -1,0 +1,380 @@
+"""``daskstream.tune``: measure chunk shapes on this machine, choose the fastest, remember it."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dask.config
+
+from daskstream import config
+from daskstream.errors import InvalidArgumentError
+from daskstream.planning.budget import parse_budget
+from daskstream.runtime.resources import Resources, resolve_resources
+from daskstream.sources import Source, open_source
+from daskstream.tuning.cache import TuneCache, machine_fingerprint
+from daskstream.tuning.result import Candidate, TuneResult
+from daskstream.tuning.search import Limits, SearchSpace, Trial, hill_climb
+from daskstream.tuning.work import Work, read_layers, work_for
+
+
+def tune(
+    source: str | os.PathLike[str] | Source | Any,
+    *,
+    op: str | None = "sum",
+    kernel: Callable[..., Any] | None = None,
+    axis: int | tuple[int, ...] | None = None,
+    depth: int | tuple[int, ...] = 0,
+    dataset: str | None = None,
+    scheduler: str | None = None,
+    memory_budget: int | str | None = None,
+    time_budget: str | float | None = None,
+    refresh: bool = False,
+) -> TuneResult:
+    """Measure storage-aligned chunk shapes for ``op`` (or ``kernel``) on this machine and choose the fastest.
+
+    The search starts from the planner's choice (``chunks="auto"``) and climbs
+    by doubling or halving the chunk along one axis at a time, keeping a step
+    only when it is faster by more than the measured noise. Each candidate is
+    timed by running the real read and work on batches of blocks spread over
+    the array, on the scheduler the job will use, with at least one task per
+    thread. Candidates over the memory budget, with fewer tasks than threads,
+    or with tasks shorter than the scheduler's overhead floor are not run.
+    The search stops within ``time_budget``, or before it would read more
+    than ``daskstream.tune.sample-fraction`` (10%) of the array.
+
+    The winner is remembered in the tuning cache under the kind of data (not
+    its path), the work, the scheduler and this machine, so tuning another
+    file of the same kind costs one lookup.
+
+    Parameters
+    ----------
+    source
+        A path (``"scan.h5::/entry/data"`` names the dataset), a :class:`Source`,
+        or a dask array made by :func:`daskstream.open`.
+    op
+        A reduction name (see :data:`daskstream.compute.OPERATIONS`) or
+        ``"describe"``: the work to tune for.
+    kernel
+        A map-blocks function to tune for instead of ``op``; with ``depth``,
+        its halo (cells per side, an int or one per axis).
+    axis
+        Axes the reduction removes (default: all).
+    dataset
+        HDF5 dataset or Zarr member, when ``source`` is a path.
+    scheduler
+        Where to measure (as for :func:`daskstream.session`); by default the
+        active session's scheduler, else dask's default.
+    memory_budget
+        Bytes a worker may use (``"2GiB"``); default as for the planner.
+    time_budget
+        Longest time to spend measuring (``"10s"`` or seconds); default the
+        setting ``daskstream.tune.time-budget``.
+    refresh
+        Measure again even when the cache holds a result.
+
+    Returns
+    -------
+    TuneResult
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> import daskstream as ds
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.zeros((4096, 256), "f4"))
+    >>> with dask.config.set({"daskstream.tune.cache": os.path.join(os.path.dirname(path), "t.json")}):
+    ...     result = ds.tune(path, time_budget="2s")
+    >>> result.chunks[1], result.auto_chunks[1]
+    (256, 256)
+    """
+    resolved = _as_source(source, dataset)
+    if scheduler is not None:
+        from daskstream.runtime.session import session
+
+        with session(scheduler, memory_budget=memory_budget, progress=False):
+            return tune(
+                resolved,
+                op=op,
+                kernel=kernel,
+                axis=axis,
+                depth=depth,
+                memory_budget=memory_budget,
+                time_budget=time_budget,
+                refresh=refresh,
+            )
+    if kernel is None and op is None:
+        raise InvalidArgumentError("tune needs op= (a reduction name or 'describe') or kernel= (a function)")
+    work = work_for(op, kernel, ndim=resolved.ndim, dtype=resolved.dtype, axis=axis, depth=depth)
+    seconds = _seconds(config.get("tune.time-budget", time_budget))
+    return Tuner(resolved, work, resolve_resources(memory_budget=memory_budget)).run(seconds, refresh=refresh)
+
+
+def _as_source(source: Any, dataset: str | None) -> Source:
+    if isinstance(source, Source):
+        return source
+    if hasattr(source, "__dask_graph__"):
+        found = {s.token: s for _, s, _ in read_layers(source)}
+        if len(found) != 1:
+            raise InvalidArgumentError(
+                f"tune needs an array read from one source (made by daskstream.open); this one reads {len(found)}. "
+                "Pass the path or the Source instead"
+            )
+        return next(iter(found.values()))
+    return open_source(source, dataset=dataset)
+
+
+def _seconds(value: str | float) -> float:
+    from dask.utils import parse_timedelta
+
+    try:
+        seconds = float(parse_timedelta(value, default="s"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidArgumentError(f'time_budget={value!r} is not a duration; give seconds or e.g. "10s"') from exc
+    if not seconds > 0:
+        raise InvalidArgumentError(f"time_budget={value!r} must be more than zero")
+    return seconds
+
+
+def scheduler_kind() -> str:
+    """``sync``, ``threads``, ``processes`` or ``distributed``: where ``dask.compute`` runs now."""
+    from daskstream.runtime.resources import active_client
+    from daskstream.runtime.session import current
+
+    active = current()
+    if active is not None:
+        return active.kind
+    if active_client() is not None:
+        return "distributed"
+    chosen = dask.config.get("scheduler", None)
+    if chosen in ("sync", "single-threaded", "synchronous"):
+        return "sync"
+    if chosen in ("processes", "multiprocessing"):
+        return "processes"
+    return "threads"
+
+
+def search_space(source: Source, resources: Resources) -> SearchSpace:
+    """Storage-aligned candidates for ``source``: multiples of its storage chunk, or slabs of contiguous data."""
+    shape = source.shape
+    if source.storage_chunks is None:
+        slowest = 0 if source.layout != "F" else source.ndim - 1
+        unit = tuple(1 if axis == slowest else n for axis, n in enumerate(shape))
+        axes = (slowest,) if source.ndim else ()
+    else:
+        unit = tuple(max(1, min(c, n)) for c, n in zip(source.storage_chunks, shape))
+        axes = tuple(range(source.ndim))
+    return SearchSpace(
+        shape=shape,
+        itemsize=source.dtype.itemsize,
+        unit=unit,
+        axes=axes,
+        per_task_bytes=resources.per_task_bytes,
+        concurrency=resources.threads * resources.workers,
+    )
+
+
+def cache_key(source: Source, space: SearchSpace, work: Work, resources: Resources) -> dict[str, Any]:
+    """What a remembered result depends on: kind of data, work, scheduler, parallelism and machine."""
+    return {
+        "format": source.format,
+        "storage": source.describe_storage(),
+        "unit": list(space.unit) if source.storage_chunks is None else list(source.storage_chunks),
+        "dtype": source.dtype.str,
+        "work": work.label,
+        "scheduler": scheduler_kind(),
+        "threads": resources.threads,
+        "workers": resources.workers,
+        "machine": machine_fingerprint(),
+    }
+
+
+class Tuner:
+    """One tuning of ``work`` on ``source`` with ``resources``; see :func:`tune`."""
+
+    def __init__(self, source: Source, work: Work, resources: Resources) -> None:
+        self.source = source
+        self.work = work
+        self.resources = resources
+        self.plan = source.plan(
+            memory_budget=resources.memory_budget, threads=resources.threads, workers=resources.workers
+        )
+        self.space = search_space(source, resources)
+        self.key = cache_key(source, self.space, work, resources)
+        self.cache = TuneCache()
+
+    def run(self, time_budget: float, *, refresh: bool = False) -> TuneResult:
+        started = time.perf_counter()
+        entry = self.cache.get(self.key)
+        if entry is not None and not refresh:
+            remembered = self.remembered(entry, started)
+            if remembered is not None:
+                return remembered
+        start = self.space.multiples_of(self.plan.chunks)
+        if start is None or self.space.nbytes == 0:
+            why = "the planner splits storage chunks (one exceeds the per-task budget): nothing aligned to try"
+            return self._result([], None, why if start is None else "the array is empty", started, 0)
+
+        from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
+
+        fraction = float(config.get("tune.sample-fraction"))
+        sampler = Sampler(
+            self.source,
+            self.work,
+            self.space,
+            scheduler_get(),
+            fixed_overhead=0.0,
+            task_overhead=0.0,
+            batches=int(config.get("tune.batches")),
+            min_batch_bytes=parse_budget(config.get("tune.min-batch-bytes"), name="daskstream.tune.min-batch-bytes"),
+        )
+        limits = Limits(time_budget=time_budget, sample_cap=int(fraction * self.space.nbytes))
+        refusal = limits.over_sample(sampler.sample_bytes(start, peak=True))
+        if refusal is not None:
+            return self._result([], None, f"nothing measured: the first candidate {refusal}", started, 0)
+        sampler.fixed_overhead = scheduler_overhead(sampler.get, self.space.concurrency)
+        floor = max(_seconds(config.get("tune.task-overhead")), sampler.fixed_overhead / self.space.concurrency)
+        sampler.task_overhead = floor
+        limits.time_budget -= time.perf_counter() - started
+        factor = {"value": float(config.get("planning.working-set-factor"))}
+
+        def measure(multiples: tuple[int, ...]) -> Any:
+            measured = sampler.measure(multiples, peak=multiples == start)
+            if measured.peak_task_bytes is not None:
+                factor["value"] = max(1.0, measured.peak_task_bytes / self.space.chunk_bytes(multiples))
+            if multiples == start:
+                # Tuning may cost at most the same share of a full run as it may read of the array.
+                limits.time_budget = min(limits.time_budget, fraction * self.space.nbytes / measured.throughput)
+            return measured
+
+        outcome = hill_climb(
+            self.space,
+            start,
+            measure,
+            limits=limits,
+            sample_bytes=lambda m: sampler.sample_bytes(m, peak=m == start),
+            memory_factor=lambda: factor["value"],
+            overhead_floor=floor,
+            min_gain=float(config.get("tune.min-gain")),
+            extra_starts=self.observed_starts(entry),
+        )
+        result = self._result(outcome.trials, outcome.best, outcome.stopped, started, limits.sampled, factor["value"])
+        if outcome.best is not None:
+            self.cache.put(self.key, self._remembered_form(result, outcome.best))
+        return result
+
+    def observed_starts(self, entry: dict[str, Any] | None) -> tuple[tuple[int, ...], ...]:
+        """Chunk shapes real computations ran fastest with (best first), as extra starting points."""
+        observations = sorted((entry or {}).get("observations", []), key=lambda o: -o.get("throughput", 0))
+        starts = []
+        for observation in observations[:2]:
+            multiples = observation.get("multiples")
+            if isinstance(multiples, list) and len(multiples) == self.source.ndim:
+                starts.append(self.space.clip(tuple(int(m) for m in multiples)))
+        return tuple(starts)
+
+    def remembered(self, entry: dict[str, Any], started: float) -> TuneResult | None:
+        """The cached winner applied to this source, or ``None`` when it no longer fits the budget."""
+        tuned = entry.get("tuned")
+        if not isinstance(tuned, dict) or not isinstance(tuned.get("multiples"), list):
+            return None
+        multiples = self.space.clip(tuple(int(m) for m in tuned["multiples"]))
+        if self.space.rejection(multiples, float(tuned.get("memory_factor", 1.0))) is not None:
+            return None
+        chunks = self.space.chunks(multiples)
+        row = Candidate(
+            chunks=chunks,
+            chunk_bytes=self.space.chunk_bytes(multiples),
+            tasks=self.space.n_tasks(multiples),
+            throughput=tuned.get("throughput"),
+            spread=tuned.get("spread"),
+            peak_task_bytes=None,
+            peak_measured=False,
+            pruned=None,
+            origin="remembered",
+        )
+        return TuneResult(
+            chunks=chunks,
+            auto_chunks=self.plan.chunks,
+            candidates=(row,),
+            speedup_vs_auto=tuned.get("speedup_vs_auto"),
+            work=self.work.label,
+            source=self.source.name,
+            seconds=time.perf_counter() - started,
+            sampled_bytes=0,
+            stopped=f"remembered from a tuning of {tuned.get('source', 'a source of the same kind')}",
+            from_cache=True,
+            key=self.key,
+        )
+
+    def _result(
+        self,
+        trials: list[Trial],
+        best: Trial | None,
+        stopped: str,
+        started: float,
+        sampled: int,
+        memory_factor: float | None = None,
+    ) -> TuneResult:
+        rows = tuple(self._row(t, memory_factor) for t in trials)
+        planner = next((t for t in trials if t.origin == "planner" and t.measurement is not None), None)
+        speedup = None
+        if best is not None and planner is not None:
+            speedup = best.measurement.throughput / planner.measurement.throughput
+        return TuneResult(
+            chunks=self.plan.chunks if best is None else self.space.chunks(best.multiples),
+            auto_chunks=self.plan.chunks,
+            candidates=rows,
+            speedup_vs_auto=speedup,
+            work=self.work.label,
+            source=self.source.name,
+            seconds=time.perf_counter() - started,
+            sampled_bytes=sampled,
+            stopped=stopped,
+            key=self.key,
+        )
+
+    def _row(self, trial: Trial, memory_factor: float | None) -> Candidate:
+        m = trial.measurement
+        nbytes = self.space.chunk_bytes(trial.multiples)
+        measured_peak = m is not None and m.peak_task_bytes is not None
+        peak = (
+            m.peak_task_bytes
+            if measured_peak
+            else (None if memory_factor is None or trial.pruned else math.ceil(memory_factor * nbytes))
+        )
+        return Candidate(
+            chunks=self.space.chunks(trial.multiples),
+            chunk_bytes=nbytes,
+            tasks=self.space.n_tasks(trial.multiples),
+            throughput=None if m is None else m.throughput,
+            spread=None if m is None else m.spread,
+            peak_task_bytes=peak,
+            peak_measured=measured_peak,
+            pruned=trial.pruned,
+            origin=trial.origin,
+        )
+
+    def _remembered_form(self, result: TuneResult, best: Trial) -> dict[str, Any]:
+        return {
+            "multiples": list(best.multiples),
+            "chunks": list(result.chunks),
+            "throughput": best.measurement.throughput,
+            "spread": best.measurement.spread,
+            "speedup_vs_auto": result.speedup_vs_auto,
+            "memory_factor": next(
+                (c.peak_task_bytes / c.chunk_bytes for c in result.candidates if c.peak_measured and c.chunk_bytes),
+                1.0,
+            ),
+            "source": result.source,
+            "candidates": len(result.candidates),
+            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+
+def tuned_chunks(source: Source, memory_budget: int | str | None = None) -> tuple[int, ...]:
+    """The chunks ``open(path, chunks="tune")`` uses: remembered, else measured now for the default op."""
+    return tune(source, op=config.get("tune.default-op"), memory_budget=memory_budget).chunks
