@@ -181,13 +181,13 @@ class ChunkPlan:
             ("projected peak", f"{format_size(self.projected_peak_bytes)} of {format_size(self.memory_budget)}"),
             ("threads x workers", f"{self.threads} x {self.workers}"),
         ]
-        body = "".join(
-            f"<tr><th style='text-align:left'>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows
-        )
-        return (
-            "<div><strong>daskstream ChunkPlan</strong>"
-            f"<table>{body}</table>"
-            f"<details><summary>why</summary><pre>{escape(self.explain())}</pre></details></div>"
+        from daskstream.display import card, grid_figure, table
+
+        return card(
+            "daskstream ChunkPlan",
+            grid_figure(self.shape, self.storage_chunks, self.chunks),
+            table(rows),
+            f"<details><summary>why</summary><pre>{escape(self.explain())}</pre></details>",
         )
 
 
@@ -371,14 +371,12 @@ def read_amplification(
     for n, sc, c in zip(shape, storage_chunks, chunks):
         lengths = _axis_chunks(n, c) if isinstance(c, int) else c
         bounds = np.cumsum((0, *lengths))
-        touched = 0
-        for start in range(0, n, sc):
-            stop = min(start + sc, n)
-            # Tasks overlapping [start, stop): those whose chunk starts before stop and ends after start.
-            first = int(np.searchsorted(bounds, start, side="right")) - 1
-            last = int(np.searchsorted(bounds, stop, side="left")) - 1
-            touched += (stop - start) * (last - first + 1)
-        total *= touched / n
+        starts = np.arange(0, n, sc)
+        stops = np.minimum(starts + sc, n)
+        # Tasks overlapping [start, stop): those whose chunk starts before stop and ends after start.
+        first = np.searchsorted(bounds, starts, side="right") - 1
+        last = np.searchsorted(bounds, stops, side="left") - 1
+        total *= int(((stops - starts) * (last - first + 1)).sum()) / n
     return total
 
 

@@ -79,6 +79,8 @@ class TuneResult:
         True when the result was remembered, not measured now.
     key
         The cache key (kind of data, work, scheduler, machine).
+    shape, storage_chunks
+        The source's shape and storage grid (for the picture in Jupyter).
     """
 
     chunks: tuple[int, ...]
@@ -92,6 +94,8 @@ class TuneResult:
     stopped: str
     from_cache: bool = False
     key: dict[str, Any] = field(default_factory=dict, compare=False)
+    shape: tuple[int, ...] = ()
+    storage_chunks: tuple[int, ...] | None = None
 
     @property
     def winner(self) -> Candidate | None:
@@ -212,9 +216,12 @@ class TuneResult:
                 c.pruned or c.origin,
             )
             rows.append(f"<tr{style}>" + "".join(f"<td>{escape(v)}</td>" for v in cells) + "</tr>")
+        from daskstream.display import grid_figure
+
         speed = "-" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x"
+        picture = grid_figure(self.shape, self.storage_chunks, self.chunks) if self.shape else ""
         return (
-            f"<div><strong>daskstream TuneResult</strong>: {escape(self.work)} on {escape(self.source)}"
+            f"<div><strong>daskstream TuneResult</strong>: {escape(self.work)} on {escape(self.source)}<br>{picture}"
             f"<br>winner <code>{escape(str(self.chunks))}</code>, {speed} the planner's "
             f"<code>{escape(str(self.auto_chunks))}</code>{' (remembered)' if self.from_cache else ''}"
             f"<table><tr>{head}</tr>{''.join(rows)}</table>"

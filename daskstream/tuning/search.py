@@ -168,7 +168,7 @@ class Trial:
 
 @dataclass
 class Limits:
-    """When the search must stop: a time budget and a cap on bytes sampled."""
+    """When the search must stop: a time budget (from ``started``, default now) and a cap on bytes sampled."""
 
     time_budget: float
     sample_cap: int
@@ -179,9 +179,6 @@ class Limits:
     def __post_init__(self) -> None:
         if self.started is None:
             self.started = self.clock()
-
-    def start(self) -> None:
-        self.started = self.clock()
 
     @property
     def elapsed(self) -> float:
@@ -291,7 +288,12 @@ def hill_climb(
         if trial.pruned is None:
             trial.pruned = limits.over_sample(sample_bytes(multiples))
         if trial.pruned is None:
-            stopped = limits.out_of_time(0.0 if best is None else best.measurement.seconds) or ""
+            # The next measurement takes about as long per byte as the slowest so far (with a margin).
+            per_byte = max(
+                (t.measurement.seconds / max(t.measurement.sample_bytes, 1) for t in trials.values() if t.measurement),
+                default=0.0,
+            )
+            stopped = limits.out_of_time(1.5 * per_byte * sample_bytes(multiples)) or ""
             if stopped:
                 return None
             trial.measurement = measure(multiples)
@@ -299,7 +301,6 @@ def hill_climb(
         trials[multiples] = trial
         return trial
 
-    limits.start()
     best: Trial | None = None
     for multiples, origin in ((start, "planner"), *((m, "observed") for m in extra_starts)):
         trial = attempt(space.clip(multiples), origin)

@@ -91,6 +91,7 @@ def tune(
     >>> result.chunks[1], result.auto_chunks[1]
     (256, 256)
     """
+    started = time.perf_counter()
     resolved = _as_source(source, dataset)
     if scheduler is not None:
         from daskstream.runtime.session import session
@@ -110,7 +111,8 @@ def tune(
         raise InvalidArgumentError("tune needs op= (a reduction name or 'describe') or kernel= (a function)")
     work = work_for(op, kernel, ndim=resolved.ndim, dtype=resolved.dtype, axis=axis, depth=depth)
     seconds = _seconds(config.get("tune.time-budget", time_budget))
-    return Tuner(resolved, work, resolve_resources(memory_budget=memory_budget)).run(seconds, refresh=refresh)
+    tuner = Tuner(resolved, work, resolve_resources(memory_budget=memory_budget))
+    return tuner.run(seconds, refresh=refresh, started=started)
 
 
 def _as_source(source: Any, dataset: str | None) -> Source:
@@ -206,8 +208,9 @@ class Tuner:
         self.key = cache_key(source, self.space, work, resources)
         self.cache = TuneCache()
 
-    def run(self, time_budget: float, *, refresh: bool = False) -> TuneResult:
-        started = time.perf_counter()
+    def run(self, time_budget: float, *, refresh: bool = False, started: float | None = None) -> TuneResult:
+        """Look the result up, or search and remember it; ``started`` is when the caller began (default now)."""
+        started = time.perf_counter() if started is None else started
         entry = self.cache.get(self.key)
         if entry is not None and not refresh:
             remembered = self.remembered(entry, started)
@@ -221,6 +224,7 @@ class Tuner:
         from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
 
         fraction = float(config.get("tune.sample-fraction"))
+        cost_fraction = float(config.get("tune.cost-fraction"))
         sampler = Sampler(
             self.source,
             self.work,
@@ -231,23 +235,23 @@ class Tuner:
             batches=int(config.get("tune.batches")),
             min_batch_bytes=parse_budget(config.get("tune.min-batch-bytes"), name="daskstream.tune.min-batch-bytes"),
         )
-        limits = Limits(time_budget=time_budget, sample_cap=int(fraction * self.space.nbytes))
-        refusal = limits.over_sample(sampler.sample_bytes(start, peak=True))
+        # Everything this tuning does counts against its time, from the cache lookup on.
+        limits = Limits(time_budget=time_budget, sample_cap=int(fraction * self.space.nbytes), started=started)
+        refusal = limits.over_sample(sampler.sample_bytes(start, first=True))
         if refusal is not None:
             return self._result([], None, f"nothing measured: the first candidate {refusal}", started, 0)
         sampler.fixed_overhead = scheduler_overhead(sampler.get, self.space.concurrency)
         floor = max(_seconds(config.get("tune.task-overhead")), sampler.fixed_overhead / self.space.concurrency)
         sampler.task_overhead = floor
-        limits.time_budget -= time.perf_counter() - started
         factor = {"value": float(config.get("planning.working-set-factor"))}
 
         def measure(multiples: tuple[int, ...]) -> Any:
-            measured = sampler.measure(multiples, peak=multiples == start)
+            measured = sampler.measure(multiples, first=multiples == start)
             if measured.peak_task_bytes is not None:
                 factor["value"] = max(1.0, measured.peak_task_bytes / self.space.chunk_bytes(multiples))
             if multiples == start:
-                # Tuning may cost at most the same share of a full run as it may read of the array.
-                limits.time_budget = min(limits.time_budget, fraction * self.space.nbytes / measured.throughput)
+                # Tuning may take at most this share of the full run it is tuning for.
+                limits.time_budget = min(limits.time_budget, cost_fraction * self.space.nbytes / measured.throughput)
             return measured
 
         outcome = hill_climb(
@@ -255,7 +259,7 @@ class Tuner:
             start,
             measure,
             limits=limits,
-            sample_bytes=lambda m: sampler.sample_bytes(m, peak=m == start),
+            sample_bytes=lambda m: sampler.sample_bytes(m, first=m == start),
             memory_factor=lambda: factor["value"],
             overhead_floor=floor,
             min_gain=float(config.get("tune.min-gain")),
@@ -308,6 +312,8 @@ class Tuner:
             stopped=f"remembered from a tuning of {tuned.get('source', 'a source of the same kind')}",
             from_cache=True,
             key=self.key,
+            shape=self.source.shape,
+            storage_chunks=self.source.storage_chunks,
         )
 
     def _result(
@@ -335,6 +341,8 @@ class Tuner:
             sampled_bytes=sampled,
             stopped=stopped,
             key=self.key,
+            shape=self.source.shape,
+            storage_chunks=self.source.storage_chunks,
         )
 
     def _row(self, trial: Trial, memory_factor: float | None) -> Candidate:

@@ -10,6 +10,7 @@ function's name, ``describe`` as such.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -82,28 +83,45 @@ class Work:
     block_fn: Callable[[np.ndarray], Any] | None = None
     halo: tuple[int, ...] = ()
 
-    def sample_graph(self, source: Source, x: da.Array, blocks: list[tuple[int, ...]]) -> tuple[dict, list]:
-        """A graph computing this work on ``blocks`` (block indices of ``x``) and the keys to ask for."""
+    def sample_graph(
+        self, source: Source, x: da.Array, blocks: list[tuple[int, ...]], built: dict | None = None
+    ) -> tuple[dict, list]:
+        """A graph computing this work on ``blocks`` (block indices of ``x``) and the keys to ask for.
+
+        ``built`` caches the lazy result for ``x`` between calls (one graph per candidate).
+        """
         if self.build is not None:
-            result = self.build(x)
-            graph = result.__dask_graph__()
-            found = consumer_label(graph, x.name)
-            layer = found[0] if found is not None else x.name
-            keys = [(layer, *b) for b in blocks]
-            if found is None or not all(k in graph for k in keys[:1]):
-                keys = [(x.name, *b) for b in blocks]
-            return result.__dask_optimize__(graph, keys), keys
+            if built is None or built.get("name") != x.name:
+                result = self.build(x)
+                graph = result.__dask_graph__()
+                found = consumer_label(graph, x.name)
+                # The consumer's tasks are the work on each read block only when it keeps the read grid.
+                if found is None or len(graph.layers[found[0]].get_output_keys()) != math.prod(x.numblocks):
+                    found = (x.name, "read")
+                built = {} if built is None else built
+                built.update(name=x.name, result=result, graph=graph, layer=found[0])
+            keys = [(built["layer"], *b) for b in blocks]
+            return built["result"].__dask_optimize__(built["graph"], keys), keys
         bounds = [np.cumsum((0, *c)) for c in x.chunks]
         graph, keys = {}, []
         for index, block in enumerate(blocks):
-            box = tuple(
-                slice(max(0, int(b[i]) - h), min(n, int(b[i + 1]) + h))
-                for b, i, h, n in zip(bounds, block, self.halo or (0,) * x.ndim, source.shape)
-            )
+            box = self._haloed(tuple(slice(int(b[i]), int(b[i + 1])) for b, i in zip(bounds, block)), source.shape)
             key = (f"tune-{self.label}", index)
             graph[key] = (_run_block, source, box, self.block_fn)
             keys.append(key)
         return graph, keys
+
+    def run_once(self, source: Source, box: Box) -> None:
+        """Read ``box`` (with the halo) and run the work on it in this thread, as one task would."""
+        if self.build is None:
+            _run_block(source, self._haloed(box, source.shape), self.block_fn)
+            return
+        block = source.read(box)
+        self.build(da.from_array(block, chunks=block.shape)).compute(scheduler="sync")
+
+    def _haloed(self, box: Box, shape: tuple[int, ...]) -> Box:
+        halo = self.halo or (0,) * len(box)
+        return tuple(slice(max(0, s.start - h), min(n, s.stop + h)) for s, h, n in zip(box, halo, shape))
 
 
 def _run_block(source: Source, box: Box, fn: Callable[[np.ndarray], Any]) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ def cache(tmp_path):
         "daskstream.tune.cache": str(path),
         # Re-reads count towards the sample: let a tuning read the small array a few times over.
         "daskstream.tune.sample-fraction": 4.0,
+        "daskstream.tune.cost-fraction": 100.0,
         "daskstream.tune.min-batch-bytes": "256KiB",
         "daskstream.planning.target-chunk-bytes": "512KiB",
         "daskstream.tune.time-budget": "20s",
@@ -259,6 +260,7 @@ def test_cli_tune_prints_the_table_json_and_clears(tmp_path, cache):
     env_cache = {
         "DASK_DASKSTREAM__TUNE__CACHE": str(cache.path),
         "DASK_DASKSTREAM__TUNE__SAMPLE_FRACTION": "4.0",
+        "DASK_DASKSTREAM__TUNE__COST_FRACTION": "100",
         "DASK_DASKSTREAM__TUNE__MIN_BATCH_BYTES": "256KiB",
         "DASK_DASKSTREAM__PLANNING__TARGET_CHUNK_BYTES": "512KiB",
     }
