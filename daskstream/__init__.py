@@ -14,6 +14,7 @@ from daskstream.planning import ChunkPlan, plan_chunks
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
+from daskstream.streaming import Stream, stream
 from daskstream.tuning import TuneResult, tune
 
 __version__ = "0.1.0"
@@ -23,6 +24,7 @@ __all__ = [
     "DaskstreamError",
     "Session",
     "Source",
+    "Stream",
     "TuneResult",
     "__version__",
     "close_files",
@@ -35,5 +37,6 @@ __all__ = [
     "reduce",
     "session",
     "store",
+    "stream",
     "tune",
 ]

@@ -53,3 +53,46 @@ def test_computing_example_runs(repo_root, tmp_path, monkeypatch):
     np.testing.assert_allclose(scope["curvature"].compute(), want, rtol=1e-5, atol=1e-5)
     stored = zarr.open_array("smooth.zarr", mode="r")[...]
     np.testing.assert_allclose(stored, scope["smooth"].compute())
+
+
+def test_tuning_example_runs(repo_root, tmp_path, monkeypatch):
+    import dask.config
+    import zarr
+
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("### Tuning chunks on this machine", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    data = np.random.default_rng(3).standard_normal((4096, 512)).astype("f4")
+    for name in ("field.zarr", "other_field.zarr"):
+        zarr.create_array(name, shape=data.shape, chunks=(128, 512), dtype="f4")[...] = data
+    settings = {
+        "daskstream.tune.cache": str(tmp_path / "tune.json"),
+        "daskstream.tune.sample-fraction": 4.0,
+        "daskstream.tune.cost-fraction": 100.0,
+        "daskstream.tune.min-batch-bytes": "256KiB",
+        "daskstream.planning.target-chunk-bytes": "512KiB",
+    }
+    scope: dict = {}
+    with dask.config.set(settings):
+        exec(compile(example, "README.md", "exec"), scope)
+    result = scope["result"]
+    assert scope["x"].chunksize == result.chunks
+    assert not result.from_cache
+    np.testing.assert_array_equal(scope["x"].compute(), data)
+
+
+def test_streaming_example_runs(repo_root, tmp_path, monkeypatch):
+    import zarr
+
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("### Streaming batches into a training loop", 1)[1], "python")[0]
+    example = example.replace("for epoch in range(10):", "for epoch in range(2):")
+    monkeypatch.chdir(tmp_path)
+    features = np.random.default_rng(4).standard_normal((1000, 8)).astype("f4")
+    np.save("features.npy", features)
+    zarr.create_array("features.zarr", shape=features.shape, chunks=(100, 8), dtype="f4")[...] = features
+    zarr.create_array("labels.zarr", shape=(1000,), chunks=(128,), dtype="i8")[...] = np.arange(1000)
+    scope: dict = {"rank": 1, "world": 2}
+    exec(compile(example, "README.md", "exec"), scope)
+    x, y = scope["x"], scope["y"]
+    np.testing.assert_array_equal(x, features[y])

@@ -12,7 +12,6 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from html import escape
 from typing import Any
 
 import dask
@@ -53,11 +52,9 @@ class Description(Mapping):
         return "Description(\n  " + "\n  ".join(lines) + "\n)"
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><th style='text-align:left'>{escape(k)}</th><td><code>{escape(_short(v))}</code></td></tr>"
-            for k, v in self._values.items()
-        )
-        return f"<div><strong>daskstream describe</strong><table>{rows}</table></div>"
+        from daskstream.display import card, table
+
+        return card("daskstream describe", table(((k, _short(v)) for k, v in self._values.items()), code=True))
 
 
 def _short(value: Any) -> str:

@@ -7,7 +7,6 @@ import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from html import escape
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -129,10 +128,9 @@ class Source(ABC):
             ("size", format_size(self.nbytes)),
             ("storage", self.describe_storage()),
         ]
-        body = "".join(
-            f"<tr><th style='text-align:left'>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows
-        )
-        return f"<div><strong>daskstream Source</strong><table>{body}</table></div>"
+        from daskstream.display import card, grid_figure, table
+
+        return card("daskstream Source", grid_figure(self.shape, self.storage_chunks, None), table(rows))
 
 
 def storage_pieces(box: Region, grid_shape: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], Region, Region]]:
