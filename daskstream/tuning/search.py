@@ -288,12 +288,10 @@ def hill_climb(
         if trial.pruned is None:
             trial.pruned = limits.over_sample(sample_bytes(multiples))
         if trial.pruned is None:
-            # The next measurement takes about as long per byte as the slowest so far (with a margin).
-            per_byte = max(
-                (t.measurement.seconds / max(t.measurement.sample_bytes, 1) for t in trials.values() if t.measurement),
-                default=0.0,
-            )
-            stopped = limits.out_of_time(1.5 * per_byte * sample_bytes(multiples)) or ""
+            # The next measurement takes about as long per byte as the last one did (with a margin).
+            last = next((t.measurement for t in reversed(trials.values()) if t.measurement), None)
+            per_byte = 0.0 if last is None else last.seconds / max(last.sample_bytes, 1)
+            stopped = limits.out_of_time(1.25 * per_byte * sample_bytes(multiples)) or ""
             if stopped:
                 return None
             trial.measurement = measure(multiples)

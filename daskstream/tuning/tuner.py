@@ -241,8 +241,10 @@ class Tuner:
         if refusal is not None:
             return self._result([], None, f"nothing measured: the first candidate {refusal}", started, 0)
         sampler.fixed_overhead = scheduler_overhead(sampler.get, self.space.concurrency)
-        floor = max(_seconds(config.get("tune.task-overhead")), sampler.fixed_overhead / self.space.concurrency)
-        sampler.task_overhead = floor
+        # What a task costs the scheduler, as measured, goes into the projection of a full run; the
+        # configured floor (or the measured cost, when higher) only prunes candidates.
+        sampler.task_overhead = sampler.fixed_overhead / self.space.concurrency
+        floor = max(_seconds(config.get("tune.task-overhead")), sampler.task_overhead)
         factor = {"value": float(config.get("planning.working-set-factor"))}
 
         def measure(multiples: tuple[int, ...]) -> Any:
