@@ -354,7 +354,9 @@ class Stream:
         def read(bounds: tuple[int, int]) -> list[np.ndarray]:
             return [i.read(self.axis, *bounds) for i in self.inputs]
 
-        with concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="daskstream-read") as pool:
+        with concurrent.futures.ThreadPoolExecutor(
+            self.threads, thread_name_prefix="daskstream-read", initializer=_yield_to_consumer
+        ) as pool:
             in_flight: deque[concurrent.futures.Future] = deque()
             pending = iter(blocks)
             try:
@@ -400,6 +402,16 @@ class Stream:
         rows_per_block = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 0
         block = tuple(rows_per_block if a == self.axis else n for a, n in enumerate(first.shape))
         return card("daskstream Stream", grid_figure(first.shape, storage, block), table(rows))
+
+
+def _yield_to_consumer() -> None:
+    """Lower this reading thread's scheduling priority (Linux: per thread), so the consumer preempts it.
+
+    Reads keep every core busy; a training step waking up (from a GPU wait, say)
+    should run at once, not wait for a time slice behind the prefetch.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _shuffled(window: list[list[np.ndarray]], rng: np.random.Generator, axis: int) -> list[np.ndarray]:
