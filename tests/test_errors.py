@@ -208,7 +208,10 @@ def test_every_error_class_is_exported_and_documented():
     for name in errors.__all__:
         cls = getattr(errors, name)
         assert cls.__doc__, name
-        if name != "ChunkSplitWarning":
+        if issubclass(cls, Warning):
+            assert name.endswith("Warning")
+            assert issubclass(cls, UserWarning)
+        else:
             assert issubclass(cls, errors.DaskstreamError)
 
 
@@ -256,6 +259,7 @@ def test_unreachable_scheduler_is_a_clear_connection_error():
     import socket
 
     import dask
+    import distributed  # noqa: F401 - its defaults must be in dask.config before a setting under them
 
     # A port nothing listens on: bind one, then close it.
     with socket.socket() as probe:
