@@ -26,6 +26,7 @@ __all__ = [
     "SourceChangedError",
     "SourceNotFoundError",
     "SourcePermissionError",
+    "SourceRemovedError",
     "TargetExistsError",
     "TargetMismatchError",
     "TargetWriteError",
@@ -82,6 +83,10 @@ class InvalidChunksError(DaskstreamError, ValueError):
 
 class SourceChangedError(DaskstreamError, RuntimeError):
     """The file changed on disk after it was opened."""
+
+
+class SourceRemovedError(SourceChangedError, FileNotFoundError):
+    """The file was removed after it was opened."""
 
 
 class ChunkSplitWarning(UserWarning):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import json
 import math
 import os
@@ -517,6 +518,7 @@ class _ZarrTarget(_Target):
     # The state machine: absent -> recorded (identity.json) -> array created -> blocks marked -> finished.
     def _prepare(self, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool) -> set[tuple]:
         self._check_parents()
+        self._check_links()
         recorded = self._recorded_identity()
         kind = self._node_kind()
         if kind == "group":
@@ -578,6 +580,25 @@ class _ZarrTarget(_Target):
                     f"{self.name}: {where} is a Zarr array, not a group, so it cannot hold {self.member}; "
                     "name an array outside it. store never writes inside an existing array"
                 )
+
+    def _check_links(self) -> None:
+        """Refuse a target holding a symbolic link that leads outside it: chunk files would be written there."""
+        if not os.path.isdir(self.path):
+            return
+        root = os.path.realpath(self.path)
+        for folder, dirs, files in os.walk(self.path):
+            for entry in [*dirs, *files]:
+                link = os.path.join(folder, entry)
+                if not os.path.islink(link):
+                    continue
+                leads_to = os.path.realpath(link)
+                if os.path.commonpath([root, leads_to]) != root:
+                    raise TargetWriteError(
+                        errno.ELOOP,
+                        f"{self.name}: {link} is a symbolic link to {leads_to}, outside the target; store "
+                        "writes only inside its target folder and will not follow it. Remove the link or "
+                        "choose another target",
+                    )
 
     def _node_kind(self) -> str | None:
         """``"array"``, ``"group"``, ``"other"`` (a file or a folder of something else) or ``None``."""
@@ -866,6 +887,37 @@ class _Hdf5Target(_Target):
             )
         # HDF5 refuses to open for writing a file this process still holds open for reading.
         forget_handles()
+        with self._own_writes_expected():
+            self._write(x, identity, blocks, resume=resume, overwrite=overwrite, report=report)
+
+    @contextlib.contextmanager
+    def _own_writes_expected(self) -> Any:
+        """Let sources reading another dataset of the file being written see it change, by this store only.
+
+        Every read checks its file's stamp; the writes of this store change it. The
+        same-file sources (threads of this process only, see :meth:`check_sources`)
+        skip the check while it writes and take the file's new stamp after.
+        """
+        same_file = getattr(self, "_same_file", [])
+        for source in same_file:
+            source.stamp = None
+        try:
+            yield
+        finally:
+            for source in same_file:
+                with contextlib.suppress(OSError):
+                    source.stamp = source.current_stamp()
+
+    def _write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        blocks: list[tuple[int, ...]],
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
         h5file = self._open_file()
         try:
             dset, done = self._prepare(h5file, x, identity, resume=resume, overwrite=overwrite)
@@ -889,8 +941,8 @@ class _Hdf5Target(_Target):
 
     def check_sources(self, sources: list[Source]) -> None:
         super().check_sources(sources)
-        same_file = any(source.format == "hdf5" and source.path == self.path for source in sources)
-        if same_file and not _in_process_scheduler():
+        self._same_file = [source for source in sources if source.format == "hdf5" and source.path == self.path]
+        if self._same_file and not _in_process_scheduler():
             raise InvalidArgumentError(
                 f"{self.name}: the array stored reads from {self.path}, the file being written, and HDF5 lets "
                 "no other process read a file open for writing; use the threaded scheduler, or write to "

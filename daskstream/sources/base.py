@@ -5,13 +5,20 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from daskstream.errors import InvalidIndexError, SourceNotFoundError, SourcePermissionError
+from daskstream.errors import (
+    InvalidIndexError,
+    SourceChangedError,
+    SourceNotFoundError,
+    SourcePermissionError,
+    SourceRemovedError,
+)
 from daskstream.runtime.metering import record_read
 
 if TYPE_CHECKING:
@@ -45,6 +52,13 @@ class Source(ABC):
     token
         A stable identity from the path, size, modification time and dataset:
         equal for the same unchanged data, different once it is rewritten.
+    stamp
+        What :meth:`current_stamp` returned when the source was opened: every
+        read checks it again, before and after, and raises
+        :class:`~daskstream.errors.SourceChangedError` when it differs, so a
+        computation never mixes old and new data.
+    opened_ns
+        When the source was opened (``time.time_ns()``).
     """
 
     format: ClassVar[str]
@@ -56,6 +70,8 @@ class Source(ABC):
     storage_chunks: tuple[int, ...] | None
     layout: str
     token: str
+    stamp: tuple[Any, ...] | None = None
+    opened_ns: int = 0
 
     @property
     def ndim(self) -> int:
@@ -82,7 +98,13 @@ class Source(ABC):
         """
         box, post = normalize_region(region, self.shape)
         shape = tuple(s.stop - s.start for s in box)
-        out = np.empty(shape, dtype=self.dtype) if math.prod(shape) == 0 else self._read_box(box)
+        if math.prod(shape) == 0:
+            out = np.empty(shape, dtype=self.dtype)
+        else:
+            # Checked on both sides: a file rewritten while this task read it is caught too.
+            self.check_unchanged()
+            out = self._read_box(box)
+            self.check_unchanged()
         record_read(out.nbytes)
         if not post:
             return out
@@ -93,6 +115,28 @@ class Source(ABC):
 
     def __getitem__(self, region: Any) -> np.ndarray:
         return self.read(region)
+
+    def current_stamp(self) -> tuple[Any, ...] | None:
+        """What identifies the data on disk now (size, modification times...); ``None`` where not checked."""
+        return None
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`SourceChangedError` when the data on disk is no longer what was opened."""
+        if self.stamp is None:
+            return
+        try:
+            now = self.current_stamp()
+        except SourceNotFoundError:
+            raise SourceRemovedError(
+                f"{self.name} was removed after it was opened; a computation over it cannot finish. "
+                "Put it back or open the new data and compute again",
+            ) from None
+        if now != self.stamp:
+            raise SourceChangedError(
+                f"{self.name} changed on disk after it was opened (its size, modification time or "
+                "metadata differ), so this computation would mix old and new data; open it again "
+                "(ds.open) and compute again"
+            )
 
     @abstractmethod
     def _read_box(self, box: Region) -> np.ndarray:
@@ -196,6 +240,11 @@ def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple
         else:
             raise InvalidIndexError(f"index {index!r} is not supported; use slices and ints")
     return tuple(box), (() if trivial else tuple(post))
+
+
+def now_ns() -> int:
+    """The time a source is opened, to compare files' modification times with."""
+    return time.time_ns()
 
 
 def file_stamp(path: str) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from daskstream.errors import (
     NotAnArrayError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, file_stamp, listing, native
+from daskstream.sources.base import Region, Source, file_stamp, listing, native, now_ns
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
@@ -65,7 +65,8 @@ class Hdf5Source(Source):
 
     def __init__(self, path: str | os.PathLike[str], dataset: str | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
-        size, mtime_ns = file_stamp(self.path)
+        self.opened_ns = now_ns()
+        size, mtime_ns = self.stamp = file_stamp(self.path)
         h5py = import_h5py()
         try:
             f = h5py.File(self.path, "r")
@@ -158,6 +159,9 @@ class Hdf5Source(Source):
             return ChunkedReader(self.path, self.name, index, decoder, self.fill_value)
 
         return cached_handle(("hdf5-chunks", self.path, self.token, self.dataset), build)
+
+    def current_stamp(self) -> tuple[int, int]:
+        return file_stamp(self.path)
 
     def _read_box(self, box: Region) -> np.ndarray:
         if self.raw_offset is not None:

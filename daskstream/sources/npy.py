@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError, UnsupportedDtypeError
-from daskstream.sources.base import Region, Source, file_stamp, native
+from daskstream.sources.base import Region, Source, file_stamp, native, now_ns
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.tokens import source_token
 
@@ -39,7 +39,8 @@ class NpySource(Source):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.dataset = None
-        size, mtime_ns = file_stamp(self.path)
+        self.opened_ns = now_ns()
+        size, mtime_ns = self.stamp = file_stamp(self.path)
         header = read_npy_header(self.path)
         self.offset, self.file_dtype, self.fortran_order, self.shape = header
         self.dtype = native(self.file_dtype)
@@ -53,6 +54,9 @@ class NpySource(Source):
                 "re-create or re-copy the file"
             )
         self.token = source_token(self.format, self.path, size, mtime_ns)
+
+    def current_stamp(self) -> tuple[int, int]:
+        return file_stamp(self.path)
 
     def _read_box(self, box: Region) -> np.ndarray:
         return read_contiguous_box(self.path, self.offset, self.file_dtype, self.shape, self.fortran_order, box)

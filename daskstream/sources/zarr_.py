@@ -17,7 +17,7 @@ from daskstream.errors import (
     SourceNotFoundError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, file_stamp, listing, native
+from daskstream.sources.base import Region, Source, file_stamp, listing, native, now_ns
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.tokens import source_token
 from daskstream.sources.zarr_chunks import chunk_reader_for
@@ -72,6 +72,7 @@ class ZarrSource(Source):
         self.storage_options = dict(storage_options or {})
         if not is_url(self.path):
             file_stamp(self.path)  # our not-found / permission errors rather than zarr's
+        self.opened_ns = now_ns()
         array = self._open_member(dataset)
         self.dataset = _member_name(array)
         # Stamp the array found, not the path given: a root group's files stay as they were
@@ -92,6 +93,8 @@ class ZarrSource(Source):
         self.codecs = _codec_names(array)
         self.layout = "chunked"
         self.token = source_token(self.format, self.path, *stamp, dataset=self.dataset)
+        # Checked by every read, for local stores (a remote one would cost a request per task).
+        self.stamp = None if is_url(self.path) else stamp
 
     def _store(self) -> Any:
         import zarr
@@ -177,6 +180,9 @@ class ZarrSource(Source):
             return None
         return declared
 
+    def current_stamp(self) -> tuple[Any, ...]:
+        return self._stamp(self.dataset)
+
     def _stamp(self, dataset: str | None) -> tuple[Any, ...]:
         """File stamps that change when the array is rewritten."""
         if is_url(self.path):
@@ -231,7 +237,7 @@ class ZarrSource(Source):
         reader = self._chunk_reader()
         if reader:
             out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
-            reader.read_box(box, out, self.name)
+            reader.read_box(box, out, self.name, written_before_ns=self.opened_ns)
             return out
         try:
             out = np.asarray(self._array()[box])

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from daskstream.errors import CorruptSourceError
+from daskstream.errors import CorruptSourceError, SourceChangedError
 from daskstream.sources.base import Region, storage_pieces
 
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
@@ -84,12 +85,22 @@ class ZarrChunkReader:
         self.decode = decode
         self.fill_value = fill_value
 
-    def read_box(self, box: Region, out: np.ndarray, name: str) -> None:
-        """Fill ``out`` with ``box`` of the array; ``name`` is the source's, for errors."""
+    def read_box(self, box: Region, out: np.ndarray, name: str, written_before_ns: int | None = None) -> None:
+        """Fill ``out`` with ``box`` of the array; ``name`` is the source's, for errors.
+
+        A chunk file modified after ``written_before_ns`` (when the source was
+        opened) raises :class:`SourceChangedError`: chunk files deep in a
+        format 3 store change no metadata or directory the source stamps.
+        """
         for grid, inside, target in storage_pieces(box, self.storage_chunks):
             key = self.chunk_key(grid)
             try:
                 with open(os.path.join(self.root, key), "rb") as f:
+                    if written_before_ns is not None and _written_since(f.fileno(), written_before_ns):
+                        raise SourceChangedError(
+                            f"{name}: chunk {key!r} was written after the store was opened, so this "
+                            "computation would mix old and new data; open it again (ds.open) and compute again"
+                        )
                     data = f.read()
             except FileNotFoundError:
                 out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
@@ -101,6 +112,13 @@ class ZarrChunkReader:
                     f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
                     "damaged: re-create or re-copy it"
                 ) from None
+
+
+def _written_since(fd: int, since_ns: int) -> bool:
+    """Whether the file was modified after ``since_ns`` and by now: a modification time in the
+    future (a copy from a machine whose clock runs ahead, a touched file) tells nothing."""
+    modified = os.fstat(fd).st_mtime_ns
+    return since_ns < modified <= time.time_ns()
 
 
 # --- format 2 -------------------------------------------------------------------------------------
