@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import InvalidArgumentError, InvalidAxisError
 from daskstream.planning.budget import format_size
 from daskstream.sources import Source, open_source
 
@@ -182,7 +182,9 @@ class Stream:
         if ndim == 0:
             raise InvalidArgumentError(f"{first.name} is a scalar: there are no items to stream")
         if isinstance(axis, bool) or not isinstance(axis, int) or not -ndim <= axis < ndim:
-            raise InvalidArgumentError(f"axis={axis!r} is out of range for {first.name} with {ndim} axes")
+            raise InvalidAxisError(
+                f"axis={axis!r} is out of range for {first.name} with {ndim} axes; use 0..{ndim - 1}"
+            )
         self.axis = axis % ndim
         self.length = first.shape[self.axis]
         for other in self.inputs[1:]:

@@ -155,6 +155,37 @@ def plan_axis(tmp):
     return lambda: ds.plan_chunks((4, 4), "f4", reduce_axis=5, memory_budget="1MiB", threads=1, workers=1), "axis 5"
 
 
+def _small_npy(tmp):
+    path = tmp / "small.npy"
+    np.save(path, np.ones((8, 8)))
+    return str(path)
+
+
+def quantile_outside(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.reduce(ds.open(path), "quantile", q=1.5).compute(), "1.5"
+
+
+def reduce_axis(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.reduce(ds.open(path), "sum", axis=3), "axis 3"
+
+
+def kernel_changes_shape(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.map_blocks(lambda b: b[:-1], ds.open(path, chunks=(4, 8)), dtype="f8").compute(), "(3, 8)"
+
+
+def stream_axis(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.stream(path, axis=5), "axis=5"
+
+
+def tune_unknown_op(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.tune(path, op="average"), "average"
+
+
 CASES = [
     (missing_path, errors.SourceNotFoundError, FileNotFoundError),
     (missing_path_with_dataset, errors.SourceNotFoundError, FileNotFoundError),
@@ -185,6 +216,11 @@ CASES = [
     (chunks((-2, 4)), errors.InvalidChunksError, ValueError),
     (chunks((2,)), errors.InvalidChunksError, ValueError),
     (plan_axis, errors.InvalidAxisError, IndexError),
+    (quantile_outside, errors.InvalidArgumentError, ValueError),
+    (reduce_axis, errors.InvalidAxisError, IndexError),
+    (kernel_changes_shape, errors.KernelShapeError, ValueError),
+    (stream_axis, errors.InvalidAxisError, IndexError),
+    (tune_unknown_op, errors.UnknownOperationError, ValueError),
 ]
 
 
@@ -241,8 +277,22 @@ class _Trap:
         (["plan", "{tmp}/nope.npy"], "nope.npy"),
         (["plan", "{tmp}"], "Zarr metadata"),
         (["plan", "{tmp}/a.npy", "--memory-budget", "lots"], "lots"),
+        (["reduce", "{tmp}/a.npy", "--op", "average"], "average"),
+        (["reduce", "{tmp}/a.npy", "--op", "sum", "--axis", "4"], "axis 4"),
+        (["describe", "{tmp}/nope.h5::/x"], "nope.h5"),
+        (["tune", "{tmp}/a.npy", "--op", "average"], "average"),
+        (["store", "{tmp}/a.npy", "{tmp}/a.npy"], "a.npy"),
     ],
-    ids=["missing", "plain-directory", "bad-budget"],
+    ids=[
+        "missing",
+        "plain-directory",
+        "bad-budget",
+        "unknown-op",
+        "bad-axis",
+        "describe-missing",
+        "tune-op",
+        "store-onto-source",
+    ],
 )
 def test_cli_prints_one_line_and_exits_2(tmp_path, args, mentioned):
     np.save(tmp_path / "a.npy", np.zeros(3))

@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 import daskstream as ds
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import DaskstreamError, InvalidArgumentError
 from daskstream.runtime.metering import bytes_read_here
 from daskstream.torch import worker_share
 
@@ -201,7 +201,7 @@ def test_the_reader_stays_within_prefetch_of_a_slow_consumer(tmp_path):
 def test_bad_arguments_are_clear_errors(tmp_path, kwargs, match):
     path = str(tmp_path / "x.npy")
     np.save(path, indexed(n=100))
-    with pytest.raises(InvalidArgumentError, match=match):
+    with pytest.raises(DaskstreamError, match=match):
         ds.stream(path, **kwargs)
 
 
