@@ -325,20 +325,7 @@ class Stream:
         rng = self._rng(epoch)
         pending: deque[list[np.ndarray]] = deque()  # parts of rows not yet batched, one array per input
         held = 0
-        window: list[list[np.ndarray]] = []
-        for parts in self._read_ahead(self.blocks_for(epoch, rng), stop):
-            if self.shuffle:
-                window.append(parts)
-                if len(window) < self.shuffle_blocks:
-                    continue
-                parts, window = _shuffled(window, rng, self.axis), []
-            pending.append(parts)
-            held += parts[0].shape[self.axis]
-            while held >= self.batch_size:
-                yield self._emit(_take(pending, self.batch_size, self.axis))
-                held -= self.batch_size
-        if window:
-            parts = _shuffled(window, rng, self.axis)
+        for parts in self._windows(self._read_ahead(self.blocks_for(epoch, rng), stop), rng):
             pending.append(parts)
             held += parts[0].shape[self.axis]
             while held >= self.batch_size:
@@ -346,6 +333,20 @@ class Stream:
                 held -= self.batch_size
         if held and not self.drop_last:
             yield self._emit(_take(pending, held, self.axis))
+
+    def _windows(self, blocks: Iterator[list[np.ndarray]], rng: np.random.Generator) -> Iterator[list[np.ndarray]]:
+        """The blocks as read, or (shuffling) each window of ``shuffle_blocks`` blocks with its rows shuffled."""
+        if not self.shuffle:
+            yield from blocks
+            return
+        window: list[list[np.ndarray]] = []
+        for parts in blocks:
+            window.append(parts)
+            if len(window) == self.shuffle_blocks:
+                yield _shuffled(window, rng, self.axis)
+                window = []
+        if window:
+            yield _shuffled(window, rng, self.axis)
 
     def _emit(self, arrays: list[np.ndarray]) -> Any:
         return tuple(arrays) if self.zipped else arrays[0]
