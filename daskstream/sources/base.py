@@ -103,7 +103,12 @@ class Source(ABC):
         else:
             # Checked on both sides: a file rewritten while this task read it is caught too.
             self.check_unchanged()
-            out = self._read_box(box)
+            try:
+                out = self._read_box(box)
+            except (OSError, EOFError, ValueError):
+                # A file cut short or rewritten mid-read fails in the reader: say so when that is why.
+                self.check_unchanged()
+                raise
             self.check_unchanged()
         record_read(out.nbytes)
         if not post:

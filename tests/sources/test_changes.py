@@ -113,10 +113,13 @@ def test_opening_again_reads_the_new_data(tmp_path, make):
 
 
 def test_a_change_while_streaming_is_raised_in_the_loop(tmp_path):
-    where, change = rewrite_npy(tmp_path)
-    batches = iter(ds.stream(where, batch_size=8, prefetch=1))
+    path = tmp_path / "s.npy"
+    np.save(path, np.zeros((4000, 32)))
+    # Small blocks (64 rows) and one batch of prefetch: most of the file is still unread after one batch.
+    batches = iter(ds.stream(str(path), batch_size=8, prefetch=1, memory_budget="96KiB"))
     next(batches)
-    change()
+    np.save(path, np.ones((4000, 32)))
+    later(path)
     with pytest.raises(SourceChangedError):
         for _ in batches:
             pass
