@@ -166,3 +166,22 @@ def _normalize_user_chunks(source: Source, chunks: Any) -> tuple[tuple[int, ...]
     if any(sum(c) != n for c, n in zip(out, source.shape)) or math.prod(map(len, out)) < 1:
         raise InvalidChunksError(f"chunks={chunks!r} do not cover {source.name} of shape {source.shape}; {hint}")
     return out
+
+
+def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...], ...] | None]]:
+    """The daskstream read layers in a dask collection's graph: name, the Source read, and its chunks.
+
+    They are the layers :func:`as_dask_array` makes: ``daskstream-<format>-<token>``
+    beside ``original-`` of that name, which holds the Source.
+    """
+    graph = collection.__dask_graph__()
+    layers = getattr(graph, "layers", {})
+    found = []
+    for name in layers:
+        if name.startswith("daskstream-") and f"original-{name}" in layers:
+            original = layers[f"original-{name}"]
+            source = next(iter(original.values()), None) if hasattr(original, "values") else None
+            if isinstance(source, Source):
+                annotations = getattr(layers[name], "collection_annotations", None) or {}
+                found.append((name, source, annotations.get("chunks")))
+    return found

@@ -45,7 +45,7 @@ class _Input:
         if isinstance(x, Source):
             self.source = x
         elif hasattr(x, "__dask_graph__"):
-            from daskstream.tuning.work import read_layers
+            from daskstream.arrays import read_layers
 
             layers = read_layers(x)
             # An array straight from daskstream.open is read from its Source, without dask in the loop.

@@ -45,6 +45,7 @@ import dask.local
 import dask.threaded
 import numpy as np
 
+from daskstream.arrays import read_layers
 from daskstream.errors import (
     CorruptSourceError,
     InvalidArgumentError,
@@ -277,7 +278,7 @@ def store(
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
         writer = _ZarrTarget(path, (member or "").strip("/") or None, compressor, zarr_format)
-    writer.check_sources(_sources_read_by(x))
+    writer.check_sources([source for _, source, _ in read_layers(x)])
     writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
 
     from daskstream.arrays import open as open_array
@@ -334,17 +335,6 @@ def _regular(x: da.Array) -> da.Array:
 
     # The largest chunk per axis keeps the number of blocks lowest without splitting any task's input.
     return x.rechunk(regular_grid(x.shape, tuple(max(sizes) for sizes in x.chunks)))
-
-
-def _sources_read_by(x: da.Array) -> list[Source]:
-    """The daskstream sources ``x`` reads, found in the small layers ``daskstream.open`` names."""
-    found: list[Source] = []
-    for name, layer in x.dask.layers.items():
-        # Only daskstream's own layers: other materialized layers can hold a task per block.
-        mapping = getattr(layer, "mapping", None) if "daskstream-" in name else None
-        if mapping:
-            found.extend(value for value in mapping.values() if isinstance(value, Source))
-    return found
 
 
 def _in_process_scheduler() -> bool:

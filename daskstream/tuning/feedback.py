@@ -23,9 +23,10 @@ from typing import Any
 from dask.callbacks import Callback
 
 from daskstream import config
+from daskstream.arrays import read_layers
 from daskstream.sources import Source
 from daskstream.tuning.cache import TuneCache
-from daskstream.tuning.work import consumer_label, read_layers
+from daskstream.tuning.work import consumer_label
 
 
 class _TaskClock(Callback):

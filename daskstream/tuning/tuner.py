@@ -11,6 +11,7 @@ from typing import Any
 import dask.config
 
 from daskstream import config
+from daskstream.arrays import read_layers
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.budget import parse_budget
 from daskstream.runtime.resources import Resources, resolve_resources
@@ -18,7 +19,7 @@ from daskstream.sources import Source, open_source
 from daskstream.tuning.cache import TuneCache, machine_fingerprint
 from daskstream.tuning.result import Candidate, TuneResult
 from daskstream.tuning.search import Limits, SearchSpace, Trial, hill_climb
-from daskstream.tuning.work import Work, read_layers, work_for
+from daskstream.tuning.work import Work, work_for
 
 
 def tune(

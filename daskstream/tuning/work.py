@@ -28,21 +28,6 @@ _PLUMBING = {"getitem", "concatenate", "overlap", "rechunk-merge", "rechunk-spli
 Box = tuple[slice, ...]
 
 
-def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...], ...] | None]]:
-    """The daskstream read layers in a dask collection's graph: name, the Source read, and its chunks."""
-    graph = collection.__dask_graph__()
-    layers = getattr(graph, "layers", {})
-    found = []
-    for name in layers:
-        if name.startswith("daskstream-") and f"original-{name}" in layers:
-            original = layers[f"original-{name}"]
-            source = next(iter(original.values()), None) if hasattr(original, "values") else None
-            if isinstance(source, Source):
-                annotations = getattr(layers[name], "collection_annotations", None) or {}
-                found.append((name, source, annotations.get("chunks")))
-    return found
-
-
 def consumer_label(graph: Any, read_name: str) -> tuple[str, str] | None:
     """The first layer after ``read_name`` that does work (not halos or re-chunking): ``(name, label)``."""
     dependents = getattr(graph, "dependents", {})
@@ -208,4 +193,4 @@ def spread_blocks(numblocks: tuple[int, ...], count: int, offset: float = 0.5) -
     return [tuple(int(v) for v in np.unravel_index(f, numblocks)) for f in flat]
 
 
-__all__ = ["Work", "consumer_label", "read_layers", "spread_blocks", "work_for"]
+__all__ = ["Work", "consumer_label", "spread_blocks", "work_for"]
