@@ -49,6 +49,18 @@ class Candidate:
         """The candidate as one table row of plain values."""
         return {**asdict(self), "chunks": list(self.chunks)}
 
+    def cells(self) -> tuple[str, ...]:
+        """Chunks, size, tasks, GB/s, noise, peak per task and note, as a table shows them."""
+        return (
+            str(self.chunks),
+            format_size(self.chunk_bytes),
+            str(self.tasks),
+            "-" if self.throughput is None else f"{self.throughput / 1e9:.2f}",
+            "-" if self.spread is None else f"{100 * self.spread:.0f}%",
+            "-" if self.peak_task_bytes is None else format_size(self.peak_task_bytes),
+            self.pruned or self.origin,
+        )
+
 
 @dataclass(frozen=True)
 class TuneResult:
@@ -100,7 +112,11 @@ class TuneResult:
     @property
     def winner(self) -> Candidate | None:
         """The candidate row of the winning chunks."""
-        return next((c for c in self.candidates if c.chunks == self.chunks and c.pruned is None), None)
+        return next((c for c in self.candidates if self.won(c)), None)
+
+    def won(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` is the winner's row."""
+        return candidate.chunks == self.chunks and candidate.pruned is None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, as ``daskstream tune --json`` prints them."""
@@ -125,7 +141,7 @@ class TuneResult:
         except ImportError as exc:
             raise ImportError("TuneResult.to_dataframe needs pandas: pip install pandas") from exc
         frame = pd.DataFrame([c.row() for c in self.candidates])
-        frame["winner"] = [tuple(c.chunks) == self.chunks and c.pruned is None for c in self.candidates]
+        frame["winner"] = [self.won(c) for c in self.candidates]
         return frame
 
     def plot(self, ax: Any = None) -> Any:
@@ -144,28 +160,16 @@ class TuneResult:
         rates = [c.throughput / 1e9 for c in timed]
         errors = [c.throughput * (c.spread or 0) / 1e9 for c in timed]
         ax.errorbar(sizes, rates, yerr=errors, fmt="o", color="tab:blue", label="measured")
+
+        def mark(candidate: Candidate, **style: Any) -> None:
+            ax.scatter([candidate.chunk_bytes / 2**20], [candidate.throughput / 1e9], **style)
+
         for c in timed:
             if c.origin == "planner":
-                ax.scatter(
-                    [c.chunk_bytes / 2**20],
-                    [c.throughput / 1e9],
-                    marker="s",
-                    s=90,
-                    facecolors="none",
-                    edgecolors="tab:gray",
-                    label="planner (auto)",
-                )
+                mark(c, marker="s", s=90, facecolors="none", edgecolors="tab:gray", label="planner (auto)")
         winner = self.winner
         if winner is not None and winner.throughput is not None:
-            ax.scatter(
-                [winner.chunk_bytes / 2**20],
-                [winner.throughput / 1e9],
-                marker="*",
-                s=220,
-                color="tab:red",
-                label="winner",
-                zorder=3,
-            )
+            mark(winner, marker="*", s=220, color="tab:red", label="winner", zorder=3)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("chunk size (MiB)")
         ax.set_ylabel("projected throughput (GB/s)")
@@ -177,15 +181,11 @@ class TuneResult:
         """The candidates as a plain-text table."""
         lines = [f"{'chunks':<24} {'size':>10} {'tasks':>7} {'GB/s':>7} {'±':>5} {'peak/task':>11}  note"]
         for c in self.candidates:
-            mark = "*" if c.chunks == self.chunks and c.pruned is None else " "
-            rate = "-" if c.throughput is None else f"{c.throughput / 1e9:.2f}"
-            noise = "-" if c.spread is None else f"{100 * c.spread:.0f}%"
-            peak = (
-                "-" if c.peak_task_bytes is None else format_size(c.peak_task_bytes) + ("" if c.peak_measured else "~")
-            )
-            note = c.pruned or c.origin
+            chunks, size, tasks, rate, noise, peak, note = c.cells()
+            # "~": projected from the measured candidate, not measured itself.
+            peak += "" if c.peak_task_bytes is None or c.peak_measured else "~"
             lines.append(
-                f"{mark}{c.chunks!s:<23} {format_size(c.chunk_bytes):>10} {c.tasks:>7} {rate:>7} {noise:>5} "
+                f"{'*' if self.won(c) else ' '}{chunks:<23} {size:>10} {tasks:>7} {rate:>7} {noise:>5} "
                 f"{peak:>11}  {note}"
             )
         return "\n".join(lines)
@@ -204,18 +204,8 @@ class TuneResult:
         )
         rows = []
         for c in self.candidates:
-            won = c.chunks == self.chunks and c.pruned is None
-            style = " style='font-weight:bold;background:#e8f4e8'" if won else ""
-            cells = (
-                str(c.chunks),
-                format_size(c.chunk_bytes),
-                str(c.tasks),
-                "-" if c.throughput is None else f"{c.throughput / 1e9:.2f}",
-                "-" if c.spread is None else f"{100 * c.spread:.0f}%",
-                "-" if c.peak_task_bytes is None else format_size(c.peak_task_bytes),
-                c.pruned or c.origin,
-            )
-            rows.append(f"<tr{style}>" + "".join(f"<td>{escape(v)}</td>" for v in cells) + "</tr>")
+            style = " style='font-weight:bold;background:#e8f4e8'" if self.won(c) else ""
+            rows.append(f"<tr{style}>" + "".join(f"<td>{escape(v)}</td>" for v in c.cells()) + "</tr>")
         from daskstream.display import grid_figure
 
         speed = "-" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x"
