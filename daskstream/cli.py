@@ -64,6 +64,13 @@ def _session(scheduler: str | None, cluster_file: str | None, memory_budget: str
     return ds.session(scheduler, cluster=cluster_file, memory_budget=memory_budget, progress=not quiet)
 
 
+def _session_if_asked(scheduler: str | None, cluster_file: str | None, memory_budget: str | None) -> Any:
+    """A quiet session when --scheduler or --cluster was given (to ask its workers), else nothing."""
+    if scheduler is None and cluster_file is None:
+        return contextlib.nullcontext()
+    return _session(scheduler, cluster_file, memory_budget, quiet=True)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="daskstream")
 def main() -> None:
@@ -259,12 +266,7 @@ def plan(
     import daskstream as ds
 
     source = ds.open_source(path, dataset=dataset)
-    where = (
-        _session(scheduler, cluster_file, None, quiet=True)
-        if scheduler is not None or cluster_file is not None
-        else contextlib.nullcontext()
-    )
-    with where:
+    with _session_if_asked(scheduler, cluster_file, None):
         chunk_plan = source.plan(memory_budget=memory_budget, threads=threads, workers=workers)
     if not as_json:
         click.echo(repr(source))
@@ -330,12 +332,7 @@ def tune_command(
         if not clear:
             raise click.UsageError("give PATH to tune, or --clear")
         return
-    where = (
-        _session(scheduler, cluster_file, memory_budget, quiet=True)
-        if scheduler is not None or cluster_file is not None
-        else contextlib.nullcontext()
-    )
-    with where:
+    with _session_if_asked(scheduler, cluster_file, memory_budget):
         result = tune(
             path,
             op=op,
