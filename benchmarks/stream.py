@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -26,16 +25,7 @@ from dask.utils import format_bytes, parse_bytes
 
 import daskstream as ds
 from benchmarks.samples import LAYOUTS, ensure
-
-
-def _median_seconds(run: Any, repeats: int) -> float:
-    run()  # warm the page cache and the code paths
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.timing import clocked, warm_median
 
 
 def measure(key: str, where: str, repeats: int, prefetch: Any) -> dict[str, Any]:
@@ -46,15 +36,15 @@ def measure(key: str, where: str, repeats: int, prefetch: Any) -> dict[str, Any]
         for _ in ds.stream(where, prefetch=prefetch):
             pass
 
-    summed = _median_seconds(lambda: ds.open(where).sum().compute(), repeats)
-    read = _median_seconds(bare, repeats)
+    summed = warm_median(lambda: clocked(lambda: ds.open(where).sum().compute()), repeats)
+    read = warm_median(lambda: clocked(bare), repeats)
     per_batch = read / batches
 
     def busy() -> None:
         for _ in ds.stream(where, prefetch=prefetch):
             time.sleep(per_batch)
 
-    overlapped = _median_seconds(busy, repeats)
+    overlapped = warm_median(lambda: clocked(busy), repeats)
     consume = per_batch * batches
     return {
         "layout": LAYOUTS[key].label,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -41,6 +42,7 @@ from dask.utils import format_bytes, parse_bytes
 import daskstream as ds
 from benchmarks.run import box3
 from benchmarks.samples import LAYOUTS, ensure
+from benchmarks.timing import warm_median
 from daskstream.runtime.resources import resolve_resources
 from daskstream.tuning.tuner import search_space
 
@@ -53,14 +55,7 @@ def sweep_chunks(where: str) -> list[tuple[int, ...]]:
     space = search_space(source, resolve_resources())
     factor = float(dask.config.get("daskstream.planning.working-set-factor"))
     shapes = [space.chunks(m) for m in space.sweep(factor)]
-    return [c for c in shapes if SMALLEST <= source.dtype.itemsize * _prod(c) <= LARGEST]
-
-
-def _prod(values: tuple[int, ...]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
+    return [c for c in shapes if SMALLEST <= source.dtype.itemsize * math.prod(c) <= LARGEST]
 
 
 def full_run(where: str, chunks: Any, workload: str, scratch: Path) -> float:
@@ -76,8 +71,7 @@ def full_run(where: str, chunks: Any, workload: str, scratch: Path) -> float:
 
 
 def timed(where: str, chunks: Any, workload: str, scratch: Path, repeats: int) -> float:
-    full_run(where, chunks, workload, scratch)  # warm the page cache and the code paths
-    return statistics.median(full_run(where, chunks, workload, scratch) for _ in range(repeats))
+    return warm_median(lambda: full_run(where, chunks, workload, scratch), repeats)
 
 
 def tune_for(where: str, workload: str) -> Any:
