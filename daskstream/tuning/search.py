@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from daskstream.planning.budget import format_size
 
 Multiples = tuple[int, ...]
+# A step of the climb: the axis, and whether the chunk doubles (True) or halves along it.
+Step = tuple[int, bool]
 
 
 @dataclass(frozen=True)
@@ -89,14 +91,17 @@ class SearchSpace:
         """``multiples`` limited to ``[1, units along the axis]``; fixed axes stay at their start."""
         return tuple(max(1, min(m, n)) for m, n in zip(multiples, self.n_units))
 
-    def neighbours(self, multiples: Multiples) -> Iterator[Multiples]:
-        """One step from ``multiples``: each free axis doubled, then each halved (when that changes it)."""
-        for factor in (2, 0.5):
+    def neighbours(self, multiples: Multiples) -> Iterator[tuple[Step, Multiples]]:
+        """One step from ``multiples``: each free axis doubled, then each halved (when that changes it).
+
+        Yields ``((axis, up), multiples)``, the step and where it leads.
+        """
+        for up in (True, False):
             for axis in self.axes:
                 m = multiples[axis]
-                stepped = min(m * 2, self.n_units[axis]) if factor == 2 else max(1, m // 2)
+                stepped = min(m * 2, self.n_units[axis]) if up else max(1, m // 2)
                 if stepped != m:
-                    yield (*multiples[:axis], stepped, *multiples[axis + 1 :])
+                    yield (axis, up), (*multiples[:axis], stepped, *multiples[axis + 1 :])
 
     def rejection(self, multiples: Multiples, memory_factor: float) -> str | None:
         """Why ``multiples`` may not run at all (memory or parallelism), or ``None``."""
@@ -309,18 +314,16 @@ def hill_climb(
     if best is None:
         return ClimbOutcome(list(trials.values()), None, stopped or "no candidate could be measured")
 
-    direction: int | None = None  # index into the neighbour order of the last winning step
+    last_step: Step | None = None
     while not stopped:
-        moves = list(space.neighbours(best.multiples))
-        if direction is not None and direction < len(moves):
-            # Keep going the way that last won before trying the others, as a climber would.
-            moves.insert(0, moves.pop(direction))
-        for index, multiples in enumerate(moves):
+        # Keep going the way that last won before trying the others, as a climber would.
+        moves = sorted(space.neighbours(best.multiples), key=lambda move: move[0] != last_step)
+        for step, multiples in moves:
             trial = attempt(multiples, "climb")
             if trial is None:
                 break
             if trial.measurement is not None and beats(trial.measurement, best.measurement, min_gain):
-                best, direction = trial, _move_index(space, best.multiples, multiples, index)
+                best, last_step = trial, step
                 break
         else:
             capped = any(t.pruned and "sample cap" in t.pruned for t in trials.values())
@@ -330,12 +333,3 @@ def hill_climb(
                 else "converged: no step from the winner beats it by more than the noise"
             )
     return ClimbOutcome(list(trials.values()), best, stopped)
-
-
-def _move_index(space: SearchSpace, before: Multiples, after: Multiples, fallback: int) -> int:
-    """Where the same kind of step (axis, up or down) sits in the neighbour order of ``after``."""
-    axis = next(a for a, (p, q) in enumerate(zip(before, after)) if p != q)
-    up = after[axis] > before[axis]
-    order = [(a, True) for a in space.axes] + [(a, False) for a in space.axes]
-    available = [(a, u) for a, u in order if (after[a] < space.n_units[a] if u else after[a] > 1)]
-    return available.index((axis, up)) if (axis, up) in available else fallback
