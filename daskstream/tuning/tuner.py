@@ -270,7 +270,7 @@ class Tuner:
         )
         result = self._result(outcome.trials, outcome.best, outcome.stopped, started, limits.sampled, factor["value"])
         if outcome.best is not None:
-            self.cache.put(self.key, self._remembered_form(result, outcome.best))
+            self.cache.put(self.key, self._remembered_form(result, outcome.best, factor["value"]))
         return result
 
     def observed_starts(self, entry: dict[str, Any] | None) -> tuple[tuple[int, ...], ...]:
@@ -369,17 +369,14 @@ class Tuner:
             origin=trial.origin,
         )
 
-    def _remembered_form(self, result: TuneResult, best: Trial) -> dict[str, Any]:
+    def _remembered_form(self, result: TuneResult, best: Trial, memory_factor: float) -> dict[str, Any]:
         return {
             "multiples": list(best.multiples),
             "chunks": list(result.chunks),
             "throughput": best.measurement.throughput,
             "spread": best.measurement.spread,
             "speedup_vs_auto": result.speedup_vs_auto,
-            "memory_factor": next(
-                (c.peak_task_bytes / c.chunk_bytes for c in result.candidates if c.peak_measured and c.chunk_bytes),
-                1.0,
-            ),
+            "memory_factor": memory_factor,
             "source": result.source,
             "candidates": len(result.candidates),
             "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
