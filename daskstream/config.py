@@ -31,9 +31,9 @@ def get(key: str, value: Any = None) -> Any:
 
     Examples
     --------
-    >>> get("planning.working-set-factor")
+    >>> get("planning.float64-copies")
     3
-    >>> get("planning.working-set-factor", 2)
+    >>> get("planning.float64-copies", 2)
     2
     """
     if value is not None:

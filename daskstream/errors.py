@@ -21,6 +21,7 @@ __all__ = [
     "KernelError",
     "KernelShapeError",
     "MemberNotFoundError",
+    "MemoryBudgetError",
     "NotAZarrStoreError",
     "NotAnArrayError",
     "SourceChangedError",
@@ -75,6 +76,15 @@ class NotAnArrayError(DaskstreamError, TypeError):
 
 class InvalidBudgetError(DaskstreamError, ValueError):
     """A memory budget that is not a positive number of bytes."""
+
+
+class MemoryBudgetError(InvalidBudgetError, MemoryError):
+    """The work cannot be done within the memory budget.
+
+    Raised before anything is read: the message names the operation, what one
+    task or the whole plan would hold (term by term, in human units) against
+    the budget, and what to change.
+    """
 
 
 class InvalidChunksError(DaskstreamError, ValueError):

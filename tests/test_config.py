@@ -40,7 +40,8 @@ def test_every_default_is_documented_in_the_schema():
 
 def test_defaults_are_registered_with_dask():
     assert dask.config.get("daskstream.memory-budget") == "auto"
-    assert dask.config.get("daskstream.planning.working-set-factor") == 3
+    assert dask.config.get("daskstream.planning.working-set-factor") == "auto"
+    assert dask.config.get("daskstream.planning.float64-copies") == 3
 
 
 def test_config_budget_is_used_and_an_argument_wins():

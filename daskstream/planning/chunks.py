@@ -13,11 +13,16 @@ The rules, in the order they bind:
    decode unit: it is cut into slabs along its slowest axis so each task reads
    one contiguous byte range.
 2. **Budget.** ``memory_budget`` is shared by the ``threads`` tasks a worker
-   runs at once, and one task holds about ``working_set_factor`` times its
-   chunk (the chunk, a decoded or converted copy, the op's output). So a
-   chunk may hold at most ``memory_budget // (threads * working_set_factor)``
-   bytes. Only a storage chunk larger than that is split, into pieces whose
-   size divides it; the plan then reports how often each is decoded.
+   runs at once. One task holds its chunk times ``working_set_factor`` (by
+   default the chunk itself plus ``float64_copies`` float64 copies of its
+   values: the temporaries of one analysis step, such as a centred copy and
+   its square in a variance) and, while it reads, ``decode_bytes`` (a storage
+   chunk as stored and decoded). So a chunk may hold at most
+   ``(memory_budget // threads - decode_bytes) / working_set_factor`` bytes.
+   Only a storage chunk larger than that is split, into pieces whose size
+   divides it; the plan then reports how often each is decoded. A budget that
+   leaves a task less than one element, or a plan of more than ``max_tasks``
+   tasks, is a :class:`~daskstream.errors.MemoryBudgetError`.
 3. **Parallelism.** Chunks hold at most ``nbytes // (min_tasks_per_thread *
    threads * workers)`` bytes, so every thread gets work whenever the array
    has that many storage chunks.
@@ -43,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from daskstream.errors import InvalidAxisError, InvalidBudgetError, InvalidChunksError
+from daskstream.errors import InvalidAxisError, InvalidBudgetError, InvalidChunksError, MemoryBudgetError
 from daskstream.planning.budget import format_size, parse_budget
 
 if TYPE_CHECKING:
@@ -68,6 +73,9 @@ class ChunkPlan:
         ``"C"``, ``"F"`` or ``"chunked"``.
     memory_budget, threads, workers, working_set_factor
         The budget the plan was sized to.
+    decode_bytes
+        Bytes a read holds beyond its chunk while it decodes storage (0 for
+        data read straight into the chunk).
     read_amplification
         Bytes decoded divided by bytes in the array: 1.0 when no storage chunk
         is read by two tasks.
@@ -92,6 +100,7 @@ class ChunkPlan:
     reduce_axis: tuple[int, ...] | None
     target_chunk_bytes: int
     min_tasks_per_thread: int
+    decode_bytes: int = 0
     axis_notes: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
@@ -115,9 +124,14 @@ class ChunkPlan:
         return math.prod(len(c) for c in self.dask_chunks)
 
     @property
+    def task_working_set_bytes(self) -> int:
+        """Memory one task needs: ``working_set_factor`` times its chunk, and its decode buffers."""
+        return math.ceil(self.working_set_factor * self.chunk_bytes) + self.decode_bytes
+
+    @property
     def projected_peak_bytes(self) -> int:
-        """Memory one worker needs: ``threads`` tasks at ``working_set_factor`` times its chunk."""
-        return math.ceil(self.threads * self.working_set_factor * self.chunk_bytes)
+        """Memory one worker needs: ``threads`` tasks' working sets."""
+        return self.threads * self.task_working_set_bytes
 
     @property
     def min_tasks(self) -> int:
@@ -127,7 +141,7 @@ class ChunkPlan:
     @property
     def aim_bytes(self) -> int:
         """The chunk size the plan grows towards: the tightest of its three bounds."""
-        cap = _per_task_cap(self.memory_budget, self.threads, self.working_set_factor)
+        cap = _per_task_cap(self.memory_budget, self.threads, self.working_set_factor, self.decode_bytes)
         return _aim(cap, self.target_chunk_bytes, self.nbytes // self.min_tasks, self.dtype.itemsize)
 
     @property
@@ -137,13 +151,14 @@ class ChunkPlan:
 
     def explain(self) -> str:
         """Plain-text account of the inputs and why each axis was cut as it was."""
-        per_task = _per_task_cap(self.memory_budget, self.threads, self.working_set_factor)
+        per_task = _per_task_cap(self.memory_budget, self.threads, self.working_set_factor, self.decode_bytes)
         storage = "contiguous" if self.storage_chunks is None else f"storage chunks {self.storage_chunks}"
+        decode = f" and {format_size(self.decode_bytes)} to decode storage" if self.decode_bytes else ""
         lines = [
             f"Chunk plan for {self.shape} {self.dtype} ({format_size(self.nbytes)}), layout {self.layout}, {storage}",
             f"Budget: {format_size(self.memory_budget)} per worker, {self.threads} thread(s) x "
-            f"{self.workers} worker(s); working-set factor {self.working_set_factor:g}, "
-            f"so at most {format_size(per_task)} per chunk",
+            f"{self.workers} worker(s); a task holds its chunk times {self.working_set_factor:g} (working "
+            f"set){decode}, so at most {format_size(per_task)} per chunk",
             f"Chunk size aim: {format_size(self.aim_bytes)}, the least of the per-chunk budget "
             f"({format_size(per_task)}), the preferred size ({format_size(self.target_chunk_bytes)}) "
             f"and 1/{self.min_tasks} of the array ({format_size(self.nbytes // self.min_tasks)}, "
@@ -204,6 +219,7 @@ def plan_chunks(
     target_chunk_bytes: int | str | None = None,
     working_set_factor: float | None = None,
     min_tasks_per_thread: int | None = None,
+    decode_bytes: int = 0,
 ) -> ChunkPlan:
     """Plan storage-aligned chunks for an array, within a memory budget.
 
@@ -230,13 +246,24 @@ def plan_chunks(
         Preferred chunk size below the hard bounds. ``None``: setting
         ``daskstream.planning.target-chunk-bytes`` ("auto" sizes it to the CPU cache).
     working_set_factor
-        Projected peak memory of one task as a multiple of its chunk.
+        Projected peak memory of one task as a multiple of its chunk. ``None``:
+        setting ``daskstream.planning.working-set-factor``, whose ``"auto"``
+        is :func:`analysis_working_set_factor` of the dtype.
     min_tasks_per_thread
         Tasks each thread gets at least, when the storage grid allows.
+    decode_bytes
+        Bytes a read holds beyond its chunk while it decodes storage chunks
+        (:attr:`daskstream.Source.decode_bytes`).
 
     Returns
     -------
     ChunkPlan
+
+    Raises
+    ------
+    MemoryBudgetError
+        When the budget leaves a task less than one element, or the plan
+        would have more than ``daskstream.planning.max-tasks`` tasks.
 
     Examples
     --------
@@ -257,6 +284,7 @@ def plan_chunks(
         from daskstream.runtime.resources import cache_sized_chunk_bytes
 
         target = cache_sized_chunk_bytes()
+    factor = configured_working_set_factor(dtype, working_set_factor)
     return plan_chunks_exact(
         shape,
         dtype,
@@ -267,9 +295,35 @@ def plan_chunks(
         workers=found.workers,
         reduce_axis=reduce_axis,
         target_chunk_bytes=parse_budget(target, name="target_chunk_bytes"),
-        working_set_factor=float(config.get("planning.working-set-factor", working_set_factor)),
+        working_set_factor=factor,
         min_tasks_per_thread=int(config.get("planning.min-tasks-per-thread", min_tasks_per_thread)),
+        decode_bytes=decode_bytes,
+        max_tasks=int(config.get("planning.max-tasks")),
     )
+
+
+def configured_working_set_factor(dtype: DTypeLike, value: float | None = None) -> float:
+    """``value``, else the setting ``daskstream.planning.working-set-factor`` for ``dtype`` (resolving ``"auto"``)."""
+    from daskstream import config
+
+    factor = config.get("planning.working-set-factor", value)
+    if factor == "auto":
+        return analysis_working_set_factor(dtype, int(config.get("planning.float64-copies")))
+    return float(factor)
+
+
+def analysis_working_set_factor(dtype: DTypeLike, float64_copies: int) -> float:
+    """One task's memory as a multiple of its chunk: the chunk and ``float64_copies`` float64 copies of it.
+
+    An analysis step promotes to float64 and makes temporaries the size of its
+    block (a variance holds the block, its centred copy and their squares), so
+    narrow dtypes need proportionally more room.
+
+    >>> analysis_working_set_factor("f8", 3), analysis_working_set_factor("f4", 3)
+    (4.0, 7.0)
+    """
+    itemsize = max(np.dtype(dtype).itemsize, 1)
+    return 1.0 + float64_copies * 8 / itemsize
 
 
 def plan_chunks_exact(
@@ -285,8 +339,13 @@ def plan_chunks_exact(
     target_chunk_bytes: int,
     working_set_factor: float,
     min_tasks_per_thread: int,
+    decode_bytes: int = 0,
+    max_tasks: int | None = None,
 ) -> ChunkPlan:
-    """:func:`plan_chunks` with every input given: a pure function, no defaults looked up."""
+    """:func:`plan_chunks` with every input given: a pure function, no defaults looked up.
+
+    ``max_tasks`` (``None``: no ceiling) refuses plans with more tasks.
+    """
     shape = _normalize_shape(shape)
     dtype = np.dtype(dtype)
     ndim = len(shape)
@@ -304,12 +363,16 @@ def plan_chunks_exact(
     reduce_axes = None if reduce_axis is None else normalize_axes(reduce_axis, ndim)
 
     itemsize = max(dtype.itemsize, 1)
-    cap = _per_task_cap(memory_budget, threads, working_set_factor)
+    cap = _per_task_cap(memory_budget, threads, working_set_factor, decode_bytes)
     if cap < itemsize:
-        raise InvalidBudgetError(
-            f"memory_budget={format_size(memory_budget)} leaves {format_size(cap)} per chunk for "
-            f"{threads} thread(s) at working-set factor {working_set_factor:g}, less than one "
-            f"{dtype} element; raise memory_budget or lower threads"
+        decoding = (
+            f", after {format_size(decode_bytes)} to decode one storage chunk {storage_chunks}" if decode_bytes else ""
+        )
+        raise MemoryBudgetError(
+            f"memory_budget={format_size(memory_budget)} leaves {format_size(max(cap, 0))} per chunk for "
+            f"{threads} thread(s) at working-set factor {working_set_factor:g}{decoding}, less than one "
+            f"{dtype} element; raise memory_budget to at least "
+            f"{format_size(threads * (decode_bytes + math.ceil(working_set_factor * itemsize)))} or lower threads"
         )
     nbytes = math.prod(shape) * itemsize
     target = _aim(cap, target_chunk_bytes, nbytes // (min_tasks_per_thread * threads * workers), itemsize)
@@ -328,6 +391,15 @@ def plan_chunks_exact(
         chunks = _aligned_chunks(shape, itemsize, storage_chunks, reduce_axes, target, cap, notes)
         amplification = read_amplification(shape, storage_chunks, chunks)
 
+    n_tasks = math.prod(math.ceil(n / c) if c else 1 for n, c in zip(shape, chunks))
+    if max_tasks is not None and n_tasks > max_tasks:
+        raise MemoryBudgetError(
+            f"memory_budget={format_size(memory_budget)} leaves {format_size(cap)} per chunk for {threads} "
+            f"thread(s), so {shape} {dtype} ({format_size(nbytes)}) would take {n_tasks:,} tasks, more than "
+            f"the {max_tasks:,} daskstream plans at most (daskstream.planning.max-tasks; the task graph alone "
+            f"would outgrow the budget); raise memory_budget to at least "
+            f"{format_size(_budget_for_tasks(nbytes, max_tasks, threads, working_set_factor, decode_bytes))}"
+        )
     return ChunkPlan(
         shape=shape,
         dtype=dtype,
@@ -342,8 +414,64 @@ def plan_chunks_exact(
         reduce_axis=reduce_axes,
         target_chunk_bytes=target_chunk_bytes,
         min_tasks_per_thread=min_tasks_per_thread,
+        decode_bytes=decode_bytes,
         axis_notes=tuple(notes),
     )
+
+
+def fit_halo_chunks(
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    halo: tuple[int, ...],
+    itemsize: int,
+    *,
+    per_task_bytes: int,
+    working_set_factor: float,
+    decode_bytes: int = 0,
+    unit: tuple[int, ...] | None = None,
+    what: str = "a kernel",
+) -> tuple[int, ...]:
+    """The largest chunks, at most ``chunks``, whose blocks with ``halo`` cells on each side fit one task.
+
+    A task holds its haloed block times ``working_set_factor`` plus
+    ``decode_bytes``. Chunks shrink by halving the first axis longer than
+    one cell (the slowest in C order, so a block of a contiguous array stays
+    one byte range as long as it can), staying multiples of ``unit`` (the
+    storage chunks) as long as one unit fits.
+
+    Raises
+    ------
+    MemoryBudgetError
+        When even a block of one cell, with its halo, does not fit: the halo is too deep for the budget.
+
+    Examples
+    --------
+    >>> fit_halo_chunks((1000, 1000), (500, 1000), (1, 1), 8, per_task_bytes=4 * 2**20, working_set_factor=4)
+    (125, 1000)
+    """
+
+    def cost(c: tuple[int, ...]) -> int:
+        haloed = math.prod(min(n, k + 2 * h) for n, k, h in zip(shape, c, halo))
+        return math.ceil(haloed * itemsize * working_set_factor) + decode_bytes
+
+    smallest = tuple(1 if n else 0 for n in shape)
+    if cost(smallest) > per_task_bytes:
+        widest = tuple(min(n, 1 + 2 * h) for n, h in zip(shape, halo))
+        raise MemoryBudgetError(
+            f"{what} with a halo of {halo} cells needs blocks of at least {widest} with the halo "
+            f"({format_size(math.prod(widest) * itemsize)}), {format_size(cost(smallest))} with its working set "
+            f"(x{working_set_factor:g}{f', and {format_size(decode_bytes)} to decode storage' if decode_bytes else ''}),"
+            f" more than the {format_size(per_task_bytes)} one task may hold; lower the depth or raise memory_budget"
+        )
+    current = [max(1, min(c, n)) if n else 0 for c, n in zip(chunks, shape)]
+    steps = [max(1, min(u, n)) if n else 1 for u, n in zip(unit or smallest, shape)]
+    while cost(tuple(current)) > per_task_bytes:
+        # Whole storage units first; below one unit (read amplification) only when nothing else fits.
+        above = [a for a, c in enumerate(current) if c > steps[a]]
+        axis = above[0] if above else next(a for a, c in enumerate(current) if c > 1)
+        step = steps[axis] if above else 1
+        current[axis] = max(step, (current[axis] // 2) // step * step)
+    return tuple(current)
 
 
 def read_amplification(
@@ -400,8 +528,13 @@ def _aim(cap: int, preferred: int, parallel: int, itemsize: int) -> int:
     return max(itemsize, min(cap, preferred, parallel))
 
 
-def _per_task_cap(memory_budget: int, threads: int, working_set_factor: float) -> int:
-    return int(memory_budget // (threads * working_set_factor))
+def _per_task_cap(memory_budget: int, threads: int, working_set_factor: float, decode_bytes: int = 0) -> int:
+    return int((memory_budget // threads - decode_bytes) // working_set_factor)
+
+
+def _budget_for_tasks(nbytes: int, max_tasks: int, threads: int, working_set_factor: float, decode_bytes: int) -> int:
+    """The budget whose chunks cut ``nbytes`` into ``max_tasks`` tasks or fewer."""
+    return threads * (math.ceil(working_set_factor * math.ceil(nbytes / max_tasks)) + decode_bytes)
 
 
 def _balanced(n_units: int, k: int) -> int:

@@ -147,10 +147,26 @@ class Source(ABC):
     def _read_box(self, box: Region) -> np.ndarray:
         """Read a non-empty box of unit-step slices within bounds."""
 
+    @property
+    def decode_bytes(self) -> int:
+        """Bytes a read holds beyond the block it returns while it decodes one storage chunk.
+
+        0 where data goes straight from the file into the block (``.npy``,
+        contiguous HDF5); formats that decode override it.
+        """
+        return 0
+
+    def storage_chunk_bytes(self) -> int:
+        """Bytes of one storage chunk, decoded (0 for contiguous data)."""
+        if self.storage_chunks is None:
+            return 0
+        return math.prod(min(c, n) for c, n in zip(self.storage_chunks, self.shape)) * self.dtype.itemsize
+
     def plan(self, **kwargs: Any) -> ChunkPlan:
         """Plan chunks for this source; keyword arguments go to :func:`daskstream.plan_chunks`."""
         from daskstream.planning.chunks import plan_chunks
 
+        kwargs.setdefault("decode_bytes", self.decode_bytes)
         return plan_chunks(self.shape, self.dtype, storage_chunks=self.storage_chunks, layout=self.layout, **kwargs)
 
     def describe_storage(self) -> str:

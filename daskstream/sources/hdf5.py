@@ -183,6 +183,13 @@ class Hdf5Source(Source):
             ) from None
         return out
 
+    @property
+    def decode_bytes(self) -> int:
+        """A filtered chunk is held as stored, decoded and (shuffle) reordered while it is read."""
+        if self.storage_chunks is None:
+            return 0
+        return (3 if self.pipeline else 1) * self.storage_chunk_bytes()
+
     def plan(self, **kwargs: Any) -> ChunkPlan:
         """The planner's plan, noting when threads would queue on h5py's lock to decompress."""
         from daskstream.runtime.session import HDF5_LOCK_NOTE, tasks_share_h5py_lock

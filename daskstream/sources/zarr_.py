@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import posixpath
 from typing import Any
@@ -248,6 +249,12 @@ class ZarrSource(Source):
                 "a chunk may be damaged: re-create or re-copy the store"
             ) from exc
         return out if out.dtype.isnative else out.astype(self.dtype)
+
+    @property
+    def decode_bytes(self) -> int:
+        """A chunk (or shard) file is held as stored while one (inner) chunk of it is decoded."""
+        inner = math.prod(min(c, n) for c, n in zip(self.inner_chunks, self.shape)) * self.dtype.itemsize
+        return self.storage_chunk_bytes() + (inner if self.codecs else 0)
 
     def describe_storage(self) -> str:
         grid = (

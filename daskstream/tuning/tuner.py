@@ -14,6 +14,7 @@ from daskstream import config
 from daskstream.arrays import read_layers
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.budget import parse_budget
+from daskstream.planning.chunks import configured_working_set_factor
 from daskstream.runtime.resources import Resources, resolve_resources
 from daskstream.sources import Source, open_source
 from daskstream.tuning.cache import TuneCache, machine_fingerprint
@@ -246,7 +247,7 @@ class Tuner:
         # configured floor (or the measured cost, when higher) only prunes candidates.
         sampler.task_overhead = sampler.fixed_overhead / self.space.concurrency
         floor = max(_seconds(config.get("tune.task-overhead")), sampler.task_overhead)
-        factor = {"value": float(config.get("planning.working-set-factor"))}
+        factor = {"value": configured_working_set_factor(self.source.dtype)}
 
         def measure(multiples: tuple[int, ...]) -> Any:
             measured = sampler.measure(multiples, first=multiples == start)
