@@ -82,7 +82,7 @@ def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget:
     """A dask array reading ``source`` in the chunks given (see :func:`open`)."""
     dask_chunks = resolve_chunks(source, chunks, memory_budget=memory_budget)
     name = f"daskstream-{source.format}-{tokenize(source.token, dask_chunks)}"
-    return da.from_array(
+    array = da.from_array(
         source,
         chunks=dask_chunks,
         name=name,
@@ -91,6 +91,13 @@ def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget:
         fancy=False,
         meta=np.empty((0,) * source.ndim, dtype=source.dtype),
     )
+    if memory_budget is not None:
+        from daskstream.compute.graph import BUDGET_ANNOTATION
+        from daskstream.planning.budget import parse_budget
+
+        # Computations over this array keep the budget it was opened with (the smallest, over several arrays).
+        array.dask.layers[name].collection_annotations[BUDGET_ANNOTATION] = parse_budget(memory_budget)
+    return array
 
 
 def resolve_chunks(

@@ -1,11 +1,13 @@
 """Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
 
-from daskstream.compute import kernels
+from daskstream.compute import graph, kernels
 from daskstream.compute.describe import Description, LazyDescription, describe
 from daskstream.compute.kernels import map_blocks
 from daskstream.compute.quantiles import median, quantile
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
 from daskstream.compute.store import store
+
+graph.install()
 
 __all__ = [
     "OPERATIONS",

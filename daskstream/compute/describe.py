@@ -19,6 +19,7 @@ import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
+from daskstream.compute.graph import budget_of
 from daskstream.compute.reductions import chunk_moments, combine_fan_in, known_bin_edges, merge_moments
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
@@ -170,6 +171,7 @@ def describe(
     (3, 1, 2.6666666666666665, 5.0)
     """
     x = da.asarray(x)
+    memory_budget = budget_of(x, memory_budget)
     if x.dtype.kind not in "biuf":
         raise UnsupportedDtypeError(f"describe needs real numbers; dtype {x.dtype} is not supported")
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)

@@ -30,6 +30,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.utils import funcname, has_keyword
 
+from daskstream.compute.regions import regions_of
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.planning.chunks import normalize_axes, plan_chunks
 
@@ -176,10 +177,13 @@ def map_blocks(
     else:
         out_dtype = _as_dtype(dtype, "dtype")
 
+    kernel = _CheckedKernel(fn, out_dtype, depths, passes_block_info, kwargs)
+    regions = [regions_of(a) for a in inputs]
+    if all(r is not None for r in regions) and not dropped and not added and chunks is None:
+        return _map_regions(kernel, inputs, regions, depths, fill)
     inputs = _align_chunks(inputs)
     if dropped:
         inputs = [a.rechunk(dict.fromkeys(dropped, -1)) for a in inputs]
-    kernel = _CheckedKernel(fn, out_dtype, depths, passes_block_info, kwargs)
     out_ndim = ndim - len(dropped) + len(added)
     block_args = {
         "dtype": out_dtype,
@@ -204,6 +208,46 @@ def map_blocks(
         out_depth.insert(axis, 0)
         out_edges.insert(axis, "none")
     return da.overlap.trim_internal(mapped, dict(enumerate(out_depth)), boundary=dict(enumerate(out_edges)))
+
+
+def _map_regions(
+    kernel: _CheckedKernel, inputs: list[da.Array], regions: list[Any], depths: tuple[int, ...], fill: Any
+) -> da.Array:
+    """The kernel as one task per block, each reading its haloed region straight from the sources.
+
+    Blocks follow the first array's chunks, made smaller when a block with
+    every halo on the way (this kernel's and those of the kernels it reads
+    through) would not fit one task's share of the memory budget.
+    """
+    from daskstream.compute.graph import budget_of
+    from daskstream.compute.regions import KernelRegions, region_array
+    from daskstream.planning.chunks import configured_working_set_factor, fit_halo_chunks, regular_grid
+    from daskstream.runtime.resources import resolve_resources
+
+    first = inputs[0]
+    budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
+    budget = min(budgets) if budgets else None
+    resources = resolve_resources(memory_budget=budget)
+    halo = tuple(d + max(r.reach[a] for r in regions) for a, d in enumerate(depths))
+    sources = {s.token: s for r in regions for s in r.sources}.values()
+    widest = max([kernel.dtype.itemsize, *(a.dtype.itemsize for a in inputs)])
+    unit = next((s.storage_chunks for s in sources if s.storage_chunks is not None), None)
+    chunks = fit_halo_chunks(
+        first.shape,
+        tuple(max(c) if c else 0 for c in first.chunks),
+        halo,
+        widest,
+        per_task_bytes=resources.per_task_bytes,
+        working_set_factor=configured_working_set_factor(np.dtype(kernel.dtype)),
+        decode_bytes=sum(s.decode_bytes for s in sources),
+        unit=unit,
+        what=f"kernel {funcname(kernel.fn)!r}",
+    )
+    grid = (
+        first.chunks if chunks == tuple(max(c) if c else 0 for c in first.chunks) else regular_grid(first.shape, chunks)
+    )
+    reader = KernelRegions(kernel, tuple(regions), depths, fill, kernel.dtype, grid)
+    return region_array(reader, grid, budget=budget if budget is None else int(resources.memory_budget))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
 
+from daskstream.compute.graph import budget_of
 from daskstream.compute.reductions import PIECE_VALUES, per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
@@ -115,6 +116,7 @@ def _order_statistic(
     median: bool,
 ) -> da.Array:
     x = da.asarray(x)
+    memory_budget = budget_of(x, memory_budget)
     if x.dtype.kind not in "iuf":
         raise UnsupportedDtypeError(
             f"quantiles of dtype {x.dtype} are not defined; numpy refuses them too. Use a real numeric dtype"

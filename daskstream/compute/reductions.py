@@ -18,6 +18,7 @@ import numpy as np
 from dask.array.core import _concatenate2
 from dask.utils import deepmap
 
+from daskstream.compute.graph import budget_of
 from daskstream.errors import InvalidArgumentError, UnknownOperationError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
 from daskstream.runtime.resources import resolve_resources
@@ -95,6 +96,7 @@ def reduce(
     13.0
     """
     x = da.asarray(x)
+    memory_budget = budget_of(x, memory_budget)
     if op not in OPERATIONS:
         raise UnknownOperationError(f"unknown reduction {op!r}; choose one of: {', '.join(sorted(OPERATIONS))}")
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
@@ -213,7 +215,9 @@ def combine_fan_in(
     resources = resolve_resources(memory_budget=memory_budget)
     kept = [max(x.chunksize[a], 1) for a in range(x.ndim) if a not in axes]
     partial_bytes = math.prod(kept) * partial_itemsize + _PARTIAL_OVERHEAD_BYTES
-    return int(max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (2 * partial_bytes))))
+    # A combine task holds its inputs and its output; the partials waiting for it are held too, so a
+    # group of them takes at most a quarter of a task's share.
+    return int(max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (4 * partial_bytes))))
 
 
 def _arg_reduction(x: da.Array, op: str, axes: tuple[int, ...], keepdims: bool, fan_in: int) -> da.Array:
@@ -380,6 +384,7 @@ def histogram(
     ([2, 2, 2, 2, 2], [0.0, 1.8, 3.6, 5.4, 7.2, 9.0])
     """
     x = da.asarray(x)
+    memory_budget = budget_of(x, memory_budget)
     edges = known_bin_edges(bins, range, x.dtype, empty=x.size == 0)
     if edges is None:
         fan_in = split_every or combine_fan_in(
@@ -433,7 +438,8 @@ def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs
     task that counts it, and chunks could be read long before they are counted.
     """
     block_index = tuple(f"a{i}" for i in builtins.range(x.ndim))
-    wholes = [(array.rechunk(array.shape).to_delayed().ravel()[0], None) for array in arrays]
+    # Unoptimized, so the graph keeps its layers: the pass planner sees what each input depends on.
+    wholes = [(array.rechunk(array.shape).to_delayed(optimize_graph=False).ravel()[0], None) for array in arrays]
     return da.blockwise(
         fn,
         (*block_index, "row"),

@@ -1,0 +1,427 @@
+"""Whole computations within the memory budget: dask's array optimizer, with passes planned first.
+
+daskstream installs :func:`optimize` as dask's ``array_optimize``, so it runs on
+every ``.compute()``, ``dask.compute``, ``persist``, ``Client.compute`` and
+``daskstream.store`` of dask arrays, in the process that builds the graph. A
+graph that reads no daskstream source goes straight to dask's own optimizer.
+One that does is first described layer by layer (:func:`describe`), its passes
+planned (:func:`daskstream.planning.passes.plan_passes`), and rewritten so that
+every pass reads the sources again instead of holding blocks from an earlier
+pass (:func:`rewrite`); dask's blockwise fusion then puts each re-read into the
+task that consumes it, so no block waits in memory for an aggregate.
+
+Set ``daskstream.compute.rewrite: false`` to compute graphs exactly as dask
+builds them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.config
+import numpy as np
+from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
+from dask.blockwise import Blockwise
+from dask.core import flatten
+from dask.graph_manipulation import clone_key
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+
+from daskstream import config
+from daskstream.planning.passes import LayerFacts, PassPlan, plan_passes
+from daskstream.sources.base import Source
+
+# The annotation a read layer carries when ``daskstream.open`` was given a memory budget.
+BUDGET_ANNOTATION = "daskstream-memory-budget"
+# Output keys sampled per layer whose block dependencies are not known from its structure.
+_SAMPLED_KEYS = 3
+
+
+@dataclass
+class GraphFacts:
+    """A computation's layers as the planners see them, with what the rewrite needs to find them again."""
+
+    facts: list[LayerFacts]
+    sources: dict[str, Source] = field(default_factory=dict)
+    blocks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reads(self) -> list[str]:
+        return [f.name for f in self.facts if f.kind == "read"]
+
+
+def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """dask's array optimizer, after planning the passes of graphs that read daskstream sources.
+
+    Installed as dask's ``array_optimize`` when daskstream is imported.
+    """
+    from dask.array.optimization import optimize as dask_optimize
+
+    if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and _reads_sources(dsk):
+        flat = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
+        dsk = plan_and_rewrite(dsk, flat)
+    return dask_optimize(dsk, keys, **kwargs)
+
+
+def plan_and_rewrite(graph: HighLevelGraph, keys: list[Hashable]) -> HighLevelGraph:
+    """Plan the passes of the part of ``graph`` that ``keys`` need, and rewrite it to re-read sources in each pass.
+
+    Layers are named as the keys they hold (dask's culling renames layers, so
+    this runs on the graph as built, before dask's own optimizations).
+    """
+    described = describe(graph, _needed_layers(graph, keys))
+    if not described.reads:
+        return graph
+    plan = plan_passes(described.facts, hold_limit=hold_limit(graph, described))
+    if not plan.recomputed:
+        return graph
+    return rewrite(graph, plan)
+
+
+def _needed_layers(graph: HighLevelGraph, keys: Iterable[Hashable]) -> set[str]:
+    """The layers holding ``keys`` and every layer they depend on."""
+    names = {key[0] if isinstance(key, tuple) else key for key in keys}
+    stack = [name for name in names if name in graph.layers]
+    needed: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(graph.dependencies.get(name, ()))
+    return needed
+
+
+def _reads_sources(dsk: HighLevelGraph) -> bool:
+    return any(name.startswith("daskstream-") for name in dsk.layers)
+
+
+# ---------------------------------------------------------------------------
+# Describing a graph
+
+
+def describe(graph: HighLevelGraph, names: Iterable[str] | None = None) -> GraphFacts:
+    """The layers ``names`` of ``graph`` (default: all) as :class:`LayerFacts`, in dependency order."""
+    described = GraphFacts(facts=[])
+    for name in _toposorted(graph, set(graph.layers) if names is None else set(names)):
+        layer = graph.layers[name]
+        inputs = tuple(sorted(_block_fan_in(graph, name, layer).items()))
+        source = _source_read_by(graph, layer)
+        blocks = _annotated_blocks(layer)
+        if blocks is not None:
+            described.blocks[name] = blocks
+        if source is not None:
+            described.sources[name] = source
+            facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=(source.name,))
+        elif not graph.dependencies.get(name) and blocks is None:
+            facts = LayerFacts(name, "constant")
+        else:
+            facts = LayerFacts(name, "compute", _block_bytes(layer), blocks or 1, inputs)
+        described.facts.append(facts)
+    return described
+
+
+def _toposorted(graph: HighLevelGraph, names: set[str]) -> list[str]:
+    order: list[str] = []
+    seen: set[str] = set()
+    for root in sorted(names):
+        stack: list[tuple[str, bool]] = [(root, False)]
+        while stack:
+            name, expanded = stack.pop()
+            if expanded:
+                order.append(name)
+                continue
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.append((name, True))
+            stack.extend((dep, False) for dep in sorted(graph.dependencies.get(name, ())) if dep not in seen)
+    return order
+
+
+def _annotated_blocks(layer: Layer) -> int | None:
+    chunks = (layer.collection_annotations or {}).get("chunks")
+    if chunks is None:
+        return None
+    return math.prod(len(c) for c in chunks)
+
+
+def _block_bytes(layer: Layer) -> int:
+    """Bytes of the layer's largest output block, from the array it makes (0 when unknown)."""
+    annotations = layer.collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    if chunks is None or dtype is None:
+        return 0
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+    largest = [max(c, default=0) for c in chunks]
+    if any(isinstance(n, float) and math.isnan(n) for n in largest):
+        return 0
+    return int(math.prod(largest)) * itemsize
+
+
+def _source_read_by(graph: HighLevelGraph, layer: Layer) -> Source | None:
+    """The Source a daskstream read layer reads (a Blockwise taking the Source as a graph constant)."""
+    if not isinstance(layer, Blockwise):
+        return None
+    for name, index in layer.indices:
+        key = name.key if isinstance(name, TaskRef) else name
+        if index is not None or not isinstance(key, str) or key not in graph.layers:
+            continue
+        held = graph.layers[key]
+        if isinstance(held, MaterializedLayer) and len(held) == 1:
+            value = next(iter(held.values()))
+            if isinstance(value, Source):
+                return value
+    return None
+
+
+def _block_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str, int]:
+    """For each layer ``name`` takes: how many of its blocks one output block needs (at most)."""
+    if not graph.dependencies.get(name):
+        return {}
+    if isinstance(layer, Blockwise):
+        return _blockwise_fan_in(graph, layer)
+    return _sampled_fan_in(graph, name, layer)
+
+
+def _blockwise_fan_in(graph: HighLevelGraph, layer: Blockwise) -> dict[str, int]:
+    fan_in: dict[str, int] = {}
+    output = set(layer.output_indices)
+    for ref, index in layer.indices:
+        key = ref.key if isinstance(ref, TaskRef) else ref
+        if not isinstance(key, str) or key not in graph.layers:
+            continue  # a literal argument, or an io dependency (block positions)
+        if index is None:
+            count = _annotated_blocks(graph.layers[key]) or 1
+        else:
+            numblocks = layer.numblocks.get(key, ())
+            # Indices missing from the output are reduced over: one output block takes all those blocks.
+            count = math.prod(n for letter, n in zip(index, numblocks) if letter not in output)
+        fan_in[key] = max(fan_in.get(key, 0), int(count))
+    return fan_in
+
+
+def _sampled_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str, int]:
+    """Block dependencies of a few output keys, followed through the layer's own inner keys."""
+    outputs = sorted(layer.get_output_keys(), key=_sort_key)
+    if not outputs:
+        return {}
+    picks = {outputs[0], outputs[len(outputs) // 2], outputs[-1]}
+    fan_in: dict[str, int] = {}
+    for key in list(picks)[:_SAMPLED_KEYS]:
+        found: dict[str, set[Hashable]] = {}
+        stack, seen = [key], set()
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            for dep in _dependencies(layer[current], layer, graph):
+                if dep in layer:
+                    stack.append(dep)
+                else:
+                    dep_name = dep[0] if isinstance(dep, tuple) else dep
+                    found.setdefault(dep_name, set()).add(dep)
+        for dep_name, deps in found.items():
+            if dep_name in graph.layers:
+                fan_in[dep_name] = max(fan_in.get(dep_name, 0), len(deps))
+    return fan_in
+
+
+def _sort_key(key: Hashable) -> tuple:
+    return (str(key[0]), *key[1:]) if isinstance(key, tuple) else (str(key),)
+
+
+def _dependencies(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Hashable]:
+    node = _as_node(None, value, layer, graph)
+    # A plain value (a Source, an array put in the graph) depends on nothing.
+    return node.dependencies if isinstance(node, GraphNode) else ()
+
+
+def _as_node(key: Hashable, value: Any, layer: Layer, graph: HighLevelGraph) -> Any:
+    """A task in dask's task-spec form, whatever form the layer holds it in (plain values stay as they are)."""
+    if isinstance(value, GraphNode):
+        return value
+    return convert_legacy_task(key, value, set(_references(value, layer, graph)))
+
+
+def _references(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Hashable]:
+    """Keys a task written as nested tuples refers to: those of this layer or named after a layer."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            if _looks_like_key(item) and (item[0] in graph.layers or item in layer):
+                yield tuple(item)
+                continue
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, str) and (item in graph.layers or item in layer):
+            yield item
+
+
+def _looks_like_key(item: Any) -> bool:
+    return type(item) is tuple and bool(item) and isinstance(item[0], str) and all(isinstance(i, int) for i in item[1:])
+
+
+# ---------------------------------------------------------------------------
+# Budget
+
+
+def opened_budget(graph: Any) -> int | None:
+    """The smallest memory budget the arrays in ``graph`` (a graph or a collection) were opened with, if any."""
+    if hasattr(graph, "__dask_graph__"):
+        graph = graph.__dask_graph__()
+    layers = getattr(graph, "layers", {})
+    recorded = [
+        int(layer.collection_annotations[BUDGET_ANNOTATION])
+        for layer in layers.values()
+        if (layer.collection_annotations or {}).get(BUDGET_ANNOTATION) is not None
+    ]
+    return min(recorded, default=None)
+
+
+def budget_of(x: Any, memory_budget: int | str | None = None) -> int | str | None:
+    """``memory_budget`` when given, else the one ``x``'s arrays were opened with (``None``: the default)."""
+    return memory_budget if memory_budget is not None else opened_budget(x)
+
+
+def memory_budget_for(graph: HighLevelGraph) -> int:
+    """The budget a computation over ``graph`` keeps: the smallest one its arrays were opened with.
+
+    Arrays opened without one follow :func:`daskstream.runtime.resources.resolve_resources`.
+    """
+    from daskstream.runtime.resources import resolve_resources
+
+    return resolve_resources(memory_budget=opened_budget(graph)).memory_budget
+
+
+def concurrency() -> int:
+    """Tasks one worker runs at once where this computation runs."""
+    from daskstream.runtime.resources import resolve_resources
+
+    return resolve_resources().threads
+
+
+def hold_limit(graph: HighLevelGraph, described: GraphFacts) -> int:
+    """Bytes of source data one block may depend on and still be computed in the pass reading them.
+
+    One task's share of the budget: a block that needs more than that makes
+    whatever takes it wait for a whole pass.
+    """
+    return memory_budget_for(graph) // concurrency()
+
+
+# ---------------------------------------------------------------------------
+# Rewriting
+
+
+def pass_seed(level: int) -> str:
+    """What renames a layer's copy for pass ``level`` (deterministic: the same graph gets the same keys)."""
+    return f"daskstream-pass-{level}"
+
+
+def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
+    """``graph`` with the layers each pass needs from earlier passes computed again in that pass.
+
+    Every recomputed layer gets a copy with keys renamed for its pass, its
+    inputs pointing at their own copies (barriers and constants are shared);
+    layers of that pass take the copies instead of the originals.
+    """
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    for level, names in plan.recomputed.items():
+        seed = pass_seed(level)
+        keys: set[Hashable] = set()
+        for name in names:
+            keys |= set(graph.layers[name].get_output_keys())
+        renamed = {name: clone_key(name, seed) for name in names}
+        for name in names:
+            layers[renamed[name]] = _clone(graph.layers[name], keys, seed, graph)
+            dependencies[renamed[name]] = {renamed.get(dep, dep) for dep in graph.dependencies.get(name, ())}
+    for name, level in plan.levels.items():
+        # Layers of pass ``level`` take its copies of what earlier passes streamed.
+        wanted = {
+            dep: clone_key(dep, pass_seed(level))
+            for dep in graph.dependencies.get(name, ())
+            if dep not in plan.shared and plan.levels[dep] < level
+        }
+        if wanted:
+            layers[name] = _redirect(graph.layers[name], wanted, graph)
+            dependencies[name] = {wanted.get(dep, dep) for dep in dependencies[name]}
+    return HighLevelGraph(layers, dependencies)
+
+
+def _clone(layer: Layer, keys: set[Hashable], seed: str, graph: HighLevelGraph) -> Layer:
+    """A copy of ``layer`` with its keys, and its references to ``keys``, renamed by ``seed``."""
+    if isinstance(layer, Blockwise):
+        cloned, _ = layer.clone(keys, seed)
+        cloned.collection_annotations = dict(layer.collection_annotations or {})
+        return cloned
+    subs = {key: clone_key(key, seed) for key in keys}
+    tasks = {}
+    for key, value in layer.items():
+        node = _as_node(key, value, layer, graph)
+        new_key = clone_key(key, seed)
+        if not isinstance(node, GraphNode):
+            tasks[new_key] = value
+            continue
+        tasks[new_key] = node.substitute({k: v for k, v in subs.items() if k in node.dependencies}, key=new_key)
+    return MaterializedLayer(
+        tasks, annotations=layer.annotations, collection_annotations=dict(layer.collection_annotations or {})
+    )
+
+
+def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -> Layer:
+    """``layer`` taking the layers in ``renamed`` under their new names; its own keys unchanged."""
+    if isinstance(layer, Blockwise):
+        indices = []
+        for ref, index in layer.indices:
+            if isinstance(ref, TaskRef) and ref.key in renamed:
+                ref = TaskRef(renamed[ref.key])
+            elif isinstance(ref, str) and ref in renamed:
+                ref = renamed[ref]
+            indices.append((ref, index))
+        numblocks = {renamed.get(name, name): blocks for name, blocks in layer.numblocks.items()}
+        redirected = Blockwise(
+            output=layer.output,
+            output_indices=layer.output_indices,
+            task=layer.task,
+            indices=indices,
+            numblocks=numblocks,
+            concatenate=layer.concatenate,
+            new_axes=layer.new_axes,
+            output_blocks=layer.output_blocks,
+            annotations=layer.annotations,
+            io_deps=layer.io_deps,
+        )
+        redirected.collection_annotations = dict(layer.collection_annotations or {})
+        return redirected
+    tasks = {}
+    for key, value in layer.items():
+        node = _as_node(key, value, layer, graph)
+        if not isinstance(node, GraphNode):
+            tasks[key] = value
+            continue
+        subs = {
+            dep: (renamed[dep[0]], *dep[1:]) if isinstance(dep, tuple) else renamed[dep]
+            for dep in node.dependencies
+            if (dep[0] if isinstance(dep, tuple) else dep) in renamed
+        }
+        tasks[key] = node.substitute(subs) if subs else node
+    return MaterializedLayer(
+        tasks, annotations=layer.annotations, collection_annotations=dict(layer.collection_annotations or {})
+    )
+
+
+def install() -> None:
+    """Make :func:`optimize` dask's array optimizer, unless something else already is."""
+    dask.config.update_defaults({"array_optimize": optimize})
+
+
+__all__ = ["GraphFacts", "describe", "install", "optimize", "plan_and_rewrite", "rewrite"]

@@ -1,0 +1,371 @@
+"""Any region of an array computed inside one task: halos read straight from storage.
+
+dask's ``map_overlap`` gives each block its halo by slicing its neighbours,
+which keeps every neighbour in memory until all its slices are taken, and
+makes several tasks per block. Here a block of a kernel over files is one
+task: it reads its own region, halo included, from the sources (a
+:class:`SourceRegions`), or computes it from another kernel over a wider
+region (a :class:`KernelRegions`), then runs the kernel and trims the halo.
+Chained stencils become one task per block reading the sum of their halos.
+
+Beyond the array's edges the halo follows dask's boundary modes, applied to
+whatever the region is read from:
+
+==============  ==============================================  ==========================
+boundary        cell ``-k`` (before the first) reads             numpy's ``pad`` mode
+==============  ==============================================  ==========================
+``reflect``     cell ``k - 1``                                   ``symmetric``
+``nearest``     cell ``0``                                       ``edge``
+``periodic``    cell ``n - k``                                   ``wrap``
+a number        that number                                      ``constant``
+``none``        nothing: no halo at the array's edges
+==============  ==============================================  ==========================
+
+>>> import numpy as np
+>>> cells = ArrayRegions(np.arange(5.0))
+>>> haloed(cells, (slice(0, 2),), (2,), "reflect")
+array([1., 0., 0., 1., 2., 3.])
+>>> haloed(cells, (slice(3, 5),), (1,), "periodic")
+array([2., 3., 4., 0.])
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from dask.base import tokenize
+
+from daskstream.sources.base import Region, Source
+
+
+class Regions:
+    """An array whose every region can be computed on its own, in whichever process asks.
+
+    Subclasses are small picklable descriptions (sources, kernels, depths), never data.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def read(self, box: Region) -> np.ndarray:
+        """The array's values in ``box`` (unit-step slices within bounds), as a new array."""
+        raise NotImplementedError
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The sources the regions are read from."""
+        return ()
+
+    @property
+    def reach(self) -> tuple[int, ...]:
+        """Cells read beyond a region, per axis (the halos of every kernel on the way)."""
+        return (0,) * len(self.shape)
+
+    @property
+    def label(self) -> str:
+        """What a person calls it."""
+        return type(self).__name__
+
+    def __dask_tokenize__(self) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class SourceRegions(Regions):
+    """Regions read from a :class:`~daskstream.Source`."""
+
+    source: Source
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        return self.source.shape
+
+    @property
+    def dtype(self) -> np.dtype:  # type: ignore[override]
+        return self.source.dtype
+
+    def read(self, box: Region) -> np.ndarray:
+        return self.source.read(box)
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return (self.source,)
+
+    @property
+    def label(self) -> str:
+        return f"read {self.source.name}"
+
+    def __dask_tokenize__(self) -> Any:
+        return ("daskstream-source-regions", self.source.token)
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayRegions(Regions):
+    """Regions of an array in memory (for examples and tests)."""
+
+    array: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        return self.array.shape
+
+    @property
+    def dtype(self) -> np.dtype:  # type: ignore[override]
+        return self.array.dtype
+
+    def read(self, box: Region) -> np.ndarray:
+        return self.array[box].copy()
+
+    def __dask_tokenize__(self) -> Any:
+        return ("daskstream-array-regions", tokenize(self.array))
+
+
+@dataclass(frozen=True, eq=False)
+class KernelRegions(Regions):
+    """Regions of ``kernel`` applied to haloed regions of ``inputs``, trimmed back to the region.
+
+    Attributes
+    ----------
+    kernel
+        Called with one haloed block per input (and ``block_info=`` when it
+        takes it, see :func:`block_info_for`); returns a block of the haloed shape.
+    inputs
+        What the kernel reads, all of one shape.
+    depth
+        Halo per axis.
+    boundary
+        dask's boundary mode, or the number a constant halo holds.
+    dtype
+        The kernel's output dtype.
+    grid
+        The chunks blocks are numbered on, for the kernel's ``block_info``.
+    """
+
+    kernel: Callable[..., np.ndarray]
+    inputs: tuple[Regions, ...]
+    depth: tuple[int, ...]
+    boundary: Any
+    dtype: np.dtype  # type: ignore[misc]
+    grid: tuple[tuple[int, ...], ...] = field(default=())
+
+    @property
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        return self.inputs[0].shape
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        found: dict[str, Source] = {}
+        for regions in self.inputs:
+            for source in regions.sources:
+                found.setdefault(source.token, source)
+        return tuple(found.values())
+
+    @property
+    def reach(self) -> tuple[int, ...]:
+        inner = [regions.reach for regions in self.inputs]
+        return tuple(d + max(r[a] for r in inner) for a, d in enumerate(self.depth))
+
+    @property
+    def label(self) -> str:
+        from dask.utils import funcname
+
+        return funcname(getattr(self.kernel, "fn", self.kernel))
+
+    def read(self, box: Region) -> np.ndarray:
+        blocks = [haloed(regions, box, self.depth, self.boundary) for regions in self.inputs]
+        before, after = halo_widths(box, self.shape, self.depth, self.boundary)
+        result = self.kernel(*blocks, block_info=block_info_for(box, blocks[0].shape, self.grid, before, self.dtype))
+        trimmed = result[tuple(slice(b, n - a) for b, a, n in zip(before, after, result.shape))]
+        # A view keeps the whole haloed output alive: copy when the halo is a large part of it.
+        return trimmed.copy() if result.nbytes > 1.25 * trimmed.nbytes else trimmed
+
+    def __dask_tokenize__(self) -> Any:
+        return (
+            "daskstream-kernel-regions",
+            tokenize(self.kernel),
+            self.inputs,
+            self.depth,
+            self.boundary,
+            str(self.dtype),
+        )
+
+
+def halo_widths(
+    box: Region, shape: tuple[int, ...], depth: Sequence[int], boundary: Any
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Cells of halo before and after ``box`` along each axis (none beyond the edges for ``"none"``).
+
+    >>> halo_widths((slice(0, 4),), (10,), (2,), "none"), halo_widths((slice(0, 4),), (10,), (2,), "reflect")
+    (((0,), (2,)), ((2,), (2,)))
+    """
+    if boundary != "none":
+        return tuple(depth), tuple(depth)
+    before = tuple(min(d, s.start) for d, s in zip(depth, box))
+    after = tuple(min(d, n - s.stop) for d, s, n in zip(depth, box, shape))
+    return before, after
+
+
+def source_indices(start: int, stop: int, n: int, boundary: Any) -> np.ndarray:
+    """The cell of the array each position in ``[start, stop)`` reads; -1 where a constant halo goes.
+
+    >>> source_indices(-2, 3, 5, "reflect").tolist(), source_indices(3, 7, 5, "nearest").tolist()
+    ([1, 0, 0, 1, 2], [3, 4, 4, 4])
+    >>> source_indices(-1, 2, 5, "periodic").tolist(), source_indices(-1, 1, 5, 0).tolist()
+    ([4, 0, 1], [-1, 0])
+    """
+    positions = np.arange(start, stop)
+    inside = (positions >= 0) & (positions < n)
+    if boundary == "reflect":
+        # Mirror with the edge cell repeated, folding as often as the halo needs.
+        period = 2 * n
+        folded = np.mod(positions, period)
+        return np.where(folded < n, folded, period - 1 - folded)
+    if boundary == "nearest":
+        return np.clip(positions, 0, n - 1)
+    if boundary == "periodic":
+        return np.mod(positions, n)
+    return np.where(inside, positions, -1)
+
+
+def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
+    """The fewest ``[start, stop)`` ranges of consecutive cells covering the non-negative ``indices``."""
+    cells = np.unique(indices[indices >= 0])
+    if cells.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(cells) > 1)
+    starts = np.concatenate(([cells[0]], cells[breaks + 1]))
+    stops = np.concatenate((cells[breaks], [cells[-1]])) + 1
+    return [(int(a), int(b)) for a, b in zip(starts, stops)]
+
+
+# numpy's pad mode for the boundaries whose halo is made from the block's own edge cells.
+_PAD_MODES = {"reflect": "symmetric", "nearest": "edge"}
+
+
+def haloed(regions: Regions, box: Region, depth: Sequence[int], boundary: Any) -> np.ndarray:
+    """``box`` of ``regions`` with ``depth`` cells of halo on each side, edges filled per ``boundary``.
+
+    The cells inside the array are one read of the widened box; beyond its
+    edges the halo is padded from that read (``reflect``, ``nearest``, a
+    constant), or read from the other end (``periodic``).
+    """
+    before, after = halo_widths(box, regions.shape, depth, boundary)
+    inside = tuple(
+        slice(max(0, s.start - b), min(n, s.stop + a)) for s, b, a, n in zip(box, before, after, regions.shape)
+    )
+    pads = [(max(0, b - s.start), max(0, s.stop + a - n)) for s, b, a, n in zip(box, before, after, regions.shape)]
+    if not any(p for pair in pads for p in pair):
+        return regions.read(inside)
+    lengths = [w.stop - w.start for w in inside]
+    if boundary in _PAD_MODES and all(max(p) <= n for p, n in zip(pads, lengths)):
+        return np.pad(regions.read(inside), pads, mode=_PAD_MODES[boundary])
+    if boundary not in _PAD_MODES and boundary != "periodic":
+        return np.pad(regions.read(inside), pads, mode="constant", constant_values=boundary)
+    return _gathered(regions, box, before, after, boundary)
+
+
+def _gathered(regions: Regions, box: Region, before: Sequence[int], after: Sequence[int], boundary: Any) -> np.ndarray:
+    """The haloed box assembled cell range by cell range (wrapped halos, or halos deeper than the array)."""
+    per_axis = [
+        source_indices(s.start - b, s.stop + a, n, boundary) for s, b, a, n in zip(box, before, after, regions.shape)
+    ]
+    out = np.empty(tuple(len(idx) for idx in per_axis), dtype=regions.dtype)
+    for pieces in itertools.product(*(_runs(idx) for idx in per_axis)):
+        part = regions.read(tuple(slice(a, b) for a, b in pieces))
+        where, offsets = [], []
+        for idx, (a, b) in zip(per_axis, pieces):
+            taken = np.flatnonzero((idx >= a) & (idx < b))
+            where.append(taken)
+            offsets.append(idx[taken] - a)
+        out[np.ix_(*where)] = part[np.ix_(*offsets)]
+    return out
+
+
+def block_info_for(
+    box: Region, haloed_shape: tuple[int, ...], grid: tuple[tuple[int, ...], ...], before: Sequence[int], dtype: Any
+) -> dict:
+    """dask's ``block_info`` for the haloed block a kernel gets: its place, with the halo, in the array."""
+    location = (
+        tuple(int(np.searchsorted(np.cumsum(c), s.start, side="right")) for c, s in zip(grid, box)) if grid else ()
+    )
+    array_location = [(s.start - b, s.start - b + n) for s, b, n in zip(box, before, haloed_shape)]
+    shape = tuple(sum(c) for c in grid) if grid else ()
+    entry = {
+        "shape": shape,
+        "num-chunks": tuple(len(c) for c in grid) if grid else (),
+        "chunk-location": location,
+        "array-location": array_location,
+    }
+    return {0: entry, None: {**entry, "chunk-shape": tuple(haloed_shape), "dtype": dtype}}
+
+
+def read_region_block(
+    regions: Regions, grid: tuple[tuple[int, ...], ...], block_id: tuple[int, ...] = ()
+) -> np.ndarray:
+    """The task of one block of a region array: read block ``block_id`` of ``grid`` from ``regions``."""
+    box = tuple(slice(int(sum(c[:i])), int(sum(c[: i + 1]))) for c, i in zip(grid, block_id))
+    return regions.read(box)
+
+
+# The annotation that marks a layer as a region array, holding its Regions.
+REGIONS_ANNOTATION = "daskstream-regions"
+
+
+def region_array(regions: Regions, grid: tuple[tuple[int, ...], ...], budget: int | None = None) -> Any:
+    """A dask array whose blocks (on ``grid``) are each read from ``regions`` in one task."""
+    import dask.array as da
+
+    name = f"daskstream-regions-{tokenize(regions, grid)}"
+    array = da.map_blocks(
+        read_region_block,
+        dtype=regions.dtype,
+        chunks=grid,
+        meta=np.empty((0,) * len(regions.shape), dtype=regions.dtype),
+        name=name,
+        regions=regions,
+        grid=grid,
+    )
+    annotations = array.dask.layers[name].collection_annotations
+    annotations[REGIONS_ANNOTATION] = regions
+    if budget is not None:
+        from daskstream.compute.graph import BUDGET_ANNOTATION
+
+        annotations[BUDGET_ANNOTATION] = budget
+    return array
+
+
+def regions_of(array: Any) -> Regions | None:
+    """What an array's blocks can be read from region by region: a source opened with ``daskstream.open``
+    or a region array, as it is (no operation applied on top); else ``None``."""
+    graph = array.__dask_graph__()
+    layer = graph.layers.get(array.name)
+    if layer is None:
+        return None
+    held = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
+    if held is not None:
+        return held
+    from daskstream.arrays import read_layers
+
+    for name, source, _ in read_layers(array):
+        if name == array.name:
+            return SourceRegions(source)
+    return None
+
+
+__all__ = [
+    "ArrayRegions",
+    "KernelRegions",
+    "Regions",
+    "SourceRegions",
+    "block_info_for",
+    "halo_widths",
+    "haloed",
+    "read_region_block",
+    "region_array",
+    "regions_of",
+    "source_indices",
+]
