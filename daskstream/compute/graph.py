@@ -28,6 +28,7 @@ from dask.blockwise import Blockwise
 from dask.core import flatten
 from dask.graph_manipulation import clone_key
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.utils import key_split
 
 from daskstream import config
 from daskstream.planning.passes import LayerFacts, PassPlan, plan_passes
@@ -44,7 +45,7 @@ class GraphFacts:
     """A computation's layers as the planners see them, with what the rewrite needs to find them again."""
 
     facts: list[LayerFacts]
-    sources: dict[str, Source] = field(default_factory=dict)
+    sources: dict[str, tuple[Source, ...]] = field(default_factory=dict)
     blocks: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -71,6 +72,7 @@ def plan_and_rewrite(graph: HighLevelGraph, keys: list[Hashable]) -> HighLevelGr
     Layers are named as the keys they hold (dask's culling renames layers, so
     this runs on the graph as built, before dask's own optimizations).
     """
+    graph = reread_rechunks(graph, _needed_layers(graph, keys))
     described = describe(graph, _needed_layers(graph, keys))
     if not described.reads:
         return graph
@@ -107,13 +109,14 @@ def describe(graph: HighLevelGraph, names: Iterable[str] | None = None) -> Graph
     for name in _toposorted(graph, set(graph.layers) if names is None else set(names)):
         layer = graph.layers[name]
         inputs = tuple(sorted(_block_fan_in(graph, name, layer).items()))
-        source = _source_read_by(graph, layer)
+        sources = _sources_read_by(graph, layer)
         blocks = _annotated_blocks(layer)
         if blocks is not None:
             described.blocks[name] = blocks
-        if source is not None:
-            described.sources[name] = source
-            facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=(source.name,))
+        if sources:
+            described.sources[name] = sources
+            names = tuple(source.name for source in sources)
+            facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=names)
         elif not graph.dependencies.get(name) and blocks is None:
             facts = LayerFacts(name, "constant")
         else:
@@ -161,6 +164,17 @@ def _block_bytes(layer: Layer) -> int:
     if any(isinstance(n, float) and math.isnan(n) for n in largest):
         return 0
     return int(math.prod(largest)) * itemsize
+
+
+def _sources_read_by(graph: HighLevelGraph, layer: Layer) -> tuple[Source, ...]:
+    """The Sources a layer reads: a daskstream read, or a region array (a kernel reading its halos itself)."""
+    from daskstream.compute.regions import REGIONS_ANNOTATION
+
+    regions = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
+    if regions is not None:
+        return regions.sources
+    source = _source_read_by(graph, layer)
+    return () if source is None else (source,)
 
 
 def _source_read_by(graph: HighLevelGraph, layer: Layer) -> Source | None:
@@ -267,6 +281,75 @@ def _references(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Has
 
 def _looks_like_key(item: Any) -> bool:
     return type(item) is tuple and bool(item) and isinstance(item[0], str) and all(isinstance(i, int) for i in item[1:])
+
+
+# ---------------------------------------------------------------------------
+# Re-chunked reads
+
+
+def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
+    """``graph`` with every re-chunking of a source read replaced by a read of the source in the new chunks.
+
+    dask re-chunks by splitting and concatenating blocks, which holds each
+    block until all its pieces have been taken (element-wise work on two
+    sources of different chunks re-chunks both). A source can be read in any
+    chunks: read it in those directly.
+    """
+    replaced = {}
+    for name in names:
+        if not key_split(name).startswith("rechunk"):
+            continue
+        layer = graph.layers[name]
+        annotations = layer.collection_annotations or {}
+        chunks = annotations.get("chunks")
+        source, read = _rechunked_source(graph, name)
+        if chunks is None or source is None:
+            continue
+        replaced[name] = (source, chunks, read)
+    if not replaced:
+        return graph
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    for name, (source, chunks, read) in replaced.items():
+        new = _read_layers(source, chunks, name, graph.layers[read])
+        for layer_name, layer in new.layers.items():
+            layers[layer_name] = layer
+            dependencies[layer_name] = set(new.dependencies.get(layer_name, ()))
+    return HighLevelGraph(layers, dependencies)
+
+
+def _rechunked_source(graph: HighLevelGraph, name: str) -> tuple[Source | None, str | None]:
+    """The Source a chain of re-chunking layers starting at ``name`` reads, and that read layer's name."""
+    while True:
+        deps = graph.dependencies.get(name, set())
+        if len(deps) != 1:
+            return None, None
+        (dep,) = deps
+        source = _source_read_by(graph, graph.layers[dep])
+        if source is not None:
+            return source, dep
+        if not key_split(dep).startswith("rechunk"):
+            return None, None
+        name = dep
+
+
+def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str, read: Layer) -> HighLevelGraph:
+    """The layers of a read of ``source`` in ``chunks`` under the name ``name``, annotated as ``read`` is."""
+    import dask.array as da
+
+    array = da.from_array(
+        source,
+        chunks=chunks,
+        name=name,
+        lock=False,
+        asarray=False,
+        fancy=False,
+        meta=np.empty((0,) * source.ndim, dtype=source.dtype),
+    )
+    budget = (read.collection_annotations or {}).get(BUDGET_ANNOTATION)
+    if budget is not None:
+        array.dask.layers[name].collection_annotations[BUDGET_ANNOTATION] = budget
+    return array.__dask_graph__()
 
 
 # ---------------------------------------------------------------------------

@@ -178,9 +178,11 @@ def map_blocks(
         out_dtype = _as_dtype(dtype, "dtype")
 
     kernel = _CheckedKernel(fn, out_dtype, depths, passes_block_info, kwargs)
-    regions = [regions_of(a) for a in inputs]
-    if all(r is not None for r in regions) and not dropped and not added and chunks is None:
-        return _map_regions(kernel, inputs, regions, depths, fill)
+    if not dropped and not added and chunks is None:
+        limit = _constant_limit(inputs)
+        readable = [regions_of(a, constant_limit=limit) for a in inputs]
+        if all(r is not None for r in readable):
+            return _map_regions(kernel, inputs, readable, depths, fill)
     inputs = _align_chunks(inputs)
     if dropped:
         inputs = [a.rechunk(dict.fromkeys(dropped, -1)) for a in inputs]
@@ -210,8 +212,17 @@ def map_blocks(
     return da.overlap.trim_internal(mapped, dict(enumerate(out_depth)), boundary=dict(enumerate(out_edges)))
 
 
+def _constant_limit(inputs: list[da.Array]) -> int:
+    """The most bytes an aggregate may take to go whole into every task of a kernel (an eighth of a task's share)."""
+    from daskstream.compute.graph import budget_of
+    from daskstream.runtime.resources import resolve_resources
+
+    budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
+    return resolve_resources(memory_budget=min(budgets) if budgets else None).per_task_bytes // 8
+
+
 def _map_regions(
-    kernel: _CheckedKernel, inputs: list[da.Array], regions: list[Any], depths: tuple[int, ...], fill: Any
+    kernel: _CheckedKernel, inputs: list[da.Array], readable: list[Any], depths: tuple[int, ...], fill: Any
 ) -> da.Array:
     """The kernel as one task per block, each reading its haloed region straight from the sources.
 
@@ -220,10 +231,12 @@ def _map_regions(
     through) would not fit one task's share of the memory budget.
     """
     from daskstream.compute.graph import budget_of
-    from daskstream.compute.regions import KernelRegions, region_array
+    from daskstream.compute.regions import KernelRegions, Readable, region_array
     from daskstream.planning.chunks import configured_working_set_factor, fit_halo_chunks, regular_grid
     from daskstream.runtime.resources import resolve_resources
 
+    regions = [r.regions for r in readable]
+    constants = {name: array for r in readable for name, array in r.constants.items()}
     first = inputs[0]
     budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
     budget = min(budgets) if budgets else None
@@ -247,7 +260,9 @@ def _map_regions(
         first.chunks if chunks == tuple(max(c) if c else 0 for c in first.chunks) else regular_grid(first.shape, chunks)
     )
     reader = KernelRegions(kernel, tuple(regions), depths, fill, kernel.dtype, grid)
-    return region_array(reader, grid, budget=budget if budget is None else int(resources.memory_budget))
+    return region_array(
+        Readable(reader, constants), grid, budget=budget if budget is None else int(resources.memory_budget)
+    )
 
 
 @dataclass(frozen=True)

@@ -438,8 +438,7 @@ def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs
     task that counts it, and chunks could be read long before they are counted.
     """
     block_index = tuple(f"a{i}" for i in builtins.range(x.ndim))
-    # Unoptimized, so the graph keeps its layers: the pass planner sees what each input depends on.
-    wholes = [(array.rechunk(array.shape).to_delayed(optimize_graph=False).ravel()[0], None) for array in arrays]
+    wholes = [(whole_input(array), None) for array in arrays]
     return da.blockwise(
         fn,
         (*block_index, "row"),
@@ -452,6 +451,20 @@ def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs
         meta=np.empty((0,) * (x.ndim + 1), dtype="i8"),
         **kwargs,
     )
+
+
+def whole_input(array: da.Array) -> Any:
+    """``array`` as one graph value, for a blockwise function that takes it whole in every call.
+
+    The value is a task of its own (a materialized layer) over the array's
+    unoptimized graph: the pass planner then sees what it depends on, and
+    dask's blockwise fusion leaves it alone (fusing a blockwise layer into one
+    that takes its key whole breaks, dask 2026.8).
+    """
+    import dask
+
+    joined = array.rechunk(array.shape).to_delayed(optimize_graph=False).ravel()[0]
+    return dask.delayed(np.asarray, pure=True)(joined, dask_key_name=f"whole-{joined.key[0]}")
 
 
 def sum_rows(rows: da.Array, *, split_every: int | None = None, memory_budget: int | str | None = None) -> da.Array:

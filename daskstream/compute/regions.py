@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,15 @@ class Regions:
     def label(self) -> str:
         """What a person calls it."""
         return type(self).__name__
+
+    @property
+    def constants(self) -> tuple[str, ...]:
+        """Names of the small arrays (aggregates) the regions are computed with, whole."""
+        return ()
+
+    def bind(self, values: dict[str, np.ndarray]) -> Regions:
+        """These regions with the values of their constants (by name), as a task computes them."""
+        return self
 
     def __dask_tokenize__(self) -> Any:
         raise NotImplementedError
@@ -170,6 +179,13 @@ class KernelRegions(Regions):
         return tuple(d + max(r[a] for r in inner) for a, d in enumerate(self.depth))
 
     @property
+    def constants(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for regions in self.inputs for name in regions.constants))
+
+    def bind(self, values: dict[str, np.ndarray]) -> Regions:
+        return replace(self, inputs=tuple(regions.bind(values) for regions in self.inputs))
+
+    @property
     def label(self) -> str:
         from dask.utils import funcname
 
@@ -192,6 +208,94 @@ class KernelRegions(Regions):
             self.boundary,
             str(self.dtype),
         )
+
+
+@dataclass(frozen=True, eq=False)
+class ExpressionRegions(Regions):
+    """Regions of one element-wise dask operation over other regions, small whole arrays and literals.
+
+    Attributes
+    ----------
+    task
+        The operation's dask task, taking ``operands`` as ``blockwise_token(i)``.
+    operands
+        Per operand: ``("regions", Regions, axes)``, ``("constant", name, axes)``
+        (a small array known whole when the task runs) or ``("literal", value, None)``;
+        ``axes`` are the output axes the operand's own axes run along.
+    shape, dtype
+        Of the result.
+    values
+        The constants' values once bound (empty in the graph).
+    """
+
+    task: Any
+    operands: tuple[tuple[str, Any, tuple[int, ...] | None], ...]
+    shape: tuple[int, ...]  # type: ignore[misc]
+    dtype: np.dtype  # type: ignore[misc]
+    values: tuple[tuple[str, np.ndarray], ...] = ()
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        found: dict[str, Source] = {}
+        for kind, held, _ in self.operands:
+            if kind == "regions":
+                for source in held.sources:
+                    found.setdefault(source.token, source)
+        return tuple(found.values())
+
+    @property
+    def reach(self) -> tuple[int, ...]:
+        inner = [held.reach for kind, held, _ in self.operands if kind == "regions"]
+        return tuple(max((r[a] for r in inner), default=0) for a in range(len(self.shape)))
+
+    @property
+    def constants(self) -> tuple[str, ...]:
+        names: dict[str, None] = {}
+        for kind, held, _ in self.operands:
+            if kind == "regions":
+                names.update(dict.fromkeys(held.constants))
+            elif kind == "constant":
+                names[held] = None
+        return tuple(names)
+
+    @property
+    def label(self) -> str:
+        from dask.utils import key_split
+
+        return key_split(self.task.key)
+
+    def bind(self, values: dict[str, np.ndarray]) -> Regions:
+        operands = tuple(
+            (kind, held.bind(values), axes) if kind == "regions" else (kind, held, axes)
+            for kind, held, axes in self.operands
+        )
+        own = tuple((name, values[name]) for kind, name, _ in self.operands if kind == "constant")
+        return replace(self, operands=operands, values=own)
+
+    def read(self, box: Region) -> np.ndarray:
+        from dask.blockwise import blockwise_token
+
+        known = dict(self.values)
+        arguments = {}
+        for i, (kind, held, axes) in enumerate(self.operands):
+            if kind == "regions":
+                value = held.read(tuple(box[a] for a in axes))
+            elif kind == "constant":
+                whole = known[held]
+                # A length-one axis broadcasts: it is taken whole, as dask passes it to every block.
+                value = whole[tuple(slice(None) if n == 1 else box[a] for a, n in zip(axes, whole.shape))]
+            else:
+                value = held
+            arguments[blockwise_token(i)] = value
+        result = np.asarray(self.task(arguments))
+        shape = tuple(s.stop - s.start for s in box)
+        if result.shape != shape:
+            result = np.broadcast_to(result, shape)
+        return result if result.dtype == self.dtype else result.astype(self.dtype)
+
+    def __dask_tokenize__(self) -> Any:
+        parts = [(kind, held if kind != "literal" else tokenize(held), axes) for kind, held, axes in self.operands]
+        return ("daskstream-expression-regions", tokenize(self.task), parts, self.shape, str(self.dtype))
 
 
 def halo_widths(
@@ -303,31 +407,65 @@ def block_info_for(
     return {0: entry, None: {**entry, "chunk-shape": tuple(haloed_shape), "dtype": dtype}}
 
 
-def read_region_block(
-    regions: Regions, grid: tuple[tuple[int, ...], ...], block_id: tuple[int, ...] = ()
-) -> np.ndarray:
-    """The task of one block of a region array: read block ``block_id`` of ``grid`` from ``regions``."""
-    box = tuple(slice(int(sum(c[:i])), int(sum(c[: i + 1]))) for c, i in zip(grid, block_id))
-    return regions.read(box)
+class RegionBlocks:
+    """The function of a region array's tasks: ``(block_id, *constants) -> block``.
+
+    A plain class, not a dataclass: dask would take a dataclass argument
+    apart and rebuild it in the task, running the dask tasks it holds.
+    """
+
+    def __init__(self, regions: Regions, grid: tuple[tuple[int, ...], ...]) -> None:
+        self.regions = regions
+        self.grid = grid
+
+    def __call__(self, block_id: tuple[int, ...], *values: np.ndarray) -> np.ndarray:
+        box = tuple(slice(int(sum(c[:i])), int(sum(c[: i + 1]))) for c, i in zip(self.grid, block_id))
+        regions = self.regions.bind(dict(zip(self.regions.constants, values))) if values else self.regions
+        return regions.read(box)
+
+    def __dask_tokenize__(self) -> Any:
+        return ("daskstream-region-blocks", self.regions, self.grid)
 
 
 # The annotation that marks a layer as a region array, holding its Regions.
 REGIONS_ANNOTATION = "daskstream-regions"
 
 
-def region_array(regions: Regions, grid: tuple[tuple[int, ...], ...], budget: int | None = None) -> Any:
-    """A dask array whose blocks (on ``grid``) are each read from ``regions`` in one task."""
-    import dask.array as da
+@dataclass(frozen=True)
+class Readable:
+    """What :func:`regions_of` finds: the regions, and the dask arrays of their constants by name."""
 
-    name = f"daskstream-regions-{tokenize(regions, grid)}"
-    array = da.map_blocks(
-        read_region_block,
+    regions: Regions
+    constants: dict[str, Any] = field(default_factory=dict)
+
+
+def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], budget: int | None = None) -> Any:
+    """A dask array whose blocks (on ``grid``) are each read from ``readable`` in one task.
+
+    The constants enter every task whole, as one graph input each (computed once, before).
+    """
+    import dask.array as da
+    from dask.array.core import ArrayBlockIdDep
+
+    regions = readable.regions
+    out_ind = tuple(f"a{i}" for i in range(len(regions.shape)))
+    from daskstream.compute.reductions import whole_input
+
+    wholes = []
+    for name in regions.constants:
+        wholes.extend([whole_input(readable.constants[name]), None])
+    name = f"daskstream-regions-{tokenize(regions, grid, *regions.constants)}"
+    array = da.blockwise(
+        RegionBlocks(regions, grid),
+        out_ind,
+        ArrayBlockIdDep(grid),
+        out_ind,
+        *wholes,
         dtype=regions.dtype,
-        chunks=grid,
         meta=np.empty((0,) * len(regions.shape), dtype=regions.dtype),
         name=name,
-        regions=regions,
-        grid=grid,
+        concatenate=True,
+        align_arrays=False,
     )
     annotations = array.dask.layers[name].collection_annotations
     annotations[REGIONS_ANNOTATION] = regions
@@ -338,33 +476,129 @@ def region_array(regions: Regions, grid: tuple[tuple[int, ...], ...], budget: in
     return array
 
 
-def regions_of(array: Any) -> Regions | None:
-    """What an array's blocks can be read from region by region: a source opened with ``daskstream.open``
-    or a region array, as it is (no operation applied on top); else ``None``."""
+def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
+    """What ``array``'s blocks can be computed from region by region, or ``None``.
+
+    That is: a source opened with ``daskstream.open``; a region array; or an
+    element-wise operation (``x - m``, ``np.where(x > t, x, 0)``...) over those,
+    literals and arrays of at most ``constant_limit`` bytes (aggregates such as
+    a mean, taken whole).
+    """
+    import dask.array as da
+
     graph = array.__dask_graph__()
     layer = graph.layers.get(array.name)
     if layer is None:
         return None
     held = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
     if held is not None:
-        return held
+        return Readable(held, _region_constants(graph, layer))
     from daskstream.arrays import read_layers
 
     for name, source, _ in read_layers(array):
         if name == array.name:
-            return SourceRegions(source)
-    return None
+            return Readable(SourceRegions(source))
+    if not _elementwise(layer):
+        return None
+    operands: list[tuple[str, Any, tuple[int, ...] | None]] = []
+    constants: dict[str, Any] = {}
+    out_index = list(layer.output_indices)
+    for ref, index in layer.indices:
+        key = getattr(ref, "key", ref)
+        if index is None:
+            if isinstance(key, str) and key in graph.layers:
+                return None  # a whole graph value: not an element-wise operand
+            operands.append(("literal", ref, None))
+            continue
+        axes = tuple(out_index.index(letter) for letter in index)
+        operand = _layer_array(graph, key)
+        if operand is None:
+            return None
+        inner = regions_of(operand, constant_limit=constant_limit)
+        if inner is not None and operand.shape == tuple(array.shape[a] for a in axes):
+            operands.append(("regions", inner.regions, axes))
+            constants.update(inner.constants)
+        elif operand.nbytes <= constant_limit:
+            operands.append(("constant", operand.name, axes))
+            constants[operand.name] = operand
+        else:
+            return None
+    regions = ExpressionRegions(layer.task, tuple(operands), tuple(array.shape), np.dtype(array.dtype))
+    if not any(kind == "regions" for kind, _, _ in operands):
+        return None
+    del da
+    return Readable(regions, constants)
+
+
+def _elementwise(layer: Any) -> bool:
+    """Whether a layer is one element-wise dask operation: a Blockwise whose inputs all run along its axes."""
+    from dask.blockwise import Blockwise
+
+    if not isinstance(layer, Blockwise) or layer.new_axes or layer.io_deps or layer.output_blocks:
+        return False
+    out = list(layer.output_indices)
+    for _, index in layer.indices:
+        if index is None:
+            continue
+        if any(letter not in out for letter in index):
+            return False
+        positions = [out.index(letter) for letter in index]
+        # numpy broadcasting lines up trailing axes: an operand's axes are the output's last ones, in order.
+        if positions != list(range(len(out) - len(index), len(out))):
+            return False
+    return True
+
+
+def _layer_array(graph: Any, name: Any) -> Any:
+    """The dask array a layer of ``graph`` makes, from the chunks and dtype it is annotated with."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+    if not isinstance(name, str) or name not in graph.layers:
+        return None
+    annotations = graph.layers[name].collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    if chunks is None or dtype is None:
+        return None
+    sub = HighLevelGraph(
+        {n: graph.layers[n] for n in _ancestors(graph, name)},
+        {n: graph.dependencies.get(n, set()) for n in _ancestors(graph, name)},
+    )
+    return da.Array(sub, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+
+
+def _ancestors(graph: Any, name: str) -> set[str]:
+    found, stack = set(), [name]
+    while stack:
+        current = stack.pop()
+        if current not in found:
+            found.add(current)
+            stack.extend(graph.dependencies.get(current, ()))
+    return found
+
+
+def _region_constants(graph: Any, layer: Any) -> dict[str, Any]:
+    """The dask arrays of the constants a region array's layer takes, by name."""
+    regions = layer.collection_annotations[REGIONS_ANNOTATION]
+    found = {}
+    for name in regions.constants:
+        array = _layer_array(graph, name)
+        if array is not None:
+            found[name] = array
+    return found
 
 
 __all__ = [
     "ArrayRegions",
+    "ExpressionRegions",
     "KernelRegions",
+    "Readable",
+    "RegionBlocks",
     "Regions",
     "SourceRegions",
     "block_info_for",
     "halo_widths",
     "haloed",
-    "read_region_block",
     "region_array",
     "regions_of",
     "source_indices",

@@ -155,17 +155,16 @@ def plan_passes(facts: Sequence[LayerFacts], *, hold_limit: int) -> PassPlan:
             if name not in by_name:
                 raise ValueError(f"layer {layer.name!r} takes {name!r}, which is not described before it")
         by_name[layer.name] = layer
-        if layer.kind == "read":
-            reach[layer.name] = layer.block_bytes
-            levels[layer.name] = 0
-            continue
         if layer.kind == "constant":
             reach[layer.name] = 0
             levels[layer.name] = 0
             continue
-        reach[layer.name] = sum(count * reach[name] for name, count in layer.inputs if name not in barriers)
+        # A read's own block comes from its sources; it may take inputs too (a kernel reading its
+        # halos takes the aggregates it is computed with).
+        own = layer.block_bytes if layer.kind == "read" else 0
+        reach[layer.name] = own + sum(count * reach[name] for name, count in layer.inputs if name not in barriers)
         levels[layer.name] = max((levels[name] + (name in barriers) for name, _ in layer.inputs), default=0)
-        if reach[layer.name] > hold_limit:
+        if layer.kind == "compute" and reach[layer.name] > hold_limit:
             barriers.add(layer.name)
 
     shared = barriers | {
