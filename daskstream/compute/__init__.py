@@ -2,6 +2,7 @@
 
 from daskstream.compute import graph, kernels
 from daskstream.compute.describe import Description, LazyDescription, describe
+from daskstream.compute.graph import plan_compute
 from daskstream.compute.kernels import map_blocks
 from daskstream.compute.quantiles import median, quantile
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
@@ -18,6 +19,7 @@ __all__ = [
     "kernels",
     "map_blocks",
     "median",
+    "plan_compute",
     "quantile",
     "reduce",
     "store",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask.config
@@ -31,6 +31,9 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.utils import key_split
 
 from daskstream import config
+from daskstream.errors import InvalidArgumentError
+from daskstream.planning.budget import parse_budget
+from daskstream.planning.computation import ComputePlan
 from daskstream.planning.passes import LayerFacts, PassPlan, plan_passes
 from daskstream.sources.base import Source
 
@@ -57,29 +60,90 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """dask's array optimizer, after planning the passes of graphs that read daskstream sources.
 
     Installed as dask's ``array_optimize`` when daskstream is imported.
+
+    Raises
+    ------
+    MemoryBudgetError
+        When the computation's projected peak exceeds its memory budget, before anything runs.
     """
     from dask.array.optimization import optimize as dask_optimize
 
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and _reads_sources(dsk):
-        flat = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
-        dsk = plan_and_rewrite(dsk, flat)
+        dsk, plan = plan_graph(dsk, list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys])
+        plan.check()
     return dask_optimize(dsk, keys, **kwargs)
 
 
-def plan_and_rewrite(graph: HighLevelGraph, keys: list[Hashable]) -> HighLevelGraph:
-    """Plan the passes of the part of ``graph`` that ``keys`` need, and rewrite it to re-read sources in each pass.
+def plan_compute(*collections: Any, memory_budget: int | str | None = None) -> ComputePlan:
+    """How computing ``collections`` together will run: its passes over the data and its projected memory.
 
-    Layers are named as the keys they hold (dask's culling renames layers, so
-    this runs on the graph as built, before dask's own optimizations).
+    This is what daskstream plans, and checks against the memory budget,
+    before every computation that reads its sources (``.compute()``,
+    ``dask.compute``, ``daskstream.store``...); here nothing is computed.
+
+    Parameters
+    ----------
+    *collections
+        Dask arrays (or other dask collections).
+    memory_budget
+        Bytes per worker to plan for; by default the smallest budget the
+        arrays were opened with, else as for :func:`daskstream.plan_chunks`.
+
+    Returns
+    -------
+    ComputePlan
+        ``passes``, ``read_passes``, ``worst`` (the largest task, term by
+        term), ``projected_peak_bytes``, ``explain()``.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> import daskstream as ds
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.ones((1000, 1000), dtype="f4"))  # 4 MB, four times the budget
+    >>> x = ds.open(path, memory_budget="1MiB")
+    >>> plan = ds.plan_compute(ds.reduce(x - x.mean(), "std"))
+    >>> plan.passes, plan.projected_peak_bytes <= plan.budget
+    (2, True)
     """
+    found = [c for c in collections if hasattr(c, "__dask_graph__")]
+    if not found:
+        raise InvalidArgumentError("plan_compute needs dask collections, e.g. plan_compute(x.mean(), y.std())")
+    graph = HighLevelGraph.merge(*[c.__dask_graph__() for c in found])
+    keys = list(flatten([c.__dask_keys__() for c in found]))
+    return plan_graph(graph, keys, memory_budget=memory_budget)[1]
+
+
+def plan_graph(
+    graph: HighLevelGraph, keys: list[Hashable], *, memory_budget: int | str | None = None
+) -> tuple[HighLevelGraph, ComputePlan]:
+    """Plan the passes of what ``keys`` need and rewrite ``graph`` to re-read sources in each pass.
+
+    Layers are named as the keys they hold here: this runs on the graph as
+    built, before dask's own optimizations (whose culling renames layers).
+
+    Returns
+    -------
+    The rewritten graph, and its :class:`~daskstream.planning.computation.ComputePlan`.
+    """
+    from daskstream.compute.projection import project
+
     graph = reread_rechunks(graph, _needed_layers(graph, keys))
     described = describe(graph, _needed_layers(graph, keys))
-    if not described.reads:
-        return graph
-    plan = plan_passes(described.facts, hold_limit=hold_limit(graph, described))
-    if not plan.recomputed:
-        return graph
-    return rewrite(graph, plan)
+    budget = memory_budget_for(graph) if memory_budget is None else parse_budget(memory_budget)
+    threads = concurrency()
+    plan = plan_passes(described.facts, hold_limit=budget // threads)
+    read_passes = plan.read_passes
+    if plan.recomputed:
+        graph = rewrite(graph, plan)
+        described = describe(graph, _needed_layers(graph, keys))
+        # The rewritten graph computes what each pass needs in that pass: planned again, nothing is recomputed.
+        plan = plan_passes(described.facts, hold_limit=budget // threads)
+    outputs = {key[0] if isinstance(key, tuple) else key for key in keys}
+    computation = project(
+        graph, described, plan, budget=budget, concurrency=threads, outputs=outputs, read_passes=read_passes
+    )
+    return graph, computation
 
 
 def _needed_layers(graph: HighLevelGraph, keys: Iterable[Hashable]) -> set[str]:
@@ -115,14 +179,39 @@ def describe(graph: HighLevelGraph, names: Iterable[str] | None = None) -> Graph
             described.blocks[name] = blocks
         if sources:
             described.sources[name] = sources
-            names = tuple(source.name for source in sources)
-            facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=names)
+            names_read = tuple(source.name for source in sources)
+            facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=names_read)
         elif not graph.dependencies.get(name) and blocks is None:
             facts = LayerFacts(name, "constant")
         else:
             facts = LayerFacts(name, "compute", _block_bytes(layer), blocks or 1, inputs)
         described.facts.append(facts)
+    described.facts = _reduction_partials(described.facts)
     return described
+
+
+def _reduction_partials(facts: list[LayerFacts]) -> list[LayerFacts]:
+    """Facts with the first step of each dask tree reduction sized as the partial results it makes.
+
+    dask's ``reduction`` shrinks the chunks of its first (blockwise) step after
+    making the layer, so the layer's annotation still has the input's blocks;
+    its partial results are the size of the ``-partial``/``-aggregate`` layers'.
+    """
+    takers: dict[str, list[LayerFacts]] = {f.name: [] for f in facts}
+    for f in facts:
+        for name, _ in f.inputs:
+            takers[name].append(f)
+    fixed = []
+    for f in facts:
+        reducers = takers[f.name]
+        if f.kind == "compute" and reducers and all(key_split(t.name).endswith(_TREE_STEPS) for t in reducers):
+            f = replace(f, block_bytes=min(f.block_bytes, max(t.block_bytes for t in reducers)))
+        fixed.append(f)
+    return fixed
+
+
+# The layers of dask's tree reductions after the first step (dask.array.reductions._tree_reduce).
+_TREE_STEPS = ("-partial", "-aggregate")
 
 
 def _toposorted(graph: HighLevelGraph, names: set[str]) -> list[str]:
@@ -391,15 +480,6 @@ def concurrency() -> int:
     return resolve_resources().threads
 
 
-def hold_limit(graph: HighLevelGraph, described: GraphFacts) -> int:
-    """Bytes of source data one block may depend on and still be computed in the pass reading them.
-
-    One task's share of the budget: a block that needs more than that makes
-    whatever takes it wait for a whole pass.
-    """
-    return memory_budget_for(graph) // concurrency()
-
-
 # ---------------------------------------------------------------------------
 # Rewriting
 
@@ -507,4 +587,4 @@ def install() -> None:
     dask.config.update_defaults({"array_optimize": optimize})
 
 
-__all__ = ["GraphFacts", "describe", "install", "optimize", "plan_and_rewrite", "rewrite"]
+__all__ = ["GraphFacts", "describe", "install", "optimize", "plan_compute", "plan_graph", "rewrite"]

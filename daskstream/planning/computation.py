@@ -1,0 +1,181 @@
+"""What a whole computation will do and hold: its passes over the data and its projected memory.
+
+:class:`ComputePlan` is what :func:`daskstream.plan_compute` returns and what
+daskstream checks before every computation over its sources: the passes (from
+:mod:`daskstream.planning.passes`), the task that holds the most at its peak
+with its memory term by term (:class:`TaskMemory`, as cubed projects each
+operation), and what stays in memory between tasks. A plan whose projected
+peak exceeds the budget raises :class:`~daskstream.errors.MemoryBudgetError`
+before a byte is read.
+
+>>> task = TaskMemory("read x.npy -> sum", (("input", 4 << 20), ("output", 8)), level=0)
+>>> plan = ComputePlan(
+...     budget=64 << 20, concurrency=2, tasks=10, passes=1, read_passes={"x.npy": (0,)},
+...     source_bytes={"x.npy": 40 << 20}, pass_work={0: ("sum",)}, worst=task, held=(),
+... )
+>>> plan.projected_peak_bytes == 2 * task.peak_bytes
+True
+>>> plan.check()  # within the budget: nothing raised
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from html import escape
+
+from daskstream.errors import MemoryBudgetError
+from daskstream.planning.budget import format_size
+
+# The names of a task's memory terms, in the order they are reported.
+TERMS = ("input", "decoded copy", "halo", "intermediate", "workspace", "output")
+
+
+@dataclass(frozen=True)
+class TaskMemory:
+    """The projected peak of one task, term by term.
+
+    Attributes
+    ----------
+    operation
+        What the task does, in order (``"read field.npy -> sub -> moments_chunk"``).
+    terms
+        ``(name, bytes)`` at the task's peak, ``name`` one of :data:`TERMS`:
+        ``input`` (blocks it reads or receives), ``decoded copy`` (a storage
+        chunk as stored and decoded, while it is read), ``halo`` (cells borrowed
+        beyond its block), ``intermediate`` (results of earlier steps of the
+        task still held), ``workspace`` (an operation's temporaries) and
+        ``output`` (what the current step makes).
+    level
+        The pass the task runs in (from 0).
+    """
+
+    operation: str
+    terms: tuple[tuple[str, int], ...]
+    level: int = 0
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(n for _, n in self.terms)
+
+    def describe(self) -> str:
+        """The terms in human units: ``input 4.00 MiB + output 8 B``."""
+        shown = [f"{name} {format_size(n)}" for name, n in self.terms if n]
+        return " + ".join(shown) or "nothing"
+
+
+@dataclass(frozen=True)
+class ComputePlan:
+    """How a computation reading daskstream sources will run, and what it will hold.
+
+    Attributes
+    ----------
+    budget
+        Bytes one worker may use.
+    concurrency
+        Tasks a worker runs at once.
+    tasks
+        Tasks in the computation, after fusion's planning (an upper bound).
+    passes
+        Passes over the data: the most times any source is read.
+    read_passes
+        For each source, the passes (from 0) that read it.
+    source_bytes
+        Each source's size.
+    pass_work
+        For each pass (by its level, from 0), what its tasks do with the blocks they read.
+    worst
+        The task that holds the most at its peak.
+    held
+        ``(what, bytes)`` kept in memory between tasks: aggregates that later
+        passes take whole, blocks waiting for a second consumer.
+    """
+
+    budget: int
+    concurrency: int
+    tasks: int
+    passes: int
+    read_passes: Mapping[str, tuple[int, ...]]
+    source_bytes: Mapping[str, int]
+    pass_work: Mapping[int, tuple[str, ...]]
+    worst: TaskMemory | None
+    held: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(n for _, n in self.held)
+
+    @property
+    def projected_peak_bytes(self) -> int:
+        """``concurrency`` of the largest tasks at once, and what is held between tasks."""
+        worst = self.worst.peak_bytes if self.worst is not None else 0
+        return self.concurrency * worst + self.held_bytes
+
+    @property
+    def bytes_to_read(self) -> int:
+        """Bytes the passes read from the sources, in all."""
+        return sum(len(p) * self.source_bytes.get(source, 0) for source, p in self.read_passes.items())
+
+    def check(self) -> None:
+        """Raise :class:`MemoryBudgetError` when the projected peak exceeds the budget."""
+        if self.projected_peak_bytes <= self.budget or self.worst is None:
+            return
+        held = f" + {format_size(self.held_bytes)} held between tasks" if self.held_bytes else ""
+        raise MemoryBudgetError(
+            f"this computation projects {format_size(self.projected_peak_bytes)} per worker, over its memory "
+            f"budget of {format_size(self.budget)}: {self.concurrency} task(s) at once of "
+            f"{format_size(self.worst.peak_bytes)} ({self.worst.operation}: {self.worst.describe()}){held}. "
+            "Open the data with a larger memory_budget or smaller chunks (ds.open(..., chunks=...)), "
+            "or run fewer threads"
+        )
+
+    def explain(self) -> str:
+        """Plain-text account: the passes, what each reads and computes, and the projected memory."""
+        sources = ", ".join(f"{name} ({format_size(n)})" for name, n in self.source_bytes.items()) or "nothing"
+        lines = [
+            f"Computation over {sources}: {self.tasks} task(s), {self.concurrency} at a time, "
+            f"budget {format_size(self.budget)} per worker",
+            f"Passes over the data: {self.passes} ({format_size(self.bytes_to_read)} read in all)",
+        ]
+        seen: set[str] = set()
+        for number, level in enumerate(sorted({p for passes in self.read_passes.values() for p in passes}), 1):
+            read = [name for name, passes in self.read_passes.items() if level in passes]
+            again = " again" if all(name in seen for name in read) else ""
+            seen.update(read)
+            work = "; ".join(self.pass_work.get(level, ())) or "the blocks as read"
+            lines.append(f"  pass {number}: reads {', '.join(read)}{again}, then {work}")
+        if self.worst is not None:
+            lines.append(
+                f"Largest task: {format_size(self.worst.peak_bytes)} at its peak ({self.worst.operation}, "
+                f"pass {self.worst.level + 1}): {self.worst.describe()}"
+            )
+        held = "".join(f" + {format_size(n)} {what}" for what, n in self.held if n)
+        verdict = "within" if self.projected_peak_bytes <= self.budget else "OVER"
+        worst = format_size(self.worst.peak_bytes) if self.worst is not None else "0 B"
+        lines.append(
+            f"Projected peak: {self.concurrency} x {worst}{held} = {format_size(self.projected_peak_bytes)}, "
+            f"{verdict} the budget of {format_size(self.budget)}"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def _repr_html_(self) -> str:
+        from daskstream.display import card, table
+
+        rows = [
+            ("passes over the data", self.passes),
+            ("read in all", format_size(self.bytes_to_read)),
+            ("tasks", f"{self.tasks}, {self.concurrency} at a time"),
+            ("largest task", format_size(self.worst.peak_bytes) if self.worst is not None else "-"),
+            ("projected peak", f"{format_size(self.projected_peak_bytes)} of {format_size(self.budget)}"),
+        ]
+        return card(
+            "daskstream ComputePlan",
+            table(rows),
+            f"<details><summary>why</summary><pre>{escape(self.explain())}</pre></details>",
+        )
+
+
+__all__ = ["TERMS", "ComputePlan", "TaskMemory"]
