@@ -16,7 +16,6 @@ Only pipelines made of those filters take this path; any other filter
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 
 from daskstream.errors import CorruptSourceError
 from daskstream.sources.base import Region, storage_pieces
+from daskstream.sources.bounded import blosc_decode, zlib_decode, zstd_decode
 from daskstream.sources.contiguous import pread_into
 
 # HDF5's filter identifiers: the library's own, and the registered plugin ids.
@@ -87,37 +87,39 @@ class ChunkDecoder:
         self.dtype = np.dtype(dtype)
         self.chunk_shape = chunk_shape
         self.nbytes = int(np.prod(chunk_shape)) * self.dtype.itemsize
-        self._steps: list[Callable[[Any], Any]] = [self._step(code) for code, _ in self.pipeline]
+        self._steps: list[Callable[[Any, int], Any]] = [self._step(code) for code, _ in self.pipeline]
 
     def decode(self, raw: Any, filter_mask: int) -> np.ndarray:
-        """The chunk as an array of ``chunk_shape`` (a new buffer, in the file's byte order)."""
+        """The chunk as an array of ``chunk_shape`` (a new buffer, in the file's byte order).
+
+        Each decompressing filter is told the size it must decode to, and
+        refuses a chunk that claims or makes more (see :mod:`daskstream.sources.bounded`).
+        """
         data = raw
+        applied = [i for i in range(len(self._steps)) if not filter_mask & (1 << i)]
         # Filters undo in reverse order; a set bit i of the mask means filter i was not applied.
-        for i in reversed(range(len(self._steps))):
-            if not filter_mask & (1 << i):
-                data = self._steps[i](data)
+        for i in reversed(applied):
+            # What this step must give: the chunk, plus four bytes per Fletcher-32 checksum still to undo.
+            checksums = sum(self.pipeline[j][0] == FLETCHER32 for j in applied if j < i)
+            data = self._steps[i](data, self.nbytes + 4 * checksums)
         array = np.frombuffer(data, dtype=np.uint8)
         if array.size != self.nbytes:
             raise ValueError(f"decoded to {array.size} bytes where the chunk holds {self.nbytes}")
         return array.view(self.dtype).reshape(self.chunk_shape)
 
-    def _step(self, code: int) -> Callable[[Any], Any]:
+    def _step(self, code: int) -> Callable[[Any, int], Any]:
         if code == DEFLATE:
-            inflate = _inflater()
-            return lambda data: inflate(data, self.nbytes)
+            return lambda data, size: zlib_decode(data, size)
         if code == SHUFFLE:
-            return self._unshuffle
+            return lambda data, size: self._unshuffle(data)
         if code == FLETCHER32:
             from numcodecs.fletcher32 import Fletcher32
 
-            return Fletcher32().decode
+            checksum = Fletcher32()
+            return lambda data, size: checksum.decode(data)
         if code == ZSTD:
-            from numcodecs import Zstd
-
-            return Zstd().decode
-        from numcodecs import blosc
-
-        return blosc.decompress
+            return lambda data, size: zstd_decode(data, size)
+        return lambda data, size: blosc_decode(data, size)
 
     def _unshuffle(self, data: Any) -> np.ndarray:
         # HDF5's shuffle stores byte 0 of every element, then byte 1, ...; a transposed copy undoes it.
@@ -126,15 +128,6 @@ class ChunkDecoder:
         if size == 1 or stored.size % size:
             return stored
         return np.ascontiguousarray(stored.reshape(size, -1).T)
-
-
-def _inflater() -> Callable[[Any, int], Any]:
-    """libdeflate's zlib decompressor (about twice zlib's speed) when installed, else zlib's."""
-    try:
-        import deflate
-    except ImportError:
-        return lambda data, size: zlib.decompress(data, bufsize=size)
-    return deflate.zlib_decompress
 
 
 class ChunkedReader:

@@ -24,6 +24,7 @@ import numpy as np
 
 from daskstream.errors import CorruptSourceError, SourceChangedError
 from daskstream.sources.base import Region, storage_pieces
+from daskstream.sources.bounded import blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
 
@@ -130,9 +131,19 @@ def _v2_decoder(metadata: Any) -> Callable[[bytes, Region, Any], np.ndarray]:
         raise _NotDecodedHere
     compressor, filters = metadata.compressor, tuple(metadata.filters or ())
     shape, order = tuple(metadata.chunks), metadata.order
+    nbytes = math.prod(shape) * dtype.itemsize
+    bounded = bounded_decoder(compressor) if compressor is not None else None
+    if compressor is not None and bounded is None and not _declares_no_growth(compressor):
+        raise _NotDecodedHere  # a codec that could expand a chunk past its size unchecked: zarr's
+
+    def decompress(data: bytes) -> Any:
+        if bounded is None:
+            return compressor.decode(data)
+        # Filters may store the chunk in another dtype: then its size is only bounded.
+        return bounded(data, nbytes if not filters else _FILTERED_BOUND * nbytes + 65536, not filters)
 
     def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
-        buffer: Any = compressor.decode(data) if compressor is not None else data
+        buffer: Any = decompress(data) if compressor is not None else data
         for codec in reversed(filters):
             buffer = codec.decode(buffer)
         chunk = np.frombuffer(buffer, dtype=np.uint8).view(dtype).reshape(shape, order=order)
@@ -152,11 +163,15 @@ def _v3_decoder(
     *array_codecs, to_bytes = [c for c in codecs if not _is_bytes_to_bytes(c)]
     if array_codecs:
         raise _NotDecodedHere  # transpose and other array-to-array codecs: zarr's
-    unwrap = _bytes_steps([c for c in codecs if _is_bytes_to_bytes(c)])
+    dtype = np.dtype(metadata.data_type.to_native_dtype())
+    nbytes = math.prod(chunk_shape) * max(dtype.itemsize, 1)
     if isinstance(to_bytes, ShardingCodec):
+        # A shard holds its inner chunks (each compressed) and an index: its size is only bounded.
+        unwrap = _bytes_steps([c for c in codecs if _is_bytes_to_bytes(c)], _FILTERED_BOUND * nbytes + 65536, False)
         return _shard_decoder(to_bytes, chunk_shape, unwrap, metadata)
     if not isinstance(to_bytes, BytesCodec):
         raise _NotDecodedHere
+    unwrap = _bytes_steps([c for c in codecs if _is_bytes_to_bytes(c)], nbytes, True)
     dtype = _v3_dtype(metadata, to_bytes)
 
     def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
@@ -176,12 +191,13 @@ def _shard_decoder(
     inner_to_bytes = [c for c in sharding.codecs if not _is_bytes_to_bytes(c)]
     if len(inner_to_bytes) != 1 or not isinstance(inner_to_bytes[0], BytesCodec):
         raise _NotDecodedHere  # nested shards, transposes: zarr's
-    inner_unwrap = _bytes_steps([c for c in sharding.codecs if _is_bytes_to_bytes(c)])
+    inner_bytes = math.prod(inner_shape) * max(np.dtype(metadata.data_type.to_native_dtype()).itemsize, 1)
+    inner_unwrap = _bytes_steps([c for c in sharding.codecs if _is_bytes_to_bytes(c)], inner_bytes, True)
     index_codecs = list(sharding.index_codecs)
     if not isinstance(index_codecs[0], BytesCodec):
         raise _NotDecodedHere
-    index_unwrap = _bytes_steps(index_codecs[1:])
     index_size = 16 * math.prod(per_shard) + 4 * sum(type(c).__name__ == "Crc32cCodec" for c in index_codecs[1:])
+    index_unwrap = _bytes_steps(index_codecs[1:], 16 * math.prod(per_shard), True)
     at_end = sharding.index_location == ShardingCodecIndexLocation.end
     index_dtype = np.dtype(
         "<u8" if index_codecs[0].endian is None or index_codecs[0].endian.value == "little" else ">u8"
@@ -220,9 +236,17 @@ def _is_bytes_to_bytes(codec: Any) -> bool:
     return isinstance(codec, BytesBytesCodec)
 
 
-def _bytes_steps(codecs: list) -> Callable[[Any], Any]:
-    """Undo bytes-to-bytes codecs, last applied first, with numcodecs."""
-    steps = [_numcodecs_for(codec) for codec in reversed(codecs)]
+def _bytes_steps(codecs: list, size: int, exact: bool) -> Callable[[Any], Any]:
+    """Undo bytes-to-bytes codecs, last applied first, with decoders bounded by the ``size`` they must give.
+
+    A checksum adds 4 bytes: a compressor that decodes to the checksummed
+    bytes must give ``size`` plus 4 for each checksum undone after it.
+    """
+    undo = list(reversed(codecs))
+    steps = []
+    for position, codec in enumerate(undo):
+        checksums = sum(type(c).__name__ == "Crc32cCodec" for c in undo[position + 1 :])
+        steps.append(_numcodecs_for(codec, size + 4 * checksums, exact))
 
     def unwrap(data: Any) -> Any:
         for step in steps:
@@ -232,18 +256,32 @@ def _bytes_steps(codecs: list) -> Callable[[Any], Any]:
     return unwrap
 
 
-def _numcodecs_for(codec: Any) -> Callable[[Any], Any]:
-    import numcodecs
+# A chunk stored through filters (or a shard of compressed inner chunks) decodes to at most this many
+# times its array bytes, plus 64 KiB of headers: the bound given to its decompressor.
+_FILTERED_BOUND = 2
+
+
+def _declares_no_growth(codec: Any) -> bool:
+    """Codecs that do not decompress (checksums, byte shuffles), so a chunk cannot grow through them."""
+    return getattr(codec, "codec_id", None) in (
+        "crc32",
+        "crc32c",
+        "adler32",
+        "fletcher32",
+        "jenkins_lookup3",
+        "shuffle",
+    )
+
+
+def _numcodecs_for(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
     from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
     if isinstance(codec, ZstdCodec):
-        return numcodecs.Zstd().decode
+        return lambda data: zstd_decode(data, size, exact=exact)
     if isinstance(codec, BloscCodec):
-        from numcodecs import blosc
-
-        return blosc.decompress
+        return lambda data: blosc_decode(data, size, exact=exact)
     if isinstance(codec, GzipCodec):
-        return numcodecs.GZip().decode
+        return lambda data: gzip_decode(data, size, exact=exact)
     if isinstance(codec, Crc32cCodec):
         from numcodecs.checksum32 import CRC32C
 

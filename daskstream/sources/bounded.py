@@ -1,0 +1,161 @@
+"""Decompressors that never make more than the chunk they decode.
+
+A compressed chunk says how large it will be once decoded (zstd and blosc in
+their headers, deflate by running), and a plain decompressor believes it: a
+64 KiB zstd chunk claiming 2 GiB allocates 2 GiB before anything checks it.
+Every decoder here is told the size the chunk must decode to (``size``) and
+refuses, before allocating, a chunk that claims or produces more. Where the
+size is only known as a bound (a codec whose output another codec then
+reshapes), ``exact=False`` accepts anything up to it.
+
+>>> import numcodecs, numpy as np
+>>> frame = numcodecs.Zstd().encode(np.zeros(1000, "u1"))
+>>> zstd_decode(frame, 1000).nbytes
+1000
+>>> zstd_decode(frame, 10)
+Traceback (most recent call last):
+...
+ValueError: the zstd frame claims 1000 bytes where the chunk holds 10
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+_ZSTD_MAGIC = 0xFD2FB528
+
+
+def zstd_content_size(data: Any) -> int | None:
+    """The decoded size a zstd frame's header declares; ``None`` when it does not say (RFC 8878, 3.1.1.1).
+
+    >>> zstd_content_size(bytes.fromhex("28b52ffd2064") + bytes(5)) == 100
+    True
+    """
+    view = memoryview(data).cast("B")
+    if len(view) < 6 or int.from_bytes(view[:4], "little") != _ZSTD_MAGIC:
+        raise ValueError("not a zstd frame")
+    descriptor = view[4]
+    single_segment = (descriptor >> 5) & 1
+    size_bytes = {0: single_segment, 1: 2, 2: 4, 3: 8}[descriptor >> 6]
+    if size_bytes == 0:
+        return None
+    start = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+    if len(view) < start + size_bytes:
+        raise ValueError("the zstd frame header is cut short")
+    declared = int.from_bytes(view[start : start + size_bytes], "little")
+    return declared + 256 if size_bytes == 2 else declared
+
+
+def _checked(claimed: int | None, size: int, exact: bool, codec: str) -> None:
+    if claimed is None:
+        return
+    if claimed > size or (exact and claimed != size):
+        raise ValueError(f"the {codec} frame claims {claimed} bytes where the chunk holds {size}")
+
+
+def zstd_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
+    """Decode a zstd frame of at most (or, ``exact``, of exactly) ``size`` bytes."""
+    import numcodecs
+
+    claimed = zstd_content_size(data)
+    _checked(claimed, size, exact, "zstd")
+    out = np.empty(size if claimed is None else claimed, dtype=np.uint8)
+    # Given a buffer, numcodecs decompresses into it and refuses a frame that does not fit.
+    numcodecs.Zstd().decode(data, out=out)
+    return out
+
+
+def blosc_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
+    """Decode a blosc buffer of at most (``exact``: exactly) ``size`` bytes, as its header declares."""
+    from numcodecs import blosc
+
+    claimed, _, _ = blosc._cbuffer_sizes(data)
+    _checked(int(claimed), size, exact, "blosc")
+    out = np.empty(int(claimed), dtype=np.uint8)
+    blosc.decompress(data, out)
+    return out
+
+
+def _streamed(decompressor: Any, data: Any, size: int, exact: bool, codec: str) -> bytes:
+    """Run a stream decompressor for at most ``size + 1`` bytes: one more means the chunk is larger."""
+    out = decompressor.decompress(bytes(data), size + 1)
+    if len(out) > size or (exact and len(out) != size):
+        grew = "more than" if len(out) > size else f"{len(out)} bytes, not"
+        raise ValueError(f"the {codec} stream decodes to {grew} the {size} bytes the chunk holds")
+    return out
+
+
+def gzip_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
+    """Decode a gzip stream (numcodecs' and zarr's ``gzip``) of at most ``size`` bytes."""
+    return _streamed(zlib.decompressobj(16 + zlib.MAX_WBITS), data, size, exact, "gzip")
+
+
+def zlib_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
+    """Decode a zlib stream (numcodecs' ``zlib``, HDF5's deflate filter) of at most ``size`` bytes."""
+    try:
+        import deflate
+    except ImportError:
+        return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
+    if exact:
+        # libdeflate writes into a buffer of the size given and fails on more, and is twice as fast.
+        return deflate.zlib_decompress(data, size)
+    return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
+
+
+def bz2_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
+    return _streamed(bz2.BZ2Decompressor(), data, size, exact, "bz2")
+
+
+def lzma_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
+    return _streamed(lzma.LZMADecompressor(), data, size, exact, "lzma")
+
+
+def lz4_decode(data: Any, size: int, *, exact: bool = True) -> Any:
+    """numcodecs' LZ4 stores the decoded size in its first four bytes: checked before decoding."""
+    import numcodecs
+
+    view = memoryview(data).cast("B")
+    if len(view) < 4:
+        raise ValueError("the lz4 buffer is cut short")
+    _checked(int.from_bytes(view[:4], "little"), size, exact, "lz4")
+    return numcodecs.LZ4().decode(data)
+
+
+# numcodecs codec ids and the bounded decoder of each.
+BY_CODEC_ID: dict[str, Callable[..., Any]] = {
+    "zstd": zstd_decode,
+    "blosc": blosc_decode,
+    "gzip": gzip_decode,
+    "zlib": zlib_decode,
+    "bz2": bz2_decode,
+    "lzma": lzma_decode,
+    "lz4": lz4_decode,
+}
+
+
+def bounded_decoder(codec: Any) -> Callable[[Any, int, bool], Any] | None:
+    """The bounded decoder for a numcodecs codec, or ``None`` when it does not compress (or is not known)."""
+    decode = BY_CODEC_ID.get(getattr(codec, "codec_id", None))
+    if decode is None:
+        return None
+    if decode is lzma_decode and getattr(codec, "format", lzma.FORMAT_XZ) not in (lzma.FORMAT_XZ, lzma.FORMAT_AUTO):
+        return None  # raw lzma streams need the codec's own filters: decoded by numcodecs
+    return lambda data, size, exact: decode(data, size, exact=exact)
+
+
+__all__ = [
+    "BY_CODEC_ID",
+    "blosc_decode",
+    "bounded_decoder",
+    "gzip_decode",
+    "lz4_decode",
+    "zlib_decode",
+    "zstd_content_size",
+    "zstd_decode",
+]
