@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import InvalidArgumentError, InvalidAxisError
+from daskstream.errors import InvalidArgumentError, InvalidAxisError, MemoryBudgetError
 from daskstream.planning.budget import format_size
 from daskstream.sources import Source, open_source
 
@@ -59,6 +59,10 @@ class _Input:
             raise InvalidArgumentError(
                 f"stream takes paths, Sources or dask arrays (from daskstream.open), not {type(x).__name__}"
             )
+        from daskstream.compute.graph import opened_budget
+
+        # The budget an array from daskstream.open was opened with, for the stream to keep.
+        self.opened_budget = opened_budget(x) if hasattr(x, "__dask_graph__") else None
         held = self.source if self.source is not None else self.array
         self.shape: tuple[int, ...] = tuple(held.shape)
         self.dtype = np.dtype(held.dtype)
@@ -207,18 +211,28 @@ class Stream:
                 "shuffle=True with world_size > 1 needs seed=: every rank must draw the same block order "
                 "to take a disjoint share"
             )
-        self.resources = resolve_resources(memory_budget=memory_budget)
-        self.block_bounds = self._blocks(world_size)
-        if batch_size is None:
-            batch_size = max(1, self.block_bounds[0][1] - self.block_bounds[0][0]) if self.block_bounds else 1
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise InvalidArgumentError(f"batch_size={batch_size!r} must be a positive int")
-        self.batch_size = int(batch_size)
-        self.prefetch = self._prefetch(prefetch)
+        self.resources = resolve_resources(memory_budget=self._budget(memory_budget))
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
         self.rank, self.world_size, self.shuffle_blocks = rank, world_size, shuffle_blocks
-        self.epoch = 0
         self.threads = self.resources.threads
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1
+        ):
+            raise InvalidArgumentError(f"batch_size={batch_size!r} must be a positive int")
+        if prefetch != "auto" and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
+            raise InvalidArgumentError(f"prefetch={prefetch!r} must be a positive int or 'auto'")
+        self.block_bounds = self._blocks(world_size, batch_size, prefetch)
+        if batch_size is None:
+            batch_size = max(1, self.block_bounds[0][1] - self.block_bounds[0][0]) if self.block_bounds else 1
+        self.batch_size = int(batch_size)
+        self.prefetch = self._prefetch(prefetch)
+        self.epoch = 0
+
+    def _budget(self, memory_budget: int | str | None) -> int | str | None:
+        """The budget given, else the smallest one the arrays were opened with."""
+        if memory_budget is not None:
+            return memory_budget
+        return min((i.opened_budget for i in self.inputs if i.opened_budget), default=None)
 
     # -- planning ------------------------------------------------------------------
 
@@ -227,29 +241,85 @@ class Stream:
         """Bytes of one item across all zipped arrays."""
         return sum(i.item_bytes(self.axis) for i in self.inputs)
 
-    def _blocks(self, world_size: int) -> list[tuple[int, int]]:
-        """Storage-aligned blocks along the axis, about the planner's chunk size, enough for every thread and rank."""
+    @property
+    def memory_terms(self) -> dict[str, int]:
+        """What the stream holds at most, term by term: read ahead, shuffle window, batches ready and forming."""
+        rows = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 0
+        return self._terms(rows * self.item_bytes, min(self.batch_size, self.length) * self.item_bytes, self.prefetch)
+
+    @property
+    def projected_peak_bytes(self) -> int:
+        return sum(self.memory_terms.values())
+
+    def _terms(self, block: int, batch: int, prefetch: int) -> dict[str, int]:
+        # A batch inside one block is a view of it: in order, each batch held keeps its block.
+        pinned = batch if self.shuffle else max(batch, block)
+        return {
+            # A read in flight per thread, one more queued, and the block being taken apart.
+            "read ahead": (self.threads + 2) * block,
+            "shuffle window": (self.shuffle_blocks * block) if self.shuffle else 0,
+            # The batches in the queue, and the one waiting to enter it.
+            "batches ready": (prefetch + 1) * pinned,
+            # The batch being put together (and, shuffling, the rows gathered for it).
+            "batch forming": (2 if self.shuffle else 1) * batch,
+            # The batch the training loop holds while the next one is taken.
+            "batch in use": pinned,
+        }
+
+    def _blocks(self, world_size: int, batch_size: int | None, prefetch: int | str) -> list[tuple[int, int]]:
+        """Storage-aligned blocks along the axis: as large as the budget allows beside the window and the
+        batches (and no larger than the planner's chunk), enough for every thread and rank.
+
+        Raises :class:`MemoryBudgetError` when even one storage-aligned block does not fit.
+        """
         from daskstream.runtime.resources import cache_sized_chunk_bytes
 
+        # A fifth of the budget stays free for what the allocator keeps and the loop's own copies.
+        budget = self.resources.memory_budget * 4 // 5
         # At least two blocks per reading thread and per rank, where the storage grid allows.
-        spread = math.ceil(self.length / (2 * self.resources.threads * world_size))
+        spread = math.ceil(self.length / (2 * self.threads * world_size))
         # Blocks whole in every zipped array's storage chunks, unless that makes them too few;
         # then whole in the first array's (the others' chunks at block edges are read twice).
         unit = math.lcm(*(i.unit(self.axis) for i in self.inputs))
         if unit > spread:
             unit = self.inputs[0].unit(self.axis)
-        per_block = min(cache_sized_chunk_bytes(), self.resources.per_task_bytes // 3)
-        rows = max(1, per_block // max(1, self.item_bytes * unit)) * unit
-        rows = max(unit, min(rows, math.ceil(spread / unit) * unit))
+        ready = 2 if prefetch == "auto" else int(prefetch)
+
+        def held(rows: int) -> dict[str, int]:
+            items = rows if batch_size is None else min(int(batch_size), self.length)
+            return self._terms(rows * self.item_bytes, items * self.item_bytes, ready)
+
+        largest = max(1, cache_sized_chunk_bytes() // max(1, self.item_bytes * unit))
+        units = max(1, min(largest, math.ceil(spread / unit)))
+        # The most storage units per block that fit: what the stream holds grows with the block.
+        low, high = 1, units
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if sum(held(middle * unit).values()) <= budget else (low, middle - 1)
+        rows = low * unit
+        if sum(held(rows).values()) > budget:
+            least = held(unit)
+            shown = ", ".join(f"{name} {format_size(n)}" for name, n in least.items() if n)
+            raise MemoryBudgetError(
+                f"stream of {self.inputs[0].name}: one storage-aligned block is "
+                f"{format_size(unit * self.item_bytes)} ({unit} item(s)), and the stream holds {shown} = "
+                f"{format_size(sum(least.values()))}, over the {format_size(budget)} it may use of its memory "
+                f"budget of {format_size(self.resources.memory_budget)} (a fifth stays free); raise "
+                "memory_budget, or lower shuffle_blocks, prefetch or batch_size"
+            )
         return [(start, min(start + rows, self.length)) for start in range(0, self.length, rows)]
 
     def _prefetch(self, prefetch: int | str) -> int:
-        if prefetch == "auto":
-            batch = self.batch_size * self.item_bytes
-            return max(2, min(64, self.resources.memory_budget // 4 // max(batch, 1)))
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise InvalidArgumentError(f"prefetch={prefetch!r} must be a positive int or 'auto'")
-        return prefetch
+        if prefetch != "auto":
+            return int(prefetch)
+        # As many batches as the budget holds beside the blocks, at least two and at most 64.
+        held = self._terms(
+            (self.block_bounds[0][1] - self.block_bounds[0][0]) * self.item_bytes if self.block_bounds else 0,
+            self.batch_size * self.item_bytes,
+            0,
+        )
+        left = self.resources.memory_budget * 4 // 5 - sum(held.values())
+        return max(2, min(64, left // max(min(self.batch_size, self.length) * self.item_bytes, 1)))
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch`` does)."""
@@ -335,7 +405,8 @@ class Stream:
             yield self._emit(_take(pending, held, self.axis))
 
     def _windows(self, blocks: Iterator[list[np.ndarray]], rng: np.random.Generator) -> Iterator[list[np.ndarray]]:
-        """The blocks as read, or (shuffling) each window of ``shuffle_blocks`` blocks with its rows shuffled."""
+        """The blocks as read, or (shuffling) the rows of each window of ``shuffle_blocks`` blocks in one
+        random order, gathered a batch at a time from the window's blocks (never a copy of the window)."""
         if not self.shuffle:
             yield from blocks
             return
@@ -343,10 +414,10 @@ class Stream:
         for parts in blocks:
             window.append(parts)
             if len(window) == self.shuffle_blocks:
-                yield _shuffled(window, rng, self.axis)
+                yield from _shuffled(window, rng, self.axis, self.batch_size)
                 window = []
         if window:
-            yield _shuffled(window, rng, self.axis)
+            yield from _shuffled(window, rng, self.axis, self.batch_size)
 
     def _emit(self, arrays: list[np.ndarray]) -> Any:
         return tuple(arrays) if self.zipped else arrays[0]
@@ -417,11 +488,30 @@ def _yield_to_consumer() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
-def _shuffled(window: list[list[np.ndarray]], rng: np.random.Generator, axis: int) -> list[np.ndarray]:
-    """The items of a window of blocks, concatenated and put in one random order (the same for every input)."""
-    joined = [np.concatenate([parts[k] for parts in window], axis=axis) for k in range(len(window[0]))]
-    order = rng.permutation(joined[0].shape[axis])
-    return [np.take(a, order, axis=axis) for a in joined]
+def _shuffled(
+    window: list[list[np.ndarray]], rng: np.random.Generator, axis: int, piece: int
+) -> Iterator[list[np.ndarray]]:
+    """The items of a window of blocks in one random order (the same for every input), ``piece`` at a time.
+
+    The order is that of the window's items laid end to end; each piece is
+    gathered from the blocks it draws on.
+    """
+    lengths = [parts[0].shape[axis] for parts in window]
+    offsets = np.cumsum([0, *lengths])
+    order = rng.permutation(int(offsets[-1]))
+    lead = (slice(None),) * axis
+    for start in range(0, order.size, piece):
+        chosen = order[start : start + piece]
+        block_of = np.searchsorted(offsets, chosen, side="right") - 1
+        gathered = []
+        for k in range(len(window[0])):
+            first = window[0][k]
+            out = np.empty((*first.shape[:axis], chosen.size, *first.shape[axis + 1 :]), dtype=first.dtype)
+            for b in np.unique(block_of):
+                where = np.flatnonzero(block_of == b)
+                out[(*lead, where)] = np.take(window[b][k], chosen[where] - offsets[b], axis=axis)
+            gathered.append(out)
+        yield gathered
 
 
 def _take(pending: deque[list[np.ndarray]], count: int, axis: int) -> list[np.ndarray]:

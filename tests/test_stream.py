@@ -172,7 +172,7 @@ def test_an_error_while_reading_reaches_the_consumer_and_the_reader_ends(tmp_pat
 def test_the_reader_stays_within_prefetch_of_a_slow_consumer(tmp_path):
     path = str(tmp_path / "x.npy")
     np.save(path, indexed(n=20000, width=64))
-    s = ds.stream(path, batch_size=100, prefetch=2, memory_budget="3MiB")  # small blocks: 1024 rows
+    s = ds.stream(path, batch_size=100, prefetch=2, memory_budget="2MiB")  # small blocks: about 1000 rows
     assert len(s.block_bounds) >= 16
     rows_per_block = s.block_bounds[0][1] - s.block_bounds[0][0]
     start = bytes_read_here()
