@@ -180,8 +180,9 @@ def test_the_reader_stays_within_prefetch_of_a_slow_consumer(tmp_path):
     next(iterator)
     time.sleep(0.3)
     read = bytes_read_here() - start
-    # At most the blocks for the batches taken and ready, plus one read in flight per thread.
-    bound_rows = 3 * 100 + (s.threads + 2) * rows_per_block
+    # At most the rows of the batches taken, ready and waiting to enter the queue, plus one read in
+    # flight per thread, one more queued and the block being taken apart.
+    bound_rows = (1 + 2 + 1) * 100 + (s.threads + 2) * rows_per_block
     assert read <= bound_rows * 64 * 8
     assert read < 20000 * 64 * 8
     del iterator
