@@ -372,6 +372,74 @@ def _looks_like_key(item: Any) -> bool:
     return type(item) is tuple and bool(item) and isinstance(item[0], str) and all(isinstance(i, int) for i in item[1:])
 
 
+def layer_array(graph: HighLevelGraph, name: Any) -> Any:
+    """The dask array a layer of ``graph`` makes, from the chunks and dtype it is annotated with (or ``None``)."""
+    import dask.array as da
+
+    if not isinstance(name, str) or name not in graph.layers:
+        return None
+    annotations = graph.layers[name].collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    if chunks is None or dtype is None:
+        return None
+    needed = _needed_layers(graph, [name])
+    sub = HighLevelGraph({n: graph.layers[n] for n in needed}, {n: set(graph.dependencies.get(n, ())) for n in needed})
+    return da.Array(sub, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+
+
+def with_aggregates_computed(x: Any) -> Any:
+    """``x`` with the aggregates its later passes take (a mean, a quantile's state) computed now.
+
+    For writers that compute an array's blocks in batches: each batch would
+    otherwise compute every earlier pass again. Returns ``x`` itself when it
+    needs one pass; else the same array over a graph that holds those
+    aggregates as data.
+    """
+    import dask
+
+    graph = x.__dask_graph__()
+    keys = list(flatten(x.__dask_keys__()))
+    graph = reread_rechunks(graph, _needed_layers(graph, keys))
+    described = describe(graph, _needed_layers(graph, keys))
+    plan = plan_passes(described.facts, hold_limit=memory_budget_for(graph) // concurrency())
+    if plan.passes <= 1:
+        return x
+    takers: dict[str, list[str]] = {f.name: [] for f in described.facts}
+    for f in described.facts:
+        for name, _ in f.inputs:
+            takers[name].append(f.name)
+    # Computed once and taken whole by work that streams: what enters a pass as a constant.
+    streaming = {f.name for f in described.facts if f.kind != "constant" and f.name not in plan.shared}
+    frontier = [
+        f.name
+        for f in described.facts
+        if f.kind == "compute" and f.name in plan.shared and any(t in streaming for t in takers[f.name])
+    ]
+    arrays = [layer_array(graph, name) for name in frontier]
+    if not frontier or any(a is None for a in arrays):
+        return x
+    values = dask.compute(*arrays)
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    for name, array, value in zip(frontier, arrays, values):
+        layers[name] = MaterializedLayer(
+            {
+                (name, *index): np.asarray(value)[_block_slices(array.chunks, index)]
+                for index in np.ndindex(*array.numblocks)
+            },
+            collection_annotations=dict(graph.layers[name].collection_annotations or {}),
+        )
+        dependencies[name] = set()
+    done = HighLevelGraph(layers, dependencies)
+    kept = _needed_layers(done, keys)
+    done = HighLevelGraph({n: layers[n] for n in kept}, {n: dependencies[n] for n in kept})
+    return type(x)(done, x.name, x.chunks, meta=x._meta)
+
+
+def _block_slices(chunks: tuple[tuple[int, ...], ...], index: tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(sum(c[:i]), sum(c[: i + 1])) for c, i in zip(chunks, index))
+
+
 # ---------------------------------------------------------------------------
 # Re-chunked reads
 
@@ -583,8 +651,12 @@ def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -
 
 
 def install() -> None:
-    """Make :func:`optimize` dask's array optimizer, unless something else already is."""
+    """Make :func:`optimize` dask's array optimizer, unless something else already is, and cap the
+    allocator's arenas (see :mod:`daskstream.runtime.allocator`)."""
+    from daskstream.runtime.allocator import limit_malloc_arenas
+
     dask.config.update_defaults({"array_optimize": optimize})
+    limit_malloc_arenas(config.get("compute.malloc-arenas"))
 
 
 __all__ = ["GraphFacts", "describe", "install", "optimize", "plan_compute", "plan_graph", "rewrite"]

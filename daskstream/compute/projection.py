@@ -34,8 +34,8 @@ from daskstream.compute.graph import GraphFacts, _sources_read_by
 from daskstream.planning.computation import ComputePlan, TaskMemory
 from daskstream.planning.passes import PassPlan
 
-# Functions whose temporaries grow with the block, by name, and how many float64 values per
-# element of their input block they hold (None: a fixed number of pieces, whatever the block).
+# Functions whose temporaries grow with the block, by name, and how many copies of their input block
+# they hold in the dtype they work in (None: a fixed number of pieces, whatever the block).
 _FLOAT64_COPIES = {"moment_chunk": 2, "moment_agg": 0, "chunk_moments": None, "_moments_chunk": None}
 _PIECE_FUNCTIONS = {"_top_digit_counts", "_next_digit_counts", "_chunk_statistics", "_chunk_counts"}
 # Float64 temporaries of a function that works piece by piece: three pieces of PIECE_VALUES.
@@ -224,7 +224,11 @@ def _workspace(layer: Layer, taken: int, out: int, piece_values: int) -> int:
     pieces = 8 * _PIECES * min(items, piece_values)
     if name in _FLOAT64_COPIES:
         copies = _FLOAT64_COPIES[name]
-        return pieces if copies is None else 8 * items * copies
+        if copies is None:
+            return pieces
+        # dask's variance centres the block in the dtype it accumulates in (float64 unless told).
+        dtype = getattr(getattr(layer.task, "func", None), "keywords", {}).get("dtype", "f8")
+        return items * copies * max(np.dtype(dtype).itemsize, _input_itemsize(layer))
     if name in _PIECE_FUNCTIONS:
         return pieces
     return out

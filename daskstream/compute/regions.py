@@ -484,7 +484,7 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
     literals and arrays of at most ``constant_limit`` bytes (aggregates such as
     a mean, taken whole).
     """
-    import dask.array as da
+    from daskstream.compute.graph import layer_array
 
     graph = array.__dask_graph__()
     layer = graph.layers.get(array.name)
@@ -511,7 +511,7 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
             operands.append(("literal", ref, None))
             continue
         axes = tuple(out_index.index(letter) for letter in index)
-        operand = _layer_array(graph, key)
+        operand = layer_array(graph, key)
         if operand is None:
             return None
         inner = regions_of(operand, constant_limit=constant_limit)
@@ -526,7 +526,6 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
     regions = ExpressionRegions(layer.task, tuple(operands), tuple(array.shape), np.dtype(array.dtype))
     if not any(kind == "regions" for kind, _, _ in operands):
         return None
-    del da
     return Readable(regions, constants)
 
 
@@ -549,40 +548,14 @@ def _elementwise(layer: Any) -> bool:
     return True
 
 
-def _layer_array(graph: Any, name: Any) -> Any:
-    """The dask array a layer of ``graph`` makes, from the chunks and dtype it is annotated with."""
-    import dask.array as da
-    from dask.highlevelgraph import HighLevelGraph
-
-    if not isinstance(name, str) or name not in graph.layers:
-        return None
-    annotations = graph.layers[name].collection_annotations or {}
-    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
-    if chunks is None or dtype is None:
-        return None
-    sub = HighLevelGraph(
-        {n: graph.layers[n] for n in _ancestors(graph, name)},
-        {n: graph.dependencies.get(n, set()) for n in _ancestors(graph, name)},
-    )
-    return da.Array(sub, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
-
-
-def _ancestors(graph: Any, name: str) -> set[str]:
-    found, stack = set(), [name]
-    while stack:
-        current = stack.pop()
-        if current not in found:
-            found.add(current)
-            stack.extend(graph.dependencies.get(current, ()))
-    return found
-
-
 def _region_constants(graph: Any, layer: Any) -> dict[str, Any]:
     """The dask arrays of the constants a region array's layer takes, by name."""
+    from daskstream.compute.graph import layer_array
+
     regions = layer.collection_annotations[REGIONS_ANNOTATION]
     found = {}
     for name in regions.constants:
-        array = _layer_array(graph, name)
+        array = layer_array(graph, name)
         if array is not None:
             found[name] = array
     return found

@@ -46,6 +46,7 @@ import dask.threaded
 import numpy as np
 
 from daskstream.arrays import read_layers
+from daskstream.compute.graph import with_aggregates_computed
 from daskstream.errors import (
     CorruptSourceError,
     InvalidArgumentError,
@@ -229,7 +230,8 @@ def store(
     blocks are in this process at once (one batch being written while the
     next is computed), where ``window`` is enough blocks to keep every
     thread busy twice over (or to make up 16 MiB when blocks are small) but
-    at most ``memory_budget // (3 * block bytes)``, and at least 1.
+    at most what the budget holds beside the tasks computing the next batch
+    (their projected peak) and the block being written, and at least 1.
 
     **Schedulers.** Works on the synchronous, threaded, process and
     distributed schedulers. Zarr tasks open the store by path in whichever
@@ -1090,15 +1092,23 @@ class _Hdf5Target(_Target):
 
         Enough to keep every thread busy twice over, or to make up ``_BATCH_BYTES``
         when blocks are small (each batch costs a round trip to the scheduler), but
-        never more than a third of the memory budget: a batch is written while the
-        next one is computed.
+        no more than the budget holds beside the tasks computing the next batch
+        (their projected peak, :func:`daskstream.plan_compute`) and the block being
+        written with its filtered copies: a batch is written while the next one is
+        computed, so two batches are in memory.
         """
+        from daskstream.compute.graph import budget_of, plan_compute
         from daskstream.runtime.resources import resolve_resources
 
-        resources = resolve_resources(memory_budget=self.memory_budget)
+        budget = budget_of(x, self.memory_budget)
+        resources = resolve_resources(memory_budget=budget)
         block_bytes = max(1, math.prod(_chunk_shape(x.chunks)) * x.dtype.itemsize)
         wanted = max(2 * resources.threads * resources.workers, _BATCH_BYTES // block_bytes)
-        return max(1, min(wanted, resources.memory_budget // (3 * block_bytes)))
+        computing = plan_compute(x, memory_budget=resources.memory_budget).projected_peak_bytes
+        # HDF5 writes a block through its filters: a shuffled copy and the compressed bytes beside it. As
+        # for streams, a fifth of the budget stays free for what the allocator keeps.
+        free = resources.memory_budget * 4 // 5 - computing - 3 * block_bytes
+        return max(1, min(wanted, free // (2 * block_bytes)))
 
 
 def _flat(index: tuple[int, ...], numblocks: tuple[int, ...]) -> int:
@@ -1122,6 +1132,8 @@ class _Hdf5Writer:
         self.done, self.total, self.report = done, total, report
         self.unrecorded: list[tuple[int, ...]] = []
         self.count = int(done.sum())
+        # Aggregates that later passes take (a mean to centre with) are computed once, not per batch.
+        x = self.x = with_aggregates_computed(x)
         # One graph for all blocks, optimized once (as x.to_delayed(optimize_graph=True) does); each
         # batch sends the scheduler only the tasks its blocks need, found by walking back from them.
         # Building one Delayed per block and merging them with dask.compute costs batch² per batch.

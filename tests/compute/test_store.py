@@ -90,6 +90,17 @@ CASES = [
 ]
 
 
+def budget_for_batches(x, blocks: int) -> int:
+    """The memory budget under which the HDF5 writer batches ``blocks`` blocks of ``x`` at a time.
+
+    Its rule: four fifths of the budget hold the tasks computing a batch (their projected peak), the
+    block being written with two filtered copies, and two batches (one written, one computed).
+    """
+    block = x.dtype.itemsize * int(np.prod([c[0] for c in x.chunks]))
+    computing = ds.plan_compute(x, memory_budget="1GiB").projected_peak_bytes
+    return int(np.ceil((computing + 3 * block + 2 * blocks * block) * 5 / 4)) + 8
+
+
 def oracle(dtype, shape, seed=0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if np.dtype(dtype) == np.bool_:
@@ -335,9 +346,12 @@ def test_a_failed_store_resumes_with_only_the_missing_blocks(tmp_path, fmt):
     data[:, :5] = 0  # blocks n.0 equal the fill value: zarr writes no chunk file for them
     flags, counter = bookkeeping(tmp_path, fail_at=8)
     target, kw = target_for(tmp_path, fmt)
-    # HDF5 batches of four 80-byte blocks: a budget of three times that.
-    with dask.config.set(scheduler="sync"), pytest.raises(Boom) as failed:
-        store(failing_array(data, flags, counter), target, memory_budget=3 * 4 * 80, **kw)
+    # HDF5 batches of four 80-byte blocks.
+    x = failing_array(data, flags, counter)
+    with dask.config.set(scheduler="sync"):
+        budget = budget_for_batches(x, 4)
+        with pytest.raises(Boom) as failed:
+            store(x, target, memory_budget=budget, **kw)
     assert progress_record_exists(target)
     failed_block = str(failed.value).split()[-1]
     every = {f"{i}.{j}" for i in range(4) for j in range(2)}
@@ -602,19 +616,20 @@ def test_memory_stays_a_few_blocks_whatever_the_array(tmp_path, big_source, fmt)
 
 
 @pytest.mark.parametrize(
-    ("budget", "recorded"),
+    ("blocks", "recorded"),
     [
-        # three blocks' worth: one block per batch (one written while the next computes, plus slack)
-        pytest.param(3 * 8 * 2**10, list(range(9)), id="one-block"),
-        pytest.param(6 * 8 * 2**10, [0, 2, 4, 6, 8], id="two-blocks"),
+        # room for one block per batch beside what computes and writes
+        pytest.param(1, list(range(9)), id="one-block"),
+        pytest.param(2, [0, 2, 4, 6, 8], id="two-blocks"),
         # plenty: small blocks are gathered into one batch rather than paying a round trip each
-        pytest.param("1GiB", [0, 8], id="plenty"),
+        pytest.param(None, [0, 8], id="plenty"),
     ],
 )
-def test_hdf5_batches_follow_the_memory_budget(tmp_path, budget, recorded):
+def test_hdf5_batches_follow_the_memory_budget(tmp_path, blocks, recorded):
     x = da.from_array(oracle(np.float64, (64, 128)), chunks=(8, 128))  # 8 blocks of 8 KiB
     calls = []
     with dask.config.set(scheduler="threads", num_workers=2):
+        budget = "1GiB" if blocks is None else budget_for_batches(x, blocks)
         store(x, f"{tmp_path}/a.h5::/d", memory_budget=budget, progress=lambda d, t: calls.append(d))
     assert calls == recorded
 
@@ -796,7 +811,7 @@ def test_hdf5_batches_send_the_scheduler_only_their_own_tasks(tmp_path):
     data = np.arange(400.0)
     x = da.from_array(data, chunks=4) * 2  # 100 blocks of 32 bytes
     with dask.config.set(scheduler=recording_get):
-        y = store(x, f"{tmp_path}/a.h5::/d", memory_budget=3 * 10 * 32)  # batches of 10 blocks
+        y = store(x, f"{tmp_path}/a.h5::/d", memory_budget=budget_for_batches(x, 10))
     np.testing.assert_array_equal(y.compute(scheduler="sync"), data * 2)
     assert [k for _, k in sent] == [10] * 10
     # A block's tasks and the one source array, never the whole graph.
