@@ -24,6 +24,7 @@ from typing import Any
 import dask.config
 import numpy as np
 from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
+from dask.base import tokenize
 from dask.blockwise import Blockwise
 from dask.core import flatten
 from dask.graph_manipulation import clone_key
@@ -136,6 +137,9 @@ def plan_graph(
     read_passes = plan.read_passes
     if plan.recomputed:
         graph = rewrite(graph, plan)
+    fused = fuse_siblings(graph, _needed_layers(graph, keys), keys)
+    if plan.recomputed or fused is not graph:
+        graph = fused
         described = describe(graph, _needed_layers(graph, keys))
         # The rewritten graph computes what each pass needs in that pass: planned again, nothing is recomputed.
         plan = plan_passes(described.facts, hold_limit=budget // threads)
@@ -586,6 +590,134 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
             layers[name] = _redirect(graph.layers[name], wanted, graph)
             dependencies[name] = {wanted.get(dep, dep) for dep in dependencies[name]}
     return HighLevelGraph(layers, dependencies)
+
+
+def fuse_siblings(graph: HighLevelGraph, names: Iterable[str], keys: Iterable[Hashable]) -> HighLevelGraph:
+    """``graph`` with the blockwise steps that share a read computed in one task per block.
+
+    When a read feeds several steps of one pass (a mean's and a variance's
+    first steps), dask keeps each block until every step has taken it, and a
+    process scheduler ships it to the parent process and back. Here the steps
+    become one blockwise layer whose task reads the block once and returns
+    every step's result; each step's layer then picks its own out of it.
+    """
+    names = set(names)
+    outputs = {key[0] if isinstance(key, tuple) else key for key in keys}
+    takers: dict[str, list[str]] = {name: [] for name in names}
+    for name in names:
+        for dep in graph.dependencies.get(name, ()):
+            if dep in takers:
+                takers[dep].append(name)
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    changed = False
+    for name in sorted(names):
+        siblings = sorted(takers[name])
+        if len(siblings) < 2 or not _sources_read_by(graph, graph.layers[name]):
+            continue
+        # A step that also waits for something computed from this read cannot run beside the others.
+        siblings = [t for t in siblings if _fusable_sibling(graph.layers[t], name) and not _waits_on(graph, t, name)]
+        if name in outputs or len(siblings) < 2:
+            continue
+        together = f"daskstream-together-{tokenize(name, siblings)}"
+        layers[together], dependencies[together] = _together(graph, siblings, together)
+        for position, sibling in enumerate(siblings):
+            layers[sibling] = _pick(graph.layers[sibling], together, position)
+            dependencies[sibling] = {together}
+        changed = True
+    return HighLevelGraph(layers, dependencies) if changed else graph
+
+
+def _waits_on(graph: HighLevelGraph, step: str, read: str) -> bool:
+    """Whether ``step`` takes, besides ``read`` itself, something computed from ``read``."""
+    others = [dep for dep in graph.dependencies.get(step, ()) if dep != read]
+    return read in _needed_layers(graph, others) if others else False
+
+
+def _fusable_sibling(layer: Layer, read: str) -> bool:
+    """A blockwise step taking ``read`` block by block, aligned with its own blocks, and nothing else big."""
+    if not isinstance(layer, Blockwise) or layer.new_axes or layer.output_blocks or layer.concatenate:
+        return False
+    aligned = [index for ref, index in layer.indices if getattr(ref, "key", ref) == read]
+    return len(aligned) >= 1 and all(index == layer.output_indices for index in aligned)
+
+
+def _together(graph: HighLevelGraph, siblings: list[str], name: str) -> tuple[Blockwise, set[str]]:
+    """One blockwise layer running every sibling's task on its own inputs, returning their results as a tuple."""
+    from dask._task_spec import Task
+    from dask.blockwise import blockwise_token
+
+    indices: list[tuple[Any, Any]] = []
+    numblocks: dict[str, Any] = {}
+    io_deps: dict[str, Any] = {}
+    tasks = []
+    for sibling in siblings:
+        layer = graph.layers[sibling]
+        renamed = {}
+        for i, (ref, index) in enumerate(layer.indices):
+            # One entry per distinct input: dask's blockwise fusion leaves alone an input named twice.
+            position = next(
+                (j for j, (r, ind) in enumerate(indices) if ind is not None and r == ref and ind == index), None
+            )
+            if position is None:
+                position = len(indices)
+                indices.append((ref, index))
+            renamed[blockwise_token(i)] = blockwise_token(position)
+        tasks.append(layer.task.substitute(renamed))
+        numblocks.update(layer.numblocks)
+        io_deps.update(layer.io_deps)
+    first = graph.layers[siblings[0]]
+    fused = Blockwise(
+        output=name,
+        output_indices=first.output_indices,
+        task=Task(name, _results, *tasks),
+        indices=indices,
+        numblocks=numblocks,
+        concatenate=None,
+        new_axes={},
+        annotations=first.annotations,
+        io_deps=io_deps,
+    )
+    deps = set().union(*(graph.dependencies.get(sibling, set()) for sibling in siblings))
+    return fused, deps
+
+
+def _results(*results: Any) -> tuple[Any, ...]:
+    """The task of a fused group of siblings: each sibling's result, in order."""
+    return results
+
+
+def _pick(layer: Blockwise, together: str, position: int) -> Blockwise:
+    """A sibling's layer, now taking its result out of the fused layer's tuple (same name, same blocks)."""
+    import operator
+
+    from dask._task_spec import Task
+    from dask.blockwise import blockwise_token
+
+    picked = Blockwise(
+        output=layer.output,
+        output_indices=layer.output_indices,
+        task=Task(layer.output, operator.getitem, TaskRef(blockwise_token(0)), position),
+        indices=[(together, layer.output_indices)],
+        numblocks={together: _numblocks_of(layer)},
+        concatenate=None,
+        new_axes={},
+        annotations=layer.annotations,
+    )
+    picked.collection_annotations = dict(layer.collection_annotations or {})
+    return picked
+
+
+def _numblocks_of(layer: Blockwise) -> tuple[int, ...]:
+    """Blocks along each of ``layer``'s output indices, from the inputs that share them."""
+    sizes: dict[str, int] = {}
+    for ref, index in layer.indices:
+        key = getattr(ref, "key", ref)
+        if index is None or key not in layer.numblocks:
+            continue
+        for letter, n in zip(index, layer.numblocks[key]):
+            sizes[letter] = max(sizes.get(letter, 1), n)
+    return tuple(sizes.get(letter, 1) for letter in layer.output_indices)
 
 
 def _clone(layer: Layer, keys: set[Hashable], seed: str, graph: HighLevelGraph) -> Layer:
