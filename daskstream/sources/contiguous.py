@@ -3,7 +3,10 @@
 Shared by .npy files and contiguous HDF5 datasets. Full slabs (every axis
 after the slowest one whole) are one ``preadv`` into a fresh buffer: no memory
 map outlives the read, so a worker's RSS holds only the chunks it works on.
-Other boxes map just the byte span they touch, copy it out and unmap.
+Other boxes (a column of a row-major array, say) are copied out of memory maps
+of at most ``_MAP_WINDOW`` bytes at a time, each unmapped before the next:
+mapped file pages count in a process's resident memory, and a box's span can
+be the whole file.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from daskstream.sources.base import Region, to_native
 
 # Linux transfers at most this many bytes per read call.
 _MAX_READ = 0x7FFFF000
+# The most bytes of a file mapped at once to copy a strided box out of it.
+_MAP_WINDOW = 8 * 2**20
 
 
 def read_contiguous_box(
@@ -71,17 +76,45 @@ def _copy_from_map(
     box: Region,
     strides: tuple[int, ...],
 ) -> np.ndarray:
-    # Map only the span from the box's first to last byte, aligned down to a page.
+    out = np.empty(tuple(s.stop - s.start for s in box), dtype=file_dtype)
+    _copy_windows(fd, offset, file_dtype, box, strides, out)
+    return to_native(out)
+
+
+def _copy_windows(
+    fd: int, offset: int, file_dtype: np.dtype, box: Region, strides: tuple[int, ...], out: np.ndarray
+) -> None:
+    """Copy ``box`` into ``out`` through maps of at most ``_MAP_WINDOW`` bytes, splitting the slowest axes."""
+    first = offset + sum(s.start * st for s, st in zip(box, strides))
     last = offset + sum((s.stop - 1) * st for s, st in zip(box, strides)) + file_dtype.itemsize
-    page_start = start - start % mmap.ALLOCATIONGRANULARITY
+    if last - first <= _MAP_WINDOW or len(box) == 1:
+        _copy_span(fd, first, last, file_dtype, box, strides, out)
+        return
+    head = box[0]
+    rows = max(1, _MAP_WINDOW // strides[0])
+    for start in range(head.start, head.stop, rows):
+        stop = min(start + rows, head.stop)
+        part = (slice(start, stop), *box[1:])
+        target = out[start - head.start : stop - head.start]
+        if rows == 1 and stop - start == 1:
+            # One index of the slowest axis already spans more than a window: split the next axis.
+            _copy_windows(fd, offset + start * strides[0], file_dtype, box[1:], strides[1:], target[0])
+        else:
+            _copy_windows(fd, offset, file_dtype, part, strides, target)
+
+
+def _copy_span(
+    fd: int, first: int, last: int, file_dtype: np.dtype, box: Region, strides: tuple[int, ...], out: np.ndarray
+) -> None:
+    # Map only the span from the box's first to last byte, aligned down to a page.
+    page_start = first - first % mmap.ALLOCATIONGRANULARITY
     with mmap.mmap(fd, last - page_start, access=mmap.ACCESS_READ, offset=page_start) as mapped:
         view = np.ndarray(
             shape=tuple(s.stop - s.start for s in box),
             dtype=file_dtype,
             buffer=mapped,
-            offset=start - page_start,
+            offset=first - page_start,
             strides=strides,
         )
-        out = np.array(view, order="C")
+        out[...] = view
         del view  # release the buffer before the map closes
-    return to_native(out)
