@@ -91,12 +91,11 @@ def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget:
         fancy=False,
         meta=np.empty((0,) * source.ndim, dtype=source.dtype),
     )
-    if memory_budget is not None:
-        from daskstream.compute.graph import BUDGET_ANNOTATION
-        from daskstream.planning.budget import parse_budget
+    from daskstream.compute.graph import record_plan
 
-        # Computations over this array keep the budget it was opened with (the smallest, over several arrays).
-        array.dask.layers[name].collection_annotations[BUDGET_ANNOTATION] = parse_budget(memory_budget)
+    # Computations over this array keep the budget and threads it was planned for (the smallest budget,
+    # over several arrays), wherever dask optimizes their graph.
+    record_plan(array.dask.layers[name], memory_budget)
     return array
 
 

@@ -37,7 +37,9 @@ def _fresh_handles():
 
 
 @contextlib.contextmanager
-def dask_processes(folder: Path, *, options: tuple[str, ...] = (), security=None, nworkers: int = 2):
+def dask_processes(
+    folder: Path, *, options: tuple[str, ...] = (), security=None, nworkers: int = 2, memory_limit: str = "1GiB"
+):
     """A ``dask scheduler`` and ``nworkers`` single-threaded ``dask worker`` processes on 127.0.0.1.
 
     Yields the scheduler file path once the workers have joined. The processes
@@ -61,7 +63,7 @@ def dask_processes(folder: Path, *, options: tuple[str, ...] = (), security=None
         workers.append(
             subprocess.Popen(
                 [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers",
-                 str(nworkers), "--nthreads", "1", "--memory-limit", "1GiB", "--no-dashboard", *options],
+                 str(nworkers), "--nthreads", "1", "--memory-limit", memory_limit, "--no-dashboard", *options],
                 stdout=subprocess.DEVNULL, stderr=logs[1], env=env, start_new_session=True,
             )
         )  # fmt: skip

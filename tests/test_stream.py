@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 import daskstream as ds
-from daskstream.errors import DaskstreamError, InvalidArgumentError
+from daskstream.errors import DaskstreamError, InvalidArgumentError, MemoryBudgetError
 from daskstream.runtime.metering import bytes_read_here
 from daskstream.torch import worker_share
 
@@ -237,3 +237,31 @@ def test_torch_dataset_splits_work_across_dataloader_workers(tmp_path):
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
     items = torch.cat(list(loader))[:, 0].numpy()
     assert sorted(items.tolist()) == list(range(N))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_what_a_stream_holds_fits_its_budget(stored, shuffle):
+    path, data = stored
+    budget = 512 * 2**10  # a shuffle window of four 16 KiB HDF5 chunks, with reads and batches, fits
+    s = ds.stream(path, shuffle=shuffle, seed=0, memory_budget=budget)
+    assert set(s.memory_terms) == {"read ahead", "shuffle window", "batches ready", "batch forming", "batch in use"}
+    assert s.projected_peak_bytes <= budget
+    assert (s.memory_terms["shuffle window"] > 0) == shuffle
+    np.testing.assert_array_equal(np.sort(np.concatenate(list(s))[:, 0]), data[:, 0])
+
+
+def test_a_shuffle_window_larger_than_the_budget_is_refused_before_reading(tmp_path):
+    path = str(tmp_path / "x.zarr")
+    zarr.create_array(path, shape=(4096, 256), chunks=(256, 256), dtype="f8")[...] = 0  # 512 KiB chunks
+    start = bytes_read_here()
+    with pytest.raises(MemoryBudgetError, match=r"shuffle window 32\.00 MiB.*lower shuffle_blocks"):
+        ds.stream(path, shuffle=True, shuffle_blocks=64, memory_budget="16MiB")
+    assert bytes_read_here() == start
+
+
+def test_a_stream_keeps_the_budget_its_array_was_opened_with(tmp_path):
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed(n=20000, width=64))
+    s = ds.stream(ds.open(path, memory_budget="1MiB"), shuffle=True, seed=1)
+    assert s.resources.memory_budget == 2**20
+    assert s.projected_peak_bytes <= 2**20

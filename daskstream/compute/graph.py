@@ -38,8 +38,11 @@ from daskstream.planning.computation import ComputePlan
 from daskstream.planning.passes import LayerFacts, PassPlan, plan_passes
 from daskstream.sources.base import Source
 
-# The annotation a read layer carries when ``daskstream.open`` was given a memory budget.
-BUDGET_ANNOTATION = "daskstream-memory-budget"
+# What a read layer was planned for: the memory budget and threads per worker where its array was opened.
+# It travels with the graph: dask may optimize the graph in another process (a distributed scheduler).
+PLANNED_FOR = "daskstream-planned-for"
+# The annotation of a layer running sibling steps together: their names.
+SIBLINGS_ANNOTATION = "daskstream-siblings"
 # Output keys sampled per layer whose block dependencies are not known from its structure.
 _SAMPLED_KEYS = 3
 
@@ -132,7 +135,7 @@ def plan_graph(
     graph = reread_rechunks(graph, _needed_layers(graph, keys))
     described = describe(graph, _needed_layers(graph, keys))
     budget = memory_budget_for(graph) if memory_budget is None else parse_budget(memory_budget)
-    threads = concurrency()
+    threads = concurrency(graph)
     plan = plan_passes(described.facts, hold_limit=budget // threads)
     read_passes = plan.read_passes
     if plan.recomputed:
@@ -405,7 +408,7 @@ def with_aggregates_computed(x: Any) -> Any:
     keys = list(flatten(x.__dask_keys__()))
     graph = reread_rechunks(graph, _needed_layers(graph, keys))
     described = describe(graph, _needed_layers(graph, keys))
-    plan = plan_passes(described.facts, hold_limit=memory_budget_for(graph) // concurrency())
+    plan = plan_passes(described.facts, hold_limit=memory_budget_for(graph) // concurrency(graph))
     if plan.passes <= 1:
         return x
     takers: dict[str, list[str]] = {f.name: [] for f in described.facts}
@@ -507,9 +510,9 @@ def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str,
         fancy=False,
         meta=np.empty((0,) * source.ndim, dtype=source.dtype),
     )
-    budget = (read.collection_annotations or {}).get(BUDGET_ANNOTATION)
-    if budget is not None:
-        array.dask.layers[name].collection_annotations[BUDGET_ANNOTATION] = budget
+    planned = (read.collection_annotations or {}).get(PLANNED_FOR)
+    if planned is not None:
+        array.dask.layers[name].collection_annotations[PLANNED_FOR] = planned
     return array.__dask_graph__()
 
 
@@ -517,17 +520,25 @@ def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str,
 # Budget
 
 
-def opened_budget(graph: Any) -> int | None:
-    """The smallest memory budget the arrays in ``graph`` (a graph or a collection) were opened with, if any."""
+def record_plan(layer: Layer, memory_budget: int | str | None = None) -> None:
+    """Write on ``layer`` the budget and threads its array is planned for: ``memory_budget`` when given,
+    else what :func:`daskstream.runtime.resources.resolve_resources` finds here and now."""
+    from daskstream.runtime.resources import resolve_resources
+
+    found = resolve_resources(memory_budget=memory_budget)
+    layer.collection_annotations[PLANNED_FOR] = {"memory_budget": found.memory_budget, "threads": found.threads}
+
+
+def _planned(graph: Any) -> list[dict[str, int]]:
     if hasattr(graph, "__dask_graph__"):
         graph = graph.__dask_graph__()
     layers = getattr(graph, "layers", {})
-    recorded = [
-        int(layer.collection_annotations[BUDGET_ANNOTATION])
-        for layer in layers.values()
-        if (layer.collection_annotations or {}).get(BUDGET_ANNOTATION) is not None
-    ]
-    return min(recorded, default=None)
+    return [p for p in ((layer.collection_annotations or {}).get(PLANNED_FOR) for layer in layers.values()) if p]
+
+
+def opened_budget(graph: Any) -> int | None:
+    """The smallest memory budget the arrays in ``graph`` (a graph or a collection) were opened with, if any."""
+    return min((int(p["memory_budget"]) for p in _planned(graph)), default=None)
 
 
 def budget_of(x: Any, memory_budget: int | str | None = None) -> int | str | None:
@@ -538,22 +549,20 @@ def budget_of(x: Any, memory_budget: int | str | None = None) -> int | str | Non
 def memory_budget_for(graph: HighLevelGraph) -> int:
     """The budget a computation over ``graph`` keeps: the smallest one its arrays were opened with.
 
-    Arrays opened without one follow :func:`daskstream.runtime.resources.resolve_resources`.
+    Recorded in the graph, so that the same plan is made wherever dask
+    optimizes it; arrays recorded nothing only when not from daskstream.
     """
     from daskstream.runtime.resources import resolve_resources
 
     return resolve_resources(memory_budget=opened_budget(graph)).memory_budget
 
 
-def concurrency() -> int:
-    """Tasks one worker runs at once where this computation runs."""
+def concurrency(graph: Any = None) -> int:
+    """Tasks one worker runs at once: the most any of ``graph``'s arrays was opened for, else here and now."""
     from daskstream.runtime.resources import resolve_resources
 
-    return resolve_resources().threads
-
-
-# ---------------------------------------------------------------------------
-# Rewriting
+    recorded = [int(p["threads"]) for p in _planned(graph)] if graph is not None else []
+    return max(recorded, default=0) or resolve_resources().threads
 
 
 def pass_seed(level: int) -> str:
@@ -678,6 +687,8 @@ def _together(graph: HighLevelGraph, siblings: list[str], name: str) -> tuple[Bl
         annotations=first.annotations,
         io_deps=io_deps,
     )
+    # What the fused task does, for explanations: the siblings' own names.
+    fused.collection_annotations = {SIBLINGS_ANNOTATION: tuple(key_split(sibling) for sibling in siblings)}
     deps = set().union(*(graph.dependencies.get(sibling, set()) for sibling in siblings))
     return fused, deps
 

@@ -67,7 +67,8 @@ def project(
     worst: TaskMemory | None = None
     pass_work: dict[int, list[str]] = {}
     for root, members in groups.items():
-        if facts[root].kind == "constant":
+        # dask's finalize step assembles the result the caller asked to hold: not the computation's.
+        if facts[root].kind == "constant" or key_split(root).startswith("finalize"):
             continue
         task = _task_memory(graph, facts, members, max(levels[m] for m in members), PIECE_VALUES)
         if worst is None or task.peak_bytes > worst.peak_bytes:
@@ -77,10 +78,12 @@ def project(
             pass_work.setdefault(task.level, [])
             if work not in pass_work[task.level]:
                 pass_work[task.level].append(work)
-    sources = {}
+    sources: dict[str, int] = {}
+    reads: dict[str, int] = {}
     for read in described.sources.values():
         for source in read:
             sources[source.name] = source.nbytes
+            reads[source.name] = reads.get(source.name, 0) + 1
     return ComputePlan(
         budget=budget,
         concurrency=concurrency,
@@ -91,6 +94,7 @@ def project(
         pass_work={level: tuple(work) for level, work in sorted(pass_work.items())},
         worst=worst,
         held=_held(facts, plan, dependents, groups, concurrency),
+        reads=reads,
     )
 
 
@@ -264,7 +268,7 @@ def _work_after_reads(
     """What a task that reads sources does with the blocks (``sub -> moments_chunk``); ``None`` if it reads nothing."""
     if not any(facts[m].kind == "read" for m in members):
         return None
-    steps = [key_split(m) for m in members if facts[m].kind == "compute"]
+    steps = [_label(graph, m) for m in members if facts[m].kind == "compute"]
     regions = [_operation(graph, facts, [m]) for m in members if facts[m].kind == "read"]
     kernels = [r.split(" -> ", 1)[1] for r in regions if " -> " in r]
     if kernels or steps:
@@ -286,8 +290,16 @@ def _operation(graph: HighLevelGraph, facts: Mapping[str, Any], members: list[st
             read = "read " + ", ".join(s.name for s in _sources_read_by(graph, layer))
             steps.append(read if label is None or label.startswith("read ") else f"{read} -> {label}")
         elif facts[m].kind == "compute":
-            steps.append(key_split(m))
+            steps.append(_label(graph, m))
     return " -> ".join(steps) or "nothing"
+
+
+def _label(graph: HighLevelGraph, name: str) -> str:
+    """What a person calls a layer's step: its function's name (siblings run together: both names)."""
+    from daskstream.compute.graph import SIBLINGS_ANNOTATION
+
+    siblings = (graph.layers[name].collection_annotations or {}).get(SIBLINGS_ANNOTATION)
+    return " and ".join(siblings) if siblings else key_split(name)
 
 
 def _held(

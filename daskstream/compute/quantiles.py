@@ -14,8 +14,10 @@ Two strategies, both lazy (one dask graph, nothing read until computed):
   After ``bits / 16`` passes each wanted key is known exactly. Passes over the
   data: 1 for 8- and 16-bit dtypes, 2 for 32-bit (float32, int32), 4 for
   64-bit. A task holds its chunk, its keys and one 65,536-bin count per
-  order statistic wanted (two per quantile); past four quantiles the digits
-  narrow to 8 bits to keep those counts small, which doubles the passes.
+  order statistic wanted (two per quantile); past four quantiles, or when
+  those counts (512 KiB each) would take more than a quarter of a task's
+  share of the memory budget, the digits narrow to 8 bits, which doubles the
+  passes.
 
 numpy sorts -0.0 and 0.0 as equal, so which of them it returns where both occur
 depends on where they sit in memory; here -0.0 always ranks first. Values are
@@ -255,8 +257,7 @@ def _radix_quantile(
 ) -> da.Array:
     budget = {"memory_budget": memory_budget}
     bits = x.dtype.itemsize * 8
-    # Each wanted order statistic carries a count per digit; many quantiles take narrower digits.
-    digit_bits = min(DIGIT_BITS if _n_targets(q) <= _WIDE_DIGIT_TARGETS else 8, bits)
+    digit_bits = min(_digit_bits(_n_targets(q), resolve_resources(memory_budget=memory_budget).per_task_bytes), bits)
     levels = bits // digit_bits
     # Level 0 counts every value's top digit and the NaNs; it fixes n and so the ranks wanted.
     counts = sum_rows(per_chunk_rows(x, _top_digit_counts, (1 << digit_bits) + 1, digit_bits=digit_bits), **budget)
@@ -280,6 +281,21 @@ def _radix_quantile(
     if q.ndim:
         return state.map_blocks(_interpolate, chunks=((len(q),),), **finish)
     return state.map_blocks(_interpolate, chunks=(), drop_axis=0, **finish)
+
+
+def _digit_bits(targets: int, per_task_bytes: int) -> int:
+    """Bits counted per pass: 16, unless the counts (one per digit and wanted order statistic, int64) would
+    take more than a quarter of a task's share (a combine holds several rows), or many quantiles are wanted.
+
+    Narrower digits cost more passes (four for float32 instead of two), never more memory.
+
+    >>> _digit_bits(2, 64 * 2**20), _digit_bits(2, 1 * 2**20), _digit_bits(20, 64 * 2**20)
+    (16, 8, 8)
+    """
+    wide_row = targets * (1 << DIGIT_BITS) * 8
+    if targets <= _WIDE_DIGIT_TARGETS and 4 * wide_row <= per_task_bytes:
+        return DIGIT_BITS
+    return 8
 
 
 def _n_targets(q: np.ndarray) -> int:

@@ -467,12 +467,10 @@ def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], budget: 
         concatenate=True,
         align_arrays=False,
     )
-    annotations = array.dask.layers[name].collection_annotations
-    annotations[REGIONS_ANNOTATION] = regions
-    if budget is not None:
-        from daskstream.compute.graph import BUDGET_ANNOTATION
+    from daskstream.compute.graph import record_plan
 
-        annotations[BUDGET_ANNOTATION] = budget
+    array.dask.layers[name].collection_annotations[REGIONS_ANNOTATION] = regions
+    record_plan(array.dask.layers[name], budget)
     return array
 
 

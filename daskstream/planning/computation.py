@@ -82,6 +82,10 @@ class ComputePlan:
         For each source, the passes (from 0) that read it.
     source_bytes
         Each source's size.
+    reads
+        How many times each source is read in all: once per pass, unless work
+        that reads it with halos and work that reads it without run in one pass
+        (they read it separately). Empty: once per pass.
     pass_work
         For each pass (by its level, from 0), what its tasks do with the blocks they read.
     worst
@@ -100,6 +104,7 @@ class ComputePlan:
     pass_work: Mapping[int, tuple[str, ...]]
     worst: TaskMemory | None
     held: tuple[tuple[str, int], ...] = field(default=())
+    reads: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def held_bytes(self) -> int:
@@ -111,10 +116,14 @@ class ComputePlan:
         worst = self.worst.peak_bytes if self.worst is not None else 0
         return self.concurrency * worst + self.held_bytes
 
+    def times_read(self, source: str) -> int:
+        """How many times ``source`` is read in all."""
+        return max(self.reads.get(source, 0), len(self.read_passes.get(source, ())))
+
     @property
     def bytes_to_read(self) -> int:
-        """Bytes the passes read from the sources, in all."""
-        return sum(len(p) * self.source_bytes.get(source, 0) for source, p in self.read_passes.items())
+        """Bytes read from the sources, in all (halos aside)."""
+        return sum(self.times_read(source) * self.source_bytes.get(source, 0) for source in self.read_passes)
 
     def check(self) -> None:
         """Raise :class:`MemoryBudgetError` when the projected peak exceeds the budget."""
@@ -138,6 +147,13 @@ class ComputePlan:
             f"Passes over the data: {self.passes} ({format_size(self.bytes_to_read)} read in all)",
         ]
         seen: set[str] = set()
+        extra = [
+            f"{name} {self.times_read(name)} times"
+            for name, p in self.read_passes.items()
+            if self.times_read(name) > len(p)
+        ]
+        if extra:
+            lines.append(f"  read separately by work with and without halos in one pass: {', '.join(extra)}")
         for number, level in enumerate(sorted({p for passes in self.read_passes.values() for p in passes}), 1):
             read = [name for name, passes in self.read_passes.items() if level in passes]
             again = " again" if all(name in seen for name in read) else ""

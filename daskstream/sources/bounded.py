@@ -102,10 +102,16 @@ def zlib_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
         import deflate
     except ImportError:
         return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
-    if exact:
-        # libdeflate writes into a buffer of the size given and fails on more, and is twice as fast.
-        return deflate.zlib_decompress(data, size)
-    return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
+    if not exact:
+        return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
+    # libdeflate decodes into a buffer of the size given, failing on more, at twice zlib's speed.
+    try:
+        out = deflate.zlib_decompress(data, size)
+    except deflate.DeflateError:
+        raise ValueError(f"the zlib stream does not decode to the {size} bytes the chunk holds") from None
+    if len(out) != size:
+        raise ValueError(f"the zlib stream decodes to {len(out)} bytes, not the {size} bytes the chunk holds")
+    return out
 
 
 def bz2_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
