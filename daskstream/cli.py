@@ -150,7 +150,7 @@ def reduce_command(
     JSON keys: op, axis, result (a number or nested lists; for histogram
     [counts, edges]), seconds, bytes_read (decoded bytes the tasks read; more
     than the array's size when the operation passes over it several times),
-    scheduler.
+    passes (over the data, as planned), scheduler.
     """
     import time
 
@@ -167,6 +167,7 @@ def reduce_command(
         # Opened inside the session, so the chunks are planned for its workers.
         x = ds.open(path, dataset=dataset)
         result = ds.reduce(x, op, axis=axis or None, **options)
+        passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
         start = time.perf_counter()
         with ReadMeter(s) as meter:
             value = list(s.compute(*result)) if op == "histogram" else s.compute(result)
@@ -179,11 +180,12 @@ def reduce_command(
             "result": shown,
             "seconds": seconds,
             "bytes_read": meter.bytes_read,
+            "passes": passes,
             "scheduler": s.cluster_file or s.scheduler,
         }
         click.echo(json.dumps(report))
         return
-    read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read"
+    read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read in {passes} pass(es)"
     click.echo(f"{op} over {list(axis) if axis else 'all axes'} of {path}: {value} ({seconds:.2f} s{read})")
 
 

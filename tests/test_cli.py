@@ -138,6 +138,16 @@ def test_describe_json(field_npy):
     assert out["histogram"] == np.histogram(valid, bins=4, range=(-2, 2))[0].tolist()
 
 
+def test_reduce_json_says_how_many_passes_it_made(field_npy):
+    path, data = field_npy
+    done = run("reduce", str(path), "--op", "median", "--budget", "64MiB", "--json", "--quiet")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    # An exact median of float32 values: two passes of 16-bit digits, each reading the whole array.
+    assert out["passes"] == 2
+    assert out["bytes_read"] == 2 * data.nbytes
+
+
 def test_reduce_unknown_op_is_one_line_exit_2(field_npy):
     path, _ = field_npy
     done = run("reduce", str(path), "--op", "average")
@@ -261,11 +271,14 @@ def test_cluster_file_starts_its_cluster_for_the_command_and_progress_goes_to_st
         (["--scheduler", "threads", "--cluster", "local.yaml"], "give one of them"),
         (["--cluster", "no-such-cluster.yaml"], "no-such-cluster.yaml"),
         (["--budget", "lots"], "'lots' is not a size"),
+        # A budget so small the plan would have more tasks than the ceiling: refused before planning them.
+        (["--budget", "100"], "more than the 1,000 daskstream plans at most"),
     ],
-    ids=["nothing-listening", "unknown-scheduler", "both", "missing-cluster-file", "bad-budget"],
+    ids=["nothing-listening", "unknown-scheduler", "both", "missing-cluster-file", "bad-budget", "tiny-budget"],
 )
-def test_bad_places_to_run_are_one_line_exit_2(field_npy, args, message):
+def test_bad_places_to_run_are_one_line_exit_2(field_npy, args, message, monkeypatch):
     path, _ = field_npy
+    monkeypatch.setenv("DASK_DASKSTREAM__PLANNING__MAX_TASKS", "1000")
     done = run("reduce", str(path), "--op", "sum", *args)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

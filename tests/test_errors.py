@@ -181,6 +181,29 @@ def stream_axis(tmp):
     return lambda: ds.stream(path, axis=5), "axis=5"
 
 
+def budget_below_one_element(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.open(path, memory_budget=10), "10 B"
+
+
+def halo_too_deep(tmp):
+    path = tmp / "wide.npy"
+    np.save(path, np.zeros((256, 256), dtype="f4"))
+    return lambda: ds.map_blocks(lambda b: b, ds.open(path, memory_budget="64KiB"), depth=100), "halo of (100, 100)"
+
+
+def composition_too_big(tmp):
+    path = tmp / "wide.npy"
+    np.save(path, np.zeros((256, 256), dtype="f4"))
+    x = ds.open(path, chunks=(256, 256), memory_budget="64KiB")
+    return lambda: (x - x.mean()).std().compute(), "over its memory budget of 64.00 kiB"
+
+
+def stream_window_too_big(tmp):
+    path = _small_npy(tmp)
+    return lambda: ds.stream(path, shuffle=True, shuffle_blocks=8, memory_budget=600), "shuffle window"
+
+
 def tune_unknown_op(tmp):
     path = _small_npy(tmp)
     return lambda: ds.tune(path, op="average"), "average"
@@ -221,6 +244,10 @@ CASES = [
     (kernel_changes_shape, errors.KernelShapeError, ValueError),
     (stream_axis, errors.InvalidAxisError, IndexError),
     (tune_unknown_op, errors.UnknownOperationError, ValueError),
+    (budget_below_one_element, errors.MemoryBudgetError, MemoryError),
+    (halo_too_deep, errors.MemoryBudgetError, MemoryError),
+    (composition_too_big, errors.MemoryBudgetError, MemoryError),
+    (stream_window_too_big, errors.MemoryBudgetError, MemoryError),
 ]
 
 

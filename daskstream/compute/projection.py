@@ -88,7 +88,9 @@ def project(
         budget=budget,
         concurrency=concurrency,
         tasks=tasks,
-        passes=max((len(p) for p in (read_passes or plan.read_passes).values()), default=0),
+        # Every read of a source is a pass over it, whether the plan needs it in a pass of its own or
+        # the work reads it separately (a radix select's passes, a halo's reads beside plain ones).
+        passes=max([*reads.values(), *(len(p) for p in (read_passes or plan.read_passes).values())], default=0),
         read_passes=dict(read_passes or plan.read_passes),
         source_bytes=sources,
         pass_work={level: tuple(work) for level, work in sorted(pass_work.items())},

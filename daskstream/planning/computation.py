@@ -77,7 +77,7 @@ class ComputePlan:
     tasks
         Tasks in the computation, after fusion's planning (an upper bound).
     passes
-        Passes over the data: the most times any source is read.
+        Passes over the data: the most times any source is read in all.
     read_passes
         For each source, the passes (from 0) that read it.
     source_bytes
