@@ -55,6 +55,26 @@ def test_computing_example_runs(repo_root, tmp_path, monkeypatch):
     np.testing.assert_allclose(stored, scope["smooth"].compute())
 
 
+def test_whole_analyses_example_runs(repo_root, tmp_path, monkeypatch):
+    import zarr
+
+    readme = (repo_root / "README.md").read_text()
+    computing = _code_blocks(readme.split("### Computing", 1)[1], "python")[0]
+    example = _code_blocks(readme.split("### Whole analyses within the memory budget", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    data = (np.random.default_rng(4).standard_normal((120, 90)) * 2 + 3).astype("f4")
+    zarr.create_array("field.zarr", shape=data.shape, chunks=(30, 45), dtype="f4")[...] = data
+    scope: dict = {}
+    exec(compile(computing, "README.md", "exec"), scope)  # defines laplacian
+    exec(compile(example, "README.md", "exec"), scope)
+    standardized = zarr.open_array("standardized.zarr", mode="r")[...]
+    np.testing.assert_allclose(standardized, (data - data.mean(axis=0)) / data.std(axis=0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(scope["spread"], np.std(data - data.mean()), rtol=1e-5)
+    np.testing.assert_allclose(scope["total"], (data / data.max()).sum(), rtol=1e-5)
+    assert scope["plan"].passes >= 1
+    assert "Passes over the data" in scope["plan"].explain()
+
+
 def test_tuning_example_runs(repo_root, tmp_path, monkeypatch):
     import dask.config
     import zarr

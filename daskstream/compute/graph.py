@@ -133,6 +133,7 @@ def plan_graph(
     from daskstream.compute.projection import project
 
     graph = reread_rechunks(graph, _needed_layers(graph, keys))
+    graph = variance_in_pieces(graph, _needed_layers(graph, keys))
     described = describe(graph, _needed_layers(graph, keys))
     budget = memory_budget_for(graph) if memory_budget is None else parse_budget(memory_budget)
     threads = concurrency(graph)
@@ -517,6 +518,53 @@ def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str,
 
 
 # ---------------------------------------------------------------------------
+# dask's variance, piece by piece
+
+
+def variance_in_pieces(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
+    """``graph`` with dask's first variance step (``x.std()``, ``x.var()``, their nan- forms) replaced by
+    :func:`~daskstream.compute.reductions.moment_chunk_in_pieces`: the same partial results, from
+    temporaries a few pieces large instead of two copies of the block."""
+    import functools
+
+    from dask._task_spec import Task
+    from dask.array.reductions import moment_chunk
+
+    from daskstream.compute.reductions import moment_chunk_in_pieces
+
+    replaced = {}
+    for name in names:
+        layer = graph.layers[name]
+        func = getattr(getattr(layer, "task", None), "func", None)
+        if not isinstance(layer, Blockwise) or not isinstance(func, functools.partial) or func.func is not moment_chunk:
+            continue
+        task = layer.task
+        pieces = functools.partial(moment_chunk_in_pieces, *func.args, **func.keywords)
+        replaced[name] = _blockwise_like(layer, task=Task(task.key, pieces, *task.args, **task.kwargs))
+    if not replaced:
+        return graph
+    return HighLevelGraph({**graph.layers, **replaced}, graph.dependencies)
+
+
+def _blockwise_like(layer: Blockwise, *, task: Any = None, indices: Any = None, numblocks: Any = None) -> Blockwise:
+    """A copy of a blockwise layer (its name, blocks and annotations), with another task or inputs."""
+    copy = Blockwise(
+        output=layer.output,
+        output_indices=layer.output_indices,
+        task=layer.task if task is None else task,
+        indices=layer.indices if indices is None else indices,
+        numblocks=layer.numblocks if numblocks is None else numblocks,
+        concatenate=layer.concatenate,
+        new_axes=layer.new_axes,
+        output_blocks=layer.output_blocks,
+        annotations=layer.annotations,
+        io_deps=layer.io_deps,
+    )
+    copy.collection_annotations = dict(layer.collection_annotations or {})
+    return copy
+
+
+# ---------------------------------------------------------------------------
 # Budget
 
 
@@ -762,20 +810,7 @@ def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -
                 ref = renamed[ref]
             indices.append((ref, index))
         numblocks = {renamed.get(name, name): blocks for name, blocks in layer.numblocks.items()}
-        redirected = Blockwise(
-            output=layer.output,
-            output_indices=layer.output_indices,
-            task=layer.task,
-            indices=indices,
-            numblocks=numblocks,
-            concatenate=layer.concatenate,
-            new_axes=layer.new_axes,
-            output_blocks=layer.output_blocks,
-            annotations=layer.annotations,
-            io_deps=layer.io_deps,
-        )
-        redirected.collection_annotations = dict(layer.collection_annotations or {})
-        return redirected
+        return _blockwise_like(layer, indices=indices, numblocks=numblocks)
     tasks = {}
     for key, value in layer.items():
         node = _as_node(key, value, layer, graph)

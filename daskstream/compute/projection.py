@@ -36,7 +36,13 @@ from daskstream.planning.passes import PassPlan
 
 # Functions whose temporaries grow with the block, by name, and how many copies of their input block
 # they hold in the dtype they work in (None: a fixed number of pieces, whatever the block).
-_FLOAT64_COPIES = {"moment_chunk": 2, "moment_agg": 0, "chunk_moments": None, "_moments_chunk": None}
+_FLOAT64_COPIES = {
+    "moment_chunk": 2,
+    "moment_chunk_in_pieces": None,
+    "moment_agg": 0,
+    "chunk_moments": None,
+    "_moments_chunk": None,
+}
 _PIECE_FUNCTIONS = {"_top_digit_counts", "_next_digit_counts", "_chunk_statistics", "_chunk_counts"}
 # Float64 temporaries of a function that works piece by piece: three pieces of PIECE_VALUES.
 _PIECES = 3
@@ -95,7 +101,7 @@ def project(
         source_bytes=sources,
         pass_work={level: tuple(work) for level, work in sorted(pass_work.items())},
         worst=worst,
-        held=_held(facts, plan, dependents, groups, concurrency),
+        held=_held(facts, plan, dependents, groups, concurrency) + _kept_for_halos(graph, facts),
         reads=reads,
     )
 
@@ -302,6 +308,19 @@ def _label(graph: HighLevelGraph, name: str) -> str:
 
     siblings = (graph.layers[name].collection_annotations or {}).get(SIBLINGS_ANNOTATION)
     return " and ".join(siblings) if siblings else key_split(name)
+
+
+def _kept_for_halos(graph: HighLevelGraph, facts: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The decoded storage chunks a process keeps for neighbouring halos (:mod:`daskstream.sources.chunk_cache`)."""
+    from daskstream.compute.regions import REGIONS_ANNOTATION
+    from daskstream.sources.chunk_cache import capacity
+
+    largest = 0
+    for name, f in facts.items():
+        regions = (graph.layers[name].collection_annotations or {}).get(REGIONS_ANNOTATION)
+        if f.kind == "read" and regions is not None and any(regions.reach):
+            largest = max([largest, *(s.storage_chunk_bytes() for s in regions.sources if s.decode_bytes)])
+    return (("decoded chunks kept for halos", capacity() * largest),) if largest else ()
 
 
 def _held(

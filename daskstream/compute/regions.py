@@ -192,7 +192,11 @@ class KernelRegions(Regions):
         return funcname(getattr(self.kernel, "fn", self.kernel))
 
     def read(self, box: Region) -> np.ndarray:
-        blocks = [haloed(regions, box, self.depth, self.boundary) for regions in self.inputs]
+        from daskstream.sources.chunk_cache import keeping_decoded_chunks
+
+        # The storage chunks beyond this block's edges are the next blocks' first: decoded once.
+        with keeping_decoded_chunks():
+            blocks = [haloed(regions, box, self.depth, self.boundary) for regions in self.inputs]
         before, after = halo_widths(box, self.shape, self.depth, self.boundary)
         result = self.kernel(*blocks, block_info=block_info_for(box, blocks[0].shape, self.grid, before, self.dtype))
         trimmed = result[tuple(slice(b, n - a) for b, a, n in zip(before, after, result.shape))]

@@ -35,6 +35,9 @@ def forget_handles() -> None:
     process, an HDF5 file that daskstream has read: HDF5 refuses to truncate a
     file that is still open.
     """
+    from daskstream.sources.chunk_cache import forget
+
+    forget()
     with _lock:
         handles = list(_handles.values())
         _handles.clear()

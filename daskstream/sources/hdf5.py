@@ -156,7 +156,7 @@ class Hdf5Source(Source):
                     "damaged: re-create or re-copy it"
                 ) from None
             decoder = ChunkDecoder(self.pipeline, self.file_dtype, self.storage_chunks)
-            return ChunkedReader(self.path, self.name, index, decoder, self.fill_value)
+            return ChunkedReader(self.path, self.name, index, decoder, self.fill_value, token=self.token)
 
         return cached_handle(("hdf5-chunks", self.path, self.token, self.dataset), build)
 

@@ -25,6 +25,7 @@ import numpy as np
 from daskstream.errors import CorruptSourceError
 from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import blosc_decode, zlib_decode, zstd_decode
+from daskstream.sources.chunk_cache import keep, kept, on_surface
 from daskstream.sources.contiguous import pread_into
 
 # HDF5's filter identifiers: the library's own, and the registered plugin ids.
@@ -145,10 +146,16 @@ class ChunkedReader:
         The dataset's filter pipeline.
     fill_value
         What unallocated chunks read as.
+    token
+        The source's identity, under which decoded chunks are kept for halos
+        (:mod:`daskstream.sources.chunk_cache`).
     """
 
-    def __init__(self, path: str, name: str, index: ChunkIndex, decoder: ChunkDecoder, fill_value: Any) -> None:
+    def __init__(
+        self, path: str, name: str, index: ChunkIndex, decoder: ChunkDecoder, fill_value: Any, token: str = ""
+    ) -> None:
         self.name = name
+        self.token = token
         self.index = index
         self.decoder = decoder
         self.fill_value = fill_value
@@ -162,7 +169,10 @@ class ChunkedReader:
 
     def read_box(self, box: Region, out: np.ndarray) -> None:
         """Fill ``out`` (native byte order, the box's shape) with ``box`` of the dataset."""
-        for grid, inside, target in storage_pieces(box, self.decoder.chunk_shape):
+        shape = self.decoder.chunk_shape
+        first = tuple(s.start // c for s, c in zip(box, shape))
+        last = tuple((s.stop - 1) // c for s, c in zip(box, shape))
+        for grid, inside, target in storage_pieces(box, shape):
             stored = self.index.chunks.get(grid)
             if stored is None:
                 out[target] = self.fill_value
@@ -171,7 +181,7 @@ class ChunkedReader:
             if self._reads_straight_into(destination, stored):
                 self._read_raw_into(grid, stored, destination)
                 continue
-            destination[...] = self._chunk(grid, stored)[inside]
+            destination[...] = self._chunk(grid, stored, keep_it=on_surface(grid, first, last))[inside]
 
     def _reads_straight_into(self, destination: np.ndarray, stored: StoredChunk) -> bool:
         """Whether the chunk's stored bytes are exactly ``destination``'s: no filter applied, whole, same layout."""
@@ -191,7 +201,18 @@ class ChunkedReader:
         except (OSError, EOFError) as exc:
             raise self._damaged(grid, stored, exc) from None
 
-    def _chunk(self, grid: tuple[int, ...], stored: StoredChunk) -> np.ndarray:
+    def _chunk(self, grid: tuple[int, ...], stored: StoredChunk, keep_it: bool = False) -> np.ndarray:
+        # While a kernel reads haloed regions, a chunk shared with the next block is decoded once.
+        if not keep_it:
+            return self._decoded(grid, stored)
+        kept_key = (self.token, self.name, stored.byte_offset, stored.size)
+        chunk = kept(kept_key)
+        if chunk is None:
+            chunk = self._decoded(grid, stored)
+            keep(kept_key, chunk)
+        return chunk
+
+    def _decoded(self, grid: tuple[int, ...], stored: StoredChunk) -> np.ndarray:
         raw = bytearray(stored.size)
         try:
             pread_into(self._fd, memoryview(raw), stored.byte_offset)

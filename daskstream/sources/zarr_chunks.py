@@ -25,6 +25,7 @@ import numpy as np
 from daskstream.errors import CorruptSourceError, SourceChangedError
 from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import blosc_decode, bounded_decoder, gzip_decode, zstd_decode
+from daskstream.sources.chunk_cache import active, keep, kept, on_surface
 
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
 
@@ -48,7 +49,9 @@ def chunk_reader_for(array: Any) -> ZarrChunkReader | None:
         return None
     root = os.path.join(str(array.store.root), array.path or "")
     fill = array.fill_value if array.fill_value is not None else 0
-    return ZarrChunkReader(root, metadata.encode_chunk_key, storage_chunks, decode, fill)
+    # A shard decodes only the inner chunks a box needs: only whole chunks are worth keeping for halos.
+    whole = tuple(array.chunks) == storage_chunks
+    return ZarrChunkReader(root, metadata.encode_chunk_key, storage_chunks, decode, fill, keepable=whole)
 
 
 class _NotDecodedHere(Exception):
@@ -70,6 +73,9 @@ class ZarrChunkReader:
         ``decode(file bytes, box inside the storage chunk) -> array of that box``.
     fill_value
         What a missing chunk file reads as.
+    keepable
+        Whether decoded chunks may be kept for neighbouring halos
+        (:mod:`daskstream.sources.chunk_cache`): whole chunks, not shards.
     """
 
     def __init__(
@@ -79,12 +85,15 @@ class ZarrChunkReader:
         storage_chunks: tuple[int, ...],
         decode: Callable[[bytes, Region, Any], np.ndarray],
         fill_value: Any,
+        keepable: bool = False,
     ) -> None:
         self.root = root
         self.chunk_key = chunk_key
         self.storage_chunks = storage_chunks
         self.decode = decode
         self.fill_value = fill_value
+        self.keepable = keepable
+        self._whole = tuple(slice(0, c) for c in storage_chunks)
 
     def read_box(self, box: Region, out: np.ndarray, name: str, written_before_ns: int | None = None) -> None:
         """Fill ``out`` with ``box`` of the array; ``name`` is the source's, for errors.
@@ -93,8 +102,16 @@ class ZarrChunkReader:
         opened) raises :class:`SourceChangedError`: chunk files deep in a
         format 3 store change no metadata or directory the source stamps.
         """
+        first = tuple(s.start // c for s, c in zip(box, self.storage_chunks))
+        last = tuple((s.stop - 1) // c for s, c in zip(box, self.storage_chunks))
         for grid, inside, target in storage_pieces(box, self.storage_chunks):
             key = self.chunk_key(grid)
+            kept_key = (self.root, key, written_before_ns)
+            keeping = self.keepable and active() and on_surface(grid, first, last)
+            chunk = kept(kept_key) if keeping else None
+            if chunk is not None:
+                out[target] = chunk[inside]
+                continue
             try:
                 with open(os.path.join(self.root, key), "rb") as f:
                     if written_before_ns is not None and _written_since(f.fileno(), written_before_ns):
@@ -107,7 +124,12 @@ class ZarrChunkReader:
                 out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
                 continue
             try:
-                out[target] = self.decode(data, inside, self.fill_value)
+                if keeping:
+                    chunk = self.decode(data, self._whole, self.fill_value)
+                    keep(kept_key, chunk)
+                    out[target] = chunk[inside]
+                else:
+                    out[target] = self.decode(data, inside, self.fill_value)
             except Exception as exc:  # each codec has its own errors; all mean a damaged chunk
                 raise CorruptSourceError(
                     f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
