@@ -82,21 +82,31 @@ def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget:
     """A dask array reading ``source`` in the chunks given (see :func:`open`)."""
     dask_chunks = resolve_chunks(source, chunks, memory_budget=memory_budget)
     name = f"daskstream-{source.format}-{tokenize(source.token, dask_chunks)}"
-    array = da.from_array(
+    array = read_array(source, dask_chunks, name)
+    from daskstream.compute.layers import record_plan
+
+    # Computations over this array keep the budget and threads it was planned for (the smallest budget,
+    # over several arrays), wherever dask optimizes their graph.
+    record_plan(array.dask.layers[name], memory_budget)
+    return array
+
+
+def read_array(source: Source, chunks: tuple[tuple[int, ...], ...], name: str) -> da.Array:
+    """The dask array named ``name`` reading ``source`` in ``chunks``, one task per block.
+
+    Blocks are read through the source's own ``__getitem__`` (no lock: sources
+    are safe to read from many threads) and never converted with ``np.asarray``
+    first, so a block is decoded once, straight into its result.
+    """
+    return da.from_array(
         source,
-        chunks=dask_chunks,
+        chunks=chunks,
         name=name,
         lock=False,
         asarray=False,
         fancy=False,
         meta=np.empty((0,) * source.ndim, dtype=source.dtype),
     )
-    from daskstream.compute.graph import record_plan
-
-    # Computations over this array keep the budget and threads it was planned for (the smallest budget,
-    # over several arrays), wherever dask optimizes their graph.
-    record_plan(array.dask.layers[name], memory_budget)
-    return array
 
 
 def resolve_chunks(

@@ -59,7 +59,7 @@ class _Input:
             raise InvalidArgumentError(
                 f"stream takes paths, Sources or dask arrays (from daskstream.open), not {type(x).__name__}"
             )
-        from daskstream.compute.graph import opened_budget
+        from daskstream.compute.layers import opened_budget
 
         # The budget an array from daskstream.open was opened with, for the stream to keep.
         self.opened_budget = opened_budget(x) if hasattr(x, "__dask_graph__") else None

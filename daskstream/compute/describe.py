@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
-from daskstream.compute.graph import budget_of
+from daskstream.compute.layers import budget_of
 from daskstream.compute.reductions import chunk_moments, combine_fan_in, known_bin_edges, merge_moments
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes

@@ -214,7 +214,7 @@ def map_blocks(
 
 def _constant_limit(inputs: list[da.Array]) -> int:
     """The most bytes an aggregate may take to go whole into every task of a kernel (an eighth of a task's share)."""
-    from daskstream.compute.graph import budget_of
+    from daskstream.compute.layers import budget_of
     from daskstream.runtime.resources import resolve_resources
 
     budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
@@ -230,7 +230,7 @@ def _map_regions(
     every halo on the way (this kernel's and those of the kernels it reads
     through) would not fit one task's share of the memory budget.
     """
-    from daskstream.compute.graph import budget_of
+    from daskstream.compute.layers import budget_of
     from daskstream.compute.regions import KernelRegions, Readable, region_array
     from daskstream.planning.chunks import configured_working_set_factor, fit_halo_chunks, regular_grid
     from daskstream.runtime.resources import resolve_resources

@@ -4,7 +4,7 @@ dask fuses chains of blockwise layers into one task (a read, the element-wise
 work on it and the first step of a reduction run as one function call), and
 inside such a task each step's inputs are freed as soon as the last step
 taking them has run. :func:`project` follows the same rules over the layers
-of a graph (after :func:`daskstream.compute.graph.rewrite`), step by step,
+of a graph (after :func:`daskstream.compute.rewrites.rewrite`), step by step,
 and keeps the task that holds the most at its peak:
 
 * **input**: blocks the task reads from sources or receives from other tasks;
@@ -30,7 +30,7 @@ from dask.blockwise import Blockwise
 from dask.highlevelgraph import HighLevelGraph, Layer
 from dask.utils import funcname, key_split
 
-from daskstream.compute.graph import GraphFacts, _sources_read_by
+from daskstream.compute.layers import GraphFacts, sources_read_by
 from daskstream.planning.computation import ComputePlan, TaskMemory
 from daskstream.planning.passes import PassPlan
 
@@ -195,7 +195,7 @@ def _read_costs(graph: HighLevelGraph, layer: Layer, block: int) -> tuple[int, i
     """A read's decoded copy, halo and kernel workspace (a region array runs kernels over haloed blocks)."""
     from daskstream.compute.regions import REGIONS_ANNOTATION
 
-    sources = _sources_read_by(graph, layer)
+    sources = sources_read_by(graph, layer)
     decoded = sum(source.decode_bytes for source in sources)
     regions = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
     if regions is None:
@@ -295,7 +295,7 @@ def _operation(graph: HighLevelGraph, facts: Mapping[str, Any], members: list[st
         if facts[m].kind == "read":
             regions = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
             label = regions.label if regions is not None else None
-            read = "read " + ", ".join(s.name for s in _sources_read_by(graph, layer))
+            read = "read " + ", ".join(s.name for s in sources_read_by(graph, layer))
             steps.append(read if label is None or label.startswith("read ") else f"{read} -> {label}")
         elif facts[m].kind == "compute":
             steps.append(_label(graph, m))
@@ -304,7 +304,7 @@ def _operation(graph: HighLevelGraph, facts: Mapping[str, Any], members: list[st
 
 def _label(graph: HighLevelGraph, name: str) -> str:
     """What a person calls a layer's step: its function's name (siblings run together: both names)."""
-    from daskstream.compute.graph import SIBLINGS_ANNOTATION
+    from daskstream.compute.layers import SIBLINGS_ANNOTATION
 
     siblings = (graph.layers[name].collection_annotations or {}).get(SIBLINGS_ANNOTATION)
     return " and ".join(siblings) if siblings else key_split(name)

@@ -38,7 +38,7 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
 
-from daskstream.compute.graph import budget_of
+from daskstream.compute.layers import budget_of
 from daskstream.compute.reductions import PIECE_VALUES, per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes

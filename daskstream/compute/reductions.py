@@ -18,7 +18,7 @@ import numpy as np
 from dask.array.core import _concatenate2
 from dask.utils import deepmap
 
-from daskstream.compute.graph import budget_of
+from daskstream.compute.layers import budget_of
 from daskstream.errors import InvalidArgumentError, UnknownOperationError, UnsupportedDtypeError
 from daskstream.planning.chunks import normalize_axes
 from daskstream.runtime.resources import resolve_resources

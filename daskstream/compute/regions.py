@@ -471,7 +471,7 @@ def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], budget: 
         concatenate=True,
         align_arrays=False,
     )
-    from daskstream.compute.graph import record_plan
+    from daskstream.compute.layers import record_plan
 
     array.dask.layers[name].collection_annotations[REGIONS_ANNOTATION] = regions
     record_plan(array.dask.layers[name], budget)
@@ -486,7 +486,7 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
     literals and arrays of at most ``constant_limit`` bytes (aggregates such as
     a mean, taken whole).
     """
-    from daskstream.compute.graph import layer_array
+    from daskstream.compute.layers import layer_array
 
     graph = array.__dask_graph__()
     layer = graph.layers.get(array.name)
@@ -552,7 +552,7 @@ def _elementwise(layer: Any) -> bool:
 
 def _region_constants(graph: Any, layer: Any) -> dict[str, Any]:
     """The dask arrays of the constants a region array's layer takes, by name."""
-    from daskstream.compute.graph import layer_array
+    from daskstream.compute.layers import layer_array
 
     regions = layer.collection_annotations[REGIONS_ANNOTATION]
     found = {}

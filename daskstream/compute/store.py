@@ -1097,7 +1097,8 @@ class _Hdf5Target(_Target):
         written with its filtered copies: a batch is written while the next one is
         computed, so two batches are in memory.
         """
-        from daskstream.compute.graph import budget_of, plan_compute
+        from daskstream.compute.graph import plan_compute
+        from daskstream.compute.layers import budget_of
         from daskstream.runtime.resources import resolve_resources
 
         budget = budget_of(x, self.memory_budget)

@@ -1,0 +1,372 @@
+"""Reading a dask graph as daskstream plans it: its layers, what each reads and takes, and what it was opened for.
+
+A dask array's graph is a ``HighLevelGraph`` of layers named as the keys they
+hold (until dask's own culling renames them). :func:`describe` turns the layers
+a computation needs into :class:`~daskstream.planning.passes.LayerFacts` for the
+pure planners: which read daskstream sources (a read of a ``Source``, or a
+region array reading its halos itself), how many blocks of each input one
+output block takes, and how large its blocks are. Arrays record on their read
+layer the memory budget and threads they were planned for
+(:func:`record_plan`), so that a plan is the same wherever dask optimizes the
+graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
+from dask.blockwise import Blockwise
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.utils import key_split
+
+from daskstream.planning.passes import LayerFacts
+from daskstream.sources.base import Source
+
+# What a read layer was planned for: the memory budget and threads per worker where its array was opened.
+# It travels with the graph: dask may optimize the graph in another process (a distributed scheduler).
+PLANNED_FOR = "daskstream-planned-for"
+
+# The annotation of a layer running sibling steps together: their names.
+SIBLINGS_ANNOTATION = "daskstream-siblings"
+
+# Output keys sampled per layer whose block dependencies are not known from its structure.
+_SAMPLED_KEYS = 3
+
+
+@dataclass
+class GraphFacts:
+    """A computation's layers as the planners see them, with what the rewrite needs to find them again."""
+
+    facts: list[LayerFacts]
+    sources: dict[str, tuple[Source, ...]] = field(default_factory=dict)
+    blocks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reads(self) -> list[str]:
+        return [f.name for f in self.facts if f.kind == "read"]
+
+
+def describe(graph: HighLevelGraph, names: Iterable[str] | None = None) -> GraphFacts:
+    """The layers ``names`` of ``graph`` (default: all) as :class:`LayerFacts`, in dependency order."""
+    described = GraphFacts(facts=[])
+    for name in _toposorted(graph, set(graph.layers) if names is None else set(names)):
+        layer = graph.layers[name]
+        inputs = tuple(sorted(_block_fan_in(graph, name, layer).items()))
+        sources = sources_read_by(graph, layer)
+        blocks = annotated_blocks(layer)
+        if blocks is not None:
+            described.blocks[name] = blocks
+        if sources:
+            described.sources[name] = sources
+            names_read = tuple(source.name for source in sources)
+            facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=names_read)
+        elif not graph.dependencies.get(name) and blocks is None:
+            facts = LayerFacts(name, "constant")
+        else:
+            facts = LayerFacts(name, "compute", _block_bytes(layer), blocks or 1, inputs)
+        described.facts.append(facts)
+    described.facts = _reduction_partials(described.facts)
+    return described
+
+
+def _reduction_partials(facts: list[LayerFacts]) -> list[LayerFacts]:
+    """Facts with the first step of each dask tree reduction sized as the partial results it makes.
+
+    dask's ``reduction`` shrinks the chunks of its first (blockwise) step after
+    making the layer, so the layer's annotation still has the input's blocks;
+    its partial results are the size of the ``-partial``/``-aggregate`` layers'.
+    """
+    takers: dict[str, list[LayerFacts]] = {f.name: [] for f in facts}
+    for f in facts:
+        for name, _ in f.inputs:
+            takers[name].append(f)
+    fixed = []
+    for f in facts:
+        reducers = takers[f.name]
+        if f.kind == "compute" and reducers and all(key_split(t.name).endswith(_TREE_STEPS) for t in reducers):
+            f = replace(f, block_bytes=min(f.block_bytes, max(t.block_bytes for t in reducers)))
+        fixed.append(f)
+    return fixed
+
+
+# The layers of dask's tree reductions after the first step (dask.array.reductions._tree_reduce).
+_TREE_STEPS = ("-partial", "-aggregate")
+
+
+def _toposorted(graph: HighLevelGraph, names: set[str]) -> list[str]:
+    order: list[str] = []
+    seen: set[str] = set()
+    for root in sorted(names):
+        stack: list[tuple[str, bool]] = [(root, False)]
+        while stack:
+            name, expanded = stack.pop()
+            if expanded:
+                order.append(name)
+                continue
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.append((name, True))
+            stack.extend((dep, False) for dep in sorted(graph.dependencies.get(name, ())) if dep not in seen)
+    return order
+
+
+def annotated_blocks(layer: Layer) -> int | None:
+    chunks = (layer.collection_annotations or {}).get("chunks")
+    if chunks is None:
+        return None
+    return math.prod(len(c) for c in chunks)
+
+
+def _block_bytes(layer: Layer) -> int:
+    """Bytes of the layer's largest output block, from the array it makes (0 when unknown)."""
+    annotations = layer.collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    if chunks is None or dtype is None:
+        return 0
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+    largest = [max(c, default=0) for c in chunks]
+    if any(isinstance(n, float) and math.isnan(n) for n in largest):
+        return 0
+    return int(math.prod(largest)) * itemsize
+
+
+def sources_read_by(graph: HighLevelGraph, layer: Layer) -> tuple[Source, ...]:
+    """The Sources a layer reads: a daskstream read, or a region array (a kernel reading its halos itself)."""
+    from daskstream.compute.regions import REGIONS_ANNOTATION
+
+    regions = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
+    if regions is not None:
+        return regions.sources
+    source = source_read_by(graph, layer)
+    return () if source is None else (source,)
+
+
+def source_read_by(graph: HighLevelGraph, layer: Layer) -> Source | None:
+    """The Source a daskstream read layer reads (a Blockwise taking the Source as a graph constant)."""
+    if not isinstance(layer, Blockwise):
+        return None
+    for name, index in layer.indices:
+        key = name.key if isinstance(name, TaskRef) else name
+        if index is not None or not isinstance(key, str) or key not in graph.layers:
+            continue
+        held = graph.layers[key]
+        if isinstance(held, MaterializedLayer) and len(held) == 1:
+            value = next(iter(held.values()))
+            if isinstance(value, Source):
+                return value
+    return None
+
+
+def _block_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str, int]:
+    """For each layer ``name`` takes: how many of its blocks one output block needs (at most)."""
+    if not graph.dependencies.get(name):
+        return {}
+    if isinstance(layer, Blockwise):
+        return _blockwise_fan_in(graph, layer)
+    return _sampled_fan_in(graph, name, layer)
+
+
+def _blockwise_fan_in(graph: HighLevelGraph, layer: Blockwise) -> dict[str, int]:
+    fan_in: dict[str, int] = {}
+    output = set(layer.output_indices)
+    for ref, index in layer.indices:
+        key = ref.key if isinstance(ref, TaskRef) else ref
+        if not isinstance(key, str) or key not in graph.layers:
+            continue  # a literal argument, or an io dependency (block positions)
+        if index is None:
+            count = annotated_blocks(graph.layers[key]) or 1
+        else:
+            numblocks = layer.numblocks.get(key, ())
+            # Indices missing from the output are reduced over: one output block takes all those blocks.
+            count = math.prod(n for letter, n in zip(index, numblocks) if letter not in output)
+        fan_in[key] = max(fan_in.get(key, 0), int(count))
+    return fan_in
+
+
+def _sampled_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str, int]:
+    """Block dependencies of a few output keys, followed through the layer's own inner keys."""
+    outputs = sorted(layer.get_output_keys(), key=_sort_key)
+    if not outputs:
+        return {}
+    picks = {outputs[0], outputs[len(outputs) // 2], outputs[-1]}
+    fan_in: dict[str, int] = {}
+    for key in list(picks)[:_SAMPLED_KEYS]:
+        found: dict[str, set[Hashable]] = {}
+        stack, seen = [key], set()
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            for dep in _dependencies(layer[current], layer, graph):
+                if dep in layer:
+                    stack.append(dep)
+                else:
+                    dep_name = dep[0] if isinstance(dep, tuple) else dep
+                    found.setdefault(dep_name, set()).add(dep)
+        for dep_name, deps in found.items():
+            if dep_name in graph.layers:
+                fan_in[dep_name] = max(fan_in.get(dep_name, 0), len(deps))
+    return fan_in
+
+
+def _sort_key(key: Hashable) -> tuple:
+    return (str(key[0]), *key[1:]) if isinstance(key, tuple) else (str(key),)
+
+
+def _dependencies(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Hashable]:
+    node = as_node(None, value, layer, graph)
+    # A plain value (a Source, an array put in the graph) depends on nothing.
+    return node.dependencies if isinstance(node, GraphNode) else ()
+
+
+def as_node(key: Hashable, value: Any, layer: Layer, graph: HighLevelGraph) -> Any:
+    """A task in dask's task-spec form, whatever form the layer holds it in (plain values stay as they are)."""
+    if isinstance(value, GraphNode):
+        return value
+    return convert_legacy_task(key, value, set(_references(value, layer, graph)))
+
+
+def _references(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Hashable]:
+    """Keys a task written as nested tuples refers to: those of this layer or named after a layer."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            if _looks_like_key(item) and (item[0] in graph.layers or item in layer):
+                yield tuple(item)
+                continue
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, str) and (item in graph.layers or item in layer):
+            yield item
+
+
+def _looks_like_key(item: Any) -> bool:
+    return type(item) is tuple and bool(item) and isinstance(item[0], str) and all(isinstance(i, int) for i in item[1:])
+
+
+def needed_layers(graph: HighLevelGraph, keys: Iterable[Hashable]) -> set[str]:
+    """The layers holding ``keys`` and every layer they depend on."""
+    names = {key[0] if isinstance(key, tuple) else key for key in keys}
+    stack = [name for name in names if name in graph.layers]
+    needed: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(graph.dependencies.get(name, ()))
+    return needed
+
+
+def reads_sources(dsk: HighLevelGraph) -> bool:
+    return any(name.startswith("daskstream-") for name in dsk.layers)
+
+
+def layer_array(graph: HighLevelGraph, name: Any) -> Any:
+    """The dask array a layer of ``graph`` makes, from the chunks and dtype it is annotated with (or ``None``)."""
+    import dask.array as da
+
+    if not isinstance(name, str) or name not in graph.layers:
+        return None
+    annotations = graph.layers[name].collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    if chunks is None or dtype is None:
+        return None
+    needed = needed_layers(graph, [name])
+    sub = HighLevelGraph({n: graph.layers[n] for n in needed}, {n: set(graph.dependencies.get(n, ())) for n in needed})
+    return da.Array(sub, name, chunks, meta=np.empty((0,) * len(chunks), dtype=dtype))
+
+
+def blockwise_like(layer: Blockwise, *, task: Any = None, indices: Any = None, numblocks: Any = None) -> Blockwise:
+    """A copy of a blockwise layer (its name, blocks and annotations), with another task or inputs."""
+    copy = Blockwise(
+        output=layer.output,
+        output_indices=layer.output_indices,
+        task=layer.task if task is None else task,
+        indices=layer.indices if indices is None else indices,
+        numblocks=layer.numblocks if numblocks is None else numblocks,
+        concatenate=layer.concatenate,
+        new_axes=layer.new_axes,
+        output_blocks=layer.output_blocks,
+        annotations=layer.annotations,
+        io_deps=layer.io_deps,
+    )
+    copy.collection_annotations = dict(layer.collection_annotations or {})
+    return copy
+
+
+def record_plan(layer: Layer, memory_budget: int | str | None = None) -> None:
+    """Write on ``layer`` the budget and threads its array is planned for: ``memory_budget`` when given,
+    else what :func:`daskstream.runtime.resources.resolve_resources` finds here and now."""
+    from daskstream.runtime.resources import resolve_resources
+
+    found = resolve_resources(memory_budget=memory_budget)
+    layer.collection_annotations[PLANNED_FOR] = {"memory_budget": found.memory_budget, "threads": found.threads}
+
+
+def _planned(graph: Any) -> list[dict[str, int]]:
+    if hasattr(graph, "__dask_graph__"):
+        graph = graph.__dask_graph__()
+    layers = getattr(graph, "layers", {})
+    return [p for p in ((layer.collection_annotations or {}).get(PLANNED_FOR) for layer in layers.values()) if p]
+
+
+def opened_budget(graph: Any) -> int | None:
+    """The smallest memory budget the arrays in ``graph`` (a graph or a collection) were opened with, if any."""
+    return min((int(p["memory_budget"]) for p in _planned(graph)), default=None)
+
+
+def budget_of(x: Any, memory_budget: int | str | None = None) -> int | str | None:
+    """``memory_budget`` when given, else the one ``x``'s arrays were opened with (``None``: the default)."""
+    return memory_budget if memory_budget is not None else opened_budget(x)
+
+
+def memory_budget_for(graph: HighLevelGraph) -> int:
+    """The budget a computation over ``graph`` keeps: the smallest one its arrays were opened with.
+
+    Recorded in the graph, so that the same plan is made wherever dask
+    optimizes it; arrays recorded nothing only when not from daskstream.
+    """
+    from daskstream.runtime.resources import resolve_resources
+
+    return resolve_resources(memory_budget=opened_budget(graph)).memory_budget
+
+
+def concurrency(graph: Any = None) -> int:
+    """Tasks one worker runs at once: the most any of ``graph``'s arrays was opened for, else here and now."""
+    from daskstream.runtime.resources import resolve_resources
+
+    recorded = [int(p["threads"]) for p in _planned(graph)] if graph is not None else []
+    return max(recorded, default=0) or resolve_resources().threads
+
+
+__all__ = [
+    "PLANNED_FOR",
+    "SIBLINGS_ANNOTATION",
+    "GraphFacts",
+    "annotated_blocks",
+    "as_node",
+    "blockwise_like",
+    "budget_of",
+    "concurrency",
+    "describe",
+    "layer_array",
+    "memory_budget_for",
+    "needed_layers",
+    "opened_budget",
+    "reads_sources",
+    "record_plan",
+    "source_read_by",
+    "sources_read_by",
+]

@@ -1,0 +1,332 @@
+"""Rewriting a dask graph so that a computation keeps its memory budget.
+
+Each rewrite keeps every output key and what it computes:
+
+* :func:`rewrite` computes again, in each pass, the reads (and the element-wise
+  work on them) that the pass takes from earlier ones, under keys of its own,
+  rather than holding their blocks (see :mod:`daskstream.planning.passes`);
+* :func:`fuse_siblings` runs the steps of one pass that take the same read in
+  one task per block;
+* :func:`reread_rechunks` reads a source in the chunks a re-chunking of it asks
+  for, instead of splitting and holding its blocks;
+* :func:`variance_in_pieces` runs dask's variance step piece by piece.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from dask._task_spec import GraphNode, Task, TaskRef
+from dask.base import tokenize
+from dask.blockwise import Blockwise, blockwise_token
+from dask.graph_manipulation import clone_key
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.utils import key_split
+
+from daskstream.compute.layers import (
+    PLANNED_FOR,
+    SIBLINGS_ANNOTATION,
+    as_node,
+    blockwise_like,
+    needed_layers,
+    source_read_by,
+    sources_read_by,
+)
+from daskstream.planning.passes import PassPlan
+from daskstream.sources.base import Source
+
+
+def pass_seed(level: int) -> str:
+    """What renames a layer's copy for pass ``level`` (deterministic: the same graph gets the same keys)."""
+    return f"daskstream-pass-{level}"
+
+
+def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
+    """``graph`` with the layers each pass needs from earlier passes computed again in that pass.
+
+    Every recomputed layer gets a copy with keys renamed for its pass, its
+    inputs pointing at their own copies (barriers and constants are shared);
+    layers of that pass take the copies instead of the originals.
+    """
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    for level, names in plan.recomputed.items():
+        seed = pass_seed(level)
+        keys: set[Hashable] = set()
+        for name in names:
+            keys |= set(graph.layers[name].get_output_keys())
+        renamed = {name: clone_key(name, seed) for name in names}
+        for name in names:
+            layers[renamed[name]] = _clone(graph.layers[name], keys, seed, graph)
+            dependencies[renamed[name]] = {renamed.get(dep, dep) for dep in graph.dependencies.get(name, ())}
+    for name, level in plan.levels.items():
+        # Layers of pass ``level`` take its copies of what earlier passes streamed.
+        wanted = {
+            dep: clone_key(dep, pass_seed(level))
+            for dep in graph.dependencies.get(name, ())
+            if dep not in plan.shared and plan.levels[dep] < level
+        }
+        if wanted:
+            layers[name] = _redirect(graph.layers[name], wanted, graph)
+            dependencies[name] = {wanted.get(dep, dep) for dep in dependencies[name]}
+    return HighLevelGraph(layers, dependencies)
+
+
+def _clone(layer: Layer, keys: set[Hashable], seed: str, graph: HighLevelGraph) -> Layer:
+    """A copy of ``layer`` with its keys, and its references to ``keys``, renamed by ``seed``."""
+    if isinstance(layer, Blockwise):
+        cloned, _ = layer.clone(keys, seed)
+        cloned.collection_annotations = dict(layer.collection_annotations or {})
+        return cloned
+    subs = {key: clone_key(key, seed) for key in keys}
+    tasks = {}
+    for key, value in layer.items():
+        node = as_node(key, value, layer, graph)
+        new_key = clone_key(key, seed)
+        if not isinstance(node, GraphNode):
+            tasks[new_key] = value
+            continue
+        tasks[new_key] = node.substitute({k: v for k, v in subs.items() if k in node.dependencies}, key=new_key)
+    return MaterializedLayer(
+        tasks, annotations=layer.annotations, collection_annotations=dict(layer.collection_annotations or {})
+    )
+
+
+def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -> Layer:
+    """``layer`` taking the layers in ``renamed`` under their new names; its own keys unchanged."""
+    if isinstance(layer, Blockwise):
+        indices = []
+        for ref, index in layer.indices:
+            if isinstance(ref, TaskRef) and ref.key in renamed:
+                ref = TaskRef(renamed[ref.key])
+            elif isinstance(ref, str) and ref in renamed:
+                ref = renamed[ref]
+            indices.append((ref, index))
+        numblocks = {renamed.get(name, name): blocks for name, blocks in layer.numblocks.items()}
+        return blockwise_like(layer, indices=indices, numblocks=numblocks)
+    tasks = {}
+    for key, value in layer.items():
+        node = as_node(key, value, layer, graph)
+        if not isinstance(node, GraphNode):
+            tasks[key] = value
+            continue
+        subs = {
+            dep: (renamed[dep[0]], *dep[1:]) if isinstance(dep, tuple) else renamed[dep]
+            for dep in node.dependencies
+            if (dep[0] if isinstance(dep, tuple) else dep) in renamed
+        }
+        tasks[key] = node.substitute(subs) if subs else node
+    return MaterializedLayer(
+        tasks, annotations=layer.annotations, collection_annotations=dict(layer.collection_annotations or {})
+    )
+
+
+def fuse_siblings(graph: HighLevelGraph, names: Iterable[str], keys: Iterable[Hashable]) -> HighLevelGraph:
+    """``graph`` with the blockwise steps that share a read computed in one task per block.
+
+    When a read feeds several steps of one pass (a mean's and a variance's
+    first steps), dask keeps each block until every step has taken it, and a
+    process scheduler ships it to the parent process and back. Here the steps
+    become one blockwise layer whose task reads the block once and returns
+    every step's result; each step's layer then picks its own out of it.
+    """
+    names = set(names)
+    outputs = {key[0] if isinstance(key, tuple) else key for key in keys}
+    takers: dict[str, list[str]] = {name: [] for name in names}
+    for name in names:
+        for dep in graph.dependencies.get(name, ()):
+            if dep in takers:
+                takers[dep].append(name)
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    changed = False
+    for name in sorted(names):
+        siblings = sorted(takers[name])
+        if len(siblings) < 2 or not sources_read_by(graph, graph.layers[name]):
+            continue
+        # A step that also waits for something computed from this read cannot run beside the others.
+        siblings = [t for t in siblings if _fusable_sibling(graph.layers[t], name) and not _waits_on(graph, t, name)]
+        if name in outputs or len(siblings) < 2:
+            continue
+        together = f"daskstream-together-{tokenize(name, siblings)}"
+        layers[together], dependencies[together] = _together(graph, siblings, together)
+        for position, sibling in enumerate(siblings):
+            layers[sibling] = _pick(graph.layers[sibling], together, position)
+            dependencies[sibling] = {together}
+        changed = True
+    return HighLevelGraph(layers, dependencies) if changed else graph
+
+
+def _waits_on(graph: HighLevelGraph, step: str, read: str) -> bool:
+    """Whether ``step`` takes, besides ``read`` itself, something computed from ``read``."""
+    others = [dep for dep in graph.dependencies.get(step, ()) if dep != read]
+    return read in needed_layers(graph, others) if others else False
+
+
+def _fusable_sibling(layer: Layer, read: str) -> bool:
+    """A blockwise step taking ``read`` block by block, aligned with its own blocks, and nothing else big."""
+    if not isinstance(layer, Blockwise) or layer.new_axes or layer.output_blocks or layer.concatenate:
+        return False
+    aligned = [index for ref, index in layer.indices if getattr(ref, "key", ref) == read]
+    return len(aligned) >= 1 and all(index == layer.output_indices for index in aligned)
+
+
+def _together(graph: HighLevelGraph, siblings: list[str], name: str) -> tuple[Blockwise, set[str]]:
+    """One blockwise layer running every sibling's task on its own inputs, returning their results as a tuple."""
+
+    indices: list[tuple[Any, Any]] = []
+    numblocks: dict[str, Any] = {}
+    io_deps: dict[str, Any] = {}
+    tasks = []
+    for sibling in siblings:
+        layer = graph.layers[sibling]
+        renamed = {}
+        for i, (ref, index) in enumerate(layer.indices):
+            # One entry per distinct input: dask's blockwise fusion leaves alone an input named twice.
+            position = next(
+                (j for j, (r, ind) in enumerate(indices) if ind is not None and r == ref and ind == index), None
+            )
+            if position is None:
+                position = len(indices)
+                indices.append((ref, index))
+            renamed[blockwise_token(i)] = blockwise_token(position)
+        tasks.append(layer.task.substitute(renamed))
+        numblocks.update(layer.numblocks)
+        io_deps.update(layer.io_deps)
+    first = graph.layers[siblings[0]]
+    fused = Blockwise(
+        output=name,
+        output_indices=first.output_indices,
+        task=Task(name, _results, *tasks),
+        indices=indices,
+        numblocks=numblocks,
+        concatenate=None,
+        new_axes={},
+        annotations=first.annotations,
+        io_deps=io_deps,
+    )
+    # What the fused task does, for explanations: the siblings' own names.
+    fused.collection_annotations = {SIBLINGS_ANNOTATION: tuple(key_split(sibling) for sibling in siblings)}
+    deps = set().union(*(graph.dependencies.get(sibling, set()) for sibling in siblings))
+    return fused, deps
+
+
+def _results(*results: Any) -> tuple[Any, ...]:
+    """The task of a fused group of siblings: each sibling's result, in order."""
+    return results
+
+
+def _pick(layer: Blockwise, together: str, position: int) -> Blockwise:
+    """A sibling's layer, now taking its result out of the fused layer's tuple (same name, same blocks)."""
+    import operator
+
+    picked = Blockwise(
+        output=layer.output,
+        output_indices=layer.output_indices,
+        task=Task(layer.output, operator.getitem, TaskRef(blockwise_token(0)), position),
+        indices=[(together, layer.output_indices)],
+        numblocks={together: _numblocks_of(layer)},
+        concatenate=None,
+        new_axes={},
+        annotations=layer.annotations,
+    )
+    picked.collection_annotations = dict(layer.collection_annotations or {})
+    return picked
+
+
+def _numblocks_of(layer: Blockwise) -> tuple[int, ...]:
+    """Blocks along each of ``layer``'s output indices, from the inputs that share them."""
+    sizes: dict[str, int] = {}
+    for ref, index in layer.indices:
+        key = getattr(ref, "key", ref)
+        if index is None or key not in layer.numblocks:
+            continue
+        for letter, n in zip(index, layer.numblocks[key]):
+            sizes[letter] = max(sizes.get(letter, 1), n)
+    return tuple(sizes.get(letter, 1) for letter in layer.output_indices)
+
+
+def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
+    """``graph`` with every re-chunking of a source read replaced by a read of the source in the new chunks.
+
+    dask re-chunks by splitting and concatenating blocks, which holds each
+    block until all its pieces have been taken (element-wise work on two
+    sources of different chunks re-chunks both). A source can be read in any
+    chunks: read it in those directly.
+    """
+    replaced = {}
+    for name in names:
+        if not key_split(name).startswith("rechunk"):
+            continue
+        layer = graph.layers[name]
+        annotations = layer.collection_annotations or {}
+        chunks = annotations.get("chunks")
+        source, read = _rechunked_source(graph, name)
+        if chunks is None or source is None:
+            continue
+        replaced[name] = (source, chunks, read)
+    if not replaced:
+        return graph
+    layers = dict(graph.layers)
+    dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
+    for name, (source, chunks, read) in replaced.items():
+        new = _read_layers(source, chunks, name, graph.layers[read])
+        for layer_name, layer in new.layers.items():
+            layers[layer_name] = layer
+            dependencies[layer_name] = set(new.dependencies.get(layer_name, ()))
+    return HighLevelGraph(layers, dependencies)
+
+
+def _rechunked_source(graph: HighLevelGraph, name: str) -> tuple[Source | None, str | None]:
+    """The Source a chain of re-chunking layers starting at ``name`` reads, and that read layer's name."""
+    while True:
+        deps = graph.dependencies.get(name, set())
+        if len(deps) != 1:
+            return None, None
+        (dep,) = deps
+        source = source_read_by(graph, graph.layers[dep])
+        if source is not None:
+            return source, dep
+        if not key_split(dep).startswith("rechunk"):
+            return None, None
+        name = dep
+
+
+def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str, read: Layer) -> HighLevelGraph:
+    """The layers of a read of ``source`` in ``chunks`` under the name ``name``, annotated as ``read`` is."""
+    from daskstream.arrays import read_array
+
+    array = read_array(source, chunks, name)
+    planned = (read.collection_annotations or {}).get(PLANNED_FOR)
+    if planned is not None:
+        array.dask.layers[name].collection_annotations[PLANNED_FOR] = planned
+    return array.__dask_graph__()
+
+
+def variance_in_pieces(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
+    """``graph`` with dask's first variance step (``x.std()``, ``x.var()``, their nan- forms) replaced by
+    :func:`~daskstream.compute.reductions.moment_chunk_in_pieces`: the same partial results, from
+    temporaries a few pieces large instead of two copies of the block."""
+
+    from dask._task_spec import Task
+    from dask.array.reductions import moment_chunk
+
+    from daskstream.compute.reductions import moment_chunk_in_pieces
+
+    replaced = {}
+    for name in names:
+        layer = graph.layers[name]
+        func = getattr(getattr(layer, "task", None), "func", None)
+        if not isinstance(layer, Blockwise) or not isinstance(func, functools.partial) or func.func is not moment_chunk:
+            continue
+        task = layer.task
+        pieces = functools.partial(moment_chunk_in_pieces, *func.args, **func.keywords)
+        replaced[name] = blockwise_like(layer, task=Task(task.key, pieces, *task.args, **task.kwargs))
+    if not replaced:
+        return graph
+    return HighLevelGraph({**graph.layers, **replaced}, graph.dependencies)
+
+
+__all__ = ["fuse_siblings", "pass_seed", "reread_rechunks", "rewrite", "variance_in_pieces"]
