@@ -12,7 +12,8 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-from daskstream.errors import ChunkSplitWarning, InvalidArgumentError, InvalidChunksError
+from daskstream import config
+from daskstream.errors import ChunkSplitWarning, InvalidArgumentError, InvalidChunksError, MemoryBudgetError
 from daskstream.planning.chunks import ChunkPlan, read_amplification, regular_grid
 from daskstream.sources import Source, open_source
 
@@ -119,13 +120,16 @@ def resolve_chunks(
         if chunks == "tune":
             from daskstream.tuning.tuner import tuned_chunks
 
-            return regular_grid(source.shape, tuned_chunks(source, memory_budget=memory_budget))
+            tuned = tuned_chunks(source, memory_budget=memory_budget)
+            check_block_count(source, tuned)
+            return regular_grid(source.shape, tuned)
         if chunks == "storage":
             if source.storage_chunks is None:
                 raise InvalidChunksError(
                     f"{source.name}: chunks='storage' but the data is stored contiguously; "
                     "use chunks='auto' or give a chunk shape"
                 )
+            check_block_count(source, source.storage_chunks)
             return regular_grid(source.shape, source.storage_chunks)
         raise InvalidChunksError(
             f"chunks={chunks!r} for {source.name}: use 'auto', 'storage', 'tune', a tuple, a dict or a ChunkPlan"
@@ -151,6 +155,24 @@ def resolve_chunks(
     return dask_chunks
 
 
+def check_block_count(source: Source, chunk_shape: tuple[int, ...]) -> None:
+    """Refuse a grid of more blocks than ``daskstream.planning.max-tasks`` before listing them.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the source, the chunks and how many blocks they make.
+    """
+    blocks = math.prod(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
+    ceiling = int(config.get("planning.max-tasks"))
+    if blocks > ceiling:
+        raise MemoryBudgetError(
+            f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {blocks:,} blocks, "
+            f"more than the {ceiling:,} daskstream plans at most (daskstream.planning.max-tasks: the task graph "
+            "alone would outgrow memory); give larger chunks, or chunks='auto'"
+        )
+
+
 def _normalize_user_chunks(source: Source, chunks: Any) -> tuple[tuple[int, ...], ...]:
     from dask.array.core import normalize_chunks
 
@@ -165,7 +187,7 @@ def _normalize_user_chunks(source: Source, chunks: Any) -> tuple[tuple[int, ...]
         for size in sizes:
             if size is None or size == -1 or size == "auto":
                 continue
-            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 1 <= size < 2**63:
                 raise InvalidChunksError(
                     f"chunks={chunks!r} for {source.name}: {size!r} is not a positive size; {hint}"
                 )
@@ -173,6 +195,8 @@ def _normalize_user_chunks(source: Source, chunks: Any) -> tuple[tuple[int, ...]
         for axis in chunks:
             if not isinstance(axis, int) or not -source.ndim <= axis < source.ndim:
                 raise InvalidChunksError(f"chunks={chunks!r}: axis {axis!r} is out of range for {source.name}; {hint}")
+    if isinstance(chunks, tuple) and all(isinstance(c, (int, np.integer)) for c in chunks):
+        check_block_count(source, tuple(int(c) for c in chunks))
     try:
         out = normalize_chunks(chunks, source.shape, dtype=source.dtype)
     except (ValueError, TypeError) as exc:

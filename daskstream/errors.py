@@ -22,8 +22,10 @@ __all__ = [
     "KernelShapeError",
     "MemberNotFoundError",
     "MemoryBudgetError",
+    "NotARegularFileError",
     "NotAZarrStoreError",
     "NotAnArrayError",
+    "OutsideFileError",
     "SourceChangedError",
     "SourceNotFoundError",
     "SourcePermissionError",
@@ -35,6 +37,7 @@ __all__ = [
     "UnknownFormatError",
     "UnknownOperationError",
     "UnsupportedDtypeError",
+    "UnsupportedShapeError",
 ]
 
 
@@ -60,6 +63,21 @@ class CorruptSourceError(DaskstreamError, OSError):
 
 class UnsupportedDtypeError(DaskstreamError, TypeError):
     """The array's dtype cannot be read safely (object, variable-length...)."""
+
+
+class UnsupportedShapeError(DaskstreamError, ValueError):
+    """The array has more dimensions than numpy holds, or a shape too large to address."""
+
+
+class NotARegularFileError(DaskstreamError, OSError):
+    """The path is a pipe, socket or device rather than a file or folder: reading it could block forever."""
+
+
+class OutsideFileError(DaskstreamError, PermissionError):
+    """A file reaches data in another file outside its folder (HDF5 external storage, links, virtual datasets).
+
+    Refused unless ``daskstream.sources.allow-outside-files`` is set.
+    """
 
 
 class MemberNotFoundError(DaskstreamError, KeyError):

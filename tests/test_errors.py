@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -209,6 +210,82 @@ def tune_unknown_op(tmp):
     return lambda: ds.tune(path, op="average"), "average"
 
 
+def huge_zarr_shape(tmp):
+    # Legal metadata (sparse arrays are real): refused at once, without listing a billion chunks.
+    zarr.create_array(tmp / "huge.zarr", shape=(10**18,), chunks=(1000,), dtype="u1")
+    return lambda: ds.open(tmp / "huge.zarr"), "tasks"
+
+
+def huge_zarr_storage_chunks(tmp):
+    zarr.create_array(tmp / "huge.zarr", shape=(10**12,), chunks=(1000,), dtype="u1")
+    return lambda: ds.open(tmp / "huge.zarr", chunks="storage"), "huge.zarr"
+
+
+def too_many_dimensions(tmp):
+    zarr.create_array(tmp / "dims.zarr", shape=(1,) * 2000, chunks=(1,) * 2000, dtype="u1")
+    return lambda: ds.open(tmp / "dims.zarr"), "2000 dimensions"
+
+
+def too_many_dimensions_npy(tmp):
+    header = {"descr": "<f8", "fortran_order": False, "shape": (1,) * 70}
+    with open(tmp / "dims.npy", "wb") as f:
+        np.lib.format.write_array_header_2_0(f, header)
+        f.write(np.zeros(1).tobytes())
+    return lambda: ds.open(tmp / "dims.npy"), "70 dimensions"
+
+
+def deeply_nested_zarr_metadata(tmp):
+    zarr.create_array(tmp / "deep.zarr", shape=(4,), chunks=(2,), dtype="u1", zarr_format=2)
+    meta = json.loads((tmp / "deep.zarr" / ".zarray").read_text())
+    text = json.dumps(meta)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    (tmp / "deep.zarr" / ".zarray").write_text(text)
+    return lambda: ds.open(tmp / "deep.zarr"), "deep.zarr"
+
+
+def zero_storage_chunks(tmp):
+    zarr.create_array(tmp / "zero.zarr", shape=(4,), chunks=(2,), dtype="u1")
+    meta = json.loads((tmp / "zero.zarr" / "zarr.json").read_text())
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [0]
+    (tmp / "zero.zarr" / "zarr.json").write_text(json.dumps(meta))
+    return lambda: ds.open(tmp / "zero.zarr"), "zero.zarr"
+
+
+def zip_member_outside_the_store(tmp):
+    import zipfile
+
+    with zipfile.ZipFile(tmp / "evil.zip", "w") as z:
+        z.writestr("a/zarr.json", json.dumps(_v3_metadata()))
+        z.writestr("/abs/zarr.json", json.dumps(_v3_metadata()))
+        z.writestr("../up/zarr.json", json.dumps(_v3_metadata()))
+    return lambda: ds.open(f"{tmp}/evil.zip::abs"), "evil.zip"
+
+
+def _v3_metadata():
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [2],
+        "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0,
+        "codecs": [{"name": "bytes"}],
+    }
+
+
+def chunks_beyond_int64(tmp):
+    np.save(tmp / "a.npy", np.zeros(4))
+    return lambda: ds.open(tmp / "a.npy", chunks=(2**70,)), "a.npy"
+
+
+def store_to_nowhere(tmp):
+    return lambda: ds.store(ds.open(_small_npy(tmp)), ""), "current folder"
+
+
+def store_to_a_zip_file(tmp):
+    return lambda: ds.store(ds.open(_small_npy(tmp)), str(tmp / "out.zip")), "out.zip"
+
+
 CASES = [
     (missing_path, errors.SourceNotFoundError, FileNotFoundError),
     (missing_path_with_dataset, errors.SourceNotFoundError, FileNotFoundError),
@@ -248,6 +325,16 @@ CASES = [
     (halo_too_deep, errors.MemoryBudgetError, MemoryError),
     (composition_too_big, errors.MemoryBudgetError, MemoryError),
     (stream_window_too_big, errors.MemoryBudgetError, MemoryError),
+    (huge_zarr_shape, errors.MemoryBudgetError, MemoryError),
+    (huge_zarr_storage_chunks, errors.MemoryBudgetError, MemoryError),
+    (too_many_dimensions, errors.UnsupportedShapeError, ValueError),
+    (too_many_dimensions_npy, errors.UnsupportedShapeError, ValueError),
+    (deeply_nested_zarr_metadata, errors.CorruptSourceError, OSError),
+    (zero_storage_chunks, errors.CorruptSourceError, OSError),
+    (zip_member_outside_the_store, errors.MemberNotFoundError, KeyError),
+    (chunks_beyond_int64, errors.InvalidChunksError, ValueError),
+    (store_to_nowhere, errors.InvalidArgumentError, ValueError),
+    (store_to_a_zip_file, errors.InvalidArgumentError, ValueError),
 ]
 
 

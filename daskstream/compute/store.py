@@ -49,6 +49,7 @@ from daskstream.arrays import read_layers
 from daskstream.compute.graph import with_aggregates_computed
 from daskstream.errors import (
     CorruptSourceError,
+    DaskstreamError,
     InvalidArgumentError,
     InvalidChunksError,
     TargetExistsError,
@@ -58,7 +59,7 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.runtime.resources import active_client
-from daskstream.sources.base import Source, native
+from daskstream.sources.base import Source, file_stamp, native, open_regular
 from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
 from daskstream.sources.zarr_ import is_url
 
@@ -281,6 +282,8 @@ def store(
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
         writer = _ZarrTarget(path, (member or "").strip("/") or None, compressor, zarr_format)
     writer.check_sources([source for _, source, _ in read_layers(x)])
+    if resume and not overwrite:
+        x, identity = _as_recorded(x, identity, writer.recorded())
     writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
 
     from daskstream.arrays import open as open_array
@@ -290,6 +293,32 @@ def store(
 
 # ---------------------------------------------------------------------------
 # Preparing the array
+
+
+def _as_recorded(
+    x: da.Array, identity: StoreIdentity, recorded: StoreIdentity | None
+) -> tuple[da.Array, StoreIdentity]:
+    """``x`` read again in the chunks an unfinished store recorded, when it is a plain read of one source.
+
+    Resuming with another memory budget plans other chunks for the same data:
+    reading in the recorded chunks keeps the blocks already written. Anything
+    else (other data, or a computed array) is returned unchanged, for the
+    target to refuse.
+    """
+    if recorded is None or not recorded.differences(identity) or recorded.chunks == identity.chunks:
+        return x, identity
+    reads = read_layers(x)
+    if len(reads) != 1 or reads[0][0] != x.name or (recorded.shape, recorded.dtype) != (identity.shape, identity.dtype):
+        return x, identity
+    from daskstream.arrays import as_dask_array
+    from daskstream.compute.layers import budget_of
+
+    try:
+        again = as_dask_array(reads[0][1], chunks=recorded.chunks, memory_budget=budget_of(x))
+    except DaskstreamError:
+        return x, identity
+    again_identity = StoreIdentity.of(again)
+    return (again, again_identity) if not recorded.differences(again_identity) else (x, identity)
 
 
 def _check_array(x: Any) -> da.Array:
@@ -379,9 +408,25 @@ def _parse_block_name(name: str, ndim: int) -> tuple[int, ...] | None:
 
 def target_format(path: str) -> str:
     """``"hdf5"`` for an existing HDF5 file or an HDF5 file name, else ``"zarr"``; URLs are refused."""
+    if not path.strip():
+        raise InvalidArgumentError(
+            "store needs a target: an empty path would write into the current folder; give a Zarr folder "
+            "(out.zarr) or an HDF5 file and dataset (out.h5::/data)"
+        )
     if is_url(path) or path.startswith("file://"):
         raise InvalidArgumentError(
             f"{path}: store writes local Zarr directories and HDF5 files; write locally and copy, or give a local path"
+        )
+    if os.path.lexists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        if os.path.islink(path):
+            raise TargetExistsError(
+                f"{path}: a symbolic link to nothing ({os.readlink(path)}); remove it or choose another target"
+            )
+        file_stamp(path)  # a pipe, socket or device: NotARegularFileError naming what it is
+    if path.lower().rstrip("/").endswith(".zip") and not os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{path}: store writes Zarr folders, not zip files; store to a folder (out.zarr), then zip it "
+            "(zip -r -0 out.zip out.zarr, or zarr's ZipStore)"
         )
     if os.path.isfile(path):
         try:
@@ -397,6 +442,44 @@ def target_format(path: str) -> str:
     if os.path.isdir(path):
         return "zarr"
     return "hdf5" if path.lower().endswith(_HDF5_SUFFIXES) else "zarr"
+
+
+def data_locations(source: Source) -> list[str]:
+    """The local files and folders a source's data is read from (none for URLs)."""
+    if is_url(source.path):
+        return []
+    if source.format == "zarr" and os.path.isdir(source.path):
+        return [os.path.join(source.path, *[part for part in (source.dataset or "").split("/") if part])]
+    return [source.path, *(linked.path for linked in getattr(source, "linked_files", ()))]
+
+
+def lies_within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, whatever links or mounts lead to either.
+
+    Each folder on the way up from ``path`` (links resolved) is compared with
+    ``folder`` by device and inode, so two spellings of one place match.
+    """
+    try:
+        wanted = os.stat(folder)
+    except OSError:
+        return False  # nothing there yet: nothing to lose
+    current = os.path.realpath(path)
+    while True:
+        with contextlib.suppress(OSError):
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) == (wanted.st_dev, wanted.st_ino):
+                return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _progress_reporter(progress: bool | ProgressCallback | None, target: Any) -> ProgressCallback | None:
@@ -437,14 +520,19 @@ class _Target(abc.ABC):
     def name(self) -> str:
         return self.path if self.member is None else f"{self.path}::{self.member}"
 
+    @abc.abstractmethod
     def check_sources(self, sources: list[Source]) -> None:
-        """Refuse to write over what the array itself reads."""
-        for source in sources:
-            if source.path == self.path and (source.dataset or None) == self.member:
-                raise InvalidArgumentError(
-                    f"{self.name}: the array stored reads from this very target; write it to another target, "
-                    "then replace the old one"
-                )
+        """Refuse to write over what the array itself reads, however either is spelled.
+
+        Paths are compared by what they lead to (symbolic links followed,
+        folders compared by device and inode), before anything is deleted.
+        """
+
+    def _reads_itself(self, source: Source, how: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self.name}: the array stored reads {source.name}, {how}; writing would destroy the data "
+            "while it is read. Write to another target, then replace the old one"
+        )
 
     def _refuse_existing(self, what: str) -> TargetExistsError:
         return TargetExistsError(
@@ -461,11 +549,23 @@ class _Target(abc.ABC):
 
     def _check_identity(self, recorded: StoreIdentity, identity: StoreIdentity) -> None:
         changes = recorded.differences(identity)
-        if changes:
+        if not changes:
+            return
+        if (recorded.shape, recorded.dtype) == (identity.shape, identity.dtype) and recorded.chunks != identity.chunks:
             raise TargetMismatchError(
-                f"{self.name} holds an unfinished store of another computation ({'; '.join(changes)}); "
-                "pass overwrite=True to start it again with this array, or choose another target"
+                f"{self.name} holds an unfinished store of this shape and dtype in chunks {recorded.chunks}, "
+                f"but the array stored now has chunks {identity.chunks} (another memory budget or chunking): "
+                "resume it with the chunks (or the memory budget) it was started with, or pass overwrite=True "
+                "to start again, which writes again the blocks already written"
             )
+        raise TargetMismatchError(
+            f"{self.name} holds an unfinished store of another computation ({'; '.join(changes)}); "
+            "pass overwrite=True to start it again with this array, or choose another target"
+        )
+
+    @abc.abstractmethod
+    def recorded(self) -> StoreIdentity | None:
+        """The identity an unfinished store into this target recorded, if there is one."""
 
     def _write_error(self, exc: BaseException, doing: str) -> TargetWriteError:
         return _write_error(self.name, exc, doing, self._after_failure)
@@ -487,6 +587,17 @@ class _ZarrTarget(_Target):
         self.array_dir = os.path.join(self.path, *(member.split("/") if member else ()))
         self.progress_dir = os.path.join(self.array_dir, PROGRESS_DIR)
         self.done_dir = os.path.join(self.progress_dir, _DONE_DIR)
+
+    def check_sources(self, sources: list[Source]) -> None:
+        for source in sources:
+            for location in data_locations(source):
+                inside, around = lies_within(location, self.array_dir), lies_within(self.array_dir, location)
+                if inside and around:
+                    raise self._reads_itself(source, "which is this very target")
+                if inside:
+                    raise self._reads_itself(source, f"which is stored inside this target, at {location}")
+                if around:
+                    raise self._reads_itself(source, f"and this target lies inside it, at {location}")
 
     def write(
         self,
@@ -596,6 +707,11 @@ class _ZarrTarget(_Target):
         """``"array"``, ``"group"``, ``"other"`` (a file or a folder of something else) or ``None``."""
         return _zarr_node_kind(self.array_dir)
 
+    def recorded(self) -> StoreIdentity | None:
+        with contextlib.suppress(TargetMismatchError):
+            return self._recorded_identity()
+        return None
+
     def _recorded_identity(self) -> StoreIdentity | None:
         try:
             with open(os.path.join(self.progress_dir, _IDENTITY_FILE)) as f:
@@ -604,7 +720,7 @@ class _ZarrTarget(_Target):
             return None
         try:
             return StoreIdentity.from_json(text)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise TargetMismatchError(
                 f"{self.name}: its progress record ({PROGRESS_DIR}/{_IDENTITY_FILE}) cannot be read ({exc}); "
                 "pass overwrite=True to start again"
@@ -768,9 +884,9 @@ def _zarr_node_kind(folder: str) -> str | None:
     meta = os.path.join(folder, "zarr.json")
     if os.path.exists(meta):
         try:
-            with open(meta) as f:
+            with open_regular(meta) as f:
                 node_type = json.load(f).get("node_type")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             return "other"
         return "array" if node_type == "array" else "group"
     if os.path.exists(os.path.join(folder, ".zarray")):
@@ -925,21 +1041,71 @@ class _Hdf5Target(_Target):
                 h5file.close()
             except _H5_WRITE_ERRORS as exc:
                 raise self._write_error(exc, "remove the progress record") from exc
-        except BaseException:
+        except TargetWriteError as exc:
             # Closing flushes again; after a failed write that fails too and must not hide the first error.
+            with contextlib.suppress(OSError, RuntimeError):
+                h5file.close()
+            if self._reopens():
+                raise
+            # HDF5 has no journal: a write cut short (disk full, a file-size limit) can leave the file's
+            # metadata behind its data, and then no later run can open it to resume.
+            raise TargetWriteError(
+                exc.errno,
+                f"{exc}".split("; blocks recorded")[0] + f"; the interrupted write left {self.path} unreadable "
+                "to HDF5, which keeps no journal, so it cannot be resumed: free space or raise the file-size "
+                "limit, then delete the file and store again",
+            ) from exc
+        except BaseException:
             with contextlib.suppress(OSError, RuntimeError):
                 h5file.close()
             raise
 
+    def _reopens(self) -> bool:
+        """Whether HDF5 can open the file after a failed write: asked of a fresh process.
+
+        This process's HDF5 library still holds the file it could not flush, and
+        would answer from that instead of from what is on disk.
+        """
+        import subprocess
+
+        check = "import sys, h5py; h5py.File(sys.argv[1], 'r').close()"
+        try:
+            done = subprocess.run([sys.executable, "-c", check, self.path], capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return True  # no answer: keep the usual advice
+        return done.returncode == 0
+
     def check_sources(self, sources: list[Source]) -> None:
-        super().check_sources(sources)
-        self._same_file = [source for source in sources if source.format == "hdf5" and source.path == self.path]
+        self._same_file = []
+        if not os.path.exists(self.path):
+            return  # a new file: nothing read can be in it
+        for source in sources:
+            for location in data_locations(source):
+                if not _same_path(location, self.path):
+                    continue
+                if location != source.path or source.format != "hdf5":
+                    raise self._reads_itself(source, f"whose data comes from {self.path} (linked from it)")
+                if self._same_object(source):
+                    raise self._reads_itself(source, f"which is this very dataset ({self.member} is {source.dataset})")
+                self._same_file.append(source)
         if self._same_file and not _in_process_scheduler():
             raise InvalidArgumentError(
                 f"{self.name}: the array stored reads from {self.path}, the file being written, and HDF5 lets "
                 "no other process read a file open for writing; use the threaded scheduler, or write to "
                 "another file"
             )
+
+    def _same_object(self, source: Source) -> bool:
+        """Whether the dataset written is the one ``source`` reads, under any name (hard links included)."""
+        from daskstream.sources.hdf5 import import_h5py
+
+        h5py = import_h5py()
+        try:
+            with h5py.File(self.path, "r") as f:
+                target, read = f.get(self.member), f.get(source.dataset)
+                return target is not None and read is not None and target.id == read.id
+        except (OSError, KeyError, ValueError):
+            return False  # unreadable: _open_file reports it
 
     def _open_file(self) -> Any:
         from daskstream.sources.hdf5 import import_h5py
@@ -1019,13 +1185,24 @@ class _Hdf5Target(_Target):
                     f"{self.member}; name a dataset outside it. store never deletes what is in the way"
                 )
 
+    def recorded(self) -> StoreIdentity | None:
+        from daskstream.sources.hdf5 import import_h5py
+
+        h5py = import_h5py()
+        try:
+            with h5py.File(self.path, "r") as f:
+                dset = f.get(self.member)
+                return self._recorded_identity(dset) if isinstance(dset, h5py.Dataset) else None
+        except (OSError, KeyError, ValueError, TargetMismatchError):
+            return None
+
     def _recorded_identity(self, dset: Any) -> StoreIdentity | None:
         if H5_IDENTITY_ATTR not in dset.attrs:
             return None
         try:
             text = dset.attrs[H5_IDENTITY_ATTR]
             return StoreIdentity.from_json(text.decode() if isinstance(text, bytes) else str(text))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise TargetMismatchError(
                 f"{self.name}: its progress record (attribute {H5_IDENTITY_ATTR!r}) cannot be read ({exc}); "
                 "pass overwrite=True to start again"

@@ -389,7 +389,7 @@ def plan_chunks_exact(
         storage_chunks = None
     else:
         chunks = _aligned_chunks(shape, itemsize, storage_chunks, reduce_axes, target, cap, notes)
-        amplification = read_amplification(shape, storage_chunks, chunks)
+        amplification = None
 
     n_tasks = math.prod(math.ceil(n / c) if c else 1 for n, c in zip(shape, chunks))
     if max_tasks is not None and n_tasks > max_tasks:
@@ -400,6 +400,9 @@ def plan_chunks_exact(
             f"would outgrow the budget); raise memory_budget to at least "
             f"{format_size(_budget_for_tasks(nbytes, max_tasks, threads, working_set_factor, decode_bytes))}"
         )
+    if amplification is None:
+        # Only now: it costs one step per task, and a plan past the ceiling must fail at once.
+        amplification = read_amplification(shape, storage_chunks, chunks)
     return ChunkPlan(
         shape=shape,
         dtype=dtype,
@@ -498,13 +501,13 @@ def read_amplification(
     total = 1.0
     for n, sc, c in zip(shape, storage_chunks, chunks):
         lengths = _axis_chunks(n, c) if isinstance(c, int) else c
-        bounds = np.cumsum((0, *lengths))
-        starts = np.arange(0, n, sc)
-        stops = np.minimum(starts + sc, n)
-        # Tasks overlapping [start, stop): those whose chunk starts before stop and ends after start.
-        first = np.searchsorted(bounds, starts, side="right") - 1
-        last = np.searchsorted(bounds, stops, side="left") - 1
-        total *= int(((stops - starts) * (last - first + 1)).sum()) / n
+        bounds = np.cumsum((0, *lengths), dtype=np.int64)
+        starts, stops = bounds[:-1], bounds[1:]
+        starts, stops = starts[stops > starts], stops[stops > starts]
+        # Summed over tasks rather than storage chunks (there may be far more of those): each task
+        # decodes the whole storage chunks it overlaps, from the first to the last.
+        covered = np.minimum(n, (stops - 1) // sc * sc + sc) - starts // sc * sc
+        total *= int(covered.sum()) / n
     return total
 
 
@@ -635,8 +638,12 @@ def _split_storage_chunks(
         inner = math.prod(chunks[axis + 1 :]) * itemsize
         if chunks[axis] * inner <= cap:
             break
-        fitting = [d for d in _divisors(unit[axis]) if d * inner <= cap]
-        chunks[axis] = max(fitting) if fitting else 1
+        if unit[axis] <= _MAX_DIVISOR_SEARCH:
+            fitting = [d for d in _divisors(unit[axis]) if d * inner <= cap]
+            chunks[axis] = max(fitting) if fitting else 1
+        else:
+            # Listing the divisors of so long a chunk would take minutes: the most that fits, if uneven.
+            chunks[axis] = max(1, cap // inner)
         notes.append(
             f"axis {axis}: storage chunks of {unit[axis]} cut into pieces of {chunks[axis]}, "
             f"since one storage chunk ({format_size(math.prod(unit) * itemsize)}) exceeds the "
@@ -646,6 +653,10 @@ def _split_storage_chunks(
         if math.prod(chunks) * itemsize > cap:
             raise InvalidBudgetError(f"no chunk fits the per-chunk budget of {format_size(cap)}")
     return tuple(chunks)
+
+
+# Storage chunks longer than this are cut without looking for an even divisor (sqrt(n) steps).
+_MAX_DIVISOR_SEARCH = 10**12
 
 
 def _divisors(n: int) -> list[int]:

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import os
+import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
 import numpy as np
 
 from daskstream.errors import (
+    CorruptSourceError,
     InvalidIndexError,
+    NotARegularFileError,
     SourceChangedError,
     SourceNotFoundError,
     SourcePermissionError,
     SourceRemovedError,
+    UnsupportedDtypeError,
+    UnsupportedShapeError,
 )
 from daskstream.runtime.metering import record_read
 
@@ -25,6 +31,10 @@ if TYPE_CHECKING:
     from daskstream.planning.chunks import ChunkPlan
 
 Region = tuple[slice, ...]
+
+# numpy's limits: axes of one array, and bytes its index arithmetic (int64) can address.
+_MAX_NDIM = 64
+_MAX_BYTES = 2**63 - 1
 
 
 class Source(ABC):
@@ -268,15 +278,115 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-def file_stamp(path: str) -> tuple[int, int]:
-    """``(size, mtime_ns)`` of a local path, with our errors for missing or unreadable ones."""
+def file_stamp(path: str) -> tuple[int, ...]:
+    """What identifies a local file's contents: ``(size, mtime_ns, ctime_ns, device, inode)``.
+
+    The change time is set by the kernel on every write, rename or restore, so a
+    file replaced by one with an older modification time (``cp -p``, ``rsync -a``,
+    ``tar x``) still stamps differently; so does another file moved into its
+    place. Raises our errors for missing or unreadable paths, and
+    :class:`NotARegularFileError` for pipes, sockets and devices, which a read
+    could wait on forever.
+    """
+    st = _stat(path)
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise _not_regular(path, st.st_mode)
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino
+
+
+def _stat(path: str) -> os.stat_result:
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
         raise SourceNotFoundError(f"{path}: no such file or directory; check the path") from None
     except PermissionError:
         raise SourcePermissionError(f"{path}: permission denied; check the file's permissions") from None
-    return st.st_size, st.st_mtime_ns
+    except OSError as exc:  # a name too long, a loop of symbolic links...
+        raise SourceNotFoundError(f"{path}: cannot be reached ({exc.strerror}); check the path") from None
+
+
+def _not_regular(path: str, mode: int) -> NotARegularFileError:
+    kind = (
+        "a named pipe (FIFO)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "not a regular file"
+    )
+    return NotARegularFileError(
+        f"{path}: is {kind}, not a file daskstream reads (reading it could wait forever); give a regular file"
+    )
+
+
+def open_regular(path: str) -> BinaryIO:
+    """Open a local file for reading, refusing anything but a regular file before reading a byte.
+
+    The file is opened without blocking, so a named pipe in its place cannot
+    stall the open, and its type is checked on the descriptor opened (no gap
+    between the check and the read). Raises :class:`FileNotFoundError` (the
+    builtin, as ``open`` does) for a missing file, so callers keep their own
+    meaning for that case.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        raise SourcePermissionError(f"{path}: permission denied; check the file's permissions") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+            raise _not_regular(path, mode)
+        # Regular files never block; clearing the flag keeps reads plain.
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def checked_shape(name: str, shape: tuple[int, ...], itemsize: int = 1) -> tuple[int, ...]:
+    """``shape`` as ints, refusing what numpy cannot hold: more than 64 axes, or more bytes than it addresses.
+
+    numpy refuses an array whose non-empty axes multiply (by the item size)
+    past ``2**63``, even when another axis is empty.
+
+    >>> checked_shape("a.npy", (2, 3))
+    (2, 3)
+    """
+    shape = tuple(int(n) for n in shape)
+    if len(shape) > _MAX_NDIM:
+        raise UnsupportedShapeError(
+            f"{name}: the array has {len(shape)} dimensions and numpy holds at most {_MAX_NDIM}; "
+            "daskstream cannot read it as one array (read a lower-dimensional view of the data with its own library)"
+        )
+    if any(n < 0 for n in shape):
+        raise CorruptSourceError(f"{name}: the shape {shape} has a negative length; the metadata is damaged")
+    addressed = math.prod(n for n in shape if n) * max(itemsize, 1)
+    if addressed > _MAX_BYTES:
+        raise UnsupportedShapeError(
+            f"{name}: the shape {shape} spans {addressed:.3g} bytes, more than numpy can address (2**63); "
+            "the metadata is damaged, or the array is too large to read as one"
+        )
+    return shape
+
+
+def checked_element(name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+    """Fold a subarray dtype's shape into the array's, as numpy reads such data: ``(4,)`` of ``('<f8', (3,))`` is ``(4, 3)`` float64.
+
+    >>> checked_element("a.npy", (4,), np.dtype(("<f8", (3,))))
+    ((4, 3), dtype('float64'))
+    """
+    if dtype.subdtype is not None:
+        base, inner = dtype.subdtype
+        if base.subdtype is not None or base.hasobject or 0 in inner:
+            raise UnsupportedDtypeError(
+                f"{name}: dtype {dtype} has elements that are empty, nested or objects; store the data with a plain dtype"
+            )
+        shape, dtype = (*shape, *inner), base
+    return checked_shape(name, shape, dtype.itemsize), dtype
 
 
 def native(dtype: np.dtype) -> np.dtype:

@@ -12,7 +12,7 @@ from daskstream.errors import (
     SourcePermissionError,
     UnknownFormatError,
 )
-from daskstream.sources.base import file_stamp
+from daskstream.sources.base import file_stamp, open_regular
 from daskstream.sources.hdf5 import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
 from daskstream.sources.zarr_ import ZARR_METADATA_FILES, is_url
@@ -69,7 +69,7 @@ def guess_format(path: str) -> str:
         return "zarr"
     if path.startswith("file://"):
         path = path[len("file://") :]
-    size, _ = file_stamp(path)
+    size = file_stamp(path)[0]
     if os.path.isdir(path):
         if any(os.path.exists(os.path.join(path, name)) for name in ZARR_METADATA_FILES):
             return "zarr"
@@ -78,7 +78,7 @@ def guess_format(path: str) -> str:
             "give a Zarr store, or the .npy / HDF5 file inside it"
         )
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(8)
             if head.startswith(NPY_MAGIC):
                 return "npy"

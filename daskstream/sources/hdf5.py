@@ -15,10 +15,17 @@ from daskstream.errors import (
     NotAnArrayError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, file_stamp, listing, native, now_ns
+from daskstream.sources.base import Region, Source, checked_element, file_stamp, listing, native, now_ns
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
+from daskstream.sources.linked import (
+    LinkedFile,
+    check_external_links,
+    check_linked_files,
+    external_prefix,
+    linked_files,
+)
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
@@ -66,7 +73,7 @@ class Hdf5Source(Source):
     def __init__(self, path: str | os.PathLike[str], dataset: str | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.opened_ns = now_ns()
-        size, mtime_ns = self.stamp = file_stamp(self.path)
+        own_stamp = file_stamp(self.path)
         h5py = import_h5py()
         try:
             f = h5py.File(self.path, "r")
@@ -76,12 +83,21 @@ class Hdf5Source(Source):
                 "truncated or damaged: re-create or re-copy it"
             ) from None
         with f:
+            # Links are checked before h5py follows them: following one opens its target file.
+            passed = check_external_links(f, self.path, dataset, h5py) if dataset is not None else ()
             dset = _find_dataset(f, self.path, dataset, h5py)
             in_this_file = dset.file.id.fileno == f.id.fileno
             # h5py names a dataset reached through an external link by its path in the other file.
             self.dataset = dset.name if in_this_file else "/" + (dataset or "").strip("/")
             self._describe(dset, h5py, in_this_file)
-        self.token = source_token(self.format, self.path, size, mtime_ns, dataset=self.dataset)
+            reached = () if in_this_file else (LinkedFile("external link", os.path.abspath(dset.file.filename), ""),)
+            self.linked_files = tuple(
+                {linked.path: linked for linked in (*reached, *passed, *linked_files(self.path, dset, h5py))}.values()
+            )
+        check_linked_files(self.name, self.path, self.linked_files)
+        self.external_prefix = external_prefix(self.linked_files)
+        self.stamp = self.current_stamp() if self.linked_files else own_stamp
+        self.token = source_token(self.format, self.path, *self.stamp, dataset=self.dataset)
 
     def _describe(self, dset: Any, h5py: Any, in_this_file: bool) -> None:
         if dset.shape is None:
@@ -96,15 +112,19 @@ class Hdf5Source(Source):
                 f"{self.name}: dtype {file_dtype} is variable-length or holds references, which "
                 "cannot be read as a numpy array; store fixed-width data instead"
             )
-        self.shape = tuple(int(n) for n in dset.shape)
-        self.dtype = native(file_dtype)
+        # An array element type (H5T_ARRAY) reads as h5py reads it: its axes join the dataset's.
+        self.shape, element_dtype = checked_element(self.name, tuple(dset.shape), file_dtype)
+        self.element_ndim = self.ndim - len(dset.shape)
+        self.dtype = native(element_dtype)
         dcpl = dset.id.get_create_plist()
         kind = dcpl.get_layout()
         # Plugin filters register long names ("HDF5 zstd filter; see https://..."): keep the name part.
         self.filters = tuple(
             dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0].strip() for i in range(dcpl.get_nfilters())
         )
-        self.storage_chunks = tuple(int(c) for c in dset.chunks) if dset.chunks else None
+        # An element's axes are stored whole in every chunk.
+        element_shape = self.shape[len(dset.shape) :]
+        self.storage_chunks = tuple(int(c) for c in (*dset.chunks, *element_shape)) if dset.chunks else None
         self.layout = "chunked" if self.storage_chunks else "C"
         self.storage_kind = {
             h5py.h5d.COMPACT: "compact",
@@ -141,10 +161,19 @@ class Hdf5Source(Source):
         )
 
     def _dataset(self) -> Any:
-        def open_file() -> Any:
-            return import_h5py().File(self.path, "r")
+        h5py = import_h5py()
 
-        return cached_handle(("hdf5", self.path, self.token), open_file)[self.dataset]
+        def open_file() -> Any:
+            return h5py.File(self.path, "r")
+
+        f = cached_handle(("hdf5", self.path, self.token), open_file)
+        if self.external_prefix is None:
+            return f[self.dataset]
+        # HDF5 looks for relative external files from the working directory, which differs between
+        # processes: every process reads the files checked when the source was opened.
+        access = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+        access.set_efile_prefix(self.external_prefix.encode())
+        return h5py.Dataset(h5py.h5d.open(f.id, self.dataset.encode(), dapl=access))
 
     def _chunk_reader(self) -> ChunkedReader:
         def build() -> ChunkedReader:
@@ -160,8 +189,12 @@ class Hdf5Source(Source):
 
         return cached_handle(("hdf5-chunks", self.path, self.token, self.dataset), build)
 
-    def current_stamp(self) -> tuple[int, int]:
-        return file_stamp(self.path)
+    def current_stamp(self) -> tuple[Any, ...]:
+        """The file's stamp, and those of the files its data comes from (external storage, links, virtual sources)."""
+        stamps: list[Any] = list(file_stamp(self.path))
+        for linked in self.linked_files:
+            stamps.extend((linked.path, *file_stamp(linked.path)))
+        return tuple(stamps)
 
     def _read_box(self, box: Region) -> np.ndarray:
         if self.raw_offset is not None:
@@ -172,7 +205,11 @@ class Hdf5Source(Source):
             return out
         try:
             dset = self._dataset()
-            if self.ndim == 0:
+            if self.element_ndim:
+                outer = self.ndim - self.element_ndim
+                block = dset[box[:outer]] if outer else dset[()]
+                out[...] = block[(slice(None),) * outer + box[outer:]]
+            elif self.ndim == 0:
                 out[...] = dset[()]
             else:
                 dset.read_direct(out, source_sel=box)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError, UnsupportedDtypeError
-from daskstream.sources.base import Region, Source, file_stamp, native, now_ns
+from daskstream.sources.base import Region, Source, checked_element, file_stamp, native, now_ns, open_regular
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.tokens import source_token
 
@@ -40,9 +40,17 @@ class NpySource(Source):
         self.path = os.path.abspath(os.fspath(path))
         self.dataset = None
         self.opened_ns = now_ns()
-        size, mtime_ns = self.stamp = file_stamp(self.path)
-        header = read_npy_header(self.path)
-        self.offset, self.file_dtype, self.fortran_order, self.shape = header
+        self.stamp = file_stamp(self.path)
+        size = self.stamp[0]
+        self.offset, file_dtype, self.fortran_order, shape = read_npy_header(self.path)
+        if file_dtype.subdtype is not None and self.fortran_order and len(shape) > 1:
+            # Each element's values are together, but the elements run in Fortran order: neither layout.
+            raise UnsupportedDtypeError(
+                f"{self.path}: a Fortran-ordered array of subarray elements ({file_dtype}) is laid out in "
+                "neither C nor Fortran order; save it again with numpy.save(np.ascontiguousarray(a))"
+            )
+        # A subarray element is read as numpy's memory map reads it: its axes join the array's.
+        self.shape, self.file_dtype = checked_element(self.path, shape, file_dtype)
         self.dtype = native(self.file_dtype)
         self.layout = "F" if self.fortran_order and self.ndim > 1 else "C"
         self.storage_chunks = None
@@ -53,9 +61,9 @@ class NpySource(Source):
                 f"{self.dtype} ({expected} bytes with the header) but the file has {size} bytes; "
                 "re-create or re-copy the file"
             )
-        self.token = source_token(self.format, self.path, size, mtime_ns)
+        self.token = source_token(self.format, self.path, *self.stamp)
 
-    def current_stamp(self) -> tuple[int, int]:
+    def current_stamp(self) -> tuple[int, ...]:
         return file_stamp(self.path)
 
     def _read_box(self, box: Region) -> np.ndarray:
@@ -72,14 +80,28 @@ def read_npy_header(path: str) -> tuple[int, np.dtype, bool, tuple[int, ...]]:
     :class:`UnsupportedDtypeError` for object dtypes, without unpickling anything.
     """
     fmt = np.lib.format
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         try:
             version = fmt.read_magic(f)
+            _check_header_length(f, version)
             shape, fortran_order, dtype = _read_header(f, version)
+            # numpy's parser lets booleans through as ints, then fails on them when it reads.
+            if not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+                raise ValueError(f"shape {shape} is not a tuple of integers")
             if any(n < 0 for n in shape):
                 raise ValueError(f"negative dimension in shape {shape}")
         # TokenError: numpy re-tokenizes headers it cannot parse, in case Python 2 wrote them.
-        except (ValueError, EOFError, SyntaxError, TypeError, KeyError, tokenize.TokenError) as exc:
+        # RecursionError, MemoryError: a header nested or repeated beyond what its parser holds.
+        except (
+            ValueError,
+            EOFError,
+            SyntaxError,
+            TypeError,
+            KeyError,
+            RecursionError,
+            MemoryError,
+            tokenize.TokenError,
+        ) as exc:
             raise CorruptSourceError(
                 f"{path}: not a readable .npy file ({exc}); re-create it with numpy.save"
             ) from None
@@ -102,6 +124,17 @@ def _read_header(f: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], boo
         # Version 3 is version 2 with a UTF-8 header; numpy exposes no public reader for it.
         return _read_header_3_0(f)
     raise ValueError(f"unknown .npy format version {version}")
+
+
+def _check_header_length(f: Any, version: tuple[int, int]) -> None:
+    """Refuse a header longer than numpy parses before reading it: numpy reads first and checks after."""
+    if version not in ((2, 0), (3, 0)):
+        return  # version 1 lengths are 2 bytes: at most 64 KiB
+    start = f.tell()
+    (length,) = struct.unpack("<I", _read_exactly(f, 4))
+    if length > _MAX_HEADER_BYTES:
+        raise ValueError(f"header of {length} bytes is larger than numpy reads without allow_pickle")
+    f.seek(start)
 
 
 def _read_header_3_0(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:

@@ -13,20 +13,33 @@ import numpy as np
 
 from daskstream.errors import (
     CorruptSourceError,
+    DaskstreamError,
     MemberNotFoundError,
     NotAnArrayError,
     SourceNotFoundError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, file_stamp, listing, native, now_ns
+from daskstream.sources.base import (
+    Region,
+    Source,
+    checked_shape,
+    file_stamp,
+    listing,
+    native,
+    now_ns,
+    open_regular,
+)
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.tokens import source_token
-from daskstream.sources.zarr_chunks import chunk_reader_for
+from daskstream.sources.zarr_chunks import check_chunk_files, chunk_reader_for
 
 ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
 # Keys of fsspec's info() that change when an object is rewritten (S3, GCS, Azure, HTTP, local, memory).
 _VERSION_STAMP_KEYS = ("ETag", "etag", "LastModified", "last_modified", "generation", "updated", "mtime", "created")
+
+# Larger metadata documents are not Zarr metadata anyone wrote by hand or by a library.
+_MAX_METADATA_BYTES = 64 * 2**20
 
 # What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
 _ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError)
@@ -74,6 +87,8 @@ class ZarrSource(Source):
         if not is_url(self.path):
             file_stamp(self.path)  # our not-found / permission errors rather than zarr's
         self.opened_ns = now_ns()
+        if not is_url(self.path) and os.path.isdir(self.path):
+            _check_metadata_files(self.path, (dataset or "").strip("/"))
         array = self._open_member(dataset)
         self.dataset = _member_name(array)
         # Stamp the array found, not the path given: a root group's files stay as they were
@@ -85,15 +100,21 @@ class ZarrSource(Source):
                 f"{self.name}: dtype {array.dtype} holds variable-length or Python objects, which "
                 "daskstream does not read (it never unpickles data); store fixed-width data instead"
             )
-        self.shape = tuple(int(n) for n in array.shape)
+        self.shape = checked_shape(self.name, tuple(array.shape), dtype.itemsize)
         # Format 2 keeps the byte order in the dtype and zarr returns data in it.
         self.dtype = native(dtype)
         self.storage_chunks = tuple(int(c) for c in (array.shards or array.chunks))
         self.inner_chunks = tuple(int(c) for c in array.chunks)
+        if len(self.storage_chunks) != self.ndim or any(c < 1 for c in (*self.storage_chunks, *self.inner_chunks)):
+            raise CorruptSourceError(
+                f"{self.name}: the metadata declares chunks {self.inner_chunks} for shape {self.shape}; every "
+                "chunk side must be at least 1, one per axis. The metadata is damaged: re-create the store"
+            )
         self.zarr_format = array.metadata.zarr_format
         self.codecs = _codec_names(array)
         self.layout = "chunked"
-        self.token = source_token(self.format, self.path, *stamp, dataset=self.dataset)
+        tree = () if is_url(self.path) or not os.path.isdir(self.path) else (_tree_digest(self.path, self.dataset),)
+        self.token = source_token(self.format, self.path, *stamp, *tree, dataset=self.dataset)
         # Checked by every read, for local stores (a remote one would cost a request per task).
         self.stamp = None if is_url(self.path) else stamp
 
@@ -139,23 +160,40 @@ class ZarrSource(Source):
         """Paths of the arrays in the store (below ``under``), found from metadata keys alone.
 
         Listing keys rather than opening every node keeps one unreadable array
-        from hiding the others.
+        from hiding the others. Zip members named outside the store (``../x``,
+        ``/x``) are never listed: zarr would not read them as members.
         """
+        if os.path.isfile(self.path) and not is_url(self.path):
+            return self._zip_arrays(under)
         import fsspec
 
         if is_url(self.path):
             fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
-        elif os.path.isfile(self.path):
-            fs, root = fsspec.filesystem("zip", fo=self.path), ""
         else:
             fs, root = fsspec.filesystem("file"), self.path
         base = posixpath.join(root, under) if under else root
-        arrays = []
-        for key in fs.find(base):
-            parent, name = posixpath.split(key)
-            if name == ".zarray" or (name == "zarr.json" and _node_type(fs.cat_file(key)) == "array"):
-                arrays.append(posixpath.relpath(parent, root) if root else parent)
-        return sorted(a.strip("/") for a in arrays if a.strip("/") not in ("", "."))
+        try:
+            keys = fs.find(base)
+        except (OSError, ValueError):
+            return []
+
+        def read(key: str) -> bytes:
+            if is_url(self.path):
+                return fs.cat_file(key)
+            with open_regular(key) as f:  # a pipe in a metadata file's place would block
+                return f.read(_MAX_METADATA_BYTES)
+
+        return _arrays_among([(posixpath.relpath(key, root), key) for key in keys], read)
+
+    def _zip_arrays(self, under: str) -> list[str]:
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                names = [n for n in z.namelist() if not under or n.startswith(under.strip("/") + "/")]
+                return _arrays_among([(n, n) for n in names], lambda n: z.read(n)[:_MAX_METADATA_BYTES])
+        except (OSError, zipfile.BadZipFile):
+            return []
 
     def _metadata_error(self, member: str, exc: BaseException) -> Exception:
         where = f"{self.path}::{member}" if member else self.path
@@ -177,7 +215,7 @@ class ZarrSource(Source):
             with open(meta) as f:
                 declared = json.load(f).get("dtype")
             np.dtype(declared)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError):
             return None
         return declared
 
@@ -240,6 +278,9 @@ class ZarrSource(Source):
             out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
             reader.read_box(box, out, self.name, written_before_ns=self.opened_ns)
             return out
+        local = self.stamp is not None and os.path.isdir(self.path)
+        if local:
+            self._check_chunk_files(box)
         try:
             out = np.asarray(self._array()[box])
         except _ZARR_READ_ERRORS as exc:
@@ -248,7 +289,14 @@ class ZarrSource(Source):
                 f"{self.name}: zarr could not read region {region} ({type(exc).__name__}: {exc}); "
                 "a chunk may be damaged: re-create or re-copy the store"
             ) from exc
+        if local:
+            self._check_chunk_files(box)  # rewritten while zarr read them
         return out if out.dtype.isnative else out.astype(self.dtype)
+
+    def _check_chunk_files(self, box: Region) -> None:
+        root = os.path.join(self.path, self.dataset or "")
+        key = self._array().metadata.encode_chunk_key
+        check_chunk_files(root, key, self.storage_chunks, box, self.name, self.opened_ns)
 
     @property
     def decode_bytes(self) -> int:
@@ -266,6 +314,66 @@ class ZarrSource(Source):
         return f"zarr v{self.zarr_format}, {grid}, {codecs}"
 
 
+def _arrays_among(keys: list[tuple[str, str]], read: Any) -> list[str]:
+    """The arrays among ``(name in the store, key to read)`` pairs: folders holding array metadata.
+
+    Names leading outside the store (absolute, or with ``..``) are skipped, and
+    so is metadata that cannot be read.
+    """
+    arrays = []
+    for name, key in keys:
+        parent, leaf = posixpath.split(name)
+        parts = parent.split("/")
+        if parent in ("", ".") or name.startswith("/") or ".." in parts:
+            continue
+        if leaf == ".zarray":
+            arrays.append(parent)
+        elif leaf == "zarr.json":
+            try:
+                raw = read(key)
+            except (OSError, ValueError, KeyError, DaskstreamError):
+                continue
+            if _node_type(raw) == "array":
+                arrays.append(parent)
+    return sorted(arrays)
+
+
+def _tree_digest(root: str, member: str | None) -> str:
+    """A digest of every file and folder in an array's directory tree, to give rewritten data a new token.
+
+    zarr (like rsync and tar) writes a chunk to a new file and renames it into
+    place: the chunk file's inode number changes, and so do its folder's times.
+    Inode numbers come with the listing, so this costs one listing of the tree
+    and one ``stat`` per folder, not one per chunk. (A chunk overwritten in
+    place, as ``cp`` onto an existing file does, keeps its inode; every read
+    still checks each chunk's change time against when the source was opened.)
+    """
+    digest = hashlib.sha1(usedforsecurity=False)
+    pending = [os.path.join(root, member or "")]
+    while pending:
+        folder = pending.pop()
+        try:
+            st = os.stat(folder)
+            with os.scandir(folder) as entries:
+                listed = sorted((entry.name, entry.inode(), entry.is_dir(follow_symlinks=False)) for entry in entries)
+        except OSError:
+            continue  # vanished meanwhile: the reads that follow report it
+        digest.update(repr((folder, st.st_mtime_ns, st.st_ctime_ns, listed)).encode())
+        pending.extend(os.path.join(folder, name) for name, _, is_dir in listed if is_dir)
+    return digest.hexdigest()
+
+
+def _check_metadata_files(root: str, member: str) -> None:
+    """Refuse pipes, sockets and devices among the metadata files zarr will read: opening one blocks forever."""
+    folder = root
+    for part in ["", *[p for p in member.split("/") if p]]:
+        folder = os.path.join(folder, part) if part else folder
+        for name in (*ZARR_METADATA_FILES, ".zattrs", ".zmetadata"):
+            meta = os.path.join(folder, name)
+            if os.path.lexists(meta):
+                file_stamp(meta)
+
+
 def _member_name(array: Any) -> str | None:
     name = (array.path or "").strip("/")
     return name or None
@@ -274,7 +382,7 @@ def _member_name(array: Any) -> str | None:
 def _node_type(raw: bytes) -> str | None:
     try:
         return json.loads(raw).get("node_type")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError, SourceChangedError
-from daskstream.sources.base import Region, storage_pieces
+from daskstream.sources.base import Region, file_stamp, open_regular, storage_pieces
 from daskstream.sources.bounded import blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
 
@@ -113,16 +114,17 @@ class ZarrChunkReader:
                 out[target] = chunk[inside]
                 continue
             try:
-                with open(os.path.join(self.root, key), "rb") as f:
-                    if written_before_ns is not None and _written_since(f.fileno(), written_before_ns):
-                        raise SourceChangedError(
-                            f"{name}: chunk {key!r} was written after the store was opened, so this "
-                            "computation would mix old and new data; open it again (ds.open) and compute again"
-                        )
+                with open_regular(os.path.join(self.root, key)) as f:
+                    if written_before_ns is not None and _written_since(os.fstat(f.fileno()), written_before_ns):
+                        raise _written_error(name, key)
                     data = f.read()
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
                 continue
+            except IsADirectoryError:
+                raise CorruptSourceError(
+                    f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
+                ) from None
             try:
                 if keeping:
                     chunk = self.decode(data, self._whole, self.fill_value)
@@ -137,11 +139,51 @@ class ZarrChunkReader:
                 ) from None
 
 
-def _written_since(fd: int, since_ns: int) -> bool:
-    """Whether the file was modified after ``since_ns`` and by now: a modification time in the
-    future (a copy from a machine whose clock runs ahead, a touched file) tells nothing."""
-    modified = os.fstat(fd).st_mtime_ns
-    return since_ns < modified <= time.time_ns()
+def check_chunk_files(
+    root: str,
+    chunk_key: Callable[[tuple[int, ...]], str],
+    storage_chunks: tuple[int, ...],
+    box: Region,
+    name: str,
+    written_before_ns: int,
+) -> None:
+    """Check the chunk files ``box`` reads before zarr reads them: regular files, none written since opening.
+
+    For arrays zarr reads itself (transposed, or codecs decoded only by
+    zarr): chunk files deep in a store change no metadata or directory the
+    source stamps, and a named pipe in a chunk's place would block zarr's read
+    forever.
+    """
+    for grid, _, _ in storage_pieces(box, storage_chunks):
+        key = chunk_key(grid)
+        path = os.path.join(root, key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # never written: the fill value
+        if not stat.S_ISREG(st.st_mode):
+            file_stamp(path)  # raises NotARegularFileError naming the kind
+            raise CorruptSourceError(f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged")
+        if _written_since(st, written_before_ns):
+            raise _written_error(name, key)
+
+
+def _written_since(st: os.stat_result, since_ns: int) -> bool:
+    """Whether the file was written or replaced after ``since_ns``.
+
+    The change time, not the modification time: a chunk replaced by a copy
+    that keeps an older modification time (``cp -p``, ``rsync -a``) still gets
+    a new change time, and a modification time in the future (a copy from a
+    machine whose clock runs ahead) tells nothing.
+    """
+    return since_ns < st.st_ctime_ns <= time.time_ns()
+
+
+def _written_error(name: str, key: str) -> SourceChangedError:
+    return SourceChangedError(
+        f"{name}: chunk {key!r} was written after the store was opened, so this "
+        "computation would mix old and new data; open it again (ds.open) and compute again"
+    )
 
 
 # --- format 2 -------------------------------------------------------------------------------------

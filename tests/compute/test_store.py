@@ -221,7 +221,7 @@ def test_storing_an_array_onto_itself_is_refused(tmp_path, fmt):
     data = oracle(np.float32, (8, 8))
     target, kw = target_for(tmp_path, fmt)
     store(da.from_array(data, chunks=4), target, **kw)
-    with pytest.raises(InvalidArgumentError, match="reads from this very target"):
+    with pytest.raises(InvalidArgumentError, match="which is this very"):
         store(ds.open(target) * 2, target, overwrite=True, **kw)
     np.testing.assert_array_equal(ds.open(target).compute(), data)
 
@@ -404,6 +404,50 @@ def test_another_computation_into_an_unfinished_target_is_refused(tmp_path, fmt)
     np.testing.assert_array_equal(store(other, target, overwrite=True, **kw).compute(), data * 3)
 
 
+class Interrupted(Exception):
+    """Raised by a progress callback to stop a store part-way, as a killed process would."""
+
+
+def interrupt_after(blocks: int):
+    def report(done, total):
+        if done >= blocks:
+            raise Interrupted(f"stopped after {done} of {total} blocks")
+
+    return report
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resuming_with_another_chunking_of_the_same_file_keeps_the_blocks_written(tmp_path, fmt):
+    data = oracle(np.float64, (64, 32))
+    np.save(tmp_path / "src.npy", data)
+    target, kw = target_for(tmp_path, fmt)
+    with dask.config.set(scheduler="sync"), pytest.raises(Interrupted):
+        store(ds.open(str(tmp_path / "src.npy"), chunks=(8, 32)), target, progress=interrupt_after(3), **kw)
+    calls = []
+    # Another budget plans other chunks for the same data: the unfinished store's are read instead.
+    again = ds.open(str(tmp_path / "src.npy"), chunks=(32, 32))
+    y = store(again, target, progress=lambda d, t: calls.append((d, t)), **kw)
+    assert calls[0][0] >= 3
+    assert calls[0][1] == 8
+    assert ds.open_source(target).storage_chunks == (8, 32)
+    np.testing.assert_array_equal(y.compute(), data)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resuming_a_computation_in_other_chunks_says_what_differs(tmp_path, fmt):
+    data = oracle(np.float64, (64, 32))
+    target, kw = target_for(tmp_path, fmt)
+    with dask.config.set(scheduler="sync"), pytest.raises(Interrupted):
+        store(da.from_array(data, chunks=(8, 32)) * 2, target, progress=interrupt_after(3), **kw)
+    with pytest.raises(TargetMismatchError) as info:
+        store(da.from_array(data, chunks=(16, 32)) * 2, target, **kw)
+    message = str(info.value)
+    assert "(8, 32)" in message
+    assert "(16, 32)" in message
+    assert "memory budget" in message
+    assert "writes again the blocks already written" in message
+
+
 @pytest.fixture(scope="module")
 def big_source(tmp_path_factory) -> tuple[Path, np.ndarray]:
     """A 64 MiB float32 .npy with every value distinct, the first block all zeros."""
@@ -534,8 +578,11 @@ def test_a_full_disk_during_an_hdf5_store_is_reported(tmp_path, mixed_source):
     assert report["error"][:4] == ["TargetWriteError", "DaskstreamError", "OSError", "Exception"]
     assert target in report["message"]
     assert "File too large" in report["message"]
-    # HDF5 has no journal: its superblock now claims more than the file holds, and a
-    # resumed store says so instead of writing into a damaged file.
+    # HDF5 has no journal: its superblock now claims more than the file holds. The first error
+    # already says the file cannot be resumed, and a second run agrees instead of writing into it.
+    assert "cannot be resumed" in report["message"]
+    assert "delete the file and store again" in report["message"]
+    assert "resume=True" not in report["message"]
     (tmp_path / "c2").mkdir()
     with pytest.raises(CorruptSourceError, match="delete it and store again"):
         store(store_worker.build(str(source), str(tmp_path / "c2"), 0.0), target)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import h5py
@@ -86,7 +87,148 @@ def remove_npy(tmp_path):
     return str(path), lambda: os.remove(path)
 
 
-CHANGES = [rewrite_npy, grow_npy, edit_hdf5, edit_zarr_chunk, edit_zarr_metadata, remove_npy]
+def restore_times(path, before):
+    """Put a file's access and modification times back, as ``cp -p``, ``rsync -a`` and ``tar x`` do."""
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def rewrite_npy_keeping_its_times(tmp_path):
+    # Same size, same modification time: only the change time (and the bytes) tell.
+    path = tmp_path / "k.npy"
+    np.save(path, np.zeros(SHAPE))
+
+    def change():
+        before = os.stat(path)
+        time.sleep(0.02)  # a tick of the coarsest file-system clock
+        with open(path, "r+b") as f:
+            f.seek(-8, os.SEEK_END)
+            f.write(np.float64(3).tobytes())
+        restore_times(path, before)
+
+    return str(path), change
+
+
+def replace_zarr_chunk_with_an_older_copy(tmp_path):
+    path = tmp_path / "c.zarr"
+    # A fill value other than the data's, so that every chunk file is written.
+    zarr.create_array(str(path), shape=SHAPE, chunks=(8, 32), dtype="f8", fill_value=-1)[...] = 0
+    other = tmp_path / "other.zarr"
+    zarr.create_array(str(other), shape=SHAPE, chunks=(8, 32), dtype="f8", fill_value=-1)[...] = 9
+    old = os.stat(other / "c" / "0" / "0").st_mtime_ns - 10**10
+    os.utime(other / "c" / "0" / "0", ns=(old, old))
+
+    def change():
+        time.sleep(0.02)
+        shutil.copy2(other / "c" / "0" / "0", path / "c" / "0" / "0")  # cp -p: an older modification time
+
+    return str(path), change
+
+
+def overwrite_zarr_v2_chunk_in_place(tmp_path):
+    path = tmp_path / "v2.zarr"
+    zarr.create_array(str(path), shape=SHAPE, chunks=(8, 32), dtype="f8", zarr_format=2, fill_value=-1)[...] = 0
+    other = tmp_path / "v2-other.zarr"
+    zarr.create_array(str(other), shape=SHAPE, chunks=(8, 32), dtype="f8", zarr_format=2, fill_value=-1)[...] = 9
+
+    def change():
+        chunk = path / "0.0"
+        before = os.stat(chunk)
+        time.sleep(0.02)
+        chunk.write_bytes((other / "0.0").read_bytes())  # the same file, overwritten: same inode
+        restore_times(chunk, before)
+
+    return str(path), change
+
+
+def edit_zarr_that_zarr_reads(tmp_path):
+    # A transpose codec: zarr-python reads this array, not daskstream's chunk reader.
+    from zarr.codecs import BytesCodec, TransposeCodec
+
+    path = tmp_path / "t.zarr"
+    array = zarr.create_array(
+        str(path),
+        shape=SHAPE,
+        chunks=(8, 32),
+        dtype="f8",
+        serializer=BytesCodec(),
+        filters=[TransposeCodec(order=(1, 0))],
+    )
+    array[...] = 0
+
+    def change():
+        time.sleep(0.02)
+        zarr.open_array(str(path), mode="r+")[0:8] = 7
+
+    return str(path), change
+
+
+def hdf5_with_external_storage(tmp_path):
+    raw = tmp_path / "raw.bin"
+    np.zeros(SHAPE).tofile(raw)
+    path = tmp_path / "ext.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", shape=SHAPE, dtype="f8", external=[(str(raw), 0, raw.stat().st_size)])
+
+    def change():
+        before = os.stat(raw)
+        time.sleep(0.02)
+        np.ones(SHAPE).tofile(raw)
+        restore_times(raw, before)
+
+    return f"{path}::x", change
+
+
+def hdf5_through_an_external_link(tmp_path):
+    target = tmp_path / "target.h5"
+    with h5py.File(target, "w") as f:
+        f["x"] = np.zeros(SHAPE)
+    path = tmp_path / "links.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = h5py.ExternalLink("target.h5", "/x")
+
+    def change():
+        ds.close_files()
+        time.sleep(0.02)
+        with h5py.File(target, "r+") as f:
+            f["x"][0, 0] = 5
+
+    return f"{path}::x", change
+
+
+def hdf5_virtual_dataset(tmp_path):
+    source = tmp_path / "part.h5"
+    with h5py.File(source, "w") as f:
+        f["x"] = np.zeros(SHAPE)
+    path = tmp_path / "vds.h5"
+    layout = h5py.VirtualLayout(shape=SHAPE, dtype="f8")
+    layout[...] = h5py.VirtualSource("part.h5", "x", shape=SHAPE)
+    with h5py.File(path, "w") as f:
+        f.create_virtual_dataset("x", layout)
+
+    def change():
+        ds.close_files()
+        time.sleep(0.02)
+        with h5py.File(source, "r+") as f:
+            f["x"][0, 0] = 5
+
+    return f"{path}::x", change
+
+
+CHANGES = [
+    rewrite_npy,
+    grow_npy,
+    edit_hdf5,
+    edit_zarr_chunk,
+    edit_zarr_metadata,
+    remove_npy,
+    rewrite_npy_keeping_its_times,
+    replace_zarr_chunk_with_an_older_copy,
+    overwrite_zarr_v2_chunk_in_place,
+    edit_zarr_that_zarr_reads,
+    hdf5_with_external_storage,
+    hdf5_through_an_external_link,
+    hdf5_virtual_dataset,
+]
 
 
 @pytest.mark.parametrize("make", CHANGES)
@@ -103,13 +245,29 @@ def test_a_change_after_opening_fails_the_computation(tmp_path, make):
     assert "open it again" in str(info.value) or "removed" in str(info.value)
 
 
-@pytest.mark.parametrize("make", [rewrite_npy, edit_hdf5, edit_zarr_chunk])
+@pytest.mark.parametrize(
+    "make",
+    [
+        rewrite_npy,
+        edit_hdf5,
+        edit_zarr_chunk,
+        rewrite_npy_keeping_its_times,
+        # (A chunk copied over in place between two opens keeps its inode: only reads catch it.)
+        edit_zarr_that_zarr_reads,
+        hdf5_with_external_storage,
+        hdf5_through_an_external_link,
+        hdf5_virtual_dataset,
+    ],
+)
 def test_opening_again_reads_the_new_data(tmp_path, make):
     where, change = make(tmp_path)
-    ds.open(where).sum().compute()
+    before = ds.open(where)
+    before.sum().compute()
     change()
     fresh = ds.open(where)
     assert float(fresh.sum().compute()) != 0.0
+    # A new identity too: results (and unfinished stores) of the old data are never taken for the new.
+    assert fresh.name != before.name
 
 
 def test_a_change_while_streaming_is_raised_in_the_loop(tmp_path):

@@ -417,3 +417,20 @@ def test_virtual_dataset(tmp_path):
     source = check_reads(path, "v", expected)
     assert source.storage_kind == "virtual"
     assert "virtual" in source.describe_storage()
+
+
+def test_an_array_element_type_reads_as_h5py_reads_it(tmp_path):
+    # H5T_ARRAY elements: h5py returns them as trailing axes.
+    element = np.dtype(("<f8", (3,)))
+    values = np.arange(24.0).reshape(8, 3)
+    path = tmp_path / "arr.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("a", shape=(8,), dtype=element, chunks=(4,))[...] = values
+    with h5py.File(path, "r") as f:
+        expected = f["a"][...]
+    assert daskstream.open_source(f"{path}::a").storage_chunks == (4, 3)
+    x = daskstream.open(f"{path}::a", chunks=(4, 3))
+    assert x.shape == (8, 3)
+    assert x.dtype == np.float64
+    assert_same_array(x.compute(), expected)
+    assert_same_array(daskstream.open_source(f"{path}::a")[2:7, 1:], expected[2:7, 1:])

@@ -296,3 +296,33 @@ def test_npy_has_no_members(tmp_path):
     path = save(str(tmp_path / "a.npy"), np.arange(3), (1, 0))
     with pytest.raises(KeyError, match="holds one array"):
         daskstream.open_source(path, dataset="x")
+
+
+def _write_with_header(path, descr, shape, fortran_order, payload: bytes) -> None:
+    header = {"descr": descr, "fortran_order": fortran_order, "shape": shape}
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(payload)
+
+
+@pytest.mark.parametrize("outer", [(4,), (2, 3), ()])
+def test_a_subarray_element_dtype_reads_as_numpys_memory_map_does(tmp_path, outer):
+    # np.save never writes this header (numpy folds subarray dtypes), but other writers do.
+    values = np.arange(int(np.prod(outer)) * 6, dtype="<f8").reshape(*outer, 2, 3)
+    path = tmp_path / "sub.npy"
+    _write_with_header(path, ("<f8", (2, 3)), outer, False, values.tobytes())
+    expected = np.lib.format.open_memmap(path, mode="r")  # numpy's own reading of such a file
+    assert expected.shape == (*outer, 2, 3)
+    x = daskstream.open(str(path), chunks="auto")
+    assert x.shape == expected.shape
+    assert x.dtype == np.float64
+    assert_same_array(x.compute(), np.asarray(expected))
+    assert float(daskstream.reduce(x, "sum").compute()) == float(values.sum())
+    assert_same_array(daskstream.open_source(str(path))[..., 1, :], np.asarray(expected)[..., 1, :])
+
+
+def test_a_fortran_ordered_subarray_file_is_refused(tmp_path):
+    path = tmp_path / "sub_f.npy"
+    _write_with_header(path, ("<f8", (3,)), (2, 2), True, np.zeros(12).tobytes())
+    with pytest.raises(UnsupportedDtypeError, match="neither C nor Fortran"):
+        daskstream.open(str(path))

@@ -1,0 +1,266 @@
+"""Generated hostile inputs: every one is read exactly as numpy or zarr reads it, or refused with a DaskstreamError.
+
+Never another exception, never a wait past a few seconds, never an allocation
+past a bound: each example runs under an alarm and with allocations traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import struct
+import tempfile
+import tracemalloc
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import daskstream as ds
+from daskstream.errors import DaskstreamError
+
+# What one example may take, and allocate (numpy reports its buffers to tracemalloc).
+SECONDS = 10
+ALLOCATION_BOUND = 256 * 2**20
+# Arrays small enough to read whole and compare.
+COMPARED_ELEMENTS = 100_000
+
+FUZZ = settings(
+    # More for a longer hunt: DASKSTREAM_FUZZ_EXAMPLES=5000 python -m pytest tests/test_fuzz.py
+    max_examples=int(os.environ.get("DASKSTREAM_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+@contextlib.contextmanager
+def bounded(what: str):
+    """Fail (not hang) past ``SECONDS``, and past ``ALLOCATION_BOUND`` bytes allocated at once."""
+
+    def too_slow(*_):
+        raise TimeoutError(f"{what} took more than {SECONDS} s")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.setitimer(signal.ITIMER_REAL, SECONDS)
+    tracemalloc.start()
+    try:
+        # Libraries warn about odd but readable metadata: a warning is not a failure to read.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak <= ALLOCATION_BOUND, f"{what} allocated {peak / 2**20:.0f} MiB at once"
+
+
+def read_or_refuse(path: str) -> np.ndarray | None:
+    """daskstream's reading of ``path``: the array when small, ``None`` when refused with a DaskstreamError."""
+    try:
+        x = ds.open(path)
+        if x.size > COMPARED_ELEMENTS:
+            return None
+        return x.compute(scheduler="sync")
+    except DaskstreamError:
+        return None
+
+
+def assert_same_values(got: np.ndarray, expected: np.ndarray) -> None:
+    """Same shape, same dtype up to byte order (daskstream returns native order), same bytes (NaNs included)."""
+    assert got.shape == expected.shape
+    native = expected.dtype.newbyteorder("=")
+    assert got.dtype == native
+    assert got.tobytes() == expected.astype(native).tobytes()
+
+
+# ---------------------------------------------------------------------------
+# .npy headers
+
+DESCRS = st.one_of(
+    st.sampled_from(["<f8", ">i4", "|u1", "<c16", "|b1", "<M8[s]", "|S5", "<U3", "|V4", "<f2", "|O", "<f16"]),
+    st.sampled_from(["", "x", "<f9", "[", "(", "<f8\x00", "0" * 200]),
+    st.tuples(st.sampled_from(["<f8", "|u1", "<i2"]), st.lists(st.integers(-2, 4), min_size=0, max_size=3).map(tuple)),
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "", "a"]), st.sampled_from(["<f4", "|u1", "|O", ">i8", "zz"])),
+        min_size=0,
+        max_size=3,
+    ),
+    st.integers(),
+    st.none(),
+)
+SHAPES = st.one_of(
+    st.lists(st.integers(0, 6), min_size=0, max_size=4).map(tuple),
+    st.lists(st.integers(-3, 2**64), min_size=1, max_size=3).map(tuple),
+    st.integers(1, 80).map(lambda n: (1,) * n),
+    st.sampled_from([[2, 3], (2.5,), ("3",), None, (True, 2)]),
+)
+
+
+@st.composite
+def npy_files(draw) -> bytes:
+    """A .npy file: a header dict (well or badly formed) in format 1, 2 or 3, and some data."""
+    header = {
+        "descr": draw(DESCRS),
+        "fortran_order": draw(st.sampled_from([False, True, 0, "yes"])),
+        "shape": draw(SHAPES),
+    }
+    if draw(st.booleans()):
+        header[draw(st.sampled_from(["extra", "descr", "shape"]))] = draw(st.integers(0, 3))
+    if draw(st.booleans()):
+        del header[draw(st.sampled_from(["descr", "fortran_order", "shape"]))]
+    text = repr(header) if draw(st.integers(0, 9)) else draw(st.text(max_size=60))
+    version = draw(st.sampled_from([(1, 0), (2, 0), (3, 0), (9, 9)]))
+    body = text.encode("utf-8" if version == (3, 0) else "latin1", errors="replace")
+    body += b" " * ((-len(body) - 12) % 64) + b"\n"
+    length = struct.pack(
+        "<H" if version == (1, 0) else "<I", min(len(body), 2**16 - 1) if version == (1, 0) else len(body)
+    )
+    if draw(st.integers(0, 9)) == 0:
+        length = draw(st.binary(min_size=len(length), max_size=len(length)))
+    data = draw(st.binary(min_size=0, max_size=256))
+    with contextlib.suppress(Exception):
+        # Often exactly the bytes the header declares, so that files numpy reads are generated too.
+        declared = math.prod(header["shape"]) * np.dtype(header["descr"]).itemsize
+        if declared <= 4096 and draw(st.booleans()):
+            data = draw(st.binary(min_size=declared, max_size=declared))
+    return b"\x93NUMPY" + bytes(version) + length + body + data
+
+
+def numpys_reading(path: str) -> np.ndarray | None:
+    """numpy's reading of a .npy file, without pickles; as a memory map for subarray elements (axes then)."""
+    for read in (lambda: np.load(path, allow_pickle=False), lambda: np.lib.format.open_memmap(path, mode="r")):
+        try:
+            return np.array(read())
+        except Exception:
+            continue
+    return None
+
+
+@FUZZ
+@given(content=npy_files())
+def test_any_npy_header_is_read_as_numpy_reads_it_or_refused(content):
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "f.npy")
+        Path(path).write_bytes(content)
+        with bounded("opening a generated .npy"):
+            got = read_or_refuse(path)
+        if got is None:
+            return
+        expected = numpys_reading(path)
+        assert expected is not None, "daskstream read a file numpy cannot"
+        assert_same_values(got, expected)
+
+
+# ---------------------------------------------------------------------------
+# Zarr metadata documents
+
+CODECS_V3 = st.lists(
+    st.one_of(
+        st.just({"name": "bytes", "configuration": {"endian": "little"}}),
+        st.just({"name": "bytes"}),
+        st.just({"name": "zstd", "configuration": {"level": 3, "checksum": False}}),
+        st.just({"name": "gzip", "configuration": {"level": 1}}),
+        st.just({"name": "transpose", "configuration": {"order": [0]}}),
+        st.just({"name": "crc32c"}),
+        st.just({"name": "no-such-codec"}),
+        st.dictionaries(st.sampled_from(["name", "configuration"]), st.integers() | st.text(max_size=5), max_size=2),
+    ),
+    min_size=0,
+    max_size=3,
+)
+DATA_TYPES = st.sampled_from(["uint8", "int32", "float64", "bool", "complex64", "string", "float128", "nope", 7])
+
+
+@st.composite
+def zarr_v3_documents(draw) -> dict:
+    ndim = draw(st.integers(0, 3))
+    shape = draw(st.lists(st.integers(0, 12) | st.sampled_from([-1, 10**18, 2**63]), min_size=ndim, max_size=ndim))
+    chunks = draw(st.lists(st.integers(1, 8) | st.sampled_from([0, -2, 10**15]), min_size=ndim, max_size=ndim + 1))
+    doc = {
+        "zarr_format": draw(st.sampled_from([3, 3, 3, 2, "3"])),
+        "node_type": draw(st.sampled_from(["array", "array", "group", "other"])),
+        "shape": shape,
+        "data_type": draw(DATA_TYPES),
+        "chunk_grid": {
+            "name": draw(st.sampled_from(["regular", "rectilinear"])),
+            "configuration": {"chunk_shape": chunks},
+        },
+        "chunk_key_encoding": {"name": draw(st.sampled_from(["default", "v2"])), "configuration": {"separator": "/"}},
+        "fill_value": draw(st.sampled_from([0, 1.5, "NaN", None, "x", [1, 2]])),
+        "codecs": draw(CODECS_V3),
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(doc)), max_size=2)):
+        doc.pop(key, None)
+    if draw(st.booleans()):
+        doc["attributes"] = draw(st.recursive(st.integers() | st.text(max_size=4), lambda c: st.lists(c, max_size=3)))
+    return doc
+
+
+@st.composite
+def zarr_v2_documents(draw) -> dict:
+    ndim = draw(st.integers(0, 3))
+    return {
+        "zarr_format": draw(st.sampled_from([2, 2, 3])),
+        "shape": draw(st.lists(st.integers(0, 12) | st.sampled_from([-1, 10**18]), min_size=ndim, max_size=ndim)),
+        "chunks": draw(st.lists(st.integers(1, 8) | st.sampled_from([0, -1]), min_size=ndim, max_size=ndim + 1)),
+        "dtype": draw(st.sampled_from(["<f8", "|u1", ">i4", "|O", "<U2", "x", [["a", "<f4"]], [["a", "<f4", [2]]]])),
+        "compressor": draw(st.sampled_from([None, {"id": "zstd", "level": 1}, {"id": "blosc"}, {"id": "nope"}, 3])),
+        "fill_value": draw(st.sampled_from([0, None, "NaN", "x", 1.5])),
+        "order": draw(st.sampled_from(["C", "F", "Z"])),
+        "filters": draw(st.sampled_from([None, [], [{"id": "delta", "dtype": "<f8"}], [{"id": "pickle"}]])),
+    }
+
+
+def write_store(folder: Path, name: str, document: dict, deep: int) -> Path:
+    store = folder / "s.zarr"
+    store.mkdir()
+    text = json.dumps(document)
+    if deep:
+        text = text[:-1] + ', "nested": ' + "[" * deep + "]" * deep + "}"
+    (store / name).write_text(text)
+    # Some chunk files, of bytes no codec produced.
+    for key in ("c/0/0", "c/1", "0", "0.0", "c"):
+        with contextlib.suppress(OSError):
+            (store / key).parent.mkdir(parents=True, exist_ok=True)
+            (store / key).write_bytes(bytes(range(64)))
+    return store
+
+
+def zarrs_reading(path: Path) -> np.ndarray | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            array = zarr.open_array(str(path), mode="r")
+            if math.prod(array.shape) > COMPARED_ELEMENTS or np.dtype(array.dtype).hasobject:
+                return None
+            return np.asarray(array[...])
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("name", "documents"), [("zarr.json", zarr_v3_documents()), (".zarray", zarr_v2_documents())], ids=["v3", "v2"]
+)
+@FUZZ
+@given(data=st.data())
+def test_any_zarr_metadata_is_read_as_zarr_reads_it_or_refused(name, documents, data):
+    document = data.draw(documents)
+    deep = data.draw(st.sampled_from([0, 0, 0, 50, 100_000]))
+    with tempfile.TemporaryDirectory() as folder:
+        store = write_store(Path(folder), name, document, deep)
+        with bounded("opening generated Zarr metadata"):
+            got = read_or_refuse(str(store))
+        if got is None:
+            return
+        expected = zarrs_reading(store)
+        assert expected is not None, "daskstream read an array zarr cannot"
+        assert_same_values(got, expected)
