@@ -187,9 +187,14 @@ def _normalize_user_chunks(source: Source, chunks: Any) -> tuple[tuple[int, ...]
         for size in sizes:
             if size is None or size == -1 or size == "auto":
                 continue
-            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 1 <= size < 2**63:
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
                 raise InvalidChunksError(
                     f"chunks={chunks!r} for {source.name}: {size!r} is not a positive size; {hint}"
+                )
+            if size >= 2**63:
+                raise InvalidChunksError(
+                    f"chunks={chunks!r} for {source.name}: {size} is longer than any axis can be "
+                    f"(at most 2**63 - 1); {hint}"
                 )
     if isinstance(chunks, Mapping):
         for axis in chunks:

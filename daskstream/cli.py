@@ -12,16 +12,111 @@ import click
 
 from daskstream.errors import DaskstreamError
 
+# The largest value a numpy index holds: no axis, chunk or count can be longer.
+_INT64_MAX = 2**63 - 1
+
+# Compression levels each codec of `convert` takes; the same for Zarr and HDF5 targets.
+# zstd: from ZSTD_minCLevel() = -131072 (negative levels trade ratio for speed) to ZSTD_maxCLevel() = 22,
+# as numcodecs' Zstd and hdf5plugin.Zstd document. lz4 is Blosc's lz4 compressor, whose clevel is 0 (stored
+# uncompressed) to 9. gzip (deflate, as in zarr's GzipCodec and h5py's gzip filter): 0 to 9.
+_CODEC_LEVELS = {"zstd": (-131072, 22), "lz4": (0, 9), "gzip": (0, 9)}
+
+
+class _OneLineError(click.ClickException):
+    """A click error (unknown option, missing argument, bad value...) shown as one line.
+
+    click shows usage errors as four lines (usage, a hint, a blank line, the
+    error); daskstream's promise is one line on stderr, ``daskstream: error:
+    ...``, that names the input, and a pointer to the command's ``--help``.
+    """
+
+    def __init__(self, error: click.ClickException) -> None:
+        super().__init__(error.format_message())
+        self.exit_code = error.exit_code
+        self.ctx: click.Context | None = getattr(error, "ctx", None)
+
+    def show(self, file: Any = None) -> None:
+        line = _one_line(_sentence_start(self.message))
+        if self.ctx is not None:
+            line = f"{line} (see {self.ctx.command_path} --help)"
+        click.echo(f"daskstream: error: {line}", file=file, err=file is None)
+
+
+@contextlib.contextmanager
+def _one_line_click_errors() -> Any:
+    """Re-raise click's errors as :class:`_OneLineError`, which click then shows and exits with."""
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # a bare group shows its help, as click does
+    except _OneLineError:
+        raise
+    except click.ClickException as exc:
+        raise _OneLineError(exc) from exc
+
+
+class _Command(click.Command):
+    """A command whose parsing errors name it, so that the one-line error points to its ``--help``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse_args_naming(super().parse_args, ctx, args)
+
+
+def _parse_args_naming(parse_args: Any, ctx: click.Context, args: list[str]) -> list[str]:
+    """``parse_args(ctx, args)``, with ``ctx`` set on the usage errors that click raises without one."""
+    try:
+        return parse_args(ctx, args)
+    except click.UsageError as exc:
+        # click's option parser raises some (an option missing its values) without the context.
+        if exc.ctx is None:
+            exc.ctx = ctx
+        raise
+
 
 class _Group(click.Group):
-    """Turns daskstream's own errors into one line on stderr and exit status 2."""
+    """Turns usage errors and daskstream's own errors into one line on stderr and exit status 2.
+
+    Applies to every command of the group and of its subgroups (``daskstream
+    cluster ...``), which are of this class too. ``--help`` is shown as click
+    shows it.
+    """
+
+    # Groups made with @group.group() are _Group too, so their errors read the same.
+    group_class = type
+    command_class = _Command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return _parse_args_naming(super().parse_args, ctx, args)
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        # The group's own options and arguments are parsed here, before any subcommand is found.
+        with _one_line_click_errors():
+            return super().make_context(info_name, args, parent=parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except DaskstreamError as exc:
-            click.echo(f"daskstream: error: {exc}", err=True)
-            sys.exit(2)
+        # Finding the subcommand, parsing its options and running it all happen in here.
+        with _one_line_click_errors():
+            try:
+                return super().invoke(ctx)
+            except DaskstreamError as exc:
+                click.echo(f"daskstream: error: {_one_line(str(exc))}", err=True)
+                sys.exit(2)
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line: its lines joined, without lines that only point (a YAML error's ``^``)."""
+    lines = (line.strip() for line in message.splitlines())
+    return " ".join(line for line in lines if any(char.isalnum() for char in line))
+
+
+def _sentence_start(message: str) -> str:
+    """click's "No such option: ..." as "no such option: ...", to follow "daskstream: error:"."""
+    message = message.rstrip(".")
+    if len(message) > 1 and message[0].isupper() and message[1].islower():
+        return message[0].lower() + message[1:]
+    return message
 
 
 def _budget_option(fn: Any) -> Any:
@@ -71,7 +166,8 @@ def _session_if_asked(scheduler: str | None, cluster_file: str | None, memory_bu
     return _session(scheduler, cluster_file, memory_budget, quiet=True)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Named, so that a caller with no program name (click's CliRunner) sees the command's own.
+@click.group("daskstream", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="daskstream")
 def main() -> None:
     """Out-of-core arrays from .npy, HDF5 and Zarr files, with storage-aligned chunks."""
@@ -79,7 +175,14 @@ def main() -> None:
 
 @main.command()
 @click.option("--size", default="256MiB", show_default=True, help="Size of the sample data set.")
-@click.option("--dir", "folder", default=None, help="Where to write it (default: a temporary folder, removed after).")
+@click.option(
+    "--dir",
+    "folder",
+    type=click.Path(file_okay=False, writable=True),
+    metavar="FOLDER",
+    default=None,
+    help="Folder to write it in, made if missing (default: a temporary folder, removed after).",
+)
 @click.option("--formats", default="npy,hdf5,zarr", show_default=True, help="Comma-separated formats to demo.")
 def demo(size: str, folder: str | None, formats: str) -> None:
     """Write a sample data set, open it, print the chunk plan and a timed reduction."""
@@ -89,13 +192,62 @@ def demo(size: str, folder: str | None, formats: str) -> None:
     unknown = [f for f in chosen if f not in FORMATS]
     if unknown:
         raise click.BadParameter(
-            f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}", param_hint="--formats"
+            f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}", param_hint="'--formats'"
         )
     if folder is not None:
+        _check_room(folder, size, len(chosen))
+        _make_folder(folder, "--dir")
         run_demo(folder, size=size, formats=chosen, echo=click.echo)
         return
     with tempfile.TemporaryDirectory(prefix="daskstream-demo-") as tmp:
+        _check_room(tmp, size, len(chosen))
         run_demo(tmp, size=size, formats=chosen, echo=click.echo)
+
+
+def _check_room(folder: str, size: str, n_formats: int) -> None:
+    """Refuse a demo --size that the folder's disk cannot hold, before writing any of it.
+
+    Each format writes up to ``size`` bytes (the compressed ones less); a size
+    beyond the free space would fail part way, or at once past the largest file
+    the file system allows.
+    """
+    import pathlib
+    import shutil
+
+    from daskstream.planning.budget import format_size, parse_budget
+
+    needed = parse_budget(size, name="size") * n_formats
+    # The folder may not exist yet: its disk is the one of the nearest folder above it that does.
+    existing = pathlib.Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if needed > free:
+        raise click.BadParameter(
+            f"{size!r} for {n_formats} format(s) needs up to {format_size(needed)} in {folder}, more than the "
+            f"{format_size(free)} free there; give a smaller size or another --dir",
+            param_hint="'--size'",
+        )
+
+
+def _within_int64(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """Callback of an int option: its value, refused (as a usage error) beyond what numpy's int64 holds."""
+    if value is not None and value > _INT64_MAX:
+        raise click.BadParameter(f"{value} is more than 2**63 - 1, the largest int numpy holds")
+    return value
+
+
+def _make_folder(folder: str, option: str) -> None:
+    """Make ``folder`` (and its parents) when missing, or say on one line why it cannot be."""
+    import os
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.BadParameter(
+            f"cannot make the folder {folder!r} ({reason}); give a folder you can write to", param_hint=f"'{option}'"
+        ) from None
 
 
 @main.command()
@@ -124,7 +276,14 @@ def info(path: str, dataset: str | None, as_json: bool) -> None:
 )
 @click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
 @click.option("--q", type=float, multiple=True, help="Quantile in [0, 1] for --op quantile; repeat for several.")
-@click.option("--ddof", type=int, default=0, show_default=True, help="Delta degrees of freedom for var and std.")
+@click.option(
+    "--ddof",
+    type=click.IntRange(min=0),
+    callback=_within_int64,
+    default=0,
+    show_default=True,
+    help="Delta degrees of freedom for var and std: the divisor is the count minus DDOF.",
+)
 @click.option("--bins", type=int, default=None, help="Bin count for --op histogram (default 10).")
 @click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge for --op histogram.")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
@@ -245,8 +404,20 @@ def _plain(value: Any) -> Any:
 @click.argument("path")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @_budget_option
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Threads per worker to plan for.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Worker processes to plan for.")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    callback=_within_int64,
+    default=None,
+    help="Threads per worker to plan for.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    callback=_within_int64,
+    default=None,
+    help="Worker processes to plan for.",
+)
 @_where_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def plan(
@@ -394,7 +565,13 @@ def store(
 @click.argument("source")
 @click.argument("target")
 @click.option("--codec", type=click.Choice(["zstd", "lz4", "gzip", "none"]), default="zstd", show_default=True)
-@click.option("--level", type=int, default=3, show_default=True, help="Compression level of the codec.")
+@click.option(
+    "--level",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Compression level of the codec: zstd -131072 (fastest) to 22, lz4 and gzip 0 to 9.",
+)
 @click.option(
     "--chunks",
     default="auto",
@@ -421,24 +598,43 @@ def convert(
     import daskstream as ds
     from daskstream.compute.store import target_format
 
-    spec: Any = chunks
-    if chunks not in ("auto", "storage"):
-        try:
-            spec = tuple(int(part) for part in chunks.split(","))
-        except ValueError:
-            raise click.BadParameter(
-                f"{chunks!r}: give auto, storage or integers like 256,1024", param_hint="--chunks"
-            ) from None
-    hdf5 = target_format(target.partition("::")[0]) == "hdf5"
+    spec = _chunk_spec(chunks)
+    # Built (and its level checked) before anything is read or written.
+    compressor = _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset, chunks=spec)
-        ds.store(x, target, overwrite=overwrite, compressor=_compressor(codec, level, hdf5), progress=not quiet)
+        ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=not quiet)
 
 
-def _compressor(codec: str, level: int, hdf5: bool) -> Any:
-    """The codec named on the command line, in the target format's own terms."""
+def _chunk_spec(chunks: str) -> str | tuple[int, ...]:
+    """``--chunks`` as daskstream.open takes it: "auto", "storage", or one int per axis.
+
+    Sizes are checked only as far as the text goes (whole numbers that an axis
+    could have); whether they fit the array is for daskstream.open to say.
+    """
+    if chunks in ("auto", "storage"):
+        return chunks
+    hint = "give auto, storage or one size per axis like 256,1024 (-1 for a whole axis)"
+    try:
+        sizes = tuple(int(part) for part in chunks.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{chunks!r} is not a list of sizes; {hint}", param_hint="'--chunks'") from None
+    for size in sizes:
+        if size > _INT64_MAX:
+            raise click.BadParameter(
+                f"{size} in {chunks!r} is longer than any axis can be (at most 2**63 - 1 elements); {hint}",
+                param_hint="'--chunks'",
+            )
+    return sizes
+
+
+def _compressor(codec: str, level: int, *, hdf5: bool) -> Any:
+    """The codec named on the command line, in the target format's own terms; only that one is built."""
     if codec == "none":
         return None
+    lowest, highest = _CODEC_LEVELS[codec]
+    if not lowest <= level <= highest:
+        raise click.BadParameter(f"{level} is outside {codec}'s levels, {lowest} to {highest}", param_hint="'--level'")
     if hdf5:
         if codec == "gzip":
             return {"compression": "gzip", "compression_opts": level, "shuffle": True}
@@ -448,17 +644,16 @@ def _compressor(codec: str, level: int, hdf5: bool) -> Any:
             raise click.UsageError(
                 f"--codec {codec} for HDF5 needs the hdf5plugin filters: pip install 'daskstream[hdf5plugin]'"
             ) from None
-        return {
-            "zstd": hdf5plugin.Zstd(clevel=level),
-            "lz4": hdf5plugin.Blosc(cname="lz4", clevel=level, shuffle=hdf5plugin.Blosc.SHUFFLE),
-        }[codec]
+        if codec == "zstd":
+            return hdf5plugin.Zstd(clevel=level)
+        return hdf5plugin.Blosc(cname="lz4", clevel=level, shuffle=hdf5plugin.Blosc.SHUFFLE)
     import zarr.codecs
 
-    return {
-        "zstd": zarr.codecs.ZstdCodec(level=level),
-        "lz4": zarr.codecs.BloscCodec(cname="lz4", clevel=level, shuffle="shuffle"),
-        "gzip": zarr.codecs.GzipCodec(level=level),
-    }[codec]
+    if codec == "zstd":
+        return zarr.codecs.ZstdCodec(level=level)
+    if codec == "lz4":
+        return zarr.codecs.BloscCodec(cname="lz4", clevel=level, shuffle="shuffle")
+    return zarr.codecs.GzipCodec(level=level)
 
 
 @main.group()

@@ -283,3 +283,48 @@ def test_bad_places_to_run_are_one_line_exit_2(field_npy, args, message, monkeyp
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert message in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("codec", "level"), [("zstd", 10), ("zstd", 22), ("zstd", -5), ("lz4", 9), ("lz4", 0), ("gzip", 9)]
+)
+@pytest.mark.parametrize("target", ["out.zarr", "out.h5::/x"])
+def test_convert_writes_any_level_its_codec_takes(tmp_path, target, codec, level):
+    data = np.random.default_rng(3).standard_normal((200, 30)).astype("f4")
+    np.save(tmp_path / "src.npy", data)
+    out = f"{tmp_path}/{target}"
+    done = run("convert", str(tmp_path / "src.npy"), out, "--codec", codec, "--level", str(level), "--quiet")
+    assert done.returncode == 0, done.stderr
+    import daskstream as ds
+
+    np.testing.assert_array_equal(ds.open(out).compute(), data)
+    assert _stored_level(out, codec) == level
+
+
+def _stored_level(out: str, codec: str) -> int:
+    """The compression level the file records for ``codec``."""
+    if "::" not in out:
+        import zarr
+        import zarr.codecs
+
+        kind = {"zstd": zarr.codecs.ZstdCodec, "lz4": zarr.codecs.BloscCodec, "gzip": zarr.codecs.GzipCodec}[codec]
+        (stored,) = [c for c in zarr.open_array(out).metadata.codecs if isinstance(c, kind)]
+        return stored.clevel if codec == "lz4" else stored.level
+    import h5py
+
+    path, name = out.split("::")
+    with h5py.File(path, "r") as f:
+        plist = f[name].id.get_create_plist()
+        filters = {plist.get_filter(i)[0]: plist.get_filter(i)[2] for i in range(plist.get_nfilters())}
+    if codec == "gzip":
+        return filters[h5py.h5z.FILTER_DEFLATE][0]
+    if codec == "zstd":  # hdf5plugin.Zstd keeps the level as an unsigned 32-bit int
+        return int(np.array(filters[32015][0], dtype="u4").view("i4"))
+    return filters[32001][4]  # hdf5plugin.Blosc: (..., clevel, shuffle, compressor)
+
+
+def test_demo_makes_its_folder_when_missing(tmp_path):
+    folder = tmp_path / "new" / "nested"
+    done = run("demo", "--size", "1MiB", "--formats", "npy", "--dir", str(folder))
+    assert done.returncode == 0, done.stderr
+    assert (folder / "field.npy").exists()

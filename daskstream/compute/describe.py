@@ -175,7 +175,7 @@ def describe(
     if x.dtype.kind not in "biuf":
         raise UnsupportedDtypeError(f"describe needs real numbers; dtype {x.dtype} is not supported")
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
-    edges = _edges(x.dtype, bins, range)
+    edges = _edges(x.dtype, bins, range, memory_budget=memory_budget)
     fan_in = split_every or combine_fan_in(
         x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), memory_budget=memory_budget
     )
@@ -201,10 +201,11 @@ def describe(
     return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
 
 
-def _edges(dtype: np.dtype, bins: Any, bin_range: Any) -> np.ndarray | None:
+def _edges(dtype: np.dtype, bins: Any, bin_range: Any, *, memory_budget: int | str | None) -> np.ndarray | None:
     if bins is None:
         return None
-    edges = known_bin_edges(bins, bin_range, dtype)
+    # Checked against the budget before numpy allocates the edges.
+    edges = known_bin_edges(bins, bin_range, dtype, memory_budget=memory_budget)
     if edges is None:
         raise InvalidArgumentError(
             f"bins={bins!r} needs range=(low, high): one pass cannot know the data's range before reading "

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
 
 from daskstream.errors import InvalidBudgetError
 
+#: The largest budget :func:`parse_budget` accepts: 1 EiB (1024 PiB, ``2**60`` bytes). The largest
+#: machines hold a few TiB of memory, a million times less, so a budget beyond this is a
+#: typo or a mixed-up unit; refusing it also keeps the planner's arithmetic within int64.
+MAX_BUDGET_BYTES = 2**60
+
+# Longer reprs (a pasted 400-digit int) are shortened in messages, which are one line.
+_SHOWN_CHARS = 40
+
 
 def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> int:
-    """Return ``value`` as a positive number of bytes.
+    """Return ``value`` as a positive number of bytes, at most :data:`MAX_BUDGET_BYTES`.
 
     Parameters
     ----------
@@ -18,10 +27,17 @@ def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> in
     name
         What the value is called, for the error message.
 
+    Returns
+    -------
+    int
+        The number of bytes, from 1 to ``2**60`` (1 EiB).
+
     Raises
     ------
     InvalidBudgetError
-        When the value is not a positive amount of bytes.
+        When the value is not a size (a bool, ``None``, text without a number),
+        is not finite (``inf``, ``nan``, ``"1e400"``), is not more than 0 bytes,
+        or is more than 1 EiB, more memory than any machine has.
 
     Examples
     --------
@@ -33,15 +49,31 @@ def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> in
     # Imported here so that the planning package stays free of dask at import time.
     from dask.utils import parse_bytes
 
+    shown = _shown(value)
     hint = f'give {name} as bytes (an int) or a string with a unit, e.g. "512MiB" or "2GiB"'
     if isinstance(value, bool) or not isinstance(value, (Integral, Real, str)):
-        raise InvalidBudgetError(f"{name}={value!r} is not a size; {hint}")
-    try:
-        nbytes = int(parse_bytes(value))
-    except (ValueError, TypeError) as exc:
-        raise InvalidBudgetError(f"{name}={value!r} is not a size; {hint}") from exc
+        raise InvalidBudgetError(f"{name}={shown} is not a size; {hint}")
+    if isinstance(value, str) and not value.strip():
+        # dask reads text without a number as one of its unit ("" is 1 byte, "MB" one megabyte).
+        raise InvalidBudgetError(f"{name}={shown} is empty; {hint}")
+    if _is_infinite_or_nan(value):
+        raise InvalidBudgetError(f"{name}={shown} is not a finite size; {hint}")
+    if isinstance(value, Integral):
+        nbytes = int(value)  # exact, however large: compared with the limit below
+    else:
+        try:
+            nbytes = int(parse_bytes(float(value) if isinstance(value, Real) else value))
+        except OverflowError as exc:  # "1e400 kB" is a float infinity once read
+            raise InvalidBudgetError(f"{name}={shown} is not a finite size; {hint}") from exc
+        except (ValueError, TypeError) as exc:
+            raise InvalidBudgetError(f"{name}={shown} is not a size; {hint}") from exc
     if nbytes <= 0:
-        raise InvalidBudgetError(f"{name}={value!r} must be more than 0 bytes; {hint}")
+        raise InvalidBudgetError(f"{name}={shown} must be more than 0 bytes; {hint}")
+    if nbytes > MAX_BUDGET_BYTES:
+        raise InvalidBudgetError(
+            f"{name}={shown} is more than 1 EiB (1024 PiB, 2**60 bytes), the most daskstream accepts and "
+            f"more memory than any machine has; {hint}"
+        )
     return nbytes
 
 
@@ -54,3 +86,21 @@ def format_size(nbytes: float) -> str:
     from dask.utils import format_bytes
 
     return format_bytes(int(nbytes))
+
+
+def _is_infinite_or_nan(value: Real | str) -> bool:
+    """Whether ``value`` is, or is text that Python reads as, an infinite or NaN float ("inf", "1e400")."""
+    if isinstance(value, Integral):
+        return False
+    try:
+        return not math.isfinite(float(value))
+    except (ValueError, OverflowError):
+        return False  # text with a unit, which dask reads
+
+
+def _shown(value: object) -> str:
+    """``value``'s repr for a message, shortened when it is too long to read."""
+    text = repr(value)
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    return f"{text[:12]}...{text[-6:]} ({len(text)} characters)"

@@ -136,10 +136,10 @@ def _seconds(value: str | float) -> float:
 
     try:
         seconds = float(parse_timedelta(value, default="s"))
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
         raise InvalidArgumentError(f'time_budget={value!r} is not a duration; give seconds or e.g. "10s"') from exc
-    if not seconds > 0:
-        raise InvalidArgumentError(f"time_budget={value!r} must be more than zero")
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise InvalidArgumentError(f'time_budget={value!r} must be a finite duration more than zero, e.g. "10s"')
     return seconds
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import warnings
 
 import dask
@@ -14,7 +15,14 @@ from hypothesis import strategies as st
 
 import daskstream as ds
 from daskstream.compute.reductions import OPERATIONS, combine_fan_in
-from daskstream.errors import InvalidArgumentError, InvalidAxisError, UnknownOperationError
+from daskstream.errors import (
+    DaskstreamError,
+    InvalidArgumentError,
+    InvalidAxisError,
+    MemoryBudgetError,
+    UnknownOperationError,
+    UnsupportedDtypeError,
+)
 
 # numpy's own function for each op, with float inputs accumulated in float64 as daskstream does.
 NUMPY = {
@@ -328,3 +336,121 @@ def test_every_documented_op_is_reachable():
         out = ds.reduce(x, op, **kwargs)
         assert out is not None
         list(itertools.chain(out)) if isinstance(out, tuple) else out.compute()
+
+
+# --- histogram bins and ranges: refused before anything is allocated or read -------------------------
+
+HISTOGRAM_ENTRY_POINTS = {
+    "reduce": lambda x, **kwargs: ds.reduce(x, "histogram", **kwargs),
+    "describe": lambda x, **kwargs: ds.describe(x, **kwargs),
+}
+
+
+@pytest.mark.parametrize("bins", [10**12, 2**70, np.uint64(2**63), 10**400])
+@pytest.mark.parametrize("entry", sorted(HISTOGRAM_ENTRY_POINTS))
+def test_more_bins_than_the_budget_holds_are_refused_before_the_edges_exist(entry, bins):
+    x = da.ones(100, chunks=50)
+    # numpy would fail allocating the edges (MemoryError, or ValueError past its largest array); the
+    # budget check comes first, so the error is daskstream's, naming the bins and the bytes.
+    with pytest.raises(MemoryBudgetError) as caught:
+        HISTOGRAM_ENTRY_POINTS[entry](x, bins=bins, range=(0, 1), memory_budget="64MiB")
+    assert isinstance(caught.value, DaskstreamError)
+    assert isinstance(caught.value, MemoryError)
+    message = str(caught.value)
+    assert message.startswith("bins=")
+    assert str(int(bins))[:10] in message
+    assert "of edges" in message
+    assert "memory_budget=64.00 MiB" in message
+    assert "give fewer bins" in message
+    assert "\n" not in message
+
+
+def test_a_bin_count_without_a_range_is_checked_too():
+    x = da.ones(100, chunks=50)
+    with pytest.raises(MemoryBudgetError, match=r"bins=1000000000000 needs 14\.55 TiB"):
+        ds.reduce(x, "histogram", bins=10**12, memory_budget="64MiB")
+
+
+def test_the_bin_check_counts_the_edges_and_a_row_of_counts_against_a_tasks_share():
+    x = da.ones(100, chunks=50)
+    # 2**16 bins: 512 KiB of float64 edges and 512 KiB of int64 counts, within a share of 1 GiB ...
+    counts, edges = ds.reduce(x, "histogram", bins=2**16, range=(0, 2), memory_budget="1GiB")
+    assert counts.compute().sum() == 100
+    assert len(edges) == 2**16 + 1
+    # ... and not within 1 MiB, whatever the number of threads sharing it.
+    with pytest.raises(MemoryBudgetError, match=r"needs 1\.00 MiB"):
+        ds.reduce(x, "histogram", bins=2**16, range=(0, 2), memory_budget="1MiB")
+
+
+@pytest.mark.parametrize(
+    ("bin_range", "says"),
+    [
+        ((0, float("nan")), "must be finite"),
+        ((float("nan"), 1), "must be finite"),
+        ((float("-inf"), float("inf")), "must be finite"),
+        ((0, float("inf")), "must be finite"),
+        ((0, 10**400), "must be finite"),
+        ((1, 0), "the first value must not exceed the second"),
+        ((-1e308, 1e308), "wider than the largest float64"),
+        ((0, 1, 2), "is not two numbers"),
+        ((0,), "is not two numbers"),
+        ("ab", "is not two numbers"),
+    ],
+)
+@pytest.mark.parametrize("entry", sorted(HISTOGRAM_ENTRY_POINTS))
+def test_a_range_must_be_two_finite_ordered_numbers(entry, bin_range, says):
+    x = da.ones(100, chunks=50)
+    with pytest.raises(InvalidArgumentError) as caught:
+        HISTOGRAM_ENTRY_POINTS[entry](x, bins=10, range=bin_range)
+    assert isinstance(caught.value, DaskstreamError)
+    assert isinstance(caught.value, ValueError)
+    assert str(caught.value).startswith("range=")
+    assert says in str(caught.value)
+    assert "e.g. range=(0, 1)" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("edges", "says"),
+    [
+        ([0, float("nan"), 1], "edges must be finite"),
+        ([0, 1, float("inf")], "edges must be finite"),
+        (["a", "b"], "edges must be numbers"),
+        (np.array([5, 3], dtype="u8"), "at least two, increasing"),
+        ([2, 1], "at least two, increasing"),
+        ([1], "at least two, increasing"),
+    ],
+)
+@pytest.mark.parametrize("entry", sorted(HISTOGRAM_ENTRY_POINTS))
+def test_bin_edges_must_be_increasing_finite_numbers(entry, edges, says):
+    x = da.ones(100, chunks=50)
+    with pytest.raises(InvalidArgumentError, match=says) as caught:
+        HISTOGRAM_ENTRY_POINTS[entry](x, bins=edges)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_more_bins_than_a_narrow_float32_range_holds_are_refused():
+    x = da.from_array(np.linspace(1, 1.0001, 100, dtype="f4"), chunks=50)
+    with pytest.raises(InvalidArgumentError, match=r"bins=1000000 over range=\(1\.0, 1\.0001\).*float32"):
+        ds.reduce(x, "histogram", bins=10**6, range=(1, 1.0001))
+    # Over the data's own range, found by reading it, the same is said when computed.
+    counts, _ = ds.reduce(x, "histogram", bins=10**6)
+    with pytest.raises(InvalidArgumentError, match=r"bins=1000000 over the data's range"):
+        counts.compute()
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_data_with_inf_or_nan_needs_a_range(bad):
+    x = da.from_array(np.array([0.0, 1.0, bad, 2.0]), chunks=2)
+    counts, _ = ds.reduce(x, "histogram", bins=4)
+    with pytest.raises(InvalidArgumentError, match=r"the data's range .* is not finite.*give range="):
+        counts.compute()
+    # With a range, numpy's rule holds: values outside it are not counted.
+    counts, _ = ds.reduce(x, "histogram", bins=4, range=(0, 2))
+    np.testing.assert_array_equal(counts.compute(), np.histogram(np.array([0.0, 1.0, 2.0]), bins=4, range=(0, 2))[0])
+
+
+@pytest.mark.parametrize("values", [np.array(["2020-01-01", "2021-01-01"], dtype="M8[D]"), np.array(["a", "b"])])
+def test_a_histogram_of_what_is_not_numbers_is_refused(values):
+    with pytest.raises(UnsupportedDtypeError, match=re.escape(f"dtype {values.dtype} is not supported")) as caught:
+        ds.reduce(da.from_array(values), "histogram", bins=3, range=(0, 2))
+    assert isinstance(caught.value, TypeError)
