@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from daskstream.errors import TargetExistsError
 from daskstream.planning.budget import format_size, parse_budget
 
 FORMATS = ("npy", "hdf5", "zarr")
+_SAMPLE_NAMES = {"npy": "field.npy", "hdf5": "field.h5", "zarr": "field.zarr"}
 _ROW = 1024  # items per row of the sample field
 _SLAB_BYTES = 32 * 2**20  # written a slab at a time: never the whole array in memory
 
@@ -98,9 +100,17 @@ def run_demo(
     import daskstream as ds
 
     nbytes = parse_budget(size, name="size")
+    targets = {fmt: os.path.join(folder, _SAMPLE_NAMES[fmt]) for fmt in formats}
+    # Never over a file of the user's: the folder given may hold data with these names.
+    existing = [path for path in targets.values() if os.path.lexists(path)]
+    if existing:
+        raise TargetExistsError(
+            f"{', '.join(existing)} already exist(s); the demo writes new sample files only and never replaces "
+            "a file: give an empty folder (--dir), or remove them"
+        )
     results = {}
     for fmt in formats:
-        target = os.path.join(folder, {"npy": "field.npy", "hdf5": "field.h5", "zarr": "field.zarr"}[fmt])
+        target = targets[fmt]
         t0 = time.perf_counter()
         location = write_sample(target, fmt, nbytes)
         echo(

@@ -328,3 +328,13 @@ def test_demo_makes_its_folder_when_missing(tmp_path):
     done = run("demo", "--size", "1MiB", "--formats", "npy", "--dir", str(folder))
     assert done.returncode == 0, done.stderr
     assert (folder / "field.npy").exists()
+
+
+def test_demo_never_replaces_a_file_in_the_folder_given(tmp_path):
+    precious = np.arange(10.0)
+    np.save(tmp_path / "field.npy", precious)
+    done = run("demo", "--size", "1MiB", "--formats", "npy", "--dir", str(tmp_path))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "field.npy" in done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "field.npy"), precious)
