@@ -286,6 +286,22 @@ def store_to_a_zip_file(tmp):
     return lambda: ds.store(ds.open(_small_npy(tmp)), str(tmp / "out.zip")), "out.zip"
 
 
+def nul_in_path(tmp):
+    return lambda: ds.open(f"{tmp}/a\x00b.npy"), "NUL"
+
+
+def not_a_path(tmp):
+    return lambda: ds.open(12), "12"
+
+
+def target_name_too_long(tmp):
+    return lambda: ds.store(ds.open(_small_npy(tmp)), str(tmp / ("y" * 300))), "longer than file names"
+
+
+def unknown_dtype_to_plan(tmp):
+    return lambda: ds.plan_chunks((10,), "nope", memory_budget="1MiB"), "nope"
+
+
 CASES = [
     (missing_path, errors.SourceNotFoundError, FileNotFoundError),
     (missing_path_with_dataset, errors.SourceNotFoundError, FileNotFoundError),
@@ -335,6 +351,10 @@ CASES = [
     (chunks_beyond_int64, errors.InvalidChunksError, ValueError),
     (store_to_nowhere, errors.InvalidArgumentError, ValueError),
     (store_to_a_zip_file, errors.InvalidArgumentError, ValueError),
+    (nul_in_path, errors.InvalidArgumentError, ValueError),
+    (not_a_path, errors.InvalidArgumentError, ValueError),
+    (target_name_too_long, errors.InvalidArgumentError, ValueError),
+    (unknown_dtype_to_plan, errors.InvalidArgumentError, ValueError),
 ]
 
 

@@ -59,7 +59,7 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.runtime.resources import active_client
-from daskstream.sources.base import Source, file_stamp, native, open_regular
+from daskstream.sources.base import Source, checked_path, file_stamp, native, open_regular
 from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
 from daskstream.sources.zarr_ import is_url
 
@@ -271,7 +271,9 @@ def store(
     """
     x = _regular(_check_array(x))
     report = _progress_reporter(progress, target)
-    path, member = split_dataset(os.fspath(target), dataset)
+    path, member = split_dataset(checked_path(target, "target"), dataset)
+    if member is not None:
+        member = checked_path(member, "dataset")
     identity = StoreIdentity.of(x)
     if target_format(path) == "hdf5":
         if not member or not member.strip("/"):

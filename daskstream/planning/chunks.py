@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from daskstream.errors import InvalidAxisError, InvalidBudgetError, InvalidChunksError, MemoryBudgetError
+from daskstream.errors import (
+    InvalidArgumentError,
+    InvalidAxisError,
+    InvalidBudgetError,
+    InvalidChunksError,
+    MemoryBudgetError,
+)
 from daskstream.planning.budget import format_size, parse_budget
 
 if TYPE_CHECKING:
@@ -322,8 +328,20 @@ def analysis_working_set_factor(dtype: DTypeLike, float64_copies: int) -> float:
     >>> analysis_working_set_factor("f8", 3), analysis_working_set_factor("f4", 3)
     (4.0, 7.0)
     """
-    itemsize = max(np.dtype(dtype).itemsize, 1)
+    itemsize = max(checked_dtype(dtype).itemsize, 1)
     return 1.0 + float64_copies * 8 / itemsize
+
+
+def checked_dtype(dtype: DTypeLike) -> np.dtype:
+    """``dtype`` as a numpy dtype, or :class:`InvalidArgumentError` naming it.
+
+    >>> checked_dtype("f4")
+    dtype('float32')
+    """
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"dtype={dtype!r} is not a numpy dtype ({exc}); give one like 'float32'") from None
 
 
 def plan_chunks_exact(
@@ -347,7 +365,7 @@ def plan_chunks_exact(
     ``max_tasks`` (``None``: no ceiling) refuses plans with more tasks.
     """
     shape = _normalize_shape(shape)
-    dtype = np.dtype(dtype)
+    dtype = checked_dtype(dtype)
     ndim = len(shape)
     if layout not in LAYOUTS:
         raise InvalidChunksError(f"layout={layout!r} is not one of {LAYOUTS}")

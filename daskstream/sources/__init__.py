@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from daskstream.errors import MemberNotFoundError
-from daskstream.sources.base import Source
+from daskstream.sources.base import Source, checked_path
 from daskstream.sources.detect import guess_format, split_dataset
 from daskstream.sources.hdf5 import Hdf5Source
 from daskstream.sources.npy import NpySource
@@ -39,7 +39,9 @@ def open_source(
         With ``format``, ``shape``, ``dtype``, ``storage_chunks``, ``layout``,
         ``token``, ``read(region)`` and ``plan(...)``.
     """
-    path, dataset = split_dataset(os.fspath(path), dataset)
+    path, dataset = split_dataset(checked_path(path), dataset)
+    if dataset is not None:
+        dataset = checked_path(dataset, "dataset")
     fmt = guess_format(path)
     if fmt == "npy":
         if dataset:

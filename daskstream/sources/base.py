@@ -16,6 +16,7 @@ import numpy as np
 
 from daskstream.errors import (
     CorruptSourceError,
+    InvalidArgumentError,
     InvalidIndexError,
     NotARegularFileError,
     SourceChangedError,
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
     from daskstream.planning.chunks import ChunkPlan
 
 Region = tuple[slice, ...]
+
+# Linux's limits on a file name and a path (NAME_MAX, PATH_MAX).
+_NAME_MAX = 255
+_PATH_MAX = 4096
 
 # numpy's limits: axes of one array, and bytes its index arithmetic (int64) can address.
 _MAX_NDIM = 64
@@ -276,6 +281,31 @@ def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple
 def now_ns() -> int:
     """The time a source is opened, to compare files' modification times with."""
     return time.time_ns()
+
+
+def checked_path(path: Any, what: str = "path") -> str:
+    """``path`` as a string, refusing what no file system call takes: other types, NUL bytes, names too long.
+
+    >>> checked_path(b"data/a.npy")
+    'data/a.npy'
+    """
+    if isinstance(path, (str, bytes, os.PathLike)):
+        text = os.fsdecode(path)
+    else:
+        raise InvalidArgumentError(f"{what}={path!r} is a {type(path).__name__}; give a path (str or pathlib.Path)")
+    if "\0" in text:
+        raise InvalidArgumentError(f"{what}={text!r} holds a NUL byte, which no file name can; check the path")
+    longest = max((len(os.fsencode(part)) for part in text.split(os.sep)), default=0)
+    if longest > _NAME_MAX or len(os.fsencode(text)) > _PATH_MAX:
+        raise InvalidArgumentError(
+            f"{what}={_shortened(text)} is longer than file names can be ({_NAME_MAX} bytes a name, "
+            f"{_PATH_MAX} a path); check the path"
+        )
+    return text
+
+
+def _shortened(text: str) -> str:
+    return repr(text) if len(text) <= 80 else f"{text[:40]!r}...{text[-20:]!r} ({len(text)} characters)"
 
 
 def file_stamp(path: str) -> tuple[int, ...]:
