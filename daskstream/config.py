@@ -12,12 +12,13 @@ import pathlib
 from typing import Any
 
 import dask.config
-import yaml
+
+from daskstream.runtime.documents import read_yaml
 
 _DEFAULTS_PATH = pathlib.Path(__file__).with_name("daskstream.yaml")
 
-with _DEFAULTS_PATH.open() as _f:
-    DEFAULTS: dict[str, Any] = yaml.safe_load(_f)
+# Read like every YAML file daskstream reads: as bounded, plain data.
+DEFAULTS: dict[str, Any] = read_yaml(_DEFAULTS_PATH, what="daskstream's default settings", hint="reinstall daskstream")
 
 dask.config.update_defaults(DEFAULTS)
 

@@ -378,6 +378,26 @@ ds.store(da.ones(4, chunks=2), "out.h5::/d")
     "character-device": """
 ds.open("/dev/zero")
 """,
+    "store-progress-record": """
+import dask.array as da
+x = da.ones(4, chunks=2)
+ds.store(x, "out.zarr")
+os.makedirs("out.zarr/.daskstream-store", exist_ok=True)
+os.mkfifo("out.zarr/.daskstream-store/identity.json")
+ds.store(x, "out.zarr")
+""",
+    "hdf5-replaced-after-open": """
+import numpy as np
+with h5py.File("f.h5", "w") as f:
+    f["d"] = np.arange(8.0)
+x = ds.open("f.h5::d")
+os.unlink("f.h5"); os.mkfifo("f.h5")
+x.compute()
+""",
+    "cluster-file": """
+os.mkfifo("cluster.yaml")
+ds.session(cluster="cluster.yaml").__enter__()
+""",
 }
 
 
@@ -386,8 +406,26 @@ def test_a_pipe_or_device_in_place_of_a_file_is_refused_at_once(tmp_path, case):
     script = "import os, h5py, zarr, daskstream as ds\n" + _FIFO_CASES[case] + "\nprint('no error')\n"
     # In a child process: a regression would block forever, and must fail this test instead.
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert "NotARegularFileError" in done.stderr, done.stderr[-2000:]
+    # A settings file is refused as an invalid argument, data files as not regular files: both clear.
+    refusal = "is not a regular file" if case == "cluster-file" else "NotARegularFileError"
+    assert refusal in done.stderr, done.stderr[-2000:]
     assert "no error" not in done.stdout
+
+
+def test_a_pipe_in_place_of_the_tuning_cache_is_treated_as_unreadable(tmp_path):
+    script = """
+import os, warnings
+from daskstream.tuning import TuneCache
+os.mkfifo("tune.json")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    print(TuneCache("tune.json").entries(), [str(w.message) for w in caught])
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("{} ")
+    assert "the tuning cache cannot be read" in done.stdout
+    assert "named pipe" in done.stdout
 
 
 def test_zip_members_named_outside_the_store_are_never_listed_or_read(tmp_path):

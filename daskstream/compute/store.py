@@ -58,8 +58,9 @@ from daskstream.errors import (
     UnknownFormatError,
     UnsupportedDtypeError,
 )
+from daskstream.files import open_regular
 from daskstream.runtime.resources import active_client
-from daskstream.sources.base import Source, checked_path, file_stamp, native, open_regular
+from daskstream.sources.base import Source, checked_path, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
 from daskstream.sources.zarr_ import is_url
 
@@ -72,6 +73,8 @@ ProgressCallback = Callable[[int, int], None]
 # reads it (chunk keys never start with a dot).
 PROGRESS_DIR = ".daskstream-store"
 _IDENTITY_FILE = "identity.json"
+# A record is a few hundred bytes; a file far larger is not one daskstream wrote.
+_MAX_RECORD_BYTES = 1 << 20
 _DONE_DIR = "done"
 # HDF5 attributes holding the progress record while a store is unfinished.
 H5_IDENTITY_ATTR = "daskstream_store"
@@ -716,10 +719,15 @@ class _ZarrTarget(_Target):
 
     def _recorded_identity(self) -> StoreIdentity | None:
         try:
-            with open(os.path.join(self.progress_dir, _IDENTITY_FILE)) as f:
-                text = f.read()
+            with open_regular(os.path.join(self.progress_dir, _IDENTITY_FILE)) as f:
+                text = f.read(_MAX_RECORD_BYTES + 1)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        if len(text) > _MAX_RECORD_BYTES:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record ({PROGRESS_DIR}/{_IDENTITY_FILE}) is larger than any record "
+                "daskstream writes; pass overwrite=True to start again"
+            )
         try:
             return StoreIdentity.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:

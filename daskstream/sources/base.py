@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import itertools
 import math
 import os
@@ -10,7 +9,7 @@ import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -18,7 +17,6 @@ from daskstream.errors import (
     CorruptSourceError,
     InvalidArgumentError,
     InvalidIndexError,
-    NotARegularFileError,
     SourceChangedError,
     SourceNotFoundError,
     SourcePermissionError,
@@ -26,6 +24,7 @@ from daskstream.errors import (
     UnsupportedDtypeError,
     UnsupportedShapeError,
 )
+from daskstream.files import not_regular_error
 from daskstream.runtime.metering import record_read
 
 if TYPE_CHECKING:
@@ -320,7 +319,7 @@ def file_stamp(path: str) -> tuple[int, ...]:
     """
     st = _stat(path)
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        raise _not_regular(path, st.st_mode)
+        raise not_regular_error(path, st.st_mode)
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino
 
 
@@ -333,48 +332,6 @@ def _stat(path: str) -> os.stat_result:
         raise SourcePermissionError(f"{path}: permission denied; check the file's permissions") from None
     except OSError as exc:  # a name too long, a loop of symbolic links...
         raise SourceNotFoundError(f"{path}: cannot be reached ({exc.strerror}); check the path") from None
-
-
-def _not_regular(path: str, mode: int) -> NotARegularFileError:
-    kind = (
-        "a named pipe (FIFO)"
-        if stat.S_ISFIFO(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "a device"
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-        else "not a regular file"
-    )
-    return NotARegularFileError(
-        f"{path}: is {kind}, not a file daskstream reads (reading it could wait forever); give a regular file"
-    )
-
-
-def open_regular(path: str) -> BinaryIO:
-    """Open a local file for reading, refusing anything but a regular file before reading a byte.
-
-    The file is opened without blocking, so a named pipe in its place cannot
-    stall the open, and its type is checked on the descriptor opened (no gap
-    between the check and the read). Raises :class:`FileNotFoundError` (the
-    builtin, as ``open`` does) for a missing file, so callers keep their own
-    meaning for that case.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except PermissionError:
-        raise SourcePermissionError(f"{path}: permission denied; check the file's permissions") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-            raise _not_regular(path, mode)
-        # Regular files never block; clearing the flag keeps reads plain.
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def checked_shape(name: str, shape: tuple[int, ...], itemsize: int = 1) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from daskstream.files import open_regular
 from daskstream.sources.base import Region, to_native
 
 # Linux transfers at most this many bytes per read call.
@@ -45,7 +46,8 @@ def read_contiguous_box(
     strides = _c_strides(shape, itemsize)
     start = offset + sum(s.start * st for s, st in zip(box, strides))
     out_shape = tuple(s.stop - s.start for s in box)
-    with open(path, "rb", buffering=0) as f:
+    # The file may have been replaced since it was opened: a pipe in its place must not block the task.
+    with open_regular(path) as f:
         if contiguous:
             out = np.empty(out_shape, dtype=file_dtype)
             # A byte view: memoryview refuses datetime, timedelta and some record dtypes.

@@ -12,7 +12,8 @@ from daskstream.errors import (
     SourcePermissionError,
     UnknownFormatError,
 )
-from daskstream.sources.base import file_stamp, open_regular
+from daskstream.files import open_regular
+from daskstream.sources.base import file_stamp
 from daskstream.sources.hdf5 import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
 from daskstream.sources.zarr_ import ZARR_METADATA_FILES, is_url

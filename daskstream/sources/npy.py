@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError, UnsupportedDtypeError
-from daskstream.sources.base import Region, Source, checked_element, file_stamp, native, now_ns, open_regular
+from daskstream.files import open_regular
+from daskstream.sources.base import Region, Source, checked_element, file_stamp, native, now_ns
 from daskstream.sources.contiguous import read_contiguous_box
 from daskstream.sources.tokens import source_token
 

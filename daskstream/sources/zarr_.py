@@ -19,6 +19,7 @@ from daskstream.errors import (
     SourceNotFoundError,
     UnsupportedDtypeError,
 )
+from daskstream.files import open_regular
 from daskstream.sources.base import (
     Region,
     Source,
@@ -27,7 +28,6 @@ from daskstream.sources.base import (
     listing,
     native,
     now_ns,
-    open_regular,
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.tokens import source_token
@@ -212,7 +212,7 @@ class ZarrSource(Source):
             return None
         meta = os.path.join(self.path, member, ".zarray")
         try:
-            with open(meta) as f:
+            with open_regular(meta) as f:
                 declared = json.load(f).get("dtype")
             np.dtype(declared)
         except (OSError, ValueError, TypeError, AttributeError, RecursionError):

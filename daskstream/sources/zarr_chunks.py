@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import CorruptSourceError, SourceChangedError
-from daskstream.sources.base import Region, file_stamp, open_regular, storage_pieces
+from daskstream.files import open_regular
+from daskstream.sources.base import Region, file_stamp, storage_pieces
 from daskstream.sources.bounded import blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
 

@@ -3,8 +3,10 @@
 One JSON file (``daskstream.tune.cache``; ``"auto"`` puts it in the user's
 cache folder). It is read as data only, written whole to a temporary file
 and renamed into place, under a lock file so that two processes tuning at
-once do not lose each other's entries. A file that cannot be parsed is
-treated as empty (with a warning) and replaced on the next write.
+once do not lose each other's entries. A file that cannot be parsed (not
+JSON, not UTF-8, or nested too deeply for the parser) is treated as empty
+(with a :class:`~daskstream.errors.TuneCacheWarning`) and replaced on the
+next write.
 
 Entries are keyed by what decides the best chunks, not by the file's path:
 format, storage layout and codecs, the storage unit, dtype, the work, the
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from daskstream.errors import TuneCacheWarning
+from daskstream.files import open_regular
 
 VERSION = 1
 # Observations kept per entry: the most recent ones, one per chunk shape.
@@ -86,13 +89,16 @@ class TuneCache:
     def entries(self) -> dict[str, dict[str, Any]]:
         """Every entry, by key text."""
         try:
-            with self.path.open(encoding="utf-8") as f:
-                data = json.load(f)
+            # A pipe or device in the cache's place would block the read: refused as unreadable.
+            with open_regular(os.fspath(self.path)) as f:
+                data = json.loads(f.read().decode("utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
+            # RecursionError: JSON nested deeper than the parser's stack (a damaged or planted file).
+            reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
             warnings.warn(
-                f"{self.path}: the tuning cache cannot be read ({exc}); it is treated as empty and will be "
+                f"{self.path}: the tuning cache cannot be read ({reason}); it is treated as empty and will be "
                 "replaced. Run `daskstream tune --clear` to remove it.",
                 TuneCacheWarning,
                 stacklevel=3,
