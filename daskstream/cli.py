@@ -129,8 +129,39 @@ def _budget_option(fn: Any) -> Any:
     )(fn)
 
 
+def _consent(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    # The user's consent for this run, set where a cluster file cannot reach (see cluster_rules),
+    # and undone when the command ends.
+    if value:
+        import dask.config
+
+        setting = f"daskstream.cluster-files.{param.name.replace('_', '-')}"
+        ctx.with_resource(dask.config.set({setting: True}))
+
+
+def _consent_options(fn: Any) -> Any:
+    """--allow-code and --allow-network-listen: what a cluster file may do in this run."""
+    fn = click.option(
+        "--allow-network-listen",
+        is_flag=True,
+        expose_value=False,
+        callback=_consent,
+        help="Let the cluster file start a scheduler or dashboard that listens beyond loopback "
+        "(the ssh, slurm, pbs and kubernetes kinds always do): anyone who reaches a scheduler can run code as you.",
+    )(fn)
+    return click.option(
+        "--allow-code",
+        is_flag=True,
+        expose_value=False,
+        callback=_consent,
+        help="Let the cluster file import modules, run files or commands, set environment variables "
+        "or name container images (preload, job-script-prologue, image...). Only for files you trust.",
+    )(fn)
+
+
 def _where_options(fn: Any) -> Any:
-    """--scheduler and --cluster, with daskstream.session's meaning."""
+    """--scheduler and --cluster, with daskstream.session's meaning, and the consent a cluster file needs."""
+    fn = _consent_options(fn)
     fn = click.option(
         "--cluster",
         "cluster_file",
@@ -664,6 +695,7 @@ def cluster() -> None:
 @cluster.command("check")
 @click.argument("file")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_consent_options
 def cluster_check(file: str, as_json: bool) -> None:
     """Validate a cluster YAML without starting anything; print the job script or cluster spec it makes."""
     import yaml

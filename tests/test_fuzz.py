@@ -41,14 +41,14 @@ FUZZ = settings(
 
 
 @contextlib.contextmanager
-def bounded(what: str):
-    """Fail (not hang) past ``SECONDS``, and past ``ALLOCATION_BOUND`` bytes allocated at once."""
+def bounded(what: str, seconds: float = SECONDS):
+    """Fail (not hang) past ``seconds``, and past ``ALLOCATION_BOUND`` bytes allocated at once."""
 
     def too_slow(*_):
-        raise TimeoutError(f"{what} took more than {SECONDS} s")
+        raise TimeoutError(f"{what} took more than {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, too_slow)
-    signal.setitimer(signal.ITIMER_REAL, SECONDS)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     tracemalloc.start()
     try:
         # Libraries warn about odd but readable metadata: a warning is not a failure to read.
@@ -264,3 +264,132 @@ def test_any_zarr_metadata_is_read_as_zarr_reads_it_or_refused(name, documents, 
         expected = zarrs_reading(store)
         assert expected is not None, "daskstream read an array zarr cannot"
         assert_same_values(got, expected)
+
+
+# ---------------------------------------------------------------------------
+# Cluster YAML files
+
+KINDS = ["local"] * 6 + ["remote", "tls", "ssh", "slurm", "pbs", "kubernetes", "nope", 3, None]
+# Real setting paths (including ones that run code or listen), and broken spellings of them.
+SETTING_PATHS = [
+    "daskstream.memory-budget", "daskstream.local.n-workers", "daskstream.local.threads-per-worker",
+    "daskstream.local.memory-limit", "daskstream.local.dashboard-address", "daskstream.cluster-files.allow-code",
+    "daskstream.planning.max-tasks", "daskstream.ssh.remote-python", "daskstream.nope",
+    "scheduler-address", "temporary-directory",
+    "distributed.scheduler.preload", "distributed.worker.preload", "distributed.client.preload",
+    "distributed.nanny.environ", "distributed.nanny.pre-spawn-environ", "distributed.nanny.pre_spawn_environ",
+    "distributed.scheduler.http.routes", "distributed.scheduler.active-memory-manager.policies",
+    "distributed.scheduler.allowed-imports", "distributed.client.security-loader", "distributed.scheduler.pickle",
+    "distributed.scheduler.contact-address", "distributed.worker.memory.target", "distributed.comm.timeouts.connect",
+    "distributed.worker.resources", "distributed.comm.default-scheme", "logging", "logging.distributed",
+    "jobqueue.slurm.cores", "jobqueue.slurm.python", "jobqueue.slurm.job-script-prologue", "kubernetes.image",
+    "kubernetes.env", "a_b", "", "0", "distributed..worker",
+]  # fmt: skip
+VALUES = st.one_of(
+    st.sampled_from(["127.0.0.1:0", "0.0.0.0:8787", "127.0.0.1:0,0.0.0.0:8799", ":8787", "[::1]:0", "localhost:0",
+                     "tcp://127.0.0.1:8786", "tcp://[::1", "inproc://x", "tcp://127.0.0.1:99999", "2GiB", "auto",
+                     "planted", "/tmp/planted.py", "$(touch x)", "ghcr.io/dask/dask:latest", "10s"]),
+    st.sampled_from(KINDS),
+    st.integers(-2, 2**70),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=12),
+)  # fmt: skip
+SETTINGS = st.recursive(
+    VALUES,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["OMP_NUM_THREADS", "PYTHONPATH", "class", "a", "0.0.0.0"]), inner, max_size=3
+        )
+    ),
+    max_leaves=8,
+)
+
+
+def _laughs(levels: int) -> str:
+    lines = ["l0: &l0 [1, 2, 3, 4, 5, 6, 7, 8, 9]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def cluster_files(draw) -> str:
+    """A cluster file: a kind and generated settings, often with YAML built to exhaust a reader, or any text."""
+    document: dict = {}
+    if draw(st.integers(0, 5)):
+        document["daskstream"] = {"cluster": draw(st.sampled_from(KINDS))}
+    for path in draw(st.lists(st.sampled_from(SETTING_PATHS), max_size=4)):
+        place = document
+        *sections, name = path.split(".") if draw(st.booleans()) else [path]
+        for section in sections:
+            place = place.setdefault(section, {}) if isinstance(place.get(section, {}), dict) else {}
+        place[name] = draw(SETTINGS)
+    extra = draw(st.sampled_from(["", "", "", "json", "bomb", "deep", "self", "tag", "twice", "text", "binary"]))
+    if extra == "json":
+        return json.dumps(document)
+    text = _yaml_text(document)
+    if extra == "bomb":
+        text += _laughs(draw(st.integers(2, 12)))
+    elif extra == "deep":
+        depth = draw(st.sampled_from([10, 40, 5_000]))
+        text += "x: " + "[" * depth + "]" * depth + "\n"
+    elif extra == "self":
+        text += "x: &x [1, *x]\n"
+    elif extra == "tag":
+        text += "x: " + draw(st.sampled_from(["!!python/object:os.system ls", "!!binary aGk=", "!!set {a}", "!x 1"]))
+        text += "\n"
+    elif extra == "twice":
+        text += "daskstream: {cluster: local}\n"
+    elif extra == "text":
+        text = draw(st.text(max_size=200))
+    elif extra == "binary":
+        text = draw(st.binary(max_size=200)).decode("latin1")
+    return text
+
+
+def _yaml_text(document: dict) -> str:
+    import yaml
+
+    # Block style, so that the lines added after it are keys of the same mapping.
+    return yaml.safe_dump(document, default_flow_style=False) if document else ""
+
+
+def _leaves(settings, prefix=""):
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+@FUZZ
+@given(text=cluster_files(), consent=st.sampled_from([False, False, True]))
+def test_any_cluster_file_is_loaded_as_screened_data_or_refused(text, consent):
+    from daskstream.runtime.addresses import listen_points
+    from daskstream.runtime.clusters import check_cluster_config, load_cluster_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cluster.yaml"
+        path.write_text(text, encoding="utf-8", errors="surrogateescape")
+        config = None
+        # Longer than for a data file: checking a kubernetes or jobqueue file imports that backend once,
+        # which is slow under allocation tracing on a busy machine. A hang still fails.
+        with bounded("loading a generated cluster file", seconds=60):
+            try:
+                config = load_cluster_config(path, allow_code=consent, allow_network_listen=consent)
+                check_cluster_config(path, allow_code=consent, allow_network_listen=consent)
+            except DaskstreamError:
+                pass
+    if config is None or consent:
+        return
+    # What a file loaded without consent holds: no code, no consent of its own, nothing listening beyond loopback.
+    for name, value in _leaves(config.settings):
+        parts = name.replace("_", "-").split(".")
+        assert parts[:2] != ["daskstream", "cluster-files"], name
+        if parts[-1] in ("preload", "routes", "policies", "environ", "pre-spawn-environ", "python", "logging"):
+            assert not value, f"{name} = {value!r} was let through"
+        if name == "daskstream.local.dashboard-address" and value is not None:
+            hosts = [host for host, _ in listen_points(value)]
+            assert all(host in ("127.0.0.1", "::1", "localhost") for host in hosts), value
+    assert config.kind not in ("ssh", "slurm", "pbs", "kubernetes")

@@ -17,6 +17,9 @@ section whose ``cluster:`` key names the kind of cluster:
 
 Relative certificate paths are read from the folder of the YAML file.
 Backends outside distributed are imported only by the kinds that need them.
+
+What a cluster file may set, and the consent that lets it set more, is
+decided in :mod:`daskstream.runtime.cluster_rules`.
 """
 
 from __future__ import annotations
@@ -32,15 +35,17 @@ from urllib.parse import urlsplit
 
 import dask
 import dask.config
-import yaml
 from dask.utils import parse_bytes
 
 from daskstream.errors import ClusterConnectionError, InvalidArgumentError, SourceNotFoundError
+from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, check_scheduler_address, listen_points
+from daskstream.runtime.cluster_rules import ALLOW_CODE, ALLOW_HINTS, ALLOW_NETWORK_LISTEN, allowance, screen, sections
+from daskstream.runtime.documents import read_yaml
 
 if TYPE_CHECKING:
     import distributed
 
-__all__ = ["KINDS", "ClusterCheck", "ClusterConfig", "check_cluster_config", "connect", "load_cluster_config"]
+__all__ = ["KINDS", "ClusterCheck", "ClusterConfig", "check_cluster_config", "connect", "join", "load_cluster_config"]
 
 KINDS = ("local", "remote", "ssh", "slurm", "pbs", "kubernetes", "tls")
 
@@ -58,7 +63,7 @@ _RENDER_SCHEDULER = "tcp://127.0.0.1:8786"
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """A cluster configuration file, read but not acted on.
+    """A cluster configuration file, read and screened but not acted on.
 
     Attributes
     ----------
@@ -67,12 +72,19 @@ class ClusterConfig:
     kind
         One of :data:`KINDS`, from the file's ``daskstream.cluster`` key.
     settings
-        The whole YAML document, shaped like dask configuration.
+        The whole YAML document, shaped like dask configuration (dotted keys
+        such as ``"distributed.worker.memory": ...`` spread into sections).
+    allow_code
+        Whether settings that run code were allowed when the file was loaded.
+    allow_network_listen
+        Whether listening beyond loopback was allowed when the file was loaded.
     """
 
     path: Path
     kind: str
     settings: dict
+    allow_code: bool = False
+    allow_network_listen: bool = False
 
     @property
     def daskstream(self) -> dict:
@@ -102,47 +114,63 @@ class ClusterCheck:
     spec: dict | None = field(default=None)
 
 
-def load_cluster_config(path: str | Path) -> ClusterConfig:
-    """Read a cluster configuration file and check that its kind and required keys are there.
+def load_cluster_config(
+    path: str | Path, *, allow_code: bool | None = None, allow_network_listen: bool | None = None
+) -> ClusterConfig:
+    """Read a cluster configuration file, check its kind and required keys, and screen its settings.
+
+    Parameters
+    ----------
+    path
+        The YAML file.
+    allow_code
+        Let the file's settings import modules, run files or commands and set
+        environment variables. ``None``: the setting ``daskstream.cluster-files.allow-code``
+        (false unless the user set it), read before the file is.
+    allow_network_listen
+        Let the cluster listen on addresses other than loopback. ``None``: the
+        setting ``daskstream.cluster-files.allow-network-listen``.
 
     Raises
     ------
     SourceNotFoundError
         The file does not exist.
     InvalidArgumentError
-        The file is not a YAML mapping, names no known kind, or lacks a key its kind needs.
+        The file is not a bounded, valid YAML mapping, names no known kind,
+        lacks a key its kind needs, holds a setting that is malformed, or one
+        that runs code or listens beyond loopback without the user's consent.
     """
+    # Read before the file: nothing in it can change what it is allowed to do.
+    allow_code = allowance(ALLOW_CODE, allow_code)
+    allow_network_listen = allowance(ALLOW_NETWORK_LISTEN, allow_network_listen)
     path = Path(path).expanduser()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SourceNotFoundError(f"cluster configuration {path} does not exist") from None
-    except IsADirectoryError:
-        raise InvalidArgumentError(f"cluster configuration {path} is a directory, not a YAML file") from None
-    try:
-        settings = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidArgumentError(f"cluster configuration {path} is not valid YAML: {exc}") from None
-    if settings is None:
+    document = read_yaml(
+        path, what="cluster configuration", hint="correct it, or start again from a file in cluster-configs/"
+    )
+    if document is None:
         raise InvalidArgumentError(f"cluster configuration {path} is empty; start from a file in cluster-configs/")
-    if not isinstance(settings, dict):
+    if not isinstance(document, dict):
         raise InvalidArgumentError(
-            f"cluster configuration {path} must be a YAML mapping of dask settings, not {type(settings).__name__}"
+            f"cluster configuration {path} must be a YAML mapping of dask settings, not {type(document).__name__}"
         )
+    settings = sections(document, path)
     section = settings.get("daskstream") or {}
     kind = section.get("cluster") if isinstance(section, dict) else None
     if kind is None:
         raise InvalidArgumentError(
             f"cluster configuration {path} has no 'daskstream: cluster:' key; set it to one of: {', '.join(KINDS)}"
         )
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise InvalidArgumentError(
             f"cluster configuration {path} names unknown cluster kind {kind!r}; known kinds: {', '.join(KINDS)}"
         )
-    config = ClusterConfig(path=path, kind=kind, settings=settings)
     for key in _REQUIRED[kind]:
         if _lookup(settings, key) is None:
             raise InvalidArgumentError(f"cluster configuration {path} ({kind}) lacks the required key '{key}'")
+    config = ClusterConfig(
+        path=path, kind=kind, settings=settings, allow_code=allow_code, allow_network_listen=allow_network_listen
+    )
+    screen(config)
     return config
 
 
@@ -157,13 +185,17 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_cluster_config(path: str | Path) -> ClusterCheck:
+def check_cluster_config(
+    path: str | Path, *, allow_code: bool | None = None, allow_network_listen: bool | None = None
+) -> ClusterCheck:
     """Validate a configuration as far as possible without starting or contacting anything.
 
-    Jobqueue kinds render the job script; kubernetes builds the cluster resource;
-    remote and tls check the address and the certificates; ssh checks the hosts.
+    Everything :func:`load_cluster_config` refuses is refused here too (with
+    the same ``allow_code`` and ``allow_network_listen``). Jobqueue kinds then
+    render the job script; kubernetes builds the cluster resource; remote and
+    tls check the address and the certificates; ssh checks the hosts.
     """
-    config = load_cluster_config(path)
+    config = load_cluster_config(path, allow_code=allow_code, allow_network_listen=allow_network_listen)
     return _CHECKS[config.kind](config)
 
 
@@ -172,6 +204,8 @@ def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
 
     The second item is ``None`` when the Client joined a scheduler that was
     already running (``remote``, ``tls``): close only what this returned.
+    The configuration is screened again first, with the consent it was loaded
+    with, so a hand-made :class:`ClusterConfig` gets no further than a file.
     """
     from distributed import Client
 
@@ -199,7 +233,7 @@ def join(address: str, *, security: Any = None, source: str | None = None) -> di
     Parameters
     ----------
     address
-        ``tcp://host:port`` or ``tls://host:port``.
+        ``tcp://host:port`` or ``tls://host:port`` (see :func:`daskstream.runtime.addresses.check_scheduler_address`).
     security
         distributed's ``Security`` for a TLS scheduler.
     source
@@ -207,12 +241,17 @@ def join(address: str, *, security: Any = None, source: str | None = None) -> di
 
     Raises
     ------
+    InvalidArgumentError
+        ``address`` is not one daskstream can join.
     ClusterConnectionError
         Nothing listens there, the connection timed out, or the TLS handshake failed.
     """
     from distributed import Client
     from distributed.security import Security
 
+    check_scheduler_address(
+        address, what=f"cluster configuration {source}: scheduler-address" if source else "scheduler address"
+    )
     if address.startswith("tls://") and security is None:
         # Certificates may come from dask's own configuration (distributed.comm.tls).
         security = Security()
@@ -245,7 +284,7 @@ def _probe(address: str, timeout: Any) -> None:
     from dask.utils import parse_timedelta
 
     parts = urlsplit(address)
-    if parts.scheme not in ("tcp", "tls") or parts.hostname is None or parts.port is None:
+    if parts.scheme not in SCHEDULER_SCHEMES or parts.hostname is None or parts.port is None:
         return
     socket.create_connection((parts.hostname, parts.port), timeout=parse_timedelta(timeout)).close()
 
@@ -253,7 +292,7 @@ def _probe(address: str, timeout: Any) -> None:
 def _start_cluster(config: ClusterConfig) -> Any:
     options = config.daskstream.get(config.kind) or {}
     # Workers and job classes read their settings from dask.config while they are created.
-    with _applied(config):
+    with _applied(config), _started(config):
         if config.kind == "local":
             from distributed import LocalCluster
 
@@ -261,7 +300,7 @@ def _start_cluster(config: ClusterConfig) -> Any:
             return LocalCluster(
                 host="127.0.0.1",
                 # The scheduler always serves HTTP (8787 on its host when unset): pin it to loopback.
-                dashboard_address=local["dashboard-address"] or "127.0.0.1:0",
+                dashboard_address=_dashboard_points(config, local["dashboard-address"]) or "127.0.0.1:0",
                 n_workers=local["n-workers"],
                 threads_per_worker=local["threads-per-worker"],
                 memory_limit=local["memory-limit"],
@@ -286,17 +325,53 @@ def _start_cluster(config: ClusterConfig) -> Any:
         )
 
 
+@contextlib.contextmanager
+def _started(config: ClusterConfig) -> Iterator[None]:
+    """Errors of a cluster that would not start, as one line naming the file."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, InvalidArgumentError):
+            raise
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path} ({config.kind}): the cluster refused its settings "
+            f"({_innermost(exc)}); correct them, or compare with the file in cluster-configs/"
+        ) from exc
+    except (OSError, RuntimeError, TimeoutError) as exc:
+        if isinstance(exc, (ClusterConnectionError, SourceNotFoundError)):
+            raise
+        raise ClusterConnectionError(
+            f"cluster configuration {config.path} ({config.kind}): the cluster did not start "
+            f"({_innermost(exc)}); check what the file asks for is there and free"
+        ) from exc
+
+
+def _innermost(exc: BaseException) -> str:
+    # distributed wraps the reason a cluster failed in "Cluster failed to start" layers.
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _check_local(config: ClusterConfig) -> ClusterCheck:
     local = _local_options(config)
     budget = config.daskstream.get("memory-budget", "not set")
+    dashboard = _dashboard_points(config, local["dashboard-address"])
+    shown = ", ".join(_show_point(host, port) for host, port in dashboard) if dashboard else "127.0.0.1, a free port"
     return ClusterCheck(
         "local",
         [
             f"LocalCluster on 127.0.0.1: {local['n-workers']} worker(s) x {local['threads-per-worker']} thread(s)",
             f"memory limit per worker: {local['memory-limit']}; daskstream memory budget: {budget}",
-            f"dashboard: {local['dashboard-address'] or '127.0.0.1, a free port'}",
+            f"dashboard: {shown}",
         ],
     )
+
+
+def _show_point(host: str, port: int) -> str:
+    where = f"[{host}]" if ":" in host else (host or "every interface")
+    return f"{where}:{port}" if port else f"{where}, a free port"
 
 
 def _check_remote(config: ClusterConfig) -> ClusterCheck:
@@ -336,16 +411,19 @@ def _check_kubernetes(config: ClusterConfig) -> ClusterCheck:
     operator = _backend(config, "dask_kubernetes.operator")
     with _applied(config):
         get = dask.config.get
-        spec = operator.make_cluster_spec(
-            name=get("kubernetes.name"),
-            image=get("kubernetes.image"),
-            n_workers=get("kubernetes.count.start"),
-            resources=get("kubernetes.resources"),
-            env=get("kubernetes.env"),
-            worker_command=get("kubernetes.worker-command"),
-            scheduler_service_type=get("kubernetes.scheduler-service-type"),
-            idle_timeout=get("kubernetes.idle-timeout") or 0,
-        )
+        try:
+            spec = operator.make_cluster_spec(
+                name=get("kubernetes.name"),
+                image=get("kubernetes.image"),
+                n_workers=get("kubernetes.count.start"),
+                resources=get("kubernetes.resources"),
+                env=get("kubernetes.env"),
+                worker_command=get("kubernetes.worker-command"),
+                scheduler_service_type=get("kubernetes.scheduler-service-type"),
+                idle_timeout=get("kubernetes.idle-timeout") or 0,
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise InvalidArgumentError(f"cluster configuration {config.path} (kubernetes): {exc}") from exc
         namespace = get("kubernetes.namespace") or "the current namespace"
     workers = spec["spec"]["worker"]["replicas"]
     return ClusterCheck(
@@ -383,7 +461,13 @@ _CHECKS = {
 
 def _local_options(config: ClusterConfig) -> dict[str, Any]:
     local = {"n-workers": 1, "threads-per-worker": 1, "memory-limit": "auto", "dashboard-address": None}
-    local.update(config.daskstream.get("local") or {})
+    given = config.daskstream.get("local") or {}
+    if not isinstance(given, Mapping):
+        raise InvalidArgumentError(
+            f"cluster configuration {config.path}: daskstream.local must be a mapping of LocalCluster settings, "
+            f"not {given!r}"
+        )
+    local.update(given)
     for key in ("n-workers", "threads-per-worker"):
         value = local[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -393,30 +477,45 @@ def _local_options(config: ClusterConfig) -> dict[str, Any]:
     limit = local["memory-limit"]
     if limit != "auto":
         try:
-            if parse_bytes(limit) <= 0:
+            # parse_bytes reads text and numbers; anything else is not a size.
+            if isinstance(limit, bool) or not isinstance(limit, (str, int, float)) or parse_bytes(limit) <= 0:
                 raise ValueError
         except (TypeError, ValueError):
             raise InvalidArgumentError(
                 f"cluster configuration {config.path}: daskstream.local.memory-limit must be a size "
                 f"such as '2GiB' or 'auto', not {limit!r}"
             ) from None
-    address = local["dashboard-address"]
-    if address is not None and not str(address).startswith(("127.0.0.1:", "localhost:")):
-        raise InvalidArgumentError(
-            f"cluster configuration {config.path}: daskstream.local.dashboard-address {address!r} would listen "
-            "beyond this machine; use '127.0.0.1:PORT' or null"
-        )
     return local
 
 
+def _dashboard_points(config: ClusterConfig, value: Any) -> list[tuple[str, int]]:
+    """The (host, port) pairs a local dashboard address names, each checked; ``[]`` for none."""
+    key = "daskstream.local.dashboard-address"
+    if value is None:
+        return []
+    try:
+        points = listen_points(value)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"cluster configuration {config.path}: {key} {value!r} {exc}") from None
+    if not config.allow_network_listen:
+        for host, _ in points:
+            beyond = beyond_loopback(host)
+            if beyond:
+                raise InvalidArgumentError(
+                    f"cluster configuration {config.path}: {key} {value!r} would listen {beyond}; use "
+                    f"127.0.0.1:PORT (or null for a free loopback port). {ALLOW_HINTS[ALLOW_NETWORK_LISTEN]}"
+                )
+    return points
+
+
 def _remote_address(config: ClusterConfig) -> tuple[str, Any]:
-    address = str(config.settings["scheduler-address"])
+    address = config.settings["scheduler-address"]
     scheme = "tls://" if config.kind == "tls" else "tcp://"
+    what = f"cluster configuration {config.path}: scheduler-address"
+    check_scheduler_address(address, what=what)
     if not address.startswith(scheme):
         hint = " (a tls:// scheduler needs 'cluster: tls' and certificates)" if address.startswith("tls://") else ""
-        raise InvalidArgumentError(
-            f"cluster configuration {config.path}: scheduler-address {address!r} must start with {scheme}{hint}"
-        )
+        raise InvalidArgumentError(f"{what} {address!r} must start with {scheme}{hint}")
     if config.kind == "remote":
         return address, None
     from distributed.security import Security
@@ -431,9 +530,11 @@ def _remote_address(config: ClusterConfig) -> tuple[str, Any]:
     )
 
 
-def _certificate(config: ClusterConfig, key: str, value: str | None) -> str | None:
+def _certificate(config: ClusterConfig, key: str, value: Any) -> str | None:
     if value is None:
         return None
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"cluster configuration {config.path}: {key} must be a file path, not {value!r}")
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = config.path.parent / path
@@ -475,13 +576,15 @@ def _backend(config: ClusterConfig, module: str) -> Any:
 
 @contextlib.contextmanager
 def _applied(config: ClusterConfig) -> Iterator[None]:
-    """The file's settings on top of the current dask config, leaf by leaf."""
+    """The file's settings on top of the current dask config, leaf by leaf, once screened again."""
+    screen(config)
     with dask.config.set(dict(_leaves(config.settings))):
         yield
 
 
 def _leaves(settings: Mapping, prefix: str = "") -> Iterator[tuple[str, Any]]:
     # dask.config.set replaces a whole section given as a dict; dotted leaves keep its other defaults.
+    # Recursion is bounded: documents are read no deeper than documents.MAX_DEPTH.
     for key, value in settings.items():
         if isinstance(value, Mapping) and value:
             yield from _leaves(value, f"{prefix}{key}.")

@@ -83,8 +83,15 @@ class ReadMeter:
     ----------
     bytes_read
         Bytes counted, once the block has ended; ``None`` when they could not be
-        counted (the ``processes`` scheduler set outside a daskstream session,
-        whose pool processes are gone with their counters).
+        counted: the block raised (nothing is asked of the workers then, so
+        that the error comes out at once and unchanged), the distributed
+        scheduler was lost, or the ``processes`` scheduler was set outside a
+        daskstream session (its pool processes are gone with their counters).
+
+    Raises
+    ------
+    ClusterConnectionError
+        On entering, when the distributed scheduler to ask is already lost.
     """
 
     def __init__(self, session: Any = None) -> None:
@@ -95,23 +102,40 @@ class ReadMeter:
         self._start: int | None = None
 
     def __enter__(self) -> ReadMeter:
-        self._start = self._total()
+        from daskstream.runtime.scheduler_loss import guard_scheduler
+
+        client = self._client()
+        if client is None:
+            self._start = self._total(None)
+        else:
+            with guard_scheduler(client, "counting the bytes the workers read"):
+                self._start = self._total(client)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        end = self._total()
-        self.bytes_read = None if end is None or self._start is None else end - self._start
+        from daskstream.runtime.scheduler_loss import scheduler_lost
 
-    def _total(self) -> int | None:
+        # Asking the workers now would wait on a scheduler that may be gone, and replace the error.
+        client = self._client()
+        if exc_type is not None or self._start is None or (client is not None and scheduler_lost(client)):
+            self.bytes_read = None
+            return
+        end = self._total(client)
+        self.bytes_read = None if end is None else end - self._start
+
+    def _client(self) -> Any:
+        session = self._session
+        return session.client if session is not None else active_client()
+
+    def _total(self, client: Any) -> int | None:
         total = bytes_read_here()
         session = self._session
         if session is not None:
-            client = session.client
             counter = session.read_counter
         else:
-            client, counter = active_client(), None
+            counter = None
             if client is None and _uses_processes():
                 return None
         if counter is not None:

@@ -40,7 +40,7 @@ import dask
 import dask.config
 
 from daskstream.errors import InvalidArgumentError
-from daskstream.runtime.progress import TaskProgress, progress_bar, track_futures
+from daskstream.runtime.progress import TaskProgress, progress_bar
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
 
 if TYPE_CHECKING:
@@ -123,7 +123,9 @@ def session(
     cluster
         A cluster YAML file (see :mod:`daskstream.runtime.clusters`): the
         cluster it describes is started or joined on entry. Cannot be combined
-        with ``scheduler``.
+        with ``scheduler``. Settings in it that run code or listen beyond
+        loopback are refused unless ``daskstream.cluster-files.allow-code`` /
+        ``allow-network-listen`` are set in dask's configuration.
     memory_budget
         Bytes per worker (``"2GiB"``) to plan for, instead of the cluster
         file's ``daskstream: memory-budget`` or the workers' memory limit.
@@ -138,7 +140,10 @@ def session(
     Raises
     ------
     InvalidArgumentError
-        For an unknown scheduler, or both ``scheduler`` and ``cluster``.
+        For an unknown scheduler, an address daskstream cannot join (see
+        :func:`daskstream.runtime.addresses.check_scheduler_address`), both
+        ``scheduler`` and ``cluster``, or a cluster file that is refused (see
+        :func:`daskstream.runtime.clusters.load_cluster_config`).
     InvalidBudgetError
         For a memory budget that is not a positive size.
 
@@ -207,7 +212,9 @@ class Session:
                     "running scheduler such as 'tcp://127.0.0.1:8786'"
                 )
             if "://" in scheduler:
-                self._address = scheduler
+                from daskstream.runtime.addresses import check_scheduler_address
+
+                self._address = check_scheduler_address(scheduler)
         self.scheduler = scheduler
         self.cluster_file = None if cluster is None else os.fspath(cluster)
         self.kind = scheduler if scheduler in LOCAL_SCHEDULERS else "distributed"
@@ -257,7 +264,16 @@ class Session:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        from daskstream.runtime.scheduler_loss import lost_scheduler_error
+
+        # Work inside the block that used the Client directly (ds.store, client.compute) fails with
+        # distributed's own errors when the scheduler goes away: say what happened instead.
+        lost = None
+        if isinstance(exc, Exception) and self.client is not None:
+            lost = lost_scheduler_error(self.client, exc, "working in the session")
         self.close()
+        if lost is not None:
+            raise lost from exc
 
     def close(self) -> None:
         """Leave the session: close what it started and restore what it changed (idempotent)."""
@@ -316,7 +332,9 @@ class Session:
             )
             stack.callback(self.cluster.close)
             self.client = Client(self.cluster)
-        stack.callback(self.client.close)
+        from daskstream.runtime.scheduler_loss import close_client
+
+        stack.callback(close_client, self.client)
 
     # -- what the planner sees -----------------------------------------------
 
@@ -358,6 +376,13 @@ class Session:
         The single result for one object, else a tuple of results (numpy
         arrays for dask arrays); objects that are not dask collections come
         back as they are.
+
+        Raises
+        ------
+        ClusterConnectionError
+            A distributed session lost its scheduler before or during the
+            computation (it stopped, or the network to it broke): raised as
+            soon as the Client notices, naming the scheduler's address.
         """
         if self._exit_stack is None:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
@@ -377,12 +402,40 @@ class Session:
         return results[0] if len(objs) == 1 else tuple(results)
 
     def _compute_distributed(self, objs: tuple[Any, ...], bar: Any) -> tuple[Any, ...]:
-        from distributed import futures_of
+        from distributed import as_completed, futures_of
 
-        if bar is None:
-            return tuple(self.client.gather(self.client.compute(list(objs))))
-        # Persist first so the bar can follow every output chunk, then assemble them.
-        persisted = [self.client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
-        for _ in track_futures(futures_of(persisted), bar):
-            pass
-        return tuple(self.client.gather(self.client.compute(persisted)))
+        from daskstream.runtime.scheduler_loss import guard_scheduler, scheduler_lost
+
+        # Without the guard, a lost scheduler surfaces as cancelled futures, or as calls that
+        # wait for the Client's reconnection timeout before failing.
+        with guard_scheduler(self.client, _described(objs)):
+            if bar is None:
+                return tuple(self.client.gather(self.client.compute(list(objs))))
+            # Persist first so the bar can follow every output chunk, then assemble them.
+            persisted = [self.client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
+            futures = futures_of(persisted)
+            bar.total += len(futures)
+            bar.refresh()
+            for future in as_completed(futures):
+                # A future cancelled with the scheduler's loss is not a finished chunk.
+                if future.status == "cancelled" or scheduler_lost(self.client):
+                    break
+                bar.update(1)
+            if scheduler_lost(self.client):
+                raise ConnectionError("the scheduler was lost while the results were computed")
+            return tuple(self.client.gather(self.client.compute(persisted)))
+
+
+def _described(objs: tuple[Any, ...]) -> str:
+    """What a computation does, for messages: ``"computing 1 result(s) from x.npy, y.h5"``."""
+    from daskstream.arrays import read_layers
+
+    names: list[str] = []
+    for obj in objs:
+        if dask.is_dask_collection(obj):
+            with contextlib.suppress(Exception):
+                names += [source.name for _, source, _ in read_layers(obj) if source.name not in names]
+    if not names:
+        return f"computing {len(objs)} result(s)"
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"computing {len(objs)} result(s) from {shown}"

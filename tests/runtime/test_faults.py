@@ -1,16 +1,21 @@
-"""Faults with real processes: a worker killed mid-computation, and a kernel failing on one block."""
+"""Faults with real processes: a worker or the scheduler killed mid-computation, and a kernel failing on one block."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import daskstream as ds
-from daskstream.errors import KernelError
+from daskstream.errors import ClusterConnectionError, KernelError
+from daskstream.runtime.metering import ReadMeter
 
 SLOW_KERNEL = """
 import time
@@ -70,3 +75,90 @@ def test_a_kernel_failing_on_one_block_names_it_and_the_session_goes_on(tmp_path
         assert isinstance(info.value.__cause__, ValueError)
         # The same session computes the next thing as usual.
         assert s.compute(x.sum()) == data.sum()
+
+
+# --- the scheduler killed ---------------------------------------------------------------------------
+
+
+def _scheduler_of(scheduler_file) -> tuple[str, int]:
+    """The scheduler's address and process id, asked of it by a Client closed again at once."""
+    from distributed import Client
+
+    address = json.loads(scheduler_file.read_text())["address"]
+    with Client(address, timeout="30s") as client:
+        return address, client.run_on_scheduler(os.getpid)
+
+
+@pytest.mark.parametrize("progress", [False, True], ids=["quiet", "progress-bar"])
+def test_a_scheduler_killed_mid_computation_is_one_clear_error_within_seconds(
+    tmp_path, start_dask_processes, monkeypatch, progress
+):
+    (tmp_path / "slowkernels.py").write_text(SLOW_KERNEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    import slowkernels
+
+    np.save(tmp_path / "x.npy", np.ones((400, 64)))
+    address, scheduler_pid = _scheduler_of(start_dask_processes(tmp_path, nworkers=1))
+    killed_at = []
+
+    def kill_the_scheduler():
+        killed_at.append(time.monotonic())
+        os.kill(scheduler_pid, signal.SIGKILL)
+
+    with ds.session(address, progress=progress) as s:
+        x = ds.open(str(tmp_path / "x.npy"), chunks=(5, 64))  # 80 blocks of 50 ms on one thread: 4 s of work
+        work = ds.reduce(ds.map_blocks(slowkernels.slow_double, x, dtype="f8"), "sum")
+        killer = threading.Timer(1.0, kill_the_scheduler)
+        killer.start()
+        # The counting of bytes read is in the way too, as in `daskstream reduce`.
+        with pytest.raises(ClusterConnectionError) as info, ReadMeter(s) as meter:
+            s.compute(work)
+        raised_at = time.monotonic()
+        killer.join()
+    # Not a speed target: without the guard the Client waits out its 30 s reconnection timeout first.
+    assert raised_at - killed_at[0] < 20, "the loss was reported only after the Client's reconnection timeout"
+    message = str(info.value)
+    assert message.startswith(f"lost the scheduler at {address} while computing 1 result(s)")
+    assert "run again" in message
+    assert meter.bytes_read is None  # nothing could be counted, and nothing waited to try
+
+
+@pytest.mark.parametrize(
+    ("command", "doing"),
+    [(["reduce", "{x}", "--op", "median", "--json"], "while computing"), (["store", "{x}", "{out}"], "while working")],
+    ids=["reduce", "store"],
+)
+def test_the_command_line_says_in_one_line_that_the_scheduler_was_lost(tmp_path, start_dask_processes, command, doing):
+    from distributed import Client
+
+    from daskstream.runtime.scheduler_loss import close_client
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).standard_normal((6000, 2500)).astype("f4"))
+    address, scheduler_pid = _scheduler_of(start_dask_processes(tmp_path, nworkers=1))
+    watcher = Client(address, timeout="30s")
+    args = [a.format(x=tmp_path / "x.npy", out=tmp_path / "out.zarr") for a in command]
+    command = subprocess.Popen(
+        [sys.executable, "-m", "daskstream", *args, "--scheduler", address, "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # Killed as soon as the command's tasks reach the worker: the work takes a second or more after that.
+        deadline = time.monotonic() + 60
+        while not any(watcher.processing().values()):
+            assert command.poll() is None, command.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(scheduler_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, err = command.communicate(timeout=60)
+    finally:
+        close_client(watcher)
+        if command.poll() is None:
+            command.kill()
+            command.communicate()
+    assert time.monotonic() - killed_at < 20  # before the Client's 30 s reconnection timeout
+    assert command.returncode == 2, err
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"daskstream: error: lost the scheduler at {address} {doing}")

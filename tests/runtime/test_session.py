@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
+import time
 from urllib.parse import urlparse
 
 import dask
@@ -206,6 +207,46 @@ def test_unknown_scheduler_lists_the_choices():
     for choice in SCHEDULERS:
         assert repr(choice) in str(info.value)
     assert "tcp://" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("tcp://127.0.0.1:99999", "has port 99999, outside 1-65535"),
+        ("tcp://127.0.0.1:0", "has port 0, outside 1-65535"),
+        ("tcp://127.0.0.1", "has no port; write tcp://127.0.0.1:PORT"),
+        ("tcp://[::1", "has an unclosed '['"),
+        ("tcp://::1:8786", "without the brackets of [ADDRESS]:PORT"),
+        ("tcp://:8786", "has no valid host"),
+        ("tcp://999.1.1.1:8786", "has no valid host"),
+        ("tcp://127.0.0.1:8786/path", "is not tcp://HOST:PORT"),
+        ("inproc://x", "uses inproc://, which daskstream does not connect over"),
+        ("ucx://127.0.0.1:8786", "uses ucx://"),
+        ("foo://bar", "uses foo://"),
+    ],
+)
+def test_an_address_daskstream_cannot_join_is_refused_before_anything_starts(address, message):
+    started = time.monotonic()
+    with pytest.raises(InvalidArgumentError) as info:
+        session(address)
+    assert time.monotonic() - started < 1  # nothing was contacted
+    assert str(info.value).startswith(f"scheduler address {address!r}")
+    assert message in str(info.value)
+    assert "tcp://" in str(info.value)  # what a valid one looks like
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:99999", "tcp://[::1", "inproc://x", "tcp://127.0.0.1"])
+def test_the_command_line_refuses_such_an_address_in_one_line(npy, address):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "daskstream", "reduce", npy[0], "--op", "sum", "--scheduler", address],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"daskstream: error: scheduler address {address!r}")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,805 @@
+"""What a cluster file may set: screened as data, code and network listening refused without consent.
+
+A cluster file is data, never code
+----------------------------------
+Files are read by :func:`daskstream.runtime.documents.read_yaml` (no Python
+tags, bounded size, depth and aliases), and only settings daskstream knows to
+be data are passed on to dask: timeouts, memory thresholds, sizes, certificate
+paths, batch resources. Refused unless the user allows them, outside the file:
+
+- **code** (``daskstream.cluster-files.allow-code``): every setting that
+  imports a module, calls a named class or function, runs a file or a
+  command, or sets environment variables of a process -- distributed's
+  ``preload``, ``preload-argv``, ``http.routes``, ``active-memory-manager.policies``,
+  ``client.security-loader``, ``scheduler.allowed-imports``, ``nanny.environ``
+  and ``nanny.pre-spawn-environ`` (other than thread counts and malloc
+  tuning), ``logging``; dask-jobqueue's ``python``, ``worker-command``,
+  ``shebang``, ``job-script-prologue``, ``worker-extra-args``,
+  ``job-extra-directives`` (batch directives can set the job's environment)
+  and any text that is not a plain word in the job script; dask-kubernetes'
+  ``image`` (other than dask's own images), ``env``, ``worker-command``,
+  ``custom-cluster-spec``, ``scheduler-jupyter``; SSH's ``remote-python``,
+  worker and scheduler options such as ``worker_class`` or ``preload``, and
+  connect options such as ``proxy_command`` or ``known_hosts: null``; and
+  any setting daskstream does not know. The commands that run a batch job's
+  or a pod's worker are what such clusters are for, and they run on machines
+  that can read your data with your credentials: they are code from the file
+  all the same, so they need the same consent.
+- **listening on a network** (``daskstream.cluster-files.allow-network-listen``):
+  an address in the file that is not loopback, and the kinds whose scheduler
+  must be reached from other machines (``ssh``, ``slurm``, ``pbs``,
+  ``kubernetes``). A dask scheduler runs whatever any client that reaches it
+  sends, so anyone who can reach one can run code as you.
+
+Both settings are read from dask's configuration before the file is read
+(``DASK_DASKSTREAM__CLUSTER_FILES__ALLOW_CODE=true``, a YAML file in
+``~/.config/dask/``, ``dask.config.set``, or the ``--allow-code`` and
+``--allow-network-listen`` options of the ``daskstream`` command); a cluster
+file that sets them itself is refused.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+
+from daskstream.errors import InvalidArgumentError
+from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, listen_points, split_host_port, valid_host
+
+if TYPE_CHECKING:
+    from daskstream.runtime.clusters import ClusterConfig
+
+__all__ = ["ALLOW_CODE", "ALLOW_HINTS", "ALLOW_NETWORK_LISTEN", "allowance", "screen", "sections"]
+
+ALLOW_CODE = "daskstream.cluster-files.allow-code"
+ALLOW_NETWORK_LISTEN = "daskstream.cluster-files.allow-network-listen"
+
+ALLOW_HINTS = {
+    ALLOW_CODE: (
+        "a cluster file runs nothing unless you trust it: pass --allow-code, or set "
+        "daskstream.cluster-files.allow-code: true in your own dask configuration "
+        "(DASK_DASKSTREAM__CLUSTER_FILES__ALLOW_CODE=true)"
+    ),
+    ALLOW_NETWORK_LISTEN: (
+        "to let it, pass --allow-network-listen, or set daskstream.cluster-files.allow-network-listen: true "
+        "in your own dask configuration (DASK_DASKSTREAM__CLUSTER_FILES__ALLOW_NETWORK_LISTEN=true)"
+    ),
+}
+
+
+def allowance(key: str, given: bool | None) -> bool:
+    value = dask.config.get(key, False) if given is None else given
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(
+            f"{key} must be true or false, not {value!r}; set it in your dask configuration or the environment "
+            f"(DASK_{key.upper().replace('.', '__').replace('-', '_')}=true)"
+        )
+    return value
+
+
+def _canonical(key: str) -> str:
+    # dask treats "pre_spawn_environ" and "pre-spawn-environ" as one setting.
+    return key.replace("_", "-")
+
+
+def sections(document: dict, path: Path) -> dict:
+    """The document with dotted keys spread into sections, as dask.config.set would read it.
+
+    Every reader below (the screen, the kind's options, dask.config.set)
+    then sees the same settings. Keys that are not text, and one setting
+    written twice (``a.b`` and ``a: {b: }``, or ``a_b`` and ``a-b``), are refused.
+    daskstream's own setting names are spelled with dashes from here on.
+    """
+    out: dict = {}
+    written: dict[str, tuple[str, bool]] = {}  # canonical name -> (as written, is a section)
+    for dotted, value in _document_leaves(document, path):
+        parts = dotted.split(".")
+        if "" in parts:
+            raise InvalidArgumentError(
+                f"cluster configuration {path}: key {dotted!r} has an empty part; write sections.like.this"
+            )
+        if parts[0] == "daskstream":
+            # Section and option names; the keyword arguments under daskstream.ssh keep their spelling.
+            parts[:3] = [_canonical(part) for part in parts[:3]]
+        canonical = [_canonical(part) for part in parts]
+        for end in range(1, len(parts) + 1):
+            name = ".".join(canonical[:end])
+            section = end < len(parts)
+            before = written.get(name)
+            if before is not None and not (section and before[1]):
+                raise InvalidArgumentError(
+                    f"cluster configuration {path} sets {'.'.join(parts[:end])!r} twice (also as {before[0]!r}); "
+                    "keep one of them"
+                )
+            written.setdefault(name, (".".join(parts[:end]), section))
+        place = out
+        for part in parts[:-1]:
+            place = place.setdefault(part, {})
+        place[parts[-1]] = value
+    return out
+
+
+def _document_leaves(document: Mapping, path: Path, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in document.items():
+        if not isinstance(key, str):
+            raise InvalidArgumentError(
+                f"cluster configuration {path}: key {key!r} under {prefix.rstrip('.') or 'the top level'} is not "
+                "text (YAML reads yes, no, on, off, null and numbers as values); quote it"
+            )
+        if isinstance(value, Mapping) and value:
+            yield from _document_leaves(value, path, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+# --- screening: what a cluster file may set ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Why one setting is refused, and the consent that would let it through (``None``: nothing would)."""
+
+    reason: str
+    needs: str | None = ALLOW_CODE
+
+
+# A rule looks at the value of one setting (a whole section for the sections it owns) and says
+# what is wrong with it, if anything.
+_Rule = Callable[[Any], "_Problem | None"]
+
+
+def screen(config: ClusterConfig) -> None:
+    """Refuse the first setting of ``config`` that its consent does not cover; say how many more there are."""
+    problems: list[tuple[str, _Problem]] = []
+    _screen_section(config.settings, (), problems)
+    # After the settings: a setting's own reason is the more precise one.
+    listen = _NETWORK_KINDS.get(config.kind)
+    if listen is not None:
+        problems.append(("", _Problem(listen, ALLOW_NETWORK_LISTEN)))
+    allowed = {ALLOW_CODE: config.allow_code, ALLOW_NETWORK_LISTEN: config.allow_network_listen}
+    refused = [(key, p) for key, p in problems if p.needs is None or not allowed[p.needs]]
+    if not refused:
+        return
+    # Malformed settings first (no consent helps), then code, then listening.
+    order = {None: 0, ALLOW_CODE: 1, ALLOW_NETWORK_LISTEN: 2}
+    refused.sort(key=lambda item: order[item[1].needs])
+    key, problem = refused[0]
+    subject = (
+        f"cluster configuration {config.path}: {key}" if key else f"cluster configuration {config.path} ({config.kind})"
+    )
+    message = f"{subject} {problem.reason}"
+    if problem.needs is not None:
+        message += f"; {ALLOW_HINTS[problem.needs]}"
+    if len(refused) > 1:
+        message += f" ({len(refused) - 1} more setting(s) of the file are refused too)"
+    raise InvalidArgumentError(message)
+
+
+def _screen_section(section: Mapping, path: tuple[str, ...], problems: list[tuple[str, _Problem]]) -> None:
+    for key, value in section.items():
+        here = (*path, key)
+        dotted = ".".join(here)
+        canonical = ".".join(_canonical(part) for part in here)
+        rule = _rule_for(canonical)
+        if rule is not None:
+            problem = rule(value)
+            if problem is not None:
+                problems.append((f"{dotted} = {_shown(value)}", problem))
+            continue
+        if isinstance(value, Mapping) and value:
+            _screen_section(value, here, problems)
+            continue
+        if canonical in _SECTIONS:
+            if not (value is None or isinstance(value, Mapping)):
+                problems.append((f"{dotted} = {_shown(value)}", _Problem("must be a mapping of settings", None)))
+            continue
+        problem = _unlisted(canonical)
+        if problem is not None:
+            problems.append((f"{dotted} = {_shown(value)}", problem))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _rule_for(canonical: str) -> _Rule | None:
+    rule = _RULES.get(canonical)
+    if rule is not None:
+        return rule
+    for pattern, pattern_rule in _PATTERN_RULES:
+        if fnmatch.fnmatchcase(canonical, pattern):
+            return pattern_rule
+    return None
+
+
+def _unlisted(canonical: str) -> _Problem | None:
+    """A setting no rule owns: data if allow-listed, else refused (as code where its name says so)."""
+    parts = canonical.split(".")
+    if parts[0] == "daskstream":
+        return _Problem(
+            f"is not a daskstream setting a cluster file may make (they are: {', '.join(sorted(_DASKSTREAM_KEYS))})",
+            None,
+        )
+    for word, what in _CODE_WORDS:
+        if any(fnmatch.fnmatchcase(part, word) for part in parts):
+            return _Problem(f"looks like {what}, which is code")
+    if any(fnmatch.fnmatchcase(canonical, pattern) for pattern in _DATA_SETTINGS):
+        return None
+    return _Problem("is not a setting daskstream knows to be data (it may import or run code)")
+
+
+# The kinds whose scheduler listens on a network by design: its workers run on other machines.
+_NETWORK_KINDS = {
+    "slurm": "starts a dask scheduler on this machine that listens on its network interfaces, so that the batch "
+    "jobs' workers reach it; anyone else who reaches it can run code as you",
+    "pbs": "starts a dask scheduler on this machine that listens on its network interfaces, so that the batch "
+    "jobs' workers reach it; anyone else who reaches it can run code as you",
+    "ssh": "starts a dask scheduler and workers on the hosts it names, listening on their networks; anyone who "
+    "reaches the scheduler can run code as you there",
+    "kubernetes": "starts a dask scheduler and workers in Kubernetes pods, listening on the cluster's network; "
+    "anyone who reaches the scheduler can run code with its permissions",
+}
+
+# Settings of dask and distributed that are plain data: numbers, durations, sizes, flags,
+# certificate paths. Anything not matched here (nor owned by a rule below) needs allow-code.
+_DATA_SETTINGS = (
+    "temporary-directory",
+    "distributed.version",
+    "distributed.scheduler.allowed-failures",
+    "distributed.scheduler.bandwidth",
+    "distributed.scheduler.blocked-handlers",
+    "distributed.scheduler.default-data-size",
+    "distributed.scheduler.reuse-broadcast-comm",
+    "distributed.scheduler.events-cleanup-delay",
+    "distributed.scheduler.idle-timeout",
+    "distributed.scheduler.no-workers-timeout",
+    "distributed.scheduler.work-stealing",
+    "distributed.scheduler.work-stealing-interval",
+    "distributed.scheduler.worker-saturation",
+    "distributed.scheduler.rootish-taskgroup",
+    "distributed.scheduler.rootish-taskgroup-dependencies",
+    "distributed.scheduler.worker-ttl",
+    "distributed.scheduler.unknown-task-duration",
+    "distributed.scheduler.validate",
+    "distributed.scheduler.dashboard.status.task-stream-length",
+    "distributed.scheduler.dashboard.tasks.task-stream-length",
+    "distributed.scheduler.dashboard.tls.*",
+    "distributed.scheduler.locks.*",
+    "distributed.scheduler.active-memory-manager.start",
+    "distributed.scheduler.active-memory-manager.interval",
+    "distributed.scheduler.active-memory-manager.measure",
+    "distributed.worker.blocked-handlers",
+    "distributed.worker.use-file-locking",
+    "distributed.worker.transfer.*",
+    "distributed.worker.connections.*",
+    "distributed.worker.daemon",
+    "distributed.worker.validate",
+    "distributed.worker.lifetime.*",
+    "distributed.worker.profile.*",
+    "distributed.worker.memory.*",
+    "distributed.client.direct-to-workers",
+    "distributed.client.heartbeat",
+    "distributed.client.scheduler-info-interval",
+    "distributed.deploy.*",
+    "distributed.adaptive.*",
+    "distributed.comm.retry.*",
+    "distributed.comm.compression",
+    "distributed.comm.shard",
+    "distributed.comm.offload",
+    "distributed.comm.socket-backlog",
+    "distributed.comm.zstd.*",
+    "distributed.comm.timeouts.*",
+    "distributed.comm.require-encryption",
+    "distributed.comm.tls.*",
+    "distributed.comm.websockets.*",
+    "distributed.diagnostics.computations.max-history",
+    "distributed.diagnostics.computations.nframes",
+    "distributed.diagnostics.erred-tasks.*",
+    "distributed.p2p.*",
+    "distributed.admin.large-graph-warning-threshold",
+    "distributed.admin.tick.*",
+    "distributed.admin.max-error-length",
+    "distributed.admin.log-length",
+    "distributed.admin.low-level-log-length",
+    "distributed.admin.system-monitor.*",
+    "daskstream.planning.*",
+    "daskstream.compute.*",
+)
+
+# Words in a setting's name that mark code: they explain a refusal of a setting daskstream does not list.
+_CODE_WORDS = (
+    ("preload*", "a module or file to import"),
+    ("*routes*", "modules to import into a web server"),
+    ("*polic*", "classes to import and call"),
+    ("*class*", "a class to import and call"),
+    ("*loader*", "a function to import and call"),
+    ("*environ*", "environment variables of a process"),
+    ("env", "environment variables of a process"),
+    ("env-*", "environment variables of a process"),
+    ("*import*", "modules to import"),
+    ("*command*", "a command to run"),
+    ("*cmd*", "a command to run"),
+    ("*python*", "the Python to run"),
+    ("*prologue*", "commands to run"),
+    ("*script*", "a script to run"),
+    ("*shebang*", "the interpreter of a script"),
+    ("*template*", "a process specification"),
+    ("*spec*", "a process specification"),
+    ("*plugin*", "plugins to import"),
+    ("logging*", "logging configuration, which builds the classes it names"),
+    ("*pickle*", "what may be unpickled"),
+    ("*hook*", "a function to call"),
+    ("*callback*", "a function to call"),
+    ("*initializer*", "a function to call"),
+    ("*module*", "a module to import"),
+    ("*extra*", "extra commands or arguments"),
+    ("*jupyter*", "a Jupyter server, which runs code"),
+    ("*image*", "a container image to run"),
+    ("*exec*", "something to run"),
+    ("*handler*", "a handler to import"),
+    ("*factory*", "a function to call"),
+    ("*serializ*", "how data is (un)pickled"),
+)
+
+# daskstream's sections, which hold settings rather than being one.
+_SECTIONS = {"daskstream.local", "daskstream.ssh", "daskstream.planning", "daskstream.compute"}
+
+_DASKSTREAM_KEYS = {
+    "cluster",
+    "memory-budget",
+    "jobs",
+    "local",
+    "ssh",
+    "planning",
+    "compute",
+}
+
+
+# --- rules for the settings that need more than "data" -------------------------------------------
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {} or value == "" or value is False
+
+
+def _code(reason: str, *harmless: Any) -> _Rule:
+    """Code unless empty or one of the values that run only dask's own code."""
+
+    def rule(value: Any) -> _Problem | None:
+        if _empty(value) or any(value == h for h in harmless):
+            return None
+        return _Problem(reason)
+
+    return rule
+
+
+def _never(reason: str) -> _Rule:
+    def rule(value: Any) -> _Problem | None:
+        return _Problem(reason, None)
+
+    return rule
+
+
+def _data(value: Any) -> _Problem | None:
+    return None
+
+
+def _mapping_of(check: Callable[[Any], bool], what: str) -> _Rule:
+    def rule(value: Any) -> _Problem | None:
+        if value is None or (isinstance(value, Mapping) and all(check(v) for v in value.values())):
+            return None
+        return _Problem(f"must be a mapping of names to {what}", None)
+
+    return rule
+
+
+def _one_of(*choices: Any) -> _Rule:
+    def rule(value: Any) -> _Problem | None:
+        if value is None or value in choices:
+            return None
+        return _Problem(f"must be one of {', '.join(map(repr, choices))}", None)
+
+    return rule
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
+# Environment variables a file may set for worker processes: thread counts and malloc tuning,
+# to whole numbers. Any other (PYTHONPATH, LD_PRELOAD, PYTHONSTARTUP, BASH_ENV, PYTHONWARNINGS...)
+# can make the process run code.
+_HARMLESS_ENVIRONMENT = frozenset(
+    _canonical(name)
+    for name in (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "NUMEXPR_MAX_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TOP_PAD_",
+    )
+)
+
+
+def _environment(where: str) -> _Rule:
+    def rule(value: Any) -> _Problem | None:
+        if value is None or value == {}:
+            return None
+        if not isinstance(value, Mapping):
+            return _Problem("must be a mapping of environment variable names to values", None)
+        for name, setting in value.items():
+            whole = (_is_number(setting) and float(setting).is_integer()) or (
+                isinstance(setting, str) and re.fullmatch(r"[0-9]+", setting)
+            )
+            if _canonical(str(name)) not in _HARMLESS_ENVIRONMENT or not whole:
+                return _Problem(
+                    f"sets the environment variable {name} of {where} (variables such as PYTHONPATH and "
+                    "LD_PRELOAD run code; a file may set only thread counts and malloc tuning, to whole numbers)"
+                )
+        return None
+
+    return rule
+
+
+# A word of a shell command: letters, digits and _@%+=:,./~- , plus $NAME or ${NAME}. No spaces,
+# quotes, globs, braces or command substitution, so it stays one argument and runs nothing.
+_SHELL_WORD = re.compile(r"(?:[A-Za-z0-9_@%+=:,./~-]|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})*")
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _shell_words(where: str) -> _Rule:
+    """Values that land in a shell command or batch script unquoted: plain words only."""
+
+    def rule(value: Any) -> _Problem | None:
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, (Mapping, list)):
+                return _Problem("must be a single value", None)
+            if not isinstance(item, str):
+                continue
+            # $IFS and bash's own variables expand to spaces: they would split one word into arguments.
+            names = _VARIABLE.findall(item)
+            if not _SHELL_WORD.fullmatch(item) or any(n == "IFS" or n.startswith("BASH") for n in names):
+                return _Problem(
+                    f"is written into {where} as is, and is not a plain word (letters, digits, _@%+=:,./~- and "
+                    "$VARIABLE only): spaces, quotes, ;|&<>, braces and $(...) can add commands"
+                )
+        return None
+
+    return rule
+
+
+def _listen(what: str) -> _Rule:
+    """An address a server listens on (``HOST:PORT`` forms of distributed's dashboard addresses)."""
+
+    def rule(value: Any) -> _Problem | None:
+        if value is None:
+            return None
+        try:
+            points = listen_points(value)
+        except ValueError as exc:
+            return _Problem(str(exc), None)
+        for host, _ in points:
+            beyond = beyond_loopback(host)
+            if beyond:
+                return _Problem(f"would make {what} listen {beyond}", ALLOW_NETWORK_LISTEN)
+        return None
+
+    return rule
+
+
+def _host(what: str) -> _Rule:
+    """A host (or ``scheme://host:port``) a server binds to or is reached at."""
+
+    def rule(value: Any) -> _Problem | None:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            return _Problem("must be a host name or address", None)
+        scheme, sep, rest = value.rpartition("://")
+        if sep and scheme not in SCHEDULER_SCHEMES:
+            return _Problem(f"uses {scheme}://; use tcp:// or tls://", None)
+        try:
+            host, port = split_host_port(rest)
+        except ValueError as exc:
+            return _Problem(str(exc), None)
+        if (port is not None and not re.fullmatch(r"[0-9]{1,5}", port)) or (host and not valid_host(host)):
+            return _Problem("is not HOST or HOST:PORT", None)
+        beyond = beyond_loopback(host)
+        return _Problem(f"would make {what} listen {beyond}", ALLOW_NETWORK_LISTEN) if beyond else None
+
+    return rule
+
+
+def _interface(what: str) -> _Rule:
+    """A network interface name (eth0, ib0, lo) a server binds to."""
+
+    def rule(value: Any) -> _Problem | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,32}", value):
+            return _Problem("must be the name of a network interface, such as lo or eth0", None)
+        import psutil
+
+        families = (socket.AF_INET, socket.AF_INET6)
+        addresses = [a.address for a in psutil.net_if_addrs().get(value, []) if a.family in families]
+        if addresses and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+            return None
+        return _Problem(f"would make {what} listen on the network interface {value}", ALLOW_NETWORK_LISTEN)
+
+    return rule
+
+
+def _options(role: str, allowed: Mapping[str, _Rule]) -> _Rule:
+    """Keyword arguments of a distributed Scheduler or Worker, started on another machine or here."""
+
+    def rule(value: Any) -> _Problem | None:
+        if value is None or value == {}:
+            return None
+        if not isinstance(value, Mapping):
+            return _Problem(f"must be a mapping of {role} keyword arguments", None)
+        for name, option in value.items():
+            check = allowed.get(name)
+            if check is None:
+                return _Problem(
+                    f"passes {name}= to the {role}, which daskstream does not know to be data (options such as "
+                    "preload, plugins or worker_class import and run code)"
+                )
+            problem = check(option)
+            if problem is not None:
+                return _Problem(f"passes {name}={option!r} to the {role}, which {problem.reason}", problem.needs)
+        return None
+
+    return rule
+
+
+def _all(*rules: _Rule) -> _Rule:
+    def rule(value: Any) -> _Problem | None:
+        for each in rules:
+            problem = each(value)
+            if problem is not None:
+                return problem
+        return None
+
+    return rule
+
+
+def _typed(check: Callable[[Any], bool], what: str) -> _Rule:
+    def rule(value: Any) -> _Problem | None:
+        return None if check(value) else _Problem(f"must be {what}", None)
+
+    return rule
+
+
+_WORD_IN_COMMAND = _shell_words("a shell command on the remote host")
+_SCHEDULER_OPTIONS: dict[str, _Rule] = {
+    "port": _typed(lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a port number"),
+    "dashboard": _typed(lambda v: isinstance(v, bool), "true or false"),
+    "dashboard_address": _all(_WORD_IN_COMMAND, _listen("the scheduler's dashboard")),
+    "host": _all(_WORD_IN_COMMAND, _host("the scheduler")),
+    "interface": _interface("the scheduler"),
+    "protocol": _one_of("tcp", "tcp://", "tls", "tls://"),
+    "idle_timeout": _all(_WORD_IN_COMMAND, _typed(_is_scalar, "a duration")),
+}
+_WORKER_OPTIONS: dict[str, _Rule] = {
+    "nthreads": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "n_workers": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "memory_limit": _all(_WORD_IN_COMMAND, _typed(_is_scalar, "a size")),
+    "local_directory": _WORD_IN_COMMAND,
+    "death_timeout": _all(_WORD_IN_COMMAND, _typed(_is_scalar, "a duration")),
+    "lifetime": _all(_WORD_IN_COMMAND, _typed(_is_scalar, "a duration")),
+    "lifetime_stagger": _all(_WORD_IN_COMMAND, _typed(_is_scalar, "a duration")),
+    "lifetime_restart": _typed(lambda v: isinstance(v, bool), "true or false"),
+    "resources": _all(_WORD_IN_COMMAND, _mapping_of(_is_number, "numbers")),
+    "name": _WORD_IN_COMMAND,
+    "dashboard": _typed(lambda v: isinstance(v, bool), "true or false"),
+    "dashboard_address": _all(_WORD_IN_COMMAND, _listen("a worker's dashboard")),
+    "host": _all(_WORD_IN_COMMAND, _host("a worker")),
+    "listen_address": _all(_WORD_IN_COMMAND, _host("a worker")),
+    "contact_address": _all(_WORD_IN_COMMAND, _host("a worker")),
+    "interface": _interface("a worker"),
+    "protocol": _one_of("tcp", "tcp://", "tls", "tls://"),
+    "worker_port": _typed(lambda v: v is None or isinstance(v, (int, str)), "a port or a port range"),
+    "nanny_port": _typed(lambda v: v is None or isinstance(v, (int, str)), "a port or a port range"),
+}
+
+
+def _path_or_paths(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
+_CONNECT_OPTIONS: dict[str, _Rule] = {
+    "username": _typed(lambda v: isinstance(v, str), "a user name"),
+    "port": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool), "a port number"),
+    # Without host keys, whatever answers at a host's name gets the cluster's settings, and the
+    # results it sends back are unpickled here.
+    "known_hosts": lambda v: (
+        None
+        if _path_or_paths(v) and v
+        else _Problem("turns off the check of the hosts' keys: any machine answering at their names would be trusted")
+    ),
+    "client_keys": _typed(lambda v: v is None or _path_or_paths(v), "a key file or a list of them"),
+    "connect_timeout": _typed(_is_scalar, "a duration"),
+    "login_timeout": _typed(_is_scalar, "a duration"),
+    "keepalive_interval": _typed(_is_scalar, "a duration"),
+    "keepalive_count_max": _typed(lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "password": _typed(lambda v: isinstance(v, str), "text"),
+    "passphrase": _typed(lambda v: isinstance(v, str), "text"),
+}
+
+
+def _connect_options(value: Any) -> _Problem | None:
+    """asyncssh.connect's options: ``proxy_command``, ``config`` (ProxyCommand) and others run commands here."""
+    for options in value if isinstance(value, list) else [value]:
+        problem = _options("ssh connection", _CONNECT_OPTIONS)(options)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _ssh_host_names(value: Any) -> _Problem | None:
+    if isinstance(value, list) and all(isinstance(h, str) and valid_host(h) for h in value):
+        return None
+    return _Problem("must list host names or IP addresses (the scheduler's first, then the workers')", None)
+
+
+# Kubernetes names: lowercase letters, digits and dashes; {user} and {uuid} are filled in by
+# dask-kubernetes (other {fields} would be filled from this process's environment).
+_KUBERNETES_NAME = re.compile(r"(?:[a-z0-9-]|\{user\}|\{uuid\})+")
+# dask's own images run dask's own code; any other runs code chosen by the file.
+_DASK_IMAGES = re.compile(
+    r"(?:ghcr\.io/dask/dask|(?:docker\.io/)?daskdev/dask)(?::[A-Za-z0-9._-]+)?(?:@sha256:[0-9a-f]{64})?"
+)
+
+
+def _kubernetes_image(value: Any) -> _Problem | None:
+    if not isinstance(value, str):
+        return _Problem("must name a container image", None)
+    if _DASK_IMAGES.fullmatch(value):
+        return None
+    return _Problem("is the container image every scheduler and worker pod runs: code chosen by the file")
+
+
+def _jobqueue_rules(kind: str) -> dict[str, _Rule]:
+    base = f"jobqueue.{kind}"
+    in_script = _shell_words("the batch job script")
+    words = (
+        "name", "cores", "memory", "processes", "walltime", "queue", "account", "project",
+        "local-directory", "shared-temp-directory", "log-directory", "resource-spec", "job-cpu",
+        "job-mem", "death-timeout", "nanny", "protocol", "memory-per-core-property-name",
+    )  # fmt: skip
+    rules: dict[str, _Rule] = {f"{base}.{word}": in_script for word in words}
+    rules.update(
+        {
+            f"{base}.interface": _all(in_script, _interface("the scheduler and the workers")),
+            f"{base}.python": _code("is the Python the batch jobs run"),
+            f"{base}.worker-command": _code("is the module the batch jobs run", "distributed.cli.dask_worker"),
+            f"{base}.shebang": _code("is the interpreter of the batch job script", "#!/usr/bin/env bash"),
+            f"{base}.job-script-prologue": _code("adds shell commands to the batch job script"),
+            f"{base}.env-extra": _code("adds shell commands to the batch job script"),
+            f"{base}.worker-extra-args": _code("adds arguments to the worker command (--preload runs code)"),
+            f"{base}.extra": _code("adds arguments to the worker command (--preload runs code)"),
+            f"{base}.job-extra-directives": _code("adds batch directives, which can set the job's environment"),
+            f"{base}.job-extra": _code("adds batch directives, which can set the job's environment"),
+            f"{base}.job-directives-skip": _typed(
+                lambda v: v is None or (isinstance(v, list) and all(isinstance(i, str) for i in v)), "a list of text"
+            ),
+            f"{base}.header-skip": _typed(
+                lambda v: v is None or (isinstance(v, list) and all(isinstance(i, str) for i in v)), "a list of text"
+            ),
+            f"{base}.scheduler-options": _options("scheduler started on this machine", _SCHEDULER_OPTIONS),
+        }
+    )
+    return rules
+
+
+_RULES: dict[str, _Rule] = {
+    # daskstream's own section
+    "daskstream.cluster": _data,
+    "daskstream.memory-budget": _typed(_is_scalar, "a size such as 2GiB, or auto"),
+    "daskstream.jobs": _data,
+    "daskstream.local.n-workers": _data,
+    "daskstream.local.threads-per-worker": _data,
+    "daskstream.local.memory-limit": _data,
+    "daskstream.local.dashboard-address": _listen("the dashboard"),
+    "daskstream.ssh.hosts": _ssh_host_names,
+    "daskstream.ssh.connect-options": _connect_options,
+    "daskstream.ssh.worker-options": _options("workers", _WORKER_OPTIONS),
+    "daskstream.ssh.scheduler-options": _options("scheduler", _SCHEDULER_OPTIONS),
+    "daskstream.ssh.remote-python": _code("is the Python run on the remote hosts"),
+    "daskstream.cluster-files": _never(
+        "is the user's consent, which a cluster file cannot give itself; remove it from the file and set it "
+        "outside (--allow-code, --allow-network-listen, or your own dask configuration)"
+    ),
+    # dask's address of the scheduler a Client joins: checked in full where it is joined.
+    "scheduler-address": _data,
+    # distributed: mappings of free names, choices, addresses and environments
+    "distributed.scheduler.default-task-durations": _mapping_of(_is_scalar, "durations"),
+    "distributed.worker.resources": _mapping_of(_is_number, "numbers"),
+    "distributed.worker.multiprocessing-method": _one_of("spawn", "forkserver", "fork"),
+    "distributed.comm.default-scheme": _one_of("tcp", "tls"),
+    "distributed.scheduler.contact-address": _host("the scheduler"),
+    "distributed.nanny.environ": _environment("the worker processes"),
+    "distributed.nanny.pre-spawn-environ": _environment("the worker processes and of this process"),
+    # distributed: code, named for clear messages (unlisted settings are refused anyway)
+    "distributed.scheduler.preload": _code("imports the modules or runs the Python files it names in the scheduler"),
+    "distributed.worker.preload": _code("imports the modules or runs the Python files it names in each worker"),
+    "distributed.nanny.preload": _code("imports the modules or runs the Python files it names in each nanny"),
+    "distributed.client.preload": _code("imports the modules or runs the Python files it names in this process"),
+    "distributed.scheduler.preload-argv": _code("passes arguments to the scheduler's preload modules"),
+    "distributed.worker.preload-argv": _code("passes arguments to the workers' preload modules"),
+    "distributed.nanny.preload-argv": _code("passes arguments to the nannies' preload modules"),
+    "distributed.client.preload-argv": _code("passes arguments to this process's preload modules"),
+    "distributed.scheduler.active-memory-manager.policies": _code(
+        "imports and calls the class each policy names", [{"class": "distributed.active_memory_manager.ReduceReplicas"}]
+    ),
+    "distributed.scheduler.http.routes": _code("imports the modules it names into the scheduler's web server"),
+    "distributed.worker.http.routes": _code("imports the modules it names into each worker's web server"),
+    "distributed.client.security-loader": _code("imports and calls the function it names when the Client connects"),
+    "distributed.scheduler.allowed-imports": _code(
+        "lets the scheduler import the modules clients name", ["dask", "distributed"]
+    ),
+    "distributed.scheduler.pickle": _one_of(True, False),
+    "logging": _code("configures Python logging, which builds the classes and handlers it names"),
+    "logging-file-config": _code("reads a logging file, whose settings Python evaluates as code"),
+    "distributed.logging": _code("configures Python logging, which builds the classes and handlers it names"),
+    # dask-jobqueue
+    **_jobqueue_rules("slurm"),
+    **_jobqueue_rules("pbs"),
+    # dask-kubernetes (the operator's KubeCluster)
+    "kubernetes.name": _typed(
+        lambda v: isinstance(v, str) and bool(_KUBERNETES_NAME.fullmatch(v)),
+        "a Kubernetes name (lowercase letters, digits and -, with {user} and {uuid} filled in)",
+    ),
+    "kubernetes.namespace": _typed(
+        lambda v: v is None or (isinstance(v, str) and bool(re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", v))),
+        "a Kubernetes namespace or null",
+    ),
+    "kubernetes.image": _kubernetes_image,
+    "kubernetes.count.start": _typed(
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a number"
+    ),
+    "kubernetes.count.max": _typed(lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a number"),
+    "kubernetes.resources": _typed(lambda v: v is None or isinstance(v, Mapping), "a mapping of requests and limits"),
+    "kubernetes.env": _environment("the scheduler and worker pods"),
+    "kubernetes.worker-command": _code("is the command every worker pod runs", "dask-worker"),
+    "kubernetes.scheduler-service-type": lambda v: (
+        None
+        if v in (None, "ClusterIP")
+        else _Problem(f"would make the scheduler listen outside the Kubernetes cluster ({v})", ALLOW_NETWORK_LISTEN)
+    ),
+    "kubernetes.idle-timeout": _typed(_is_scalar, "a duration"),
+    "kubernetes.resource-timeout": _typed(_is_scalar, "a duration"),
+    "kubernetes.shutdown-on-close": _typed(lambda v: isinstance(v, bool), "true or false"),
+    "kubernetes.port-forward-cluster-ip": _typed(lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    "kubernetes.scheduler-forward-port": _typed(lambda v: v is None or isinstance(v, int), "a port number"),
+    "kubernetes.create-mode": _one_of("CREATE_OR_CONNECT", "CREATE_ONLY", "CONNECT_ONLY"),
+    "kubernetes.custom-cluster-spec": _code("is a whole cluster resource, with the commands its pods run"),
+    "kubernetes.scheduler-jupyter": _code("starts a Jupyter server in the scheduler pod, which runs code"),
+}
+
+# Rules that own every setting under a prefix.
+_PATTERN_RULES: tuple[tuple[str, _Rule], ...] = (
+    ("daskstream.planning.*", _data),
+    ("daskstream.compute.*", _data),
+    ("kubernetes.resources.*", _data),
+)
