@@ -22,6 +22,7 @@ __all__ = [
     "KernelShapeError",
     "MemberNotFoundError",
     "MemoryBudgetError",
+    "MissingDependencyError",
     "NotARegularFileError",
     "NotAZarrStoreError",
     "NotAnArrayError",
@@ -167,6 +168,10 @@ class TargetWriteError(DaskstreamError, OSError):
     def __str__(self) -> str:
         # OSError formats as "[Errno 28] message"; the message alone already says it.
         return str(self.strerror if self.strerror is not None else (self.args[0] if self.args else ""))
+
+
+class MissingDependencyError(DaskstreamError, ImportError):
+    """An optional package that a feature needs is not installed (or not in a version that works)."""
 
 
 class ClusterConnectionError(DaskstreamError, ConnectionError):

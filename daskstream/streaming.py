@@ -1,4 +1,10 @@
-"""Batches for training loops: storage-aligned reads in a background thread, shuffled in bounded windows.
+"""Batches for training loops: storage-aligned reads ahead of the loop, shuffled in bounded windows.
+
+The array is cut into shards that depend only on the data and the arguments,
+so that every rank of a distributed training run splits it alike; each epoch
+the shards are laid end to end (in a shared random order when shuffling) and
+every rank takes an equal run of that sequence. Reads run ahead in a thread
+pool, the next shuffle window and the next epoch's first reads included.
 
 >>> import numpy as np, tempfile, os
 >>> import daskstream as ds
@@ -12,21 +18,28 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import math
 import os
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from daskstream.errors import InvalidArgumentError, InvalidAxisError, MemoryBudgetError
+from daskstream.errors import InvalidArgumentError, InvalidAxisError, MemoryBudgetError, SourceChangedError
 from daskstream.planning.budget import format_size
 from daskstream.sources import Source, open_source
+from daskstream.sources.base import REREAD_ADVICE
 
 _END = object()
+_STREAM_ADVICE = (
+    "make the stream again over the new data (ds.stream, or StreamDataset and its DataLoader) and start the "
+    "epoch again; batches already yielded this epoch came from the old data"
+)
 
 
 class _Failure:
@@ -79,9 +92,26 @@ class _Input:
 
     def read(self, axis: int, start: int, stop: int) -> np.ndarray:
         index = (slice(None),) * axis + (slice(start, stop),)
-        if self.source is not None:
-            return self.source.read(index)
-        return np.asarray(self.array[index].compute(scheduler="sync"))
+        try:
+            if self.source is not None:
+                return self.source.read(index)
+            return np.asarray(self.array[index].compute(scheduler="sync"))
+        except SourceChangedError as exc:
+            # Advice for a training loop rather than for a computation.
+            message = str(exc).replace("this computation", "this epoch").replace(REREAD_ADVICE, _STREAM_ADVICE)
+            raise type(exc)(message) from None
+
+
+# The split of an array among ranks is planned as if for this budget unless one is given, so that
+# every rank, whatever its machine, cuts the same shards. Shards are at most SHARD_BYTES: a read
+# that large costs little per byte, and a shuffle over such shards still mixes well.
+SPLIT_BUDGET = 256 * 2**20
+SHARD_BYTES = 8 * 2**20
+SHARES = ("pad", "drop", "uneven")
+# The reading threads the split assumes, so that a machine with up to this many fits the same shards.
+SPLIT_THREADS = 4
+# Reads the reader may add ahead of the consumer when it finds the consumer waiting.
+_MAX_EXTRA_READS = 8
 
 
 def stream(
@@ -97,6 +127,9 @@ def stream(
     rank: int = 0,
     world_size: int = 1,
     shuffle_blocks: int = 4,
+    shares: str = "pad",
+    worker: int = 0,
+    num_workers: int = 1,
 ) -> Stream:
     """Batches of ``x`` along ``axis`` as numpy arrays, read ahead in a background thread.
 
@@ -110,40 +143,62 @@ def stream(
     axis
         The axis that indexes items.
     batch_size
-        Items per batch; default one planned block (a storage-aligned read of
-        about the planner's chunk size).
+        Items per batch; default one shard (see ``shares``).
     prefetch
         Batches kept ready ahead of the consumer, or ``"auto"``: as many as a
-        quarter of the memory budget holds (at least 2).
+        quarter of the memory budget holds (at least 2). Reads run further
+        ahead by themselves when the consumer is found waiting, within the
+        budget.
     shuffle
-        A different order every epoch: storage-aligned blocks in random order,
-        then the items of each window of ``shuffle_blocks`` blocks shuffled
-        together. Never a random read per item; every item still appears
-        exactly once per epoch.
+        A different order every epoch: shards in random order, then the items
+        of each window of ``shuffle_blocks`` shards shuffled together. Never a
+        random read per item; every item appears exactly once per epoch (per
+        rank: see ``shares``). The next window is read while the current one
+        is consumed.
     seed
         Makes shuffled orders reproducible: epoch ``e`` uses ``(seed, e)``.
         Needed with ``shuffle`` and ``world_size > 1``, so that every rank
-        draws the same block order and takes a disjoint share.
+        draws the same shard order and takes a disjoint share.
     drop_last
         Leave out a last batch shorter than ``batch_size``.
     memory_budget
-        Bytes the stream may hold (default as for the planner): sizes blocks and ``prefetch="auto"``.
+        Bytes the stream may hold (default as for the planner): checked
+        against everything the stream holds, sizes its reads and ``prefetch="auto"``.
+        When given (or when ``x`` was opened with one) it also sizes the
+        shards, so give every rank the same.
     rank, world_size
-        Data-parallel training: this consumer takes every ``world_size``-th
-        block from ``rank`` on, so the ranks' shares are disjoint and cover
-        the array.
+        Data-parallel training. The epoch's shards, in their (shared) order,
+        are laid end to end and rank ``rank`` takes the ``rank``-th of
+        ``world_size`` equal runs of that sequence. The shards depend only on
+        the array (shape, dtype, storage chunks), ``world_size``, ``shuffle``,
+        ``shuffle_blocks`` and ``memory_budget`` when given -- never on the
+        machine -- so ranks on different machines split the same way.
     shuffle_blocks
-        Blocks shuffled together: the bound on the shuffle buffer.
+        Shards shuffled together: the bound on the shuffle buffer.
+    shares
+        How ranks get equal shares when the items do not divide evenly:
+        ``"pad"`` (default; as ``DistributedSampler`` does, the last shares
+        repeat the first items of the epoch's sequence, so every rank has
+        ``ceil(n / world_size)`` items and the same number of batches, which
+        distributed training needs), ``"drop"`` (every rank has ``n //
+        world_size`` items; the last few of the epoch's sequence are left out)
+        or ``"uneven"`` (every item once; shares differ by at most one item).
+    worker, num_workers
+        This consumer's place among the loader workers of one rank (a
+        DataLoader's ``worker_info``): the rank's batches are split among the
+        workers in contiguous runs, so the rank yields the same batches
+        whatever the number of workers.
 
     Returns
     -------
     Stream
         Iterate it once per epoch (``for batch in s``); ``len(s)`` is the
-        number of batches of the next epoch.
+        number of batches this consumer yields each epoch.
     """
     return Stream(
         x, axis=axis, batch_size=batch_size, prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last,
         memory_budget=memory_budget, rank=rank, world_size=world_size, shuffle_blocks=shuffle_blocks,
+        shares=shares, worker=worker, num_workers=num_workers,
     )  # fmt: skip
 
 
@@ -153,9 +208,17 @@ class Stream:
     Attributes
     ----------
     block_bounds
-        ``(start, stop)`` along the axis of every storage-aligned block read as one.
+        ``(start, stop)`` along the axis of every shard: storage-aligned runs
+        of items, the same on every rank (see :func:`stream`).
+    share
+        ``(start, stop)`` positions in each epoch's sequence of shards that
+        this consumer takes (``stop`` may pass the array's length: ``"pad"``
+        wraps to the start).
+    read_rows
+        Items one read takes at most (a shard, or a storage-aligned part of
+        one when the budget is small).
     batch_size, prefetch
-        Items per batch; batches read ahead.
+        Items per batch; batches kept ready.
     epoch
         The epoch the next iteration yields (advances on each iteration; see :meth:`set_epoch`).
     """
@@ -174,7 +237,11 @@ class Stream:
         rank: int,
         world_size: int,
         shuffle_blocks: int,
+        shares: str = "pad",
+        worker: int = 0,
+        num_workers: int = 1,
     ) -> None:
+        from daskstream.planning.budget import parse_budget
         from daskstream.runtime.resources import resolve_resources
 
         self.zipped = isinstance(x, (tuple, list))
@@ -201,30 +268,52 @@ class Stream:
             ("world_size", world_size, 1),
             ("rank", rank, 0),
             ("shuffle_blocks", shuffle_blocks, 1),
+            ("num_workers", num_workers, 1),
+            ("worker", worker, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name}={value!r} must be an int of at least {low}")
         if rank >= world_size:
             raise InvalidArgumentError(f"rank={rank} must be below world_size={world_size}")
+        if worker >= num_workers:
+            raise InvalidArgumentError(f"worker={worker} must be below num_workers={num_workers}")
+        if shares not in SHARES:
+            raise InvalidArgumentError(f"shares={shares!r}: choose one of {', '.join(map(repr, SHARES))}")
         if shuffle and world_size > 1 and seed is None:
             raise InvalidArgumentError(
-                "shuffle=True with world_size > 1 needs seed=: every rank must draw the same block order "
+                "shuffle=True with world_size > 1 needs seed=: every rank must draw the same shard order "
                 "to take a disjoint share"
             )
-        self.resources = resolve_resources(memory_budget=self._budget(memory_budget))
-        self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
-        self.rank, self.world_size, self.shuffle_blocks = rank, world_size, shuffle_blocks
-        self.threads = self.resources.threads
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1
         ):
             raise InvalidArgumentError(f"batch_size={batch_size!r} must be a positive int")
         if prefetch != "auto" and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
             raise InvalidArgumentError(f"prefetch={prefetch!r} must be a positive int or 'auto'")
-        self.block_bounds = self._blocks(world_size, batch_size, prefetch)
+        given = self._budget(memory_budget)
+        self.resources = resolve_resources(memory_budget=given)
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
+        self.rank, self.world_size, self.shuffle_blocks = rank, world_size, shuffle_blocks
+        self.shares, self.worker, self.num_workers = shares, worker, num_workers
+        # Loader workers are the parallelism already: one reading thread each.
+        self.threads = 1 if num_workers > 1 else self.resources.threads
+        # Mixed into the order of this consumer's items (never into the split): see daskstream.torch.
+        self.order_entropy: int | None = None
+        # Makes the arrays shuffled batches are gathered into (daskstream.torch: shared memory).
+        self.allocate: Any = np.empty
+        # Form batches in the iterating thread (reads still run ahead): for a loader worker, which is
+        # the prefetching process already, a second thread handing batches over only costs time.
+        self.in_caller_thread = False
+        # Reading threads, kept between epochs, and the next epoch's first reads, begun during the last one.
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._primed: tuple[int, list[tuple[int, int]], deque] | None = None
+        split_budget = SPLIT_BUDGET if given is None else parse_budget(given)
+        self.block_bounds = self._shards(split_budget, batch_size, prefetch)
         if batch_size is None:
             batch_size = max(1, self.block_bounds[0][1] - self.block_bounds[0][0]) if self.block_bounds else 1
         self.batch_size = int(batch_size)
+        self.share = self._share()
+        self.read_rows, self.extra_reads = self._reads(prefetch)
         self.prefetch = self._prefetch(prefetch)
         self.epoch = 0
 
@@ -234,30 +323,90 @@ class Stream:
             return memory_budget
         return min((i.opened_budget for i in self.inputs if i.opened_budget), default=None)
 
-    # -- planning ------------------------------------------------------------------
+    # -- planning: the split (the same on every rank) ---------------------------------
 
     @property
     def item_bytes(self) -> int:
         """Bytes of one item across all zipped arrays."""
         return sum(i.item_bytes(self.axis) for i in self.inputs)
 
+    def _unit(self, spread: int) -> int:
+        # Shards whole in every zipped array's storage chunks, unless that makes them too few;
+        # then whole in the first array's (the others' chunks at shard edges are read twice).
+        unit = math.lcm(*(i.unit(self.axis) for i in self.inputs))
+        return self.inputs[0].unit(self.axis) if unit > spread else unit
+
+    def _shards(self, split_budget: int, batch_size: int | None, prefetch: int | str) -> list[tuple[int, int]]:
+        """Storage-aligned shards along the axis, a function of the data and the shared arguments only.
+
+        At most SHARD_BYTES, small enough that everything the stream holds fits
+        ``split_budget`` (a fifth left free) with SPLIT_THREADS reading, and at
+        least two per rank where the storage grid allows.
+        """
+        spread = max(1, math.ceil(self.length / (2 * self.world_size)))
+        unit = self._unit(spread)
+        ready = 2 if prefetch == "auto" else int(prefetch)
+
+        def held(rows: int) -> int:
+            batch = (rows if batch_size is None else min(int(batch_size), self.length)) * self.item_bytes
+            return sum(self._terms(rows * self.item_bytes, batch, ready, 0, threads=SPLIT_THREADS).values())
+
+        low, high = 1, max(1, min(SHARD_BYTES // max(1, self.item_bytes * unit), math.ceil(spread / unit)))
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if held(middle * unit) <= split_budget * 4 // 5 else (low, middle - 1)
+        rows = low * unit
+        return [(start, min(start + rows, self.length)) for start in range(0, self.length, rows)]
+
+    def _share(self) -> tuple[int, int]:
+        """Positions in the epoch's sequence this consumer takes: its rank's run, then its worker's batches."""
+        n, ranks, rank = self.length, self.world_size, self.rank
+        if self.shares == "uneven":
+            low, high = rank * n // ranks, (rank + 1) * n // ranks
+        else:
+            each = n // ranks if self.shares == "drop" else -(-n // ranks)
+            low, high = rank * each, (rank + 1) * each
+        items = high - low
+        batches = items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+        first, last = self.worker * batches // self.num_workers, (self.worker + 1) * batches // self.num_workers
+        return low + first * self.batch_size, low + min(last * self.batch_size, items)
+
+    @property
+    def rank_batches(self) -> int:
+        """Batches this consumer's rank yields each epoch, over all its workers."""
+        n, ranks = self.length, self.world_size
+        if self.shares == "uneven":
+            items = (self.rank + 1) * n // ranks - self.rank * n // ranks
+        else:
+            items = n // ranks if self.shares == "drop" else -(-n // ranks)
+        return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+
+    # -- planning: this machine (reads, prefetch, memory) ------------------------------
+
     @property
     def memory_terms(self) -> dict[str, int]:
-        """What the stream holds at most, term by term: read ahead, shuffle window, batches ready and forming."""
-        rows = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 0
-        return self._terms(rows * self.item_bytes, min(self.batch_size, self.length) * self.item_bytes, self.prefetch)
+        """What the stream holds at most, term by term: reads ahead, shuffle window, batches ready and forming."""
+        return self._terms(self.read_rows * self.item_bytes, self._batch_bytes, self.prefetch, self.extra_reads)
 
     @property
     def projected_peak_bytes(self) -> int:
         return sum(self.memory_terms.values())
 
-    def _terms(self, block: int, batch: int, prefetch: int) -> dict[str, int]:
-        # A batch inside one block is a view of it: in order, each batch held keeps its block.
-        pinned = batch if self.shuffle else max(batch, block)
+    @property
+    def _batch_bytes(self) -> int:
+        return min(self.batch_size, self.length) * self.item_bytes
+
+    def _terms(
+        self, read: int, batch: int, prefetch: int, extra_reads: int, *, threads: int | None = None
+    ) -> dict[str, int]:
+        # A batch inside one read is a view of it: in order, each batch held keeps its read.
+        pinned = batch if self.shuffle else max(batch, read)
+        threads = self.threads if threads is None else threads
         return {
-            # A read in flight per thread, one more queued, and the block being taken apart.
-            "read ahead": (self.threads + 2) * block,
-            "shuffle window": (self.shuffle_blocks * block) if self.shuffle else 0,
+            # A read in flight per thread, one more queued, the next window when shuffling, and the
+            # reads added when the consumer was found waiting.
+            "read ahead": (threads + 1 + (self.shuffle_blocks if self.shuffle else 0) + extra_reads) * read,
+            "shuffle window": (self.shuffle_blocks * read) if self.shuffle else 0,
             # The batches in the queue, and the one waiting to enter it.
             "batches ready": (prefetch + 1) * pinned,
             # The batch being put together (and, shuffling, the rows gathered for it).
@@ -266,81 +415,74 @@ class Stream:
             "batch in use": pinned,
         }
 
-    def _blocks(self, world_size: int, batch_size: int | None, prefetch: int | str) -> list[tuple[int, int]]:
-        """Storage-aligned blocks along the axis: as large as the budget allows beside the window and the
-        batches (and no larger than the planner's chunk), enough for every thread and rank.
+    def _reads(self, prefetch: int | str) -> tuple[int, int]:
+        """Items per read and the reads that may be added ahead, as the budget allows on this machine.
 
-        Raises :class:`MemoryBudgetError` when even one storage-aligned block does not fit.
+        In order, a shard is read in storage-aligned parts when a whole one does
+        not fit; a shuffle window is made of whole shards, so a window that
+        does not fit is a :class:`MemoryBudgetError`.
         """
-        from daskstream.runtime.resources import cache_sized_chunk_bytes
-
-        # A fifth of the budget stays free for what the allocator keeps and the loop's own copies.
-        budget = self.resources.memory_budget * 4 // 5
-        # At least two blocks per reading thread and per rank, where the storage grid allows.
-        spread = math.ceil(self.length / (2 * self.threads * world_size))
-        # Blocks whole in every zipped array's storage chunks, unless that makes them too few;
-        # then whole in the first array's (the others' chunks at block edges are read twice).
-        unit = math.lcm(*(i.unit(self.axis) for i in self.inputs))
-        if unit > spread:
-            unit = self.inputs[0].unit(self.axis)
+        budget = self.resources.memory_budget * 4 // 5  # a fifth stays free for the allocator and the loop
+        shard = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 1
+        unit = self._unit(shard) if not self.shuffle else shard
         ready = 2 if prefetch == "auto" else int(prefetch)
 
-        def held(rows: int) -> dict[str, int]:
-            items = rows if batch_size is None else min(int(batch_size), self.length)
-            return self._terms(rows * self.item_bytes, items * self.item_bytes, ready)
+        def held(rows: int, extra: int = 0) -> int:
+            return sum(self._terms(rows * self.item_bytes, self._batch_bytes, ready, extra).values())
 
-        largest = max(1, cache_sized_chunk_bytes() // max(1, self.item_bytes * unit))
-        units = max(1, min(largest, math.ceil(spread / unit)))
-        # The most storage units per block that fit: what the stream holds grows with the block.
-        low, high = 1, units
+        low, high = 1, max(1, shard // unit)
         while low < high:
             middle = (low + high + 1) // 2
-            low, high = (middle, high) if sum(held(middle * unit).values()) <= budget else (low, middle - 1)
-        rows = low * unit
-        if sum(held(rows).values()) > budget:
-            least = held(unit)
+            low, high = (middle, high) if held(middle * unit) <= budget else (low, middle - 1)
+        rows = min(shard, low * unit)
+        if held(rows) > budget:
+            least = self._terms(rows * self.item_bytes, self._batch_bytes, ready, 0)
             shown = ", ".join(f"{name} {format_size(n)}" for name, n in least.items() if n)
             raise MemoryBudgetError(
-                f"stream of {self.inputs[0].name}: one storage-aligned block is "
-                f"{format_size(unit * self.item_bytes)} ({unit} item(s)), and the stream holds {shown} = "
+                f"stream of {self.inputs[0].name}: one {'shard' if self.shuffle else 'storage-aligned read'} is "
+                f"{format_size(rows * self.item_bytes)} ({rows} item(s)), and the stream holds {shown} = "
                 f"{format_size(sum(least.values()))}, over the {format_size(budget)} it may use of its memory "
                 f"budget of {format_size(self.resources.memory_budget)} (a fifth stays free); raise "
                 "memory_budget, or lower shuffle_blocks, prefetch or batch_size"
             )
-        return [(start, min(start + rows, self.length)) for start in range(0, self.length, rows)]
+        extra = 0
+        while extra < _MAX_EXTRA_READS and held(rows, extra + 1) <= budget:
+            extra += 1
+        return rows, extra
 
     def _prefetch(self, prefetch: int | str) -> int:
         if prefetch != "auto":
             return int(prefetch)
-        # As many batches as the budget holds beside the blocks, at least two and at most 64.
-        held = self._terms(
-            (self.block_bounds[0][1] - self.block_bounds[0][0]) * self.item_bytes if self.block_bounds else 0,
-            self.batch_size * self.item_bytes,
-            0,
-        )
+        # As many batches as the budget holds beside the reads, at least two and at most 64.
+        held = self._terms(self.read_rows * self.item_bytes, self._batch_bytes, 0, self.extra_reads)
         left = self.resources.memory_budget * 4 // 5 - sum(held.values())
-        return max(2, min(64, left // max(min(self.batch_size, self.length) * self.item_bytes, 1)))
+        return max(2, min(64, left // max(self._batch_bytes, 1)))
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch`` does)."""
         self.epoch = int(epoch)
 
-    def _rng(self, epoch: int) -> np.random.Generator:
+    def _order_rng(self, epoch: int) -> np.random.Generator:
+        """The shards' order: shared by every rank and worker (from ``seed``), or fresh without one."""
         return np.random.default_rng(None if self.seed is None else [self.seed, epoch])
 
-    def blocks_for(self, epoch: int, rng: np.random.Generator | None = None) -> list[tuple[int, int]]:
-        """This rank's blocks in the order epoch ``epoch`` reads them."""
-        order = list(range(len(self.block_bounds)))
+    def _items_rng(self, epoch: int) -> np.random.Generator:
+        """The order of this consumer's items within its windows."""
+        if self.seed is None:
+            return np.random.default_rng()
+        key = [self.seed, epoch, self.rank, self.worker]
+        return np.random.default_rng(key if self.order_entropy is None else [*key, self.order_entropy])
+
+    def blocks_for(self, epoch: int) -> list[tuple[int, int]]:
+        """The ``(start, stop)`` runs of items this consumer reads in epoch ``epoch``, in order."""
+        order = range(len(self.block_bounds))
         if self.shuffle:
-            order = list((rng or self._rng(epoch)).permutation(len(order)))
-        return [self.block_bounds[i] for i in order[self.rank :: self.world_size]]
+            order = self._order_rng(epoch).permutation(len(self.block_bounds))
+        sequence = [self.block_bounds[i] for i in order]
+        return _runs(sequence, *self.share, self.length)
 
     def __len__(self) -> int:
-        sizes = {b - a for a, b in self.block_bounds}
-        if self.shuffle and self.seed is None and self.world_size > 1 and len(sizes) > 1:
-            # Which rank gets the one short block is drawn afresh each epoch.
-            raise TypeError("len() of a shuffled, sharded stream without a seed is not fixed; give seed=")
-        items = sum(b - a for a, b in self.blocks_for(self.epoch))
+        items = self.share[1] - self.share[0]
         return items // self.batch_size if self.drop_last else math.ceil(items / self.batch_size)
 
     # -- iterating -------------------------------------------------------------------
@@ -348,18 +490,31 @@ class Stream:
     def __iter__(self) -> Iterator[Any]:
         epoch = self.epoch
         self.epoch += 1
-        return self._iterate(epoch)
+        return self._in_caller_thread(epoch) if self.in_caller_thread else self._iterate(epoch)
+
+    def _in_caller_thread(self, epoch: int) -> Iterator[Any]:
+        stop = threading.Event()
+        try:
+            yield from self._batches(epoch, stop, _Waits())
+        finally:
+            stop.set()
 
     def _iterate(self, epoch: int) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
+        waits = _Waits()
         reader = threading.Thread(
-            target=self._produce, args=(epoch, ready, stop), name=f"daskstream-stream-{epoch}", daemon=True
+            target=self._produce, args=(epoch, ready, stop, waits), name=f"daskstream-stream-{epoch}", daemon=True
         )
         reader.start()
         try:
             while True:
-                item = ready.get()
+                try:
+                    item = ready.get_nowait()
+                except queue.Empty:
+                    # The consumer waits: the reader may read further ahead (see _read_ahead).
+                    waits.seen += 1
+                    item = ready.get()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -373,7 +528,7 @@ class Stream:
                     ready.get(timeout=0.05)
             reader.join()
 
-    def _produce(self, epoch: int, ready: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, epoch: int, ready: queue.Queue, stop: threading.Event, waits: _Waits) -> None:
         def put(item: Any) -> bool:
             while not stop.is_set():
                 try:
@@ -384,29 +539,38 @@ class Stream:
             return False
 
         try:
-            for batch in self._batches(epoch, stop):
+            for batch in self._batches(epoch, stop, waits):
                 if not put(batch):
                     return
             put(_END)
         except BaseException as exc:  # carried to the consumer, raised there
             put(_Failure(exc))
 
-    def _batches(self, epoch: int, stop: threading.Event) -> Iterator[Any]:
-        rng = self._rng(epoch)
+    def _batches(self, epoch: int, stop: threading.Event, waits: _Waits) -> Iterator[Any]:
         pending: deque[list[np.ndarray]] = deque()  # parts of rows not yet batched, one array per input
-        held = 0
-        for parts in self._windows(self._read_ahead(self.blocks_for(epoch, rng), stop), rng):
+        held, left = 0, len(self)
+        reads = self._read_ahead(epoch, stop, waits)
+        for parts in self._windows(reads, self._items_rng(epoch)):
             pending.append(parts)
             held += parts[0].shape[self.axis]
-            while held >= self.batch_size:
+            while held >= self.batch_size and left:
                 yield self._emit(_take(pending, self.batch_size, self.axis))
                 held -= self.batch_size
-        if held and not self.drop_last:
+                left -= 1
+        if held and left:
             yield self._emit(_take(pending, held, self.axis))
 
+    def _pieces(self, epoch: int) -> list[tuple[int, int]]:
+        """The runs of this epoch, cut into reads of at most ``read_rows`` items (in order only)."""
+        runs = self.blocks_for(epoch)
+        if self.shuffle:
+            return runs
+        step = self.read_rows
+        return [(s, min(s + step, stop)) for start, stop in runs for s in range(start, stop, step)]
+
     def _windows(self, blocks: Iterator[list[np.ndarray]], rng: np.random.Generator) -> Iterator[list[np.ndarray]]:
-        """The blocks as read, or (shuffling) the rows of each window of ``shuffle_blocks`` blocks in one
-        random order, gathered a batch at a time from the window's blocks (never a copy of the window)."""
+        """The reads as they come, or (shuffling) the rows of each window of ``shuffle_blocks`` reads in one
+        random order, gathered a batch at a time from the window's reads (never a copy of the window)."""
         if not self.shuffle:
             yield from blocks
             return
@@ -414,68 +578,167 @@ class Stream:
         for parts in blocks:
             window.append(parts)
             if len(window) == self.shuffle_blocks:
-                yield from _shuffled(window, rng, self.axis, self.batch_size)
+                yield from _shuffled(window, rng, self.axis, self.batch_size, self.allocate)
                 window = []
         if window:
-            yield from _shuffled(window, rng, self.axis, self.batch_size)
+            yield from _shuffled(window, rng, self.axis, self.batch_size, self.allocate)
 
     def _emit(self, arrays: list[np.ndarray]) -> Any:
         return tuple(arrays) if self.zipped else arrays[0]
 
-    def _read_ahead(self, blocks: list[tuple[int, int]], stop: threading.Event) -> Iterator[list[np.ndarray]]:
-        """Read ``blocks`` in order, ``threads`` of them at once."""
+    def _read_ahead(self, epoch: int, stop: threading.Event, waits: _Waits) -> Iterator[list[np.ndarray]]:
+        """Read epoch ``epoch``'s pieces in order, ``threads`` at once, far enough ahead that the consumer
+        need not wait.
+
+        Shuffling, the whole next window is read while the current one is
+        consumed. Each time the consumer was found waiting, one more read is
+        kept in flight, up to ``extra_reads`` (what the budget allows). Once
+        every piece of the epoch is asked for, the first pieces of the next
+        epoch are read too (in the same number of reads in flight), so that
+        the next epoch starts without a wait; they are dropped if the next
+        iteration is of another epoch. Leaving early stops the reading threads.
+        """
 
         def read(bounds: tuple[int, int]) -> list[np.ndarray]:
             return [i.read(self.axis, *bounds) for i in self.inputs]
 
-        with concurrent.futures.ThreadPoolExecutor(
-            self.threads, thread_name_prefix="daskstream-read", initializer=_yield_to_consumer
-        ) as pool:
-            in_flight: deque[concurrent.futures.Future] = deque()
-            pending = iter(blocks)
-            try:
-                for bounds in pending:
-                    in_flight.append(pool.submit(read, bounds))
-                    if len(in_flight) > self.threads:
-                        break
-                while in_flight and not stop.is_set():
-                    parts = in_flight.popleft().result()
+        pool = self._reading_pool()
+        primed, self._primed = self._primed, None
+        if primed is not None and primed[0] == epoch:
+            _, pieces, in_flight = primed
+        else:
+            if primed is not None:
+                _cancel(primed[2])
+            pieces, in_flight = self._pieces(epoch), deque()
+        pending = iter(pieces[len(in_flight) :])
+        following: tuple[int, list[tuple[int, int]], deque] | None = None
+        base = self.threads + (self.shuffle_blocks if self.shuffle else 0)
+        finished = False
+        try:
+            while not stop.is_set():
+                depth = base + min(waits.seen, self.extra_reads)
+                while len(in_flight) <= depth:
                     nxt = next(pending, None)
-                    if nxt is not None:
-                        in_flight.append(pool.submit(read, nxt))
-                    yield parts
-            finally:
-                for future in in_flight:
-                    future.cancel()
+                    if nxt is None:
+                        break
+                    in_flight.append(pool.submit(read, nxt))
+                else:
+                    nxt = True
+                if nxt is None and not stop.is_set():
+                    # Every piece of this epoch is asked for: read the next epoch's first ones meanwhile.
+                    if following is None:
+                        following = (epoch + 1, self._pieces(epoch + 1), deque())
+                    ahead = following[2]
+                    while len(in_flight) + len(ahead) <= depth and len(ahead) < len(following[1]):
+                        ahead.append(pool.submit(read, following[1][len(ahead)]))
+                if not in_flight:
+                    finished = True
+                    return
+                yield in_flight.popleft().result()
+        finally:
+            _cancel(in_flight)
+            if finished and not stop.is_set():
+                self._primed = following
+            else:
+                # Left early: nothing is kept, and the reading threads end with the iteration.
+                if following is not None:
+                    _cancel(following[2])
+                self._close_pool()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads and reads in flight stay with this process.
+        state = {**self.__dict__, "_pool": None, "_primed": None}
+        state.pop("_pool_finalizer", None)
+        return state
+
+    def _reading_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.threads, thread_name_prefix="daskstream-read", initializer=_yield_to_consumer
+            )
+            # Threads idle between epochs end with the stream.
+            self._pool_finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        return self._pool
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool_finalizer.detach()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     # -- showing ---------------------------------------------------------------------
 
     def __repr__(self) -> str:
         names = ", ".join(i.name for i in self.inputs)
+        shard = f", rank {self.rank}/{self.world_size}" if self.world_size > 1 else ""
+        if self.num_workers > 1:
+            shard += f", worker {self.worker}/{self.num_workers}"
         return (
             f"<daskstream Stream of {names}: {self.length} items along axis {self.axis}, batches of "
-            f"{self.batch_size}, {len(self.block_bounds)} blocks, prefetch {self.prefetch}"
-            f"{', shuffled' if self.shuffle else ''}{f', rank {self.rank}/{self.world_size}' if self.world_size > 1 else ''}>"
+            f"{self.batch_size}, {len(self.block_bounds)} shards, prefetch {self.prefetch}"
+            f"{', shuffled' if self.shuffle else ''}{shard}>"
         )
 
     def _repr_html_(self) -> str:
+        first_shard = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 0
         rows = [
             ("arrays", ", ".join(f"{i.name} {i.shape} {i.dtype}" for i in self.inputs)),
             ("items", f"{self.length} along axis {self.axis} ({format_size(self.item_bytes)} each)"),
             ("batch", f"{self.batch_size} items ({format_size(self.batch_size * self.item_bytes)})"),
-            ("blocks", f"{len(self.block_bounds)} storage-aligned reads of up to "
-                       f"{self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 0} items"),
-            ("prefetch", f"{self.prefetch} batches, {self.threads} reading thread(s)"),
-            ("order", f"shuffled in windows of {self.shuffle_blocks} blocks" if self.shuffle else "in order"),
-            ("shard", f"rank {self.rank} of {self.world_size}"),
+            ("shards", f"{len(self.block_bounds)} storage-aligned runs of up to {first_shard} items, "
+                       "the same on every rank"),
+            ("reads", f"up to {self.read_rows} items, {self.threads} reading thread(s)"),
+            ("prefetch", f"{self.prefetch} batches, up to {self.extra_reads} more reads when the loop waits"),
+            ("order", f"shuffled in windows of {self.shuffle_blocks} shards" if self.shuffle else "in order"),
+            ("share", f"rank {self.rank} of {self.world_size} ({self.shares}): {len(self)} batches"
+                      + (f", worker {self.worker} of {self.num_workers}" if self.num_workers > 1 else "")),
         ]  # fmt: skip
         from daskstream.display import card, grid_figure, table
 
         first = self.inputs[0]
         storage = first.source.storage_chunks if first.source is not None else None
-        rows_per_block = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 0
-        block = tuple(rows_per_block if a == self.axis else n for a, n in enumerate(first.shape))
+        block = tuple(first_shard if a == self.axis else n for a, n in enumerate(first.shape))
         return card("daskstream Stream", grid_figure(first.shape, storage, block), table(rows))
+
+
+def _cancel(futures: Any) -> None:
+    for future in futures:
+        future.cancel()
+
+
+class _Waits:
+    """How often the consumer found no batch ready: read by the reader to read further ahead."""
+
+    seen = 0
+
+
+def _runs(sequence: list[tuple[int, int]], low: int, high: int, length: int) -> list[tuple[int, int]]:
+    """Positions ``low`` to ``high`` of ``sequence`` laid end to end (wrapping past ``length``), as runs of items.
+
+    >>> _runs([(4, 8), (0, 4), (8, 10)], 2, 7, 10)
+    [(6, 8), (0, 3)]
+    >>> _runs([(0, 5), (5, 10)], 3, 13, 10)
+    [(3, 5), (5, 10), (0, 3)]
+    """
+    runs: list[tuple[int, int]] = []
+    if not length:
+        return runs
+    position = low
+    while position < high:
+        offset = position % length
+        at = 0
+        for start, stop in sequence:
+            size = stop - start
+            if offset < at + size:
+                take = min(at + size - offset, high - position)
+                begin = start + offset - at
+                runs.append((begin, begin + take))
+                position += take
+                offset += take
+                if position >= high:
+                    break
+            at += size
+    return runs
 
 
 def _yield_to_consumer() -> None:
@@ -489,27 +752,40 @@ def _yield_to_consumer() -> None:
 
 
 def _shuffled(
-    window: list[list[np.ndarray]], rng: np.random.Generator, axis: int, piece: int
+    window: list[list[np.ndarray]],
+    rng: np.random.Generator,
+    axis: int,
+    piece: int,
+    allocate: Any = np.empty,
 ) -> Iterator[list[np.ndarray]]:
-    """The items of a window of blocks in one random order (the same for every input), ``piece`` at a time.
+    """The items of a window of reads in one random order (the same for every input), ``piece`` at a time.
 
-    The order is that of the window's items laid end to end; each piece is
-    gathered from the blocks it draws on.
+    Which items form each piece is random; within a piece they come in the
+    order they lie in the window (a training step does not depend on the
+    order of the rows of its batch), so that each read's share is one gather
+    straight into place.
     """
     lengths = [parts[0].shape[axis] for parts in window]
     offsets = np.cumsum([0, *lengths])
     order = rng.permutation(int(offsets[-1]))
     lead = (slice(None),) * axis
     for start in range(0, order.size, piece):
-        chosen = order[start : start + piece]
-        block_of = np.searchsorted(offsets, chosen, side="right") - 1
+        chosen = np.sort(order[start : start + piece])
+        # Sorted, each read's items are one run of ``chosen``.
+        edges = np.searchsorted(chosen, offsets)
         gathered = []
         for k in range(len(window[0])):
             first = window[0][k]
-            out = np.empty((*first.shape[:axis], chosen.size, *first.shape[axis + 1 :]), dtype=first.dtype)
-            for b in np.unique(block_of):
-                where = np.flatnonzero(block_of == b)
-                out[(*lead, where)] = np.take(window[b][k], chosen[where] - offsets[b], axis=axis)
+            out = allocate((*first.shape[:axis], chosen.size, *first.shape[axis + 1 :]), first.dtype)
+            for b, (low, high) in enumerate(itertools.pairwise(edges)):
+                if low < high:
+                    np.take(
+                        window[b][k],
+                        chosen[low:high] - offsets[b],
+                        axis=axis,
+                        out=out[(*lead, slice(low, high))],
+                        mode="clip",
+                    )
             gathered.append(out)
         yield gathered
 

@@ -1,13 +1,19 @@
-"""PyTorch adapter: a :func:`daskstream.stream` as an ``IterableDataset`` that splits work across DataLoader workers.
+"""PyTorch adapter: :func:`daskstream.stream` as an ``IterableDataset`` for ``torch.utils.data.DataLoader``.
 
-``StreamDataset(x, batch_size=..., shuffle=..., seed=...)`` needs ``torch``
-(``pip install torch``), imported on first use of ``StreamDataset``::
+Needs PyTorch (``pip install 'daskstream[torch]'``); importing this module
+imports ``torch``::
 
-    loader = torch.utils.data.DataLoader(StreamDataset("x.npy", batch_size=256), batch_size=None, num_workers=2)
+    from daskstream.torch import StreamDataset
 
->>> from daskstream.torch import worker_share
->>> worker_share(rank=1, world_size=2, worker_id=0, num_workers=3)
-(3, 6)
+    dataset = StreamDataset("x.npy", batch_size=256, shuffle=True, seed=0, rank=rank, world_size=world)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)  # optional: see StreamDataset
+        for x in loader:
+            ...
+
+``StreamDataset`` is an ordinary importable class, so it pickles to workers
+started with ``spawn`` and ``forkserver`` as well as ``fork``.
 """
 
 from __future__ import annotations
@@ -15,93 +21,173 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from daskstream.errors import InvalidArgumentError
+import numpy as np
+
+from daskstream.errors import InvalidArgumentError, MissingDependencyError
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - exercised without torch installed
+    raise MissingDependencyError(
+        f"daskstream.torch needs PyTorch, which cannot be imported here ({exc}); pip install 'daskstream[torch]'"
+    ) from None
+
+__all__ = ["Batch", "StreamDataset"]
 
 
-def worker_share(*, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[int, int]:
-    """The ``(rank, world_size)`` one DataLoader worker of one training process streams as.
+class Batch(tuple):
+    """Matching batches of zipped arrays, as a tuple that DataLoader's conversion keeps a tuple.
 
-    Every (process, worker) pair gets its own rank among ``world_size *
-    num_workers``, so the shares are disjoint and together cover the array.
+    ``DataLoader`` turns a plain tuple into a list; it rebuilds a tuple that
+    has ``_fields`` (a named tuple) as its own type, so this one survives it
+    and ``pin_memory``.
     """
-    return rank * num_workers + worker_id, world_size * num_workers
+
+    _fields: tuple[str, ...] = ()
+
+    def __new__(cls, *parts: Any) -> Batch:
+        return super().__new__(cls, parts)
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return tuple(self)
 
 
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("daskstream.torch needs PyTorch: pip install torch") from exc
-    return torch
+class StreamDataset(IterableDataset):
+    """A ``torch.utils.data.IterableDataset`` yielding batches of ``x`` as tensors.
 
+    Parameters
+    ----------
+    x
+        What :func:`daskstream.stream` takes (a path, Source, dask array, or a
+        tuple of them, which yields :class:`Batch` tuples).
+    **stream_options
+        :func:`daskstream.stream`'s options (``batch_size``, ``shuffle``,
+        ``seed``, ``rank``, ``world_size``, ``shares``...). Batches are made
+        here, so give the DataLoader ``batch_size=None``.
 
-def _stream_dataset_class() -> type:
-    torch = _torch()
+    Notes
+    -----
+    **Split.** Every rank takes an equal share (``shares="pad"`` by default,
+    as ``DistributedSampler``), cut from shards that depend only on the data
+    and the arguments, so ranks on machines of any size split alike and
+    yield the same number of batches (``len(dataset)``, also the
+    DataLoader's ``len()``). Within a rank, the batches are split among the
+    DataLoader's workers in contiguous runs: no item is yielded twice, and
+    the rank's batch count does not depend on ``num_workers``.
 
-    class StreamDataset(torch.utils.data.IterableDataset):
-        """A ``torch.utils.data.IterableDataset`` yielding batches of ``x`` as tensors.
+    **Orders.** With ``shuffle`` and no ``seed``, one is drawn now and
+    shared with the workers. Call ``dataset.set_epoch(epoch)`` at the start
+    of each epoch (as with ``DistributedSampler``) and epoch ``e``'s order is
+    fixed by ``(seed, e)``, also with ``persistent_workers=True``, whose
+    workers count the epochs themselves on top of the epoch they started
+    with. Without ``set_epoch`` the order still changes every epoch: without
+    workers or with persistent ones by the same count; with workers started
+    afresh each epoch, the items within each rank's share are mixed by the
+    DataLoader's per-epoch seed (reproducible with ``torch.manual_seed`` or
+    the DataLoader's ``generator``), while the split among ranks stays that
+    of the epoch last set.
+    """
 
-        Parameters
-        ----------
-        x
-            What :func:`daskstream.stream` takes (a path, Source, dask array, or a tuple of them).
-        **stream_options
-            :func:`daskstream.stream`'s options (``batch_size``, ``shuffle``,
-            ``seed``, ``rank``, ``world_size``...). Batches are made here, so
-            give the DataLoader ``batch_size=None``.
-
-        Notes
-        -----
-        In each DataLoader worker the dataset streams a disjoint share
-        (:func:`worker_share`), so no item is yielded twice. With ``shuffle``
-        and no ``seed`` one is drawn now and shared with the workers. Call
-        ``dataset.set_epoch(epoch)`` at the start of each epoch for a new order
-        when the DataLoader uses worker processes (they get a fresh copy of
-        the dataset each epoch); without workers the order changes by itself.
-        """
-
-        def __init__(self, x: Any, **stream_options: Any) -> None:
-            super().__init__()
-            options = dict(stream_options)
-            if options.get("shuffle") and options.get("seed") is None:
-                options["seed"] = random.SystemRandom().randrange(2**63)
-            for name in ("rank", "world_size"):
-                if name in options and (isinstance(options[name], bool) or not isinstance(options[name], int)):
-                    raise InvalidArgumentError(f"{name}={options[name]!r} must be an int")
-            self.x, self.options, self.epoch = x, options, 0
-
-        def set_epoch(self, epoch: int) -> None:
-            """Make the next iteration epoch ``epoch``."""
-            self.epoch = int(epoch)
-
-        def __iter__(self) -> Any:
-            from daskstream.streaming import stream
-
-            info = torch.utils.data.get_worker_info()
-            rank, world_size = self.options.get("rank", 0), self.options.get("world_size", 1)
-            if info is not None:
-                rank, world_size = worker_share(
-                    rank=rank, world_size=world_size, worker_id=info.id, num_workers=info.num_workers
+    def __init__(self, x: Any, **stream_options: Any) -> None:
+        super().__init__()
+        options = dict(stream_options)
+        for name in ("worker", "num_workers"):
+            if name in options:
+                raise InvalidArgumentError(
+                    f"{name}= is set from the DataLoader's workers; leave it out of StreamDataset's options"
                 )
-            batches = stream(self.x, **{**self.options, "rank": rank, "world_size": world_size})
-            batches.set_epoch(self.epoch)
-            if info is None:
-                self.epoch += 1
-            for batch in batches:
-                yield tuple(torch.from_numpy(b) for b in batch) if isinstance(batch, tuple) else torch.from_numpy(batch)
+        if options.get("shuffle") and options.get("seed") is None:
+            options["seed"] = random.SystemRandom().randrange(2**63)
+        for name in ("rank", "world_size"):
+            if name in options and (isinstance(options[name], bool) or not isinstance(options[name], int)):
+                raise InvalidArgumentError(f"{name}={options[name]!r} must be an int")
+        self.x, self.options = x, options
+        self.epoch = 0
+        self._epoch_set = False
+        # Epochs this copy has iterated: in a persistent worker, the epochs since it started.
+        self._iterations = 0
+        self._worker_stream: Any = None
+        # Checks the arguments here, in the main process, and plans the split once.
+        self._plan = self._stream()
 
-    StreamDataset.__module__ = __name__
-    return StreamDataset
+    def _stream(self, worker: int = 0, num_workers: int = 1) -> Any:
+        from daskstream.streaming import stream
+
+        return stream(self.x, **self.options, worker=worker, num_workers=num_workers)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch`` does)."""
+        self.epoch = int(epoch)
+        self._epoch_set = True
+        self._iterations = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers plan their own share; the main process's plan (and its open sources) stays here.
+        return {**self.__dict__, "_plan": None, "_worker_stream": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._plan is None and get_worker_info() is None:
+            self._plan = self._stream()
+
+    def __len__(self) -> int:
+        """Batches this rank yields each epoch, whatever the DataLoader's number of workers."""
+        return self._plan.rank_batches
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        epoch = self.epoch + self._iterations
+        self._iterations += 1
+        if info is None:
+            batches = self._plan
+        else:
+            # A persistent worker keeps its stream, and with it the next epoch's first reads.
+            if self._worker_stream is None or self._worker_stream.num_workers != info.num_workers:
+                self._worker_stream = self._stream(info.id, info.num_workers)
+            batches = self._worker_stream
+            if not self._epoch_set:
+                # Workers started afresh each epoch see the same epoch every time: the DataLoader's
+                # per-epoch seed (shared by a loader's workers) changes the order of the items instead.
+                batches.order_entropy = int(info.seed) - int(info.id)
+            batches.in_caller_thread = True
+            shared = _SharedBatches()
+            batches.allocate = shared
+        batches.set_epoch(epoch)
+        as_tensor = torch.from_numpy if info is None else shared.tensor
+        for batch in batches:
+            if isinstance(batch, tuple):
+                yield Batch(*(as_tensor(part) for part in batch))
+            else:
+                yield as_tensor(batch)
+
+    def __repr__(self) -> str:
+        return f"<daskstream StreamDataset: {self._plan!r}>"
 
 
-def __getattr__(name: str) -> Any:
-    # The class derives from torch's IterableDataset, so it is made (and torch imported) on first use;
-    # once made it is an ordinary module attribute, which keeps it picklable for DataLoader workers.
-    if name == "StreamDataset":
-        cls = _stream_dataset_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class _SharedBatches:
+    """Batches gathered straight into shared memory in a loader worker.
 
+    A tensor a DataLoader worker sends is first copied into shared memory;
+    one made there is sent as a handle, so the batch is copied once (from the
+    read into place), not twice.
+    """
 
-__all__ = ["StreamDataset", "worker_share"]  # noqa: F822 - StreamDataset is made on first use
+    def __init__(self) -> None:
+        self._made: dict[int, Any] = {}
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        try:
+            tensor = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype).share_memory_()
+        except (TypeError, RuntimeError):  # a dtype torch has no tensor of: gathered as usual
+            return np.empty(shape, dtype)
+        array = tensor.numpy()
+        self._made[array.__array_interface__["data"][0]] = tensor
+        return array
+
+    def tensor(self, array: np.ndarray) -> Any:
+        """The shared tensor ``array`` was made as, else ``array`` as a tensor."""
+        made = self._made.pop(array.__array_interface__["data"][0], None)
+        if made is not None and tuple(made.shape) == array.shape:
+            return made
+        return torch.from_numpy(array)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,9 +16,8 @@ import pytest
 import zarr
 
 import daskstream as ds
-from daskstream.errors import DaskstreamError, InvalidArgumentError, MemoryBudgetError
+from daskstream.errors import DaskstreamError, InvalidArgumentError, MemoryBudgetError, SourceChangedError
 from daskstream.runtime.metering import bytes_read_here
-from daskstream.torch import worker_share
 
 N, WIDTH = 3000, 16
 
@@ -44,6 +47,15 @@ def stored(request, tmp_path):
 
 def stream_threads():
     return [t for t in threading.enumerate() if t.name.startswith("daskstream-")]
+
+
+def threads_settled() -> int:
+    """Stream threads once those of streams dropped earlier (ended by garbage collection) are gone."""
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while stream_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(stream_threads())
 
 
 def test_in_order_batches_cover_the_array_exactly(stored):
@@ -140,7 +152,7 @@ def test_another_axis_and_a_computed_dask_array(tmp_path):
 
 def test_leaving_early_stops_the_reader_and_leaves_no_thread(stored):
     path, _ = stored
-    before = len(stream_threads())
+    before = threads_settled()
     for _ in ds.stream(path, batch_size=10, prefetch=2):
         break
     gc.collect()
@@ -149,11 +161,7 @@ def test_leaving_early_stops_the_reader_and_leaves_no_thread(stored):
     iterator = iter(ds.stream(path, batch_size=10))
     next(iterator)
     del iterator
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while len(stream_threads()) > before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(stream_threads()) == before
+    assert threads_settled() == before
 
 
 def test_an_error_while_reading_reaches_the_consumer_and_the_reader_ends(tmp_path):
@@ -165,8 +173,7 @@ def test_an_error_while_reading_reaches_the_consumer_and_the_reader_ends(tmp_pat
     chunk.write_bytes(b"garbage")
     with pytest.raises(Exception, match="5"):
         list(s)
-    gc.collect()
-    assert not stream_threads()
+    assert threads_settled() == 0  # the stream is still referenced: its reading threads ended with the error
 
 
 def test_the_reader_stays_within_prefetch_of_a_slow_consumer(tmp_path):
@@ -221,24 +228,6 @@ def test_the_stream_shows_itself_in_jupyter(stored):
     assert "100 items" in html
 
 
-def test_worker_shares_are_disjoint_and_cover():
-    shares = {worker_share(rank=r, world_size=2, worker_id=w, num_workers=3) for r in range(2) for w in range(3)}
-    assert {rank for rank, _ in shares} == set(range(6))
-    assert {size for _, size in shares} == {6}
-
-
-def test_torch_dataset_splits_work_across_dataloader_workers(tmp_path):
-    torch = pytest.importorskip("torch")
-    from daskstream.torch import StreamDataset
-
-    path = str(tmp_path / "x.npy")
-    np.save(path, indexed())
-    dataset = StreamDataset(path, batch_size=128, shuffle=True)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
-    items = torch.cat(list(loader))[:, 0].numpy()
-    assert sorted(items.tolist()) == list(range(N))
-
-
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_what_a_stream_holds_fits_its_budget(stored, shuffle):
     path, data = stored
@@ -265,3 +254,163 @@ def test_a_stream_keeps_the_budget_its_array_was_opened_with(tmp_path):
     s = ds.stream(ds.open(path, memory_budget="1MiB"), shuffle=True, seed=1)
     assert s.resources.memory_budget == 2**20
     assert s.projected_peak_bytes <= 2**20
+
+
+# --- ranks and workers: the same split everywhere, equal shares ---------------------------------
+
+
+@pytest.mark.parametrize(("shares", "each"), [("pad", 1001), ("drop", 1000), ("uneven", None)])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_rank_gets_the_share_it_is_promised(tmp_path, shares, each, shuffle):
+    n = 3001
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed(n=n))
+    seen = []
+    for rank in range(3):
+        s = ds.stream(path, batch_size=64, shuffle=shuffle, seed=5, rank=rank, world_size=3, shares=shares)
+        items = np.concatenate(list(s))[:, 0].astype(int)
+        assert len(items) == (each or s.share[1] - s.share[0])
+        assert len(np.unique(items)) == len(items) or shares == "pad"
+        assert len(s) == s.rank_batches == -(-len(items) // 64)
+        seen.append(items)
+    everything = np.concatenate(seen)
+    if shares == "uneven":
+        assert sorted(everything.tolist()) == list(range(n))
+        assert {len(items) for items in seen} <= {1000, 1001}
+    elif shares == "drop":
+        assert len(set(everything.tolist())) == 3000  # one item of the epoch's sequence left out
+    else:
+        assert set(everything.tolist()) == set(range(n))  # every item, two of them twice
+        assert len(everything) == 3003
+
+
+def test_workers_split_a_ranks_batches_without_changing_them(tmp_path):
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed(n=2000))
+    whole = ds.stream(path, batch_size=50, rank=1, world_size=2)
+    expected = np.concatenate(list(whole))[:, 0]
+    for workers in (2, 3, 7):
+        parts = [
+            ds.stream(path, batch_size=50, rank=1, world_size=2, worker=w, num_workers=workers) for w in range(workers)
+        ]
+        assert sum(len(p) for p in parts) == len(whole) == whole.rank_batches
+        np.testing.assert_array_equal(np.concatenate([np.concatenate(list(p)) for p in parts])[:, 0], expected)
+
+
+RANK_ITEMS = """
+import json, os, sys
+os.sched_setaffinity(0, {cpus})
+import daskstream as ds
+s = ds.stream(sys.argv[1], shuffle=True, seed=3, rank=int(sys.argv[2]), world_size=2, batch_size=256)
+items = [int(v) for batch in s for v in batch[:, 0]]
+print(json.dumps({{"threads": s.threads, "budget": s.resources.memory_budget, "items": items}}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to give the ranks different ones")
+def test_ranks_on_machines_of_different_sizes_split_alike(tmp_path):
+    path = str(tmp_path / "x.zarr")
+    n = 60_001
+    data = indexed(n=n, width=32, dtype="f4")
+    zarr.create_array(path, shape=data.shape, chunks=(500, 32), dtype="f4")[...] = data
+    cpus = sorted(os.sched_getaffinity(0))
+    ranks = []
+    for rank, allowed in enumerate([cpus[:1], cpus[:2]]):
+        script = RANK_ITEMS.format(cpus=set(allowed))
+        done = subprocess.run(
+            [sys.executable, "-c", script, path, str(rank)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        ranks.append(json.loads(done.stdout))
+    assert ranks[0]["threads"] != ranks[1]["threads"]
+    assert ranks[0]["budget"] != ranks[1]["budget"]
+    first, second = (r["items"] for r in ranks)
+    assert len(first) == len(second) == 30_001
+    assert set(first) | set(second) == set(range(n))
+    assert len(set(first) & set(second)) == 1  # the one item padding repeats
+
+
+def test_a_change_under_a_stream_says_what_to_do_in_a_training_loop(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, indexed(n=4000))
+    s = ds.stream(str(path), batch_size=100, prefetch=1, memory_budget="96KiB")
+    batches = iter(s)
+    next(batches)
+    np.save(path, indexed(n=4000) + 1)
+    with pytest.raises(SourceChangedError) as info:
+        list(batches)
+    message = str(info.value)
+    assert "this epoch would mix old and new data" in message
+    assert "make the stream again" in message
+    assert "start the epoch again" in message
+
+
+# --- reads hidden behind the training step -------------------------------------------------------
+
+
+def test_the_next_window_is_read_while_the_current_one_is_consumed(tmp_path):
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed(n=20000, width=64))  # 10 MiB of 512-byte rows
+    s = ds.stream(path, batch_size=100, shuffle=True, seed=0, shuffle_blocks=2, memory_budget="4MiB")
+    shard = (s.block_bounds[0][1] - s.block_bounds[0][0]) * 512
+    assert len(s.block_bounds) >= 6
+    start = bytes_read_here()
+    batches = iter(s)
+    next(batches)
+    deadline = time.monotonic() + 10
+    while bytes_read_here() - start < 4 * shard and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The window being consumed and the whole next one, while the loop holds the first batch.
+    assert bytes_read_here() - start >= 4 * shard
+    del batches
+
+
+def test_the_next_epoch_begins_reading_during_this_one_and_nothing_is_read_twice(tmp_path):
+    path = str(tmp_path / "x.npy")
+    data = indexed(n=20000, width=64)
+    np.save(path, data)
+    s = ds.stream(path, batch_size=100, shuffle=True, seed=0, memory_budget="64MiB")
+    assert len(s.block_bounds) <= s.threads + s.shuffle_blocks  # every shard fits the reads kept in flight
+    start = bytes_read_here()
+
+    def read_settles_at(expected: int) -> int:
+        deadline = time.monotonic() + 10
+        while bytes_read_here() - start < expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return bytes_read_here() - start
+
+    for _ in s:
+        pass
+    assert read_settles_at(2 * data.nbytes) == 2 * data.nbytes  # epoch 0, and epoch 1 read ahead
+    epoch = np.concatenate(list(s))
+    np.testing.assert_array_equal(epoch[np.argsort(epoch[:, 0])], data)
+    assert read_settles_at(3 * data.nbytes) == 3 * data.nbytes  # epoch 1 read nothing again; epoch 2 ahead
+    # Reads begun for an epoch that does not come are dropped; the epoch asked for is whole.
+    s.set_epoch(7)
+    assert sorted(np.concatenate(list(s))[:, 0]) == list(range(20000))
+
+
+def test_a_stream_left_between_epochs_keeps_no_thread_once_dropped(tmp_path):
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed())
+    before = threads_settled()
+    s = ds.stream(path, batch_size=100, shuffle=True, seed=0)
+    list(s)
+    assert stream_threads()  # kept between epochs, with the next epoch's first reads
+    del s
+    assert threads_settled() == before
+
+
+def test_the_torch_adapter_without_torch_says_what_to_install():
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if PyTorch were not installed\n"
+        "try:\n"
+        "    import daskstream.torch\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("MissingDependencyError daskstream.torch needs PyTorch")
+    assert "pip install 'daskstream[torch]'" in done.stdout

@@ -40,6 +40,9 @@ _PATH_MAX = 4096
 _MAX_NDIM = 64
 _MAX_BYTES = 2**63 - 1
 
+# What to do about data that changed under a computation; a stream says it its own way.
+REREAD_ADVICE = "open it again (ds.open) and compute again"
+
 
 class Source(ABC):
     """A lazily read array on disk: a small, picklable description of it.
@@ -148,13 +151,12 @@ class Source(ABC):
         except SourceNotFoundError:
             raise SourceRemovedError(
                 f"{self.name} was removed after it was opened; a computation over it cannot finish. "
-                "Put it back or open the new data and compute again",
+                f"Put it back, or {REREAD_ADVICE}",
             ) from None
         if now != self.stamp:
             raise SourceChangedError(
                 f"{self.name} changed on disk after it was opened (its size, modification time or "
-                "metadata differ), so this computation would mix old and new data; open it again "
-                "(ds.open) and compute again"
+                f"metadata differ), so this computation would mix old and new data; {REREAD_ADVICE}"
             )
 
     @abstractmethod

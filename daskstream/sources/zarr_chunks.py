@@ -25,7 +25,7 @@ import numpy as np
 
 from daskstream.errors import CorruptSourceError, SourceChangedError
 from daskstream.files import open_regular
-from daskstream.sources.base import Region, file_stamp, storage_pieces
+from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
 from daskstream.sources.bounded import blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
 
@@ -183,7 +183,7 @@ def _written_since(st: os.stat_result, since_ns: int) -> bool:
 def _written_error(name: str, key: str) -> SourceChangedError:
     return SourceChangedError(
         f"{name}: chunk {key!r} was written after the store was opened, so this "
-        "computation would mix old and new data; open it again (ds.open) and compute again"
+        f"computation would mix old and new data; {REREAD_ADVICE}"
     )
 
 

@@ -1,0 +1,183 @@
+"""``daskstream.torch.StreamDataset`` with real PyTorch: start methods, epochs, lengths and a two-rank gloo run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+torch = pytest.importorskip("torch")
+
+from daskstream.torch import Batch, StreamDataset  # noqa: E402 - after the skip without torch
+
+N, WIDTH = 3001, 8
+
+
+def indexed(n=N, width=WIDTH):
+    """Rows whose first column is their index, so every item can be told apart."""
+    data = np.random.default_rng(0).standard_normal((n, width)).astype("f4")
+    data[:, 0] = np.arange(n)
+    return data
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    """Features as .npy and labels (ten times the index) as Zarr."""
+    np.save(tmp_path / "x.npy", indexed())
+    zarr.create_array(str(tmp_path / "y.zarr"), shape=(N,), chunks=(100,), dtype="i8")[...] = np.arange(N) * 10
+    return str(tmp_path / "x.npy"), str(tmp_path / "y.zarr")
+
+
+def epoch_rows(loader) -> list[int]:
+    rows = []
+    for x, y in loader:
+        assert isinstance(x, torch.Tensor)
+        np.testing.assert_array_equal(x[:, 0].numpy() * 10, y.numpy())
+        rows += x[:, 0].long().tolist()
+    return rows
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_every_start_method_streams_every_row_once_as_tuples(arrays, method):
+    dataset = StreamDataset(arrays, batch_size=128, shuffle=True)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=method)
+    batches = list(loader)
+    assert all(type(batch) is Batch for batch in batches)
+    assert len(batches) == len(loader) == len(dataset)
+    rows = epoch_rows(batches)
+    assert sorted(rows) == list(range(N))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers on 2 CPUs
+def test_len_is_what_a_rank_yields_whatever_the_workers(arrays, num_workers):
+    dataset = StreamDataset(arrays[0], batch_size=100, shuffle=True, seed=1, rank=1, world_size=2)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    batches = list(loader)
+    assert len(batches) == len(loader) == len(dataset) == 16  # ceil(1501 / 100): shares padded to 1501
+    assert sum(len(b) for b in batches) == 1501
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent-workers"])
+@pytest.mark.parametrize("call_set_epoch", [False, True], ids=["no-set-epoch", "set-epoch"])
+def test_orders_change_every_epoch_and_repeat_with_the_seeds(arrays, persistent, call_set_epoch):
+    def three_epochs() -> list[list[int]]:
+        torch.manual_seed(0)  # the DataLoader's per-epoch seed, for workers started afresh
+        dataset = StreamDataset(arrays, batch_size=64, shuffle=True, seed=11)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=persistent)
+        orders = []
+        for epoch in range(3):
+            if call_set_epoch:
+                dataset.set_epoch(epoch)
+            orders.append(epoch_rows(loader))
+        return orders
+
+    first = three_epochs()
+    for order in first:
+        assert sorted(order) == list(range(N))
+    assert first[0] != first[1] != first[2] != first[0]
+    assert three_epochs() == first
+
+
+def test_persistent_workers_follow_set_epoch_as_fresh_ones_do(arrays):
+    def epoch_two(persistent: bool) -> list[int]:
+        dataset = StreamDataset(arrays, batch_size=64, shuffle=True, seed=4)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=persistent)
+        for epoch in range(3):
+            dataset.set_epoch(epoch)
+            rows = epoch_rows(loader)
+        return rows
+
+    # Persistent workers never see set_epoch; they count the epochs from the one they started with.
+    assert epoch_two(persistent=True) == epoch_two(persistent=False)
+
+
+def test_a_dataset_pickles_without_its_open_files(arrays):
+    import pickle
+
+    dataset = StreamDataset(arrays, batch_size=64)
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert len(copy) == len(dataset)
+    assert sorted(epoch_rows(copy)) == list(range(N))
+
+
+DDP_RANK = """
+import json, os, sys, time
+os.sched_setaffinity(0, {cpus})
+import torch, torch.distributed as dist
+from daskstream.torch import StreamDataset
+
+rank, port, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=2,
+                        timeout=__import__("datetime").timedelta(seconds=60))
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear({width}, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+dataset = StreamDataset(path, batch_size=64, shuffle=True, seed=7, rank=rank, world_size=2)
+loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+steps, rows = 0, []
+for epoch in range(2):
+    dataset.set_epoch(epoch)
+    for x in loader:
+        optimizer.zero_grad()
+        model(x).sum().backward()  # an all-reduce across both ranks every step
+        optimizer.step()
+        steps += 1
+        rows += x[:, 0].long().tolist()
+dist.barrier()
+dist.destroy_process_group()
+print(json.dumps({{"steps": steps, "len": len(loader), "rows": rows}}))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_of_different_sizes_train_an_epoch_in_step(tmp_path):
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed())
+    cpus = sorted(os.sched_getaffinity(0))
+    port = str(_free_port())
+    ranks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(DDP_RANK).format(cpus=set(allowed), width=WIDTH),
+                str(rank),
+                port,
+                path,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, allowed in enumerate([cpus[:1], cpus[:2]])
+    ]
+    results = []
+    for process in ranks:
+        try:
+            out, err = process.communicate(timeout=240)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        assert process.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    first, second = results
+    # Equal steps, or the all-reduce of the longer rank would wait for ever.
+    assert first["steps"] == second["steps"] == 2 * first["len"] == 2 * 24  # ceil(ceil(3001 / 2) / 64) per epoch
+    for epoch in range(2):
+        one, two = (r["rows"][epoch * 1501 : (epoch + 1) * 1501] for r in results)
+        assert set(one) | set(two) == set(range(N))
+        assert len(set(one) & set(two)) == 1  # the row padding repeats
