@@ -92,8 +92,8 @@ result""",
     ("code", 'x = ds.open(paths["zarr"], chunks="tune")  # remembered: no measuring\nx.chunksize == result.chunks'),
     (
         "markdown",
-        "## Stream batches for a training loop\nStorage-aligned blocks read ahead in a background thread, "
-        "shuffled within a bounded window, every row exactly once per epoch.",
+        "## Stream batches for a training loop\nStorage-aligned shards read ahead of the loop, shuffled within a "
+        "bounded window, every row exactly once per epoch; the same split on every rank of a distributed run.",
     ),
     (
         "code",

@@ -135,14 +135,20 @@ def npy_files(draw) -> bytes:
     return b"\x93NUMPY" + bytes(version) + length + body + data
 
 
-def numpys_reading(path: str) -> np.ndarray | None:
-    """numpy's reading of a .npy file, without pickles; as a memory map for subarray elements (axes then)."""
+def numpys_readings(path: str) -> list[np.ndarray]:
+    """numpy's readings of a .npy file, without pickles: np.load, and a memory map.
+
+    They can differ: for an empty array of subarray elements np.load keeps the
+    declared shape, (0,), where the memory map adds the element's axes, (0, 3),
+    as both do for a non-empty one. daskstream reads as one of them does.
+    """
+    readings = []
     for read in (lambda: np.load(path, allow_pickle=False), lambda: np.lib.format.open_memmap(path, mode="r")):
         try:
-            return np.array(read())
+            readings.append(np.array(read()))
         except Exception:
             continue
-    return None
+    return readings
 
 
 @FUZZ
@@ -155,9 +161,16 @@ def test_any_npy_header_is_read_as_numpy_reads_it_or_refused(content):
             got = read_or_refuse(path)
         if got is None:
             return
-        expected = numpys_reading(path)
-        assert expected is not None, "daskstream read a file numpy cannot"
-        assert_same_values(got, expected)
+        readings = numpys_readings(path)
+        assert readings, "daskstream read a file numpy cannot"
+        failures = []
+        for expected in readings:
+            try:
+                assert_same_values(got, expected)
+                return
+            except AssertionError as exc:
+                failures.append(exc)
+        raise failures[0]
 
 
 # ---------------------------------------------------------------------------
