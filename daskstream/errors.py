@@ -13,6 +13,7 @@ __all__ = [
     "ClusterConnectionError",
     "CorruptSourceError",
     "DaskstreamError",
+    "DaskstreamWarning",
     "InvalidArgumentError",
     "InvalidAxisError",
     "InvalidBudgetError",
@@ -118,11 +119,15 @@ class SourceRemovedError(SourceChangedError, FileNotFoundError):
     """The file was removed after it was opened."""
 
 
-class ChunkSplitWarning(UserWarning):
+class DaskstreamWarning(UserWarning):
+    """Base class of daskstream's warnings: filter them all with ``warnings.filterwarnings(..., category=DaskstreamWarning)``."""
+
+
+class ChunkSplitWarning(DaskstreamWarning):
     """Chunks split storage chunks, so some are read more than once."""
 
 
-class TuneCacheWarning(UserWarning):
+class TuneCacheWarning(DaskstreamWarning):
     """The tuning cache file could not be read; it is treated as empty."""
 
 

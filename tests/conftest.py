@@ -21,9 +21,16 @@ def _private_tune_cache(tmp_path_factory):
     import dask.config
 
     path = str(tmp_path_factory.mktemp("tune-cache") / "tune.json")
+    before = os.environ.get("DASK_DASKSTREAM__TUNE__CACHE")
     os.environ["DASK_DASKSTREAM__TUNE__CACHE"] = path
-    with dask.config.set({"daskstream.tune.cache": path}):
-        yield path
+    try:
+        with dask.config.set({"daskstream.tune.cache": path}):
+            yield path
+    finally:
+        if before is None:
+            del os.environ["DASK_DASKSTREAM__TUNE__CACHE"]
+        else:
+            os.environ["DASK_DASKSTREAM__TUNE__CACHE"] = before
 
 
 @pytest.fixture(autouse=True)

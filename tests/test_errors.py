@@ -380,6 +380,8 @@ def test_every_error_class_is_exported_and_documented():
         assert cls.__doc__, name
         if issubclass(cls, Warning):
             assert name.endswith("Warning")
+            # One class filters every warning daskstream gives.
+            assert issubclass(cls, errors.DaskstreamWarning)
             assert issubclass(cls, UserWarning)
         else:
             assert issubclass(cls, errors.DaskstreamError)

@@ -10,7 +10,6 @@ the active distributed Client's workers, then this machine.
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
 import sys
 from dataclasses import dataclass
@@ -100,10 +99,10 @@ def machine_resources() -> Resources:
 
 
 def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """CPUs this process may use: the fewest of the machine's, its affinity and its cgroup's quota."""
+    from dask.system import cpu_count
+
+    return max(1, cpu_count())
 
 
 def active_client() -> Any:

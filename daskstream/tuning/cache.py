@@ -17,7 +17,6 @@ second file of the same kind therefore reuses the first one's result.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -136,7 +135,7 @@ class TuneCache:
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            _lock_exclusively(lock)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TuneCacheWarning)
                 entries = self.entries()
@@ -150,3 +149,16 @@ class TuneCache:
                 with contextlib.suppress(OSError):
                     os.unlink(temporary)
                 raise
+
+
+def _lock_exclusively(lock: Any) -> None:
+    """Hold ``lock`` (an open file) exclusively until it is closed, where the system has such locks.
+
+    POSIX systems have ``fcntl``; elsewhere two processes tuning at once may
+    lose one of their entries, never the file: it is replaced by an atomic rename.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fcntl.flock(lock, fcntl.LOCK_EX)
