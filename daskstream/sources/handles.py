@@ -1,39 +1,74 @@
-"""Per-process cache of open file handles.
+"""Per-process cache of open file handles, bounded, with one open at a time per file.
 
 Sources travel through task graphs as plain descriptions (path, dataset,
 dtype...). Each process opens a file the first time one of its tasks reads it
 and keeps the handle for the tasks that follow; a forked child starts with an
 empty cache, so no handle is ever shared between processes.
+
+As xarray's ``CachingFileManager`` does, the cache is a least-recently-used
+table of at most ``daskstream.sources.max-open-files`` handles, and each key
+has a lock of its own: a slow open (a remote store, a large HDF5 file's
+metadata) holds up only the tasks that need that same file, and the table's
+own lock is never held while a file opens. A handle pushed out of the table
+is not closed under a task that may still be reading through it: the table
+lets go of it, and it closes once nothing uses it (each version of a
+rewritten file is a new key, so old versions leave instead of piling up).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-_handles: dict[Hashable, Any] = {}
-_lock = threading.RLock()  # an opener may open another handle (an HDF5 chunk index opens its file)
+from daskstream import config
+
+_handles: OrderedDict[Hashable, Any] = OrderedDict()
+_lock = threading.Lock()  # guards the table and the per-key locks; never held while a file opens
+_opening: dict[Hashable, threading.Lock] = {}
 
 
 def cached_handle(key: Hashable, opener: Callable[[], Any]) -> Any:
-    """Return this process's handle for ``key``, opening it with ``opener`` once."""
-    handle = _handles.get(key)
-    if handle is None:
+    """Return this process's handle for ``key``, opening it with ``opener`` once.
+
+    ``opener`` runs under ``key``'s own lock only, so it may open other
+    handles (an HDF5 chunk index opens its file) and other keys open meanwhile.
+    """
+    with _lock:
+        if key in _handles:
+            _handles.move_to_end(key)
+            return _handles[key]
+        key_lock = _opening.setdefault(key, threading.Lock())
+    with key_lock:
         with _lock:
-            handle = _handles.get(key)
-            if handle is None:
-                handle = _handles[key] = opener()
+            if key in _handles:  # opened by the thread this one waited for
+                _handles.move_to_end(key)
+                return _handles[key]
+        handle = opener()
+        with _lock:
+            _handles[key] = handle
+            _opening.pop(key, None)
+            limit = _max_open()
+            while len(_handles) > limit:
+                # Let go of the least recently used; it closes when no task holds it any more.
+                _handles.popitem(last=False)
     return handle
+
+
+def open_handle_count() -> int:
+    """Handles this process's cache holds now."""
+    with _lock:
+        return len(_handles)
 
 
 def forget_handles() -> None:
     """Close every file this process keeps open for reading sources.
 
-    Reads reopen what they need. Call it before rewriting, in the same
-    process, an HDF5 file that daskstream has read: HDF5 refuses to truncate a
-    file that is still open.
+    Reads reopen what they need. Call it, with no computation running in
+    this process, before rewriting an HDF5 file that daskstream has read:
+    HDF5 refuses to truncate a file that is still open.
     """
     from daskstream.sources.chunk_cache import forget
 
@@ -47,11 +82,23 @@ def forget_handles() -> None:
             close()
 
 
+def _max_open() -> int:
+    limit = config.get("sources.max-open-files")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        from daskstream.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"daskstream.sources.max-open-files must be a whole number of at least 1, not {limit!r}"
+        )
+    return limit
+
+
 def _clear_in_child() -> None:
-    # The parent's handles (and possibly-held lock) must not be used after fork.
-    global _lock
+    # The parent's handles (and possibly-held locks) must not be used after fork.
+    global _lock, _opening
     _handles.clear()
-    _lock = threading.RLock()
+    _lock = threading.Lock()
+    _opening = {}
 
 
 os.register_at_fork(after_in_child=_clear_in_child)
