@@ -22,11 +22,31 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import struct
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+# What decoding a damaged chunk raises: the checks here (ValueError), numcodecs' codecs
+# (RuntimeError), zlib, bz2, lzma and libdeflate, and cut-short buffers. Anything else is a
+# fault in the code, not in the file, and is left to surface as itself.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    zlib.error,
+    struct.error,
+    lzma.LZMAError,
+)
+try:
+    from deflate import DeflateError
+
+    DECODE_ERRORS += (DeflateError,)
+except ImportError:  # pragma: no cover - deflate is a dependency
+    pass
 
 _ZSTD_MAGIC = 0xFD2FB528
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import CorruptSourceError
+from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
-from daskstream.sources.bounded import blosc_decode, zlib_decode, zstd_decode
+from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, zlib_decode, zstd_decode
 from daskstream.sources.chunk_cache import keep, kept, on_surface
 from daskstream.sources.contiguous import pread_into
 
@@ -217,8 +217,10 @@ class ChunkedReader:
         try:
             pread_into(self._fd, memoryview(raw), stored.byte_offset)
             return self.decoder.decode(raw, stored.filter_mask)
-        except Exception as exc:  # every decoder has its own error types; all mean a damaged chunk
-            raise self._damaged(grid, stored, exc) from None
+        except DaskstreamError:
+            raise
+        except DECODE_ERRORS as exc:  # every decoder's own errors, all meaning a damaged chunk
+            raise self._damaged(grid, stored, exc) from exc
 
     def _damaged(self, grid: tuple[int, ...], stored: StoredChunk, exc: BaseException) -> CorruptSourceError:
         origin = tuple(g * c for g, c in zip(grid, self.decoder.chunk_shape))

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import CorruptSourceError, SourceChangedError
+from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
-from daskstream.sources.bounded import blosc_decode, bounded_decoder, gzip_decode, zstd_decode
+from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
 
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
@@ -133,11 +133,13 @@ class ZarrChunkReader:
                     out[target] = chunk[inside]
                 else:
                     out[target] = self.decode(data, inside, self.fill_value)
-            except Exception as exc:  # each codec has its own errors; all mean a damaged chunk
+            except DaskstreamError:
+                raise
+            except DECODE_ERRORS as exc:  # each codec's own errors, all meaning a damaged chunk
                 raise CorruptSourceError(
                     f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
                     "damaged: re-create or re-copy it"
-                ) from None
+                ) from exc
 
 
 def check_chunk_files(

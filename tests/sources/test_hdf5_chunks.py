@@ -94,6 +94,21 @@ def test_a_damaged_chunk_is_an_error_naming_it_never_zeros(tmp_path):
         source.read((slice(64, 96), slice(32, 48)))
     assert "the chunk at (64, 32)" in str(caught.value)
     assert str(path) in str(caught.value)
+    assert caught.value.__cause__ is not None  # the decoder's own error, kept for a bug report
+
+
+def test_a_fault_in_the_decoder_is_not_taken_for_a_damaged_file(tmp_path, monkeypatch):
+    from daskstream.sources import hdf5_chunks
+
+    location = _write(tmp_path / "a.h5", "x", compression="gzip")
+    source = daskstream.open_source(location)
+
+    def broken(self, raw, filter_mask):
+        raise AttributeError("a bug in the decoder")
+
+    monkeypatch.setattr(hdf5_chunks.ChunkDecoder, "decode", broken)
+    with pytest.raises(AttributeError, match="a bug in the decoder"):
+        source.read((slice(0, 32), slice(None)))
 
 
 def test_reads_proceed_while_another_thread_holds_h5pys_lock(tmp_path):

@@ -92,8 +92,10 @@ def test_a_damaged_chunk_is_an_error_naming_its_key_never_zeros(tmp_path, sharde
     first = (slice(0, 20), slice(0, 20))
     np.testing.assert_array_equal(source.read(first), DATA[first])  # other chunks still read
     grid = (80, 40) if sharded else (20, 20)
-    with pytest.raises(CorruptSourceError, match="chunk 'c/1/0'"):
+    with pytest.raises(CorruptSourceError, match="chunk 'c/1/0'") as caught:
         source.read((slice(grid[0], 2 * grid[0]), slice(0, grid[1])))
+    # The codec's own error is kept as the cause, for a bug report.
+    assert isinstance(caught.value.__cause__, (ValueError, RuntimeError))
 
 
 @pytest.mark.parametrize("dtype", ["f8", ">i4"])
