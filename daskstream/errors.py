@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "ChunkSplitWarning",
     "ClusterConnectionError",
+    "ConfigFileNotFoundError",
     "CorruptSourceError",
     "DaskstreamError",
     "DaskstreamWarning",
@@ -32,6 +33,7 @@ __all__ = [
     "SourceNotFoundError",
     "SourcePermissionError",
     "SourceRemovedError",
+    "TargetDamagedError",
     "TargetExistsError",
     "TargetMismatchError",
     "TargetWriteError",
@@ -173,6 +175,14 @@ class TargetWriteError(DaskstreamError, OSError):
     def __str__(self) -> str:
         # OSError formats as "[Errno 28] message"; the message alone already says it.
         return str(self.strerror if self.strerror is not None else (self.args[0] if self.args else ""))
+
+
+class ConfigFileNotFoundError(DaskstreamError, FileNotFoundError):
+    """A settings file named by the user (a cluster file, a certificate it names) does not exist."""
+
+
+class TargetDamagedError(DaskstreamError, OSError):
+    """An existing store target cannot be read or opened for writing: damaged, or held by another process."""
 
 
 class MissingDependencyError(DaskstreamError, ImportError):

@@ -52,6 +52,7 @@ from daskstream.errors import (
     DaskstreamError,
     InvalidArgumentError,
     InvalidChunksError,
+    TargetDamagedError,
     TargetExistsError,
     TargetMismatchError,
     TargetWriteError,
@@ -219,9 +220,9 @@ def store(
     TargetWriteError
         Writing failed (permission denied, disk full...). Blocks finished
         before the failure stay; rerun with ``resume=True`` once fixed.
-    CorruptSourceError
-        An existing HDF5 target cannot be opened for writing (damaged, or
-        held open by another process).
+    TargetDamagedError
+        An existing target cannot be read or opened for writing (damaged, or
+        an HDF5 file held open by another process).
     InvalidArgumentError
         Arguments that cannot work: not a dask array, no HDF5 dataset named,
         a URL, an unknown compressor, or ``x`` reading from the target itself.
@@ -742,7 +743,7 @@ class _ZarrTarget(_Target):
         try:
             array = zarr.open_array(store=self._store(read_only=True), path=self.member or "", mode="r")
         except (zarr.errors.NodeNotFoundError, ValueError, TypeError, KeyError) as exc:
-            raise CorruptSourceError(
+            raise TargetDamagedError(
                 f"{self.name}: zarr could not read the existing array's metadata ({exc}); "
                 "pass overwrite=True to replace it"
             ) from None
@@ -1133,7 +1134,7 @@ class _Hdf5Target(_Target):
         except OSError as exc:
             if not existed:
                 raise self._write_error(exc, "create the file") from exc
-            raise CorruptSourceError(
+            raise TargetDamagedError(
                 f"{self.path}: HDF5 could not open the file for writing ({_first_line(exc)}). Another process "
                 "may hold it open (HDF5 allows one writer and no readers meanwhile), or an interrupted write "
                 "damaged it: close it elsewhere, or delete it and store again"

@@ -371,7 +371,7 @@ def plan_chunks_exact(
         raise InvalidChunksError(f"layout={layout!r} is not one of {LAYOUTS}")
     for name, value in (("threads", threads), ("workers", workers), ("min_tasks_per_thread", min_tasks_per_thread)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidChunksError(f"{name}={value!r} must be a positive int")
+            raise InvalidArgumentError(f"{name}={value!r} must be a positive int")
     if not working_set_factor >= 1:
         raise InvalidChunksError(f"working_set_factor={working_set_factor!r} must be at least 1")
     if storage_chunks is not None:

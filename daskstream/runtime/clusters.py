@@ -37,7 +37,7 @@ import dask
 import dask.config
 from dask.utils import parse_bytes
 
-from daskstream.errors import ClusterConnectionError, InvalidArgumentError, SourceNotFoundError
+from daskstream.errors import ClusterConnectionError, ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, check_scheduler_address, listen_points
 from daskstream.runtime.cluster_rules import ALLOW_CODE, ALLOW_HINTS, ALLOW_NETWORK_LISTEN, allowance, screen, sections
 from daskstream.runtime.documents import read_yaml
@@ -133,7 +133,7 @@ def load_cluster_config(
 
     Raises
     ------
-    SourceNotFoundError
+    ConfigFileNotFoundError
         The file does not exist.
     InvalidArgumentError
         The file is not a bounded, valid YAML mapping, names no known kind,
@@ -338,7 +338,7 @@ def _started(config: ClusterConfig) -> Iterator[None]:
             f"({_innermost(exc)}); correct them, or compare with the file in cluster-configs/"
         ) from exc
     except (OSError, RuntimeError, TimeoutError) as exc:
-        if isinstance(exc, (ClusterConnectionError, SourceNotFoundError)):
+        if isinstance(exc, (ClusterConnectionError, ConfigFileNotFoundError)):
             raise
         raise ClusterConnectionError(
             f"cluster configuration {config.path} ({config.kind}): the cluster did not start "
@@ -539,7 +539,7 @@ def _certificate(config: ClusterConfig, key: str, value: Any) -> str | None:
     if not path.is_absolute():
         path = config.path.parent / path
     if not path.is_file():
-        raise SourceNotFoundError(f"cluster configuration {config.path}: {key} names {path}, which does not exist")
+        raise ConfigFileNotFoundError(f"cluster configuration {config.path}: {key} names {path}, which does not exist")
     return str(path)
 
 

@@ -47,10 +47,10 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from daskstream.errors import (
+    ConfigFileNotFoundError,
     CorruptSourceError,
     InvalidArgumentError,
     NotARegularFileError,
-    SourceNotFoundError,
     SourcePermissionError,
 )
 from daskstream.files import open_regular
@@ -107,7 +107,7 @@ def read_yaml(
 
     Raises
     ------
-    SourceNotFoundError
+    ConfigFileNotFoundError
         ``path`` does not exist.
     SourcePermissionError
         ``path`` cannot be read.
@@ -167,7 +167,7 @@ def _read_bytes(path: Path, name: str, max_bytes: int) -> bytes:
         # A pipe or a device could block the read or never end.
         raise InvalidArgumentError(f"{name} is not a regular file; give the path of a YAML file") from None
     except FileNotFoundError:
-        raise SourceNotFoundError(f"{name} does not exist") from None
+        raise ConfigFileNotFoundError(f"{name} does not exist") from None
     except (PermissionError, SourcePermissionError):
         raise SourcePermissionError(f"{name} cannot be read (permission denied); check its permissions") from None
     except OSError as exc:

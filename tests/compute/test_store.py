@@ -30,9 +30,9 @@ import zarr
 import daskstream as ds
 from daskstream.compute.store import H5_DONE_ATTR, H5_IDENTITY_ATTR, PROGRESS_DIR, store
 from daskstream.errors import (
-    CorruptSourceError,
     DaskstreamError,
     InvalidArgumentError,
+    TargetDamagedError,
     TargetExistsError,
     TargetMismatchError,
     TargetWriteError,
@@ -584,7 +584,7 @@ def test_a_full_disk_during_an_hdf5_store_is_reported(tmp_path, mixed_source):
     assert "delete the file and store again" in report["message"]
     assert "resume=True" not in report["message"]
     (tmp_path / "c2").mkdir()
-    with pytest.raises(CorruptSourceError, match="delete it and store again"):
+    with pytest.raises(TargetDamagedError, match="delete it and store again"):
         store(store_worker.build(str(source), str(tmp_path / "c2"), 0.0), target)
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daskstream.errors import InvalidAxisError, InvalidBudgetError, InvalidChunksError
+from daskstream.errors import InvalidArgumentError, InvalidAxisError, InvalidBudgetError, InvalidChunksError
 from daskstream.planning.chunks import plan_chunks_exact, read_amplification, regular_grid
 
 MiB = 2**20
@@ -133,7 +133,7 @@ def test_html_repr_shows_the_plan():
         ({"layout": "chunked"}, InvalidChunksError),
         ({"storage_chunks": (10,), "layout": "chunked"}, InvalidChunksError),
         ({"storage_chunks": (0, 10), "layout": "chunked"}, InvalidChunksError),
-        ({"threads": 0}, InvalidChunksError),
+        ({"threads": 0}, InvalidArgumentError),
         ({"reduce_axis": 2}, InvalidAxisError),
         ({"reduce_axis": -3}, InvalidAxisError),
     ],

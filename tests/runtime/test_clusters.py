@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from daskstream.errors import DaskstreamError, InvalidArgumentError, SourceNotFoundError
+from daskstream.errors import ConfigFileNotFoundError, DaskstreamError, InvalidArgumentError
 from daskstream.runtime.clusters import KINDS, check_cluster_config, connect, load_cluster_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "cluster-configs"
@@ -246,7 +246,7 @@ def test_a_bad_config_is_refused_when_loaded_naming_the_file(tmp_path, text, err
          "uses inproc://"),
         ("daskstream: {cluster: remote}\nscheduler-address: 8786\n", InvalidArgumentError, "is not text"),
         ("daskstream: {cluster: tls}\nscheduler-address: tls://127.0.0.1:1\ndistributed: {comm: {tls: "
-         "{ca-file: nowhere/ca.pem, client: {cert: nowhere/me.pem}}}}\n", SourceNotFoundError, "nowhere/ca.pem"),
+         "{ca-file: nowhere/ca.pem, client: {cert: nowhere/me.pem}}}}\n", ConfigFileNotFoundError, "nowhere/ca.pem"),
         ("daskstream: {cluster: local, local: {n-workers: 0}}\n", InvalidArgumentError, "positive integer"),
         ("daskstream: {cluster: local, local: {memory-limit: lots}}\n", InvalidArgumentError, "'lots'"),
         ("daskstream: {cluster: ssh, ssh: {hosts: [only-one]}}\n", InvalidArgumentError, "at least two host"),
@@ -266,7 +266,7 @@ def test_a_bad_config_is_refused_by_check_naming_the_file(tmp_path, text, error,
 
 
 def test_a_missing_file_is_named():
-    with pytest.raises(SourceNotFoundError, match=r"cluster configuration .*nowhere\.yaml does not exist"):
+    with pytest.raises(ConfigFileNotFoundError, match=r"cluster configuration .*nowhere\.yaml does not exist"):
         load_cluster_config("nowhere.yaml")
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from daskstream.errors import DaskstreamError, InvalidArgumentError, SourceNotFoundError, SourcePermissionError
+from daskstream.errors import ConfigFileNotFoundError, DaskstreamError, InvalidArgumentError, SourcePermissionError
 from daskstream.runtime.documents import MAX_BYTES, read_yaml
 
 
@@ -76,7 +76,7 @@ def test_files_that_are_not_regular_files_are_refused_without_reading_them(tmp_p
         read_yaml(fifo, what="settings")
     with pytest.raises(InvalidArgumentError, match="is a directory, not a YAML file"):
         read_yaml(tmp_path, what="settings")
-    with pytest.raises(SourceNotFoundError, match=r"absent\.yaml does not exist"):
+    with pytest.raises(ConfigFileNotFoundError, match=r"absent\.yaml does not exist"):
         read_yaml(tmp_path / "absent.yaml", what="settings")
 
 
