@@ -164,7 +164,7 @@ def check_block_count(source: Source, chunk_shape: tuple[int, ...]) -> None:
         Naming the source, the chunks and how many blocks they make.
     """
     blocks = math.prod(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
-    ceiling = int(config.get("planning.max-tasks"))
+    ceiling = config.setting("planning.max-tasks")
     if blocks > ceiling:
         raise MemoryBudgetError(
             f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {blocks:,} blocks, "

@@ -8,6 +8,7 @@ variable such as ``DASK_DASKSTREAM__MEMORY_BUDGET=4GiB``, or
 
 from __future__ import annotations
 
+import functools
 import pathlib
 from typing import Any
 
@@ -40,3 +41,98 @@ def get(key: str, value: Any = None) -> Any:
     if value is not None:
         return value
     return dask.config.get(f"daskstream.{key}")
+
+
+_SCHEMA_PATH = pathlib.Path(__file__).with_name("daskstream-schema.yaml")
+_TYPES = {"integer": "a whole number", "number": "a number", "boolean": "true or false", "string": "text"}
+
+
+def setting(key: str, value: Any = None) -> Any:
+    """``get(key, value)``, checked against the schema and coerced to its type: the one place settings are typed.
+
+    A number given as text (``"5"`` written in quotes in a YAML file) is converted; anything that is
+    not of the schema's type, or is outside its ``minimum``/``maximum``, is an
+    :class:`~daskstream.errors.InvalidArgumentError` naming the setting.
+
+    Examples
+    --------
+    >>> setting("planning.max-tasks")
+    500000
+    >>> setting("planning.machine-memory-fraction", "0.5")
+    0.5
+    """
+    raw = get(key, value)
+    spec = _schema_entry(key)
+    kinds = spec.get("type", [])
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    checked = _typed(raw, kinds)
+    if checked is _MISSING:
+        wanted = " or ".join(_TYPES.get(kind, str(kind)) for kind in kinds)
+        raise _bad(key, raw, wanted)
+    if isinstance(checked, (int, float)) and not isinstance(checked, bool):
+        low, high = spec.get("minimum"), spec.get("maximum")
+        above = spec.get("exclusiveMinimum")
+        if (
+            (low is not None and checked < low)
+            or (high is not None and checked > high)
+            or (above is not None and checked <= above)
+        ):
+            bounds = ", ".join(
+                text
+                for text in (
+                    f"at least {low}" if low is not None else "",
+                    f"more than {above}" if above is not None else "",
+                    f"at most {high}" if high is not None else "",
+                )
+                if text
+            )
+            raise _bad(key, raw, bounds)
+    return checked
+
+
+def _typed(value: Any, kinds: list[str]) -> Any:
+    if "null" in kinds and value is None:
+        return None
+    if "boolean" in kinds and isinstance(value, bool):
+        return value
+    if isinstance(value, bool):
+        return _MISSING
+    if "integer" in kinds:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value)
+    if "number" in kinds:
+        if isinstance(value, (int, float)):
+            return float(value) if "integer" not in kinds else value
+        if isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+            if number is not None and number == number and abs(number) != float("inf"):
+                return number
+    if "string" in kinds and isinstance(value, str):
+        return value
+    return _MISSING
+
+
+def _bad(key: str, value: Any, wanted: str) -> Exception:
+    from daskstream.errors import InvalidArgumentError
+
+    variable = "DASK_DASKSTREAM__" + key.upper().replace(".", "__").replace("-", "_")
+    return InvalidArgumentError(
+        f"daskstream.{key} is {value!r}, which must be {wanted}; correct it in your dask configuration (or {variable})"
+    )
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return read_yaml(_SCHEMA_PATH, what="daskstream's settings schema", hint="reinstall daskstream")
+
+
+def _schema_entry(key: str) -> dict[str, Any]:
+    node = _schema()["properties"]["daskstream"]
+    for part in key.split("."):
+        node = node["properties"][part]
+    return node

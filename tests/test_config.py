@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import dask
+import pytest
 import yaml
 
 import daskstream as ds
@@ -88,3 +89,41 @@ def test_cluster_config_file_sets_the_budget(repo_root):
     code = "import daskstream as ds; print(ds.plan_chunks((10,), 'f4', threads=1, workers=1).memory_budget)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(2 * 2**30)
+
+
+def test_every_default_is_of_the_type_its_schema_names():
+    from daskstream import config
+
+    defaults = yaml.safe_load((PACKAGE / "daskstream.yaml").read_text())
+    for key in _keys(defaults["daskstream"]):
+        config.setting(key)  # raises for a default outside its own schema
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("tune.batches", "many", "must be a whole number"),
+        ("tune.batches", 0, "must be at least 1"),
+        ("planning.machine-memory-fraction", 1.5, "must be more than 0, at most 1"),
+        ("planning.max-tasks", True, "must be a whole number"),
+        ("sources.max-open-files", "inf", "must be a whole number"),
+        ("tune.feedback", "sometimes", "must be true or false"),
+    ],
+)
+def test_a_setting_of_the_wrong_type_is_one_clear_error_naming_it(key, value, message):
+    from daskstream import config
+    from daskstream.errors import InvalidArgumentError
+
+    variable = "DASK_DASKSTREAM__" + key.upper().replace(".", "__").replace("-", "_")
+    with dask.config.set({f"daskstream.{key}": value}), pytest.raises(InvalidArgumentError) as info:
+        config.setting(key)
+    assert f"daskstream.{key} is {value!r}, which {message}" in str(info.value)
+    assert variable in str(info.value)
+
+
+def test_numbers_written_as_text_are_read_as_numbers():
+    from daskstream import config
+
+    with dask.config.set({"daskstream.tune.batches": "7", "daskstream.tune.min-gain": "0.25"}):
+        assert config.setting("tune.batches") == 7
+        assert config.setting("tune.min-gain") == 0.25

@@ -302,9 +302,9 @@ def plan_chunks(
         reduce_axis=reduce_axis,
         target_chunk_bytes=parse_budget(target, name="target_chunk_bytes"),
         working_set_factor=factor,
-        min_tasks_per_thread=int(config.get("planning.min-tasks-per-thread", min_tasks_per_thread)),
+        min_tasks_per_thread=config.setting("planning.min-tasks-per-thread", min_tasks_per_thread),
         decode_bytes=decode_bytes,
-        max_tasks=int(config.get("planning.max-tasks")),
+        max_tasks=config.setting("planning.max-tasks"),
     )
 
 
@@ -314,7 +314,7 @@ def configured_working_set_factor(dtype: DTypeLike, value: float | None = None) 
 
     factor = config.get("planning.working-set-factor", value)
     if factor == "auto":
-        return analysis_working_set_factor(dtype, int(config.get("planning.float64-copies")))
+        return analysis_working_set_factor(dtype, config.setting("planning.float64-copies"))
     return float(factor)
 
 

@@ -87,7 +87,7 @@ def machine_resources() -> Resources:
     """A share of this machine's available memory and its usable CPUs."""
     import psutil
 
-    fraction = float(config.get("planning.machine-memory-fraction"))
+    fraction = config.setting("planning.machine-memory-fraction")
     budget = int(psutil.virtual_memory().available * fraction)
     threads = dask.config.get("num_workers", None) or _usable_cpus()
     return Resources(

@@ -83,14 +83,7 @@ def forget_handles() -> None:
 
 
 def _max_open() -> int:
-    limit = config.get("sources.max-open-files")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        from daskstream.errors import InvalidArgumentError
-
-        raise InvalidArgumentError(
-            f"daskstream.sources.max-open-files must be a whole number of at least 1, not {limit!r}"
-        )
-    return limit
+    return config.setting("sources.max-open-files")
 
 
 def _clear_in_child() -> None:

@@ -112,7 +112,7 @@ def observation(session: Any, objs: tuple[Any, ...]) -> Iterator[None]:
     finally:
         peak = memory.stop() if memory is not None else None
     seconds = time.perf_counter() - started
-    if seconds < float(config.get("tune.feedback-min-seconds")):
+    if seconds < config.setting("tune.feedback-min-seconds"):
         return
     _record(session, source, chunks, label, tasks, seconds, peak, getattr(clock, "seconds", []))
 

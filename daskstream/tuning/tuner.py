@@ -225,8 +225,8 @@ class Tuner:
 
         from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
 
-        fraction = float(config.get("tune.sample-fraction"))
-        cost_fraction = float(config.get("tune.cost-fraction"))
+        fraction = config.setting("tune.sample-fraction")
+        cost_fraction = config.setting("tune.cost-fraction")
         sampler = Sampler(
             self.source,
             self.work,
@@ -234,7 +234,7 @@ class Tuner:
             scheduler_get(),
             fixed_overhead=0.0,
             task_overhead=0.0,
-            batches=int(config.get("tune.batches")),
+            batches=config.setting("tune.batches"),
             min_batch_bytes=parse_budget(config.get("tune.min-batch-bytes"), name="daskstream.tune.min-batch-bytes"),
         )
         # Everything this tuning does counts against its time, from the cache lookup on.
@@ -266,7 +266,7 @@ class Tuner:
             sample_bytes=lambda m: sampler.sample_bytes(m, first=m == start),
             memory_factor=lambda: factor["value"],
             overhead_floor=floor,
-            min_gain=float(config.get("tune.min-gain")),
+            min_gain=config.setting("tune.min-gain"),
             extra_starts=self.observed_starts(entry),
         )
         result = self._result(outcome.trials, outcome.best, outcome.stopped, started, limits.sampled, factor["value"])
