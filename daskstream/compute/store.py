@@ -60,7 +60,7 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.files import open_regular
-from daskstream.runtime.resources import active_client
+from daskstream.runtime.schedulers import active_client, active_get, scheduler_kind, uses_processes
 from daskstream.sources.base import Source, checked_path, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
 from daskstream.sources.zarr_ import is_url
@@ -376,10 +376,7 @@ def _regular(x: da.Array) -> da.Array:
 
 def _in_process_scheduler() -> bool:
     """Whether tasks run in this process (threads or synchronous), where HDF5 shares one open file."""
-    from dask.base import get_scheduler
-
-    scheduler = get_scheduler()
-    return active_client() is None and scheduler in (None, dask.threaded.get, dask.local.get_sync)
+    return scheduler_kind() in ("threads", "sync")
 
 
 def _blocks(x: da.Array) -> list[tuple[int, ...]]:
@@ -1366,10 +1363,8 @@ class _Hdf5Writer:
         self._record()
 
     def _run_local(self, pending: list[tuple[int, ...]], window: int) -> None:
-        from dask.base import get_scheduler
-
         # What dask.compute(x) would use: the configured scheduler, else the threaded one.
-        schedule = get_scheduler(collections=[self.x])
+        schedule = active_get([self.x])
         with _one_process_pool():
             self._run_batches(pending, window, schedule)
 
@@ -1460,9 +1455,8 @@ def _one_process_pool() -> Iterator[None]:
     of processes for every ``dask.compute``: once per batch.
     """
     import dask.multiprocessing
-    from dask.base import get_scheduler
 
-    if get_scheduler() is not dask.multiprocessing.get or dask.config.get("pool", None) is not None:
+    if not uses_processes() or dask.config.get("pool", None) is not None:
         yield
         return
     from functools import partial

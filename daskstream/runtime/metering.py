@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from daskstream.runtime.resources import active_client
+from daskstream.runtime.schedulers import active_client, uses_processes
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -95,7 +95,7 @@ class ReadMeter:
     """
 
     def __init__(self, session: Any = None) -> None:
-        from daskstream.runtime.session import current
+        from daskstream.runtime.schedulers import current
 
         self._session = session if session is not None else current()
         self.bytes_read: int | None = None
@@ -136,7 +136,7 @@ class ReadMeter:
             counter = session.read_counter
         else:
             counter = None
-            if client is None and _uses_processes():
+            if client is None and uses_processes():
                 return None
         if counter is not None:
             total += counter.value
@@ -144,10 +144,3 @@ class ReadMeter:
             # Workers that joined or left between the two readings make the figure approximate.
             total += sum(client.run(bytes_read_here).values())
         return total
-
-
-def _uses_processes() -> bool:
-    import dask.multiprocessing
-    from dask.base import get_scheduler
-
-    return get_scheduler() is dask.multiprocessing.get

@@ -13,7 +13,6 @@ import functools
 import pathlib
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 import dask.config
 
@@ -75,7 +74,7 @@ def resolve_resources(
 
 def detect_resources() -> Resources:
     """Resources of the active session, else of the active distributed Client, else of this machine."""
-    from daskstream.runtime.session import current
+    from daskstream.runtime.schedulers import current
 
     active = current()
     if active is not None:
@@ -103,18 +102,6 @@ def _usable_cpus() -> int:
     from dask.system import cpu_count
 
     return max(1, cpu_count())
-
-
-def active_client() -> Any:
-    """The distributed Client ``dask.compute`` would use now, if any."""
-    # Only a program that imported distributed can have a Client; do not import it for nothing.
-    if "distributed" not in sys.modules:
-        return None
-    from dask.base import get_scheduler
-    from distributed import Client
-
-    owner = getattr(get_scheduler(), "__self__", None)
-    return owner if isinstance(owner, Client) else None
 
 
 def _client_resources(client: object | None = None) -> Resources | None:

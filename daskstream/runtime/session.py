@@ -1,7 +1,8 @@
 """Sessions: choose where computations run, and make the planner plan for that place.
 
 >>> import daskstream as ds
->>> from daskstream.runtime.session import current, session
+>>> from daskstream.runtime.schedulers import current
+>>> from daskstream.runtime.session import session
 >>> with session("sync", memory_budget="256MiB", progress=False) as s:
 ...     plan = ds.plan_chunks((1000, 1000), "f8")
 ...     current() is s, s.kind, plan.memory_budget, plan.threads, plan.workers
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -42,6 +42,7 @@ import dask.config
 from daskstream.errors import InvalidArgumentError
 from daskstream.runtime.progress import TaskProgress, progress_bar
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
+from daskstream.runtime.schedulers import enter, leave, scheduler_kind
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -53,23 +54,6 @@ HDF5_LOCK_NOTE = (
     "HDF5 decompression holds h5py's global lock: threads will not run in parallel; "
     "use session('processes') or 'distributed' for compressed HDF5"
 )
-
-# Active sessions, innermost last. dask's scheduler setting is process-wide, so
-# the session that set it is too: a module-level stack rather than a contextvar.
-_active: list[Session] = []
-_active_lock = threading.Lock()
-
-
-def current() -> Session | None:
-    """The innermost active session, or ``None`` outside any.
-
-    Examples
-    --------
-    >>> current() is None
-    True
-    """
-    with _active_lock:
-        return _active[-1] if _active else None
 
 
 def tasks_share_h5py_lock() -> bool:
@@ -84,14 +68,7 @@ def tasks_share_h5py_lock() -> bool:
     ...     tasks_share_h5py_lock()
     False
     """
-    active = current()
-    if active is not None:
-        return active.kind == "threads"
-    import dask.threaded
-    from dask.base import get_scheduler
-
-    # A default Client makes get_scheduler return its bound ``get``.
-    return get_scheduler() in (None, dask.threaded.get)
+    return scheduler_kind() == "threads"
 
 
 def session(
@@ -255,8 +232,7 @@ class Session:
                 self._start_distributed(stack)
             if self.memory_budget is not None:
                 stack.enter_context(dask.config.set({"daskstream.memory-budget": self.memory_budget}))
-            with _active_lock:
-                _active.append(self)
+            enter(self)
             stack.callback(self._deactivate)
             self._exit_stack = stack.pop_all()
         return self
@@ -296,9 +272,7 @@ class Session:
         stack.callback(setattr, self, "read_counter", None)
 
     def _deactivate(self) -> None:
-        with _active_lock:
-            if self in _active:
-                _active.remove(self)
+        leave(self)
 
     def _start_distributed(self, stack: contextlib.ExitStack) -> None:
         # Callbacks unwind last-in first-out: the Client closes before the cluster it runs on.

@@ -21,9 +21,10 @@ Get = Callable[[dict, list], Any]
 def scheduler_get() -> Get:
     """The ``get`` function dask would use now (a session's, a default Client's, else threads)."""
     import dask.threaded
-    from dask.base import get_scheduler
 
-    return get_scheduler() or dask.threaded.get
+    from daskstream.runtime.schedulers import active_get
+
+    return active_get() or dask.threaded.get
 
 
 def _noop() -> None:

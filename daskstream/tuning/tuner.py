@@ -8,14 +8,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import dask.config
-
 from daskstream import config
 from daskstream.arrays import read_layers
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.budget import parse_budget
 from daskstream.planning.chunks import configured_working_set_factor
 from daskstream.runtime.resources import Resources, resolve_resources
+from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources import Source, open_source
 from daskstream.tuning.cache import TuneCache, machine_fingerprint
 from daskstream.tuning.result import Candidate, TuneResult
@@ -141,24 +140,6 @@ def _seconds(value: str | float) -> float:
     if not (seconds > 0 and math.isfinite(seconds)):
         raise InvalidArgumentError(f'time_budget={value!r} must be a finite duration more than zero, e.g. "10s"')
     return seconds
-
-
-def scheduler_kind() -> str:
-    """``sync``, ``threads``, ``processes`` or ``distributed``: where ``dask.compute`` runs now."""
-    from daskstream.runtime.resources import active_client
-    from daskstream.runtime.session import current
-
-    active = current()
-    if active is not None:
-        return active.kind
-    if active_client() is not None:
-        return "distributed"
-    chosen = dask.config.get("scheduler", None)
-    if chosen in ("sync", "single-threaded", "synchronous"):
-        return "sync"
-    if chosen in ("processes", "multiprocessing"):
-        return "processes"
-    return "threads"
 
 
 def search_space(source: Source, resources: Resources) -> SearchSpace:

@@ -17,13 +17,8 @@ from distributed import Client
 import daskstream as ds
 from daskstream.errors import InvalidArgumentError, InvalidBudgetError
 from daskstream.runtime.resources import machine_resources
-from daskstream.runtime.session import (
-    HDF5_LOCK_NOTE,
-    SCHEDULERS,
-    current,
-    session,
-    tasks_share_h5py_lock,
-)
+from daskstream.runtime.schedulers import current, scheduler_kind
+from daskstream.runtime.session import HDF5_LOCK_NOTE, SCHEDULERS, session, tasks_share_h5py_lock
 
 MiB = 2**20
 SHAPE, DTYPE = (4000, 500), "f8"  # 16 MB: big enough that the budget shapes the plan
@@ -340,3 +335,15 @@ def test_cluster_file_for_a_remote_scheduler_leaves_it_running(tmp_path, dask_cl
     _assert_within_worker_thresholds(plan.memory_budget, [{"memory_limit": 2**30}])
     with Client(address, timeout="10s") as again:
         assert again.submit(sum, [1, 2]).result() == 3
+
+
+@pytest.mark.parametrize("kind", ["sync", "threads", "processes", "distributed"])
+def test_one_place_says_where_work_runs_in_a_session_and_outside(kind):
+    outside = {"sync": "sync", "threads": "threads", "processes": "processes"}
+    if kind in outside:
+        with dask.config.set(scheduler=kind):
+            assert scheduler_kind() == outside[kind]
+    with session(kind, progress=False):
+        assert scheduler_kind() == kind
+        assert tasks_share_h5py_lock() == (kind == "threads")
+    assert scheduler_kind() == "threads"
