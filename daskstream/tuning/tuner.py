@@ -84,6 +84,7 @@ def tune(
     Examples
     --------
     >>> import numpy as np, tempfile, os
+    >>> import dask
     >>> import daskstream as ds
     >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
     >>> np.save(path, np.zeros((4096, 256), "f4"))
