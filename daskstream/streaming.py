@@ -358,28 +358,30 @@ class Stream:
         rows = low * unit
         return [(start, min(start + rows, self.length)) for start in range(0, self.length, rows)]
 
-    def _share(self) -> tuple[int, int]:
-        """Positions in the epoch's sequence this consumer takes: its rank's run, then its worker's batches."""
+    def _rank_run(self) -> tuple[int, int]:
+        """Positions in the epoch's sequence this consumer's rank takes (see ``shares``)."""
         n, ranks, rank = self.length, self.world_size, self.rank
         if self.shares == "uneven":
-            low, high = rank * n // ranks, (rank + 1) * n // ranks
-        else:
-            each = n // ranks if self.shares == "drop" else -(-n // ranks)
-            low, high = rank * each, (rank + 1) * each
+            return rank * n // ranks, (rank + 1) * n // ranks
+        each = n // ranks if self.shares == "drop" else -(-n // ranks)
+        return rank * each, (rank + 1) * each
+
+    def _batches_of(self, items: int) -> int:
+        return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+
+    def _share(self) -> tuple[int, int]:
+        """Positions in the epoch's sequence this consumer takes: its rank's run, then its worker's batches."""
+        low, high = self._rank_run()
         items = high - low
-        batches = items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+        batches = self._batches_of(items)
         first, last = self.worker * batches // self.num_workers, (self.worker + 1) * batches // self.num_workers
         return low + first * self.batch_size, low + min(last * self.batch_size, items)
 
     @property
     def rank_batches(self) -> int:
         """Batches this consumer's rank yields each epoch, over all its workers."""
-        n, ranks = self.length, self.world_size
-        if self.shares == "uneven":
-            items = (self.rank + 1) * n // ranks - self.rank * n // ranks
-        else:
-            items = n // ranks if self.shares == "drop" else -(-n // ranks)
-        return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+        low, high = self._rank_run()
+        return self._batches_of(high - low)
 
     # -- planning: this machine (reads, prefetch, memory) ------------------------------
 
@@ -482,8 +484,7 @@ class Stream:
         return _runs(sequence, *self.share, self.length)
 
     def __len__(self) -> int:
-        items = self.share[1] - self.share[0]
-        return items // self.batch_size if self.drop_last else math.ceil(items / self.batch_size)
+        return self._batches_of(self.share[1] - self.share[0])
 
     # -- iterating -------------------------------------------------------------------
 
