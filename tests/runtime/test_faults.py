@@ -110,10 +110,19 @@ def test_a_scheduler_killed_mid_computation_is_one_clear_error_within_seconds(
         x = ds.open(str(tmp_path / "x.npy"), chunks=(5, 64))  # 80 blocks of 50 ms on one thread: 4 s of work
         work = ds.reduce(ds.map_blocks(slowkernels.slow_double, x, dtype="f8"), "sum")
         killer = threading.Timer(1.0, kill_the_scheduler)
-        killer.start()
-        # The counting of bytes read is in the way too, as in `daskstream reduce`.
-        with pytest.raises(ClusterConnectionError) as info, ReadMeter(s) as meter:
-            s.compute(work)
+        meters = []
+
+        def compute_while_counting() -> None:
+            # The counting of bytes read is in the way too, as in `daskstream reduce`. The scheduler
+            # is killed once the meter has asked the workers, so the loss comes during the computation.
+            with ReadMeter(s) as meter:
+                meters.append(meter)
+                killer.start()
+                s.compute(work)
+
+        with pytest.raises(ClusterConnectionError) as info:
+            compute_while_counting()
+        (meter,) = meters
         raised_at = time.monotonic()
         killer.join()
     # Not a speed target: without the guard the Client waits out its 30 s reconnection timeout first.
