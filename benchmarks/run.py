@@ -48,7 +48,7 @@ import daskstream as ds
 from benchmarks import samples
 from benchmarks.open_sum import machine_info
 from daskstream.planning.budget import format_size, parse_budget
-from daskstream.planning.chunks import read_amplification
+from daskstream.planning.grid import read_amplification
 
 WORKLOADS = ("sum", "mean axis 0", "std axis 1", "describe", "3x3 stencil to Zarr")
 DASKSTREAM, PLAIN, XARRAY, ONE_THREAD = "daskstream", "plain dask", "xarray", "daskstream on 1 thread"

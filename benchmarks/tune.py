@@ -100,7 +100,7 @@ def against_sweep(
         "best_gbps": sweep[best] / 1e9,
         "tuned_chunks": list(result.chunks),
         "tuned_gbps": tuned / 1e9,
-        "auto_chunks": list(ds.open_source(where).plan().chunks),
+        "auto_chunks": list(ds.plan(where).chunks),
         "ratio": tuned / sweep[best],
         "candidates_measured": sum(c.throughput is not None for c in result.candidates),
         "tune_seconds": result.seconds,

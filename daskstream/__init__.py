@@ -1,16 +1,16 @@
 """daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
 
 >>> import daskstream as ds
->>> x = ds.open  # ds.open, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.session, ds.tune...
+>>> x = ds.open  # ds.open, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.session, ds.tune...
 >>> all(hasattr(ds, name) for name in ds.__all__)
 True
 """
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
-from daskstream.arrays import open
+from daskstream.arrays import open, plan, plan_chunks
 from daskstream.compute import describe, kernels, map_blocks, plan_compute, reduce, store
 from daskstream.errors import DaskstreamError
-from daskstream.planning import ChunkPlan, plan_chunks
+from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
@@ -33,6 +33,7 @@ __all__ = [
     "map_blocks",
     "open",
     "open_source",
+    "plan",
     "plan_chunks",
     "plan_compute",
     "reduce",

@@ -1,23 +1,26 @@
-"""``daskstream.open``: a Source as a lazy dask array with planned chunks."""
+"""The entry points that build arrays and plans: ``open``, ``plan`` and ``plan_chunks``.
+
+Defaults (the memory budget, threads, workers and the planner's settings) are
+resolved here, once per call (:func:`daskstream.runtime.resources.resolve_settings`),
+and passed down as one frozen value.
+"""
 
 from __future__ import annotations
 
-import math
 import os
-import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import dask.array as da
-import numpy as np
-from dask.base import tokenize
+from numpy.typing import DTypeLike
 
-from daskstream import config
-from daskstream.errors import ChunkSplitWarning, InvalidArgumentError, InvalidChunksError, MemoryBudgetError
-from daskstream.planning.chunks import ChunkPlan, read_amplification, regular_grid
+from daskstream.errors import InvalidArgumentError
+from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
+from daskstream.planning.chunks import plan_chunks as plan_with_settings
+from daskstream.planning.grid import regular_grid
+from daskstream.planning.plan import ChunkPlan
+from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source, open_source
-
-ChunksSpec = str | int | tuple | Mapping | ChunkPlan
+from daskstream.tuning.tuner import tuned_chunks
 
 
 def open(
@@ -80,153 +83,156 @@ def open(
 
 
 def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget: int | str | None = None) -> da.Array:
-    """A dask array reading ``source`` in the chunks given (see :func:`open`)."""
-    dask_chunks = resolve_chunks(source, chunks, memory_budget=memory_budget)
-    name = f"daskstream-{source.format}-{tokenize(source.token, dask_chunks)}"
-    array = read_array(source, dask_chunks, name)
-    from daskstream.compute.layers import record_plan
-
-    # Computations over this array keep the budget and threads it was planned for (the smallest budget,
-    # over several arrays), wherever dask optimizes their graph.
-    record_plan(array.dask.layers[name], memory_budget)
-    return array
+    """A dask array reading an open ``source`` in the chunks given (see :func:`open`)."""
+    settings = resolve_settings(memory_budget=memory_budget)
+    if isinstance(chunks, str) and chunks == "tune":
+        tuned = tuned_chunks(source, memory_budget=memory_budget)
+        check_block_count(source, tuned, settings.max_tasks)
+        chunks = regular_grid(source.shape, tuned)
+    return source_array(source, chunks, settings)
 
 
-def read_array(source: Source, chunks: tuple[tuple[int, ...], ...], name: str) -> da.Array:
-    """The dask array named ``name`` reading ``source`` in ``chunks``, one task per block.
+def plan(
+    source: str | os.PathLike[str] | Source,
+    *,
+    dataset: str | None = None,
+    memory_budget: int | str | None = None,
+    threads: int | None = None,
+    workers: int | None = None,
+    reduce_axis: int | tuple[int, ...] | None = None,
+    target_chunk_bytes: int | str | None = None,
+    working_set_factor: float | None = None,
+    min_tasks_per_thread: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> ChunkPlan:
+    """The chunk plan :func:`open` makes for a file or an open :class:`Source`, and why.
 
-    Blocks are read through the source's own ``__getitem__`` (no lock: sources
-    are safe to read from many threads) and never converted with ``np.asarray``
-    first, so a block is decoded once, straight into its result.
+    Parameters
+    ----------
+    source
+        A path as for :func:`open`, or an open :class:`Source`.
+    dataset, storage_options
+        As for :func:`open`, when ``source`` is a path.
+    memory_budget, threads, workers, reduce_axis, target_chunk_bytes, working_set_factor, min_tasks_per_thread
+        As for :func:`plan_chunks`; ``None`` takes the settings and the place
+        the computation runs (the active session, Client or this machine).
+
+    Returns
+    -------
+    ChunkPlan
+        ``chunks``, ``n_tasks``, ``read_amplification``, ``explain()``...
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.zeros((1000, 100)))
+    >>> plan(path, memory_budget="4MiB", threads=2, workers=1, target_chunk_bytes="64KiB").chunks
+    (77, 100)
     """
-    return da.from_array(
-        source,
-        chunks=chunks,
-        name=name,
-        lock=False,
-        asarray=False,
-        fancy=False,
-        meta=np.empty((0,) * source.ndim, dtype=source.dtype),
+    if not isinstance(source, Source):
+        source = open_source(source, dataset=dataset, storage_options=storage_options)
+    elif dataset is not None or storage_options is not None:
+        raise InvalidArgumentError(
+            f"{source.name}: dataset= and storage_options= apply when planning a path, not an open Source"
+        )
+    settings = resolve_settings(
+        memory_budget=memory_budget,
+        threads=threads,
+        workers=workers,
+        target_chunk_bytes=target_chunk_bytes,
+        working_set_factor=working_set_factor,
+        min_tasks_per_thread=min_tasks_per_thread,
     )
+    return source.plan(settings, reduce_axis=reduce_axis)
 
 
-def resolve_chunks(
-    source: Source, chunks: ChunksSpec, *, memory_budget: int | str | None = None
-) -> tuple[tuple[int, ...], ...]:
-    """Dask's tuple-of-tuples chunks for ``source`` from any accepted chunk spec."""
-    if isinstance(chunks, str):
-        if chunks == "auto":
-            return source.plan(memory_budget=memory_budget).dask_chunks
-        if chunks == "tune":
-            from daskstream.tuning.tuner import tuned_chunks
+def plan_chunks(
+    shape: tuple[int, ...],
+    dtype: DTypeLike,
+    *,
+    storage_chunks: tuple[int, ...] | None = None,
+    layout: str = "C",
+    memory_budget: int | str | None = None,
+    threads: int | None = None,
+    workers: int | None = None,
+    reduce_axis: int | tuple[int, ...] | None = None,
+    target_chunk_bytes: int | str | None = None,
+    working_set_factor: float | None = None,
+    min_tasks_per_thread: int | None = None,
+    decode_bytes: int = 0,
+) -> ChunkPlan:
+    """Plan storage-aligned chunks for an array, within a memory budget.
 
-            tuned = tuned_chunks(source, memory_budget=memory_budget)
-            check_block_count(source, tuned)
-            return regular_grid(source.shape, tuned)
-        if chunks == "storage":
-            if source.storage_chunks is None:
-                raise InvalidChunksError(
-                    f"{source.name}: chunks='storage' but the data is stored contiguously; "
-                    "use chunks='auto' or give a chunk shape"
-                )
-            check_block_count(source, source.storage_chunks)
-            return regular_grid(source.shape, source.storage_chunks)
-        raise InvalidChunksError(
-            f"chunks={chunks!r} for {source.name}: use 'auto', 'storage', 'tune', a tuple, a dict or a ChunkPlan"
-        )
-    if isinstance(chunks, ChunkPlan):
-        if chunks.shape != source.shape:
-            raise InvalidChunksError(
-                f"the ChunkPlan is for shape {chunks.shape} but {source.name} has shape {source.shape}; "
-                "plan with source.plan(...)"
-            )
-        dask_chunks = chunks.dask_chunks
-    else:
-        dask_chunks = _normalize_user_chunks(source, chunks)
-    amplification = read_amplification(source.shape, source.storage_chunks, dask_chunks)
-    if amplification > 1.0:
-        warnings.warn(
-            f"{source.name}: these chunks split its storage chunks {source.storage_chunks}, so each "
-            f"storage chunk is read and decoded {amplification:.2f} times on average (read "
-            "amplification); use chunks='auto' or multiples of the storage chunks",
-            ChunkSplitWarning,
-            stacklevel=3,
-        )
-    return dask_chunks
+    Parameters
+    ----------
+    shape, dtype
+        The array's shape and dtype.
+    storage_chunks
+        The on-disk chunk grid (for sharded Zarr, the shard grid); ``None`` when
+        the data is contiguous.
+    layout
+        ``"C"`` or ``"F"`` for contiguous data, ``"chunked"`` for chunked storage.
+    memory_budget
+        Bytes one worker process may use, shared by its threads (int or string
+        such as ``"2GiB"``). ``None``: setting ``daskstream.memory-budget``,
+        else the active Client's worker memory limit, else a share of this
+        machine's available memory.
+    threads, workers
+        Concurrent tasks per worker and number of workers. ``None``: the
+        active Client's, else this machine's CPU count and 1.
+    reduce_axis
+        Axes a following reduction removes; chunks then span them first.
+    target_chunk_bytes
+        Preferred chunk size below the hard bounds. ``None``: setting
+        ``daskstream.planning.target-chunk-bytes`` ("auto" sizes it to the CPU cache).
+    working_set_factor
+        Projected peak memory of one task as a multiple of its chunk. ``None``:
+        setting ``daskstream.planning.working-set-factor``, whose ``"auto"``
+        is :func:`analysis_working_set_factor` of the dtype.
+    min_tasks_per_thread
+        Tasks each thread gets at least, when the storage grid allows.
+    decode_bytes
+        Bytes a read holds beyond its chunk while it decodes storage chunks
+        (:attr:`daskstream.Source.decode_bytes`).
 
-
-def check_block_count(source: Source, chunk_shape: tuple[int, ...]) -> None:
-    """Refuse a grid of more blocks than ``daskstream.planning.max-tasks`` before listing them.
+    Returns
+    -------
+    ChunkPlan
 
     Raises
     ------
     MemoryBudgetError
-        Naming the source, the chunks and how many blocks they make.
+        When the budget leaves a task less than one element, or the plan
+        would have more than ``daskstream.planning.max-tasks`` tasks.
+
+    Examples
+    --------
+    >>> plan = plan_chunks((1000, 1000), "f8", storage_chunks=(100, 100), layout="chunked",
+    ...                    memory_budget="64MiB", threads=2, workers=1, target_chunk_bytes="1MiB")
+    >>> plan.chunks, plan.n_tasks, plan.read_amplification
+    ((100, 1000), 10, 1.0)
+    >>> plan_chunks((10_000, 100), "f4", memory_budget="1GiB", threads=2, workers=1,
+    ...             target_chunk_bytes="1MiB").chunks
+    (2500, 100)
     """
-    blocks = math.prod(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
-    ceiling = config.setting("planning.max-tasks")
-    if blocks > ceiling:
-        raise MemoryBudgetError(
-            f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {blocks:,} blocks, "
-            f"more than the {ceiling:,} daskstream plans at most (daskstream.planning.max-tasks: the task graph "
-            "alone would outgrow memory); give larger chunks, or chunks='auto'"
-        )
+    settings = resolve_settings(
+        memory_budget=memory_budget,
+        threads=threads,
+        workers=workers,
+        target_chunk_bytes=target_chunk_bytes,
+        working_set_factor=working_set_factor,
+        min_tasks_per_thread=min_tasks_per_thread,
+    )
+    return plan_with_settings(
+        shape,
+        dtype,
+        settings,
+        storage_chunks=storage_chunks,
+        layout=layout,
+        reduce_axis=reduce_axis,
+        decode_bytes=decode_bytes,
+    )
 
 
-def _normalize_user_chunks(source: Source, chunks: Any) -> tuple[tuple[int, ...], ...]:
-    from dask.array.core import normalize_chunks
-
-    hint = "give one positive size per axis (-1 or None for a whole axis), a dict {axis: size} or a ChunkPlan"
-    if isinstance(chunks, tuple) and len(chunks) != source.ndim:
-        raise InvalidChunksError(
-            f"chunks={chunks!r} has {len(chunks)} entries but {source.name} has {source.ndim} axes; {hint}"
-        )
-    flat = chunks.values() if isinstance(chunks, Mapping) else chunks if isinstance(chunks, tuple) else (chunks,)
-    for entry in flat:
-        sizes = entry if isinstance(entry, tuple) else (entry,)
-        for size in sizes:
-            if size is None or size == -1 or size == "auto":
-                continue
-            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-                raise InvalidChunksError(
-                    f"chunks={chunks!r} for {source.name}: {size!r} is not a positive size; {hint}"
-                )
-            if size >= 2**63:
-                raise InvalidChunksError(
-                    f"chunks={chunks!r} for {source.name}: {size} is longer than any axis can be "
-                    f"(at most 2**63 - 1); {hint}"
-                )
-    if isinstance(chunks, Mapping):
-        for axis in chunks:
-            if not isinstance(axis, int) or not -source.ndim <= axis < source.ndim:
-                raise InvalidChunksError(f"chunks={chunks!r}: axis {axis!r} is out of range for {source.name}; {hint}")
-    if isinstance(chunks, tuple) and all(isinstance(c, (int, np.integer)) for c in chunks):
-        check_block_count(source, tuple(int(c) for c in chunks))
-    try:
-        out = normalize_chunks(chunks, source.shape, dtype=source.dtype)
-    except (ValueError, TypeError) as exc:
-        raise InvalidChunksError(
-            f"chunks={chunks!r} do not fit {source.name} of shape {source.shape}: {exc}; {hint}"
-        ) from None
-    if any(sum(c) != n for c, n in zip(out, source.shape)) or math.prod(map(len, out)) < 1:
-        raise InvalidChunksError(f"chunks={chunks!r} do not cover {source.name} of shape {source.shape}; {hint}")
-    return out
-
-
-def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...], ...] | None]]:
-    """The daskstream read layers in a dask collection's graph: name, the Source read, and its chunks.
-
-    They are the layers :func:`as_dask_array` makes: ``daskstream-<format>-<token>``
-    beside ``original-`` of that name, which holds the Source.
-    """
-    graph = collection.__dask_graph__()
-    layers = getattr(graph, "layers", {})
-    found = []
-    for name in layers:
-        if name.startswith("daskstream-") and f"original-{name}" in layers:
-            original = layers[f"original-{name}"]
-            source = next(iter(original.values()), None) if hasattr(original, "values") else None
-            if isinstance(source, Source):
-                annotations = getattr(layers[name], "collection_annotations", None) or {}
-                found.append((name, source, annotations.get("chunks")))
-    return found
+__all__ = ["as_dask_array", "open", "plan", "plan_chunks"]

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pathlib
+import shutil
 import sys
 import tempfile
+import time
 from typing import Any
 
 import click
+import dask.config
+import numpy as np
+import yaml
 
+import daskstream as ds
+from daskstream.compute.store import target_format
+from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError
+from daskstream.planning.budget import format_size, parse_budget
+from daskstream.runtime.clusters import check_cluster_config
+from daskstream.runtime.metering import ReadMeter
+from daskstream.tuning import TuneCache, tune
 
 # The largest value a numpy index holds: no axis, chunk or count can be longer.
 _INT64_MAX = 2**63 - 1
@@ -133,8 +147,6 @@ def _consent(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     # The user's consent for this run, set where a cluster file cannot reach (see cluster_rules),
     # and undone when the command ends.
     if value:
-        import dask.config
-
         setting = f"daskstream.cluster-files.{param.name.replace('_', '-')}"
         ctx.with_resource(dask.config.set({setting: True}))
 
@@ -185,7 +197,6 @@ def _compute_options(fn: Any) -> Any:
 
 
 def _session(scheduler: str | None, cluster_file: str | None, memory_budget: str | None, quiet: bool) -> Any:
-    import daskstream as ds
 
     return ds.session(scheduler, cluster=cluster_file, memory_budget=memory_budget, progress=not quiet)
 
@@ -217,7 +228,6 @@ def main() -> None:
 @click.option("--formats", default="npy,hdf5,zarr", show_default=True, help="Comma-separated formats to demo.")
 def demo(size: str, folder: str | None, formats: str) -> None:
     """Write a sample data set, open it, print the chunk plan and a timed reduction."""
-    from daskstream.demo import FORMATS, run_demo
 
     chosen = tuple(f.strip() for f in formats.split(",") if f.strip())
     unknown = [f for f in chosen if f not in FORMATS]
@@ -242,10 +252,6 @@ def _check_room(folder: str, size: str, n_formats: int) -> None:
     beyond the free space would fail part way, or at once past the largest file
     the file system allows.
     """
-    import pathlib
-    import shutil
-
-    from daskstream.planning.budget import format_size, parse_budget
 
     needed = parse_budget(size, name="size") * n_formats
     # The folder may not exist yet: its disk is the one of the nearest folder above it that does.
@@ -270,7 +276,6 @@ def _within_int64(ctx: click.Context, param: click.Parameter, value: int | None)
 
 def _make_folder(folder: str, option: str) -> None:
     """Make ``folder`` (and its parents) when missing, or say on one line why it cannot be."""
-    import os
 
     try:
         os.makedirs(folder, exist_ok=True)
@@ -287,8 +292,6 @@ def _make_folder(folder: str, option: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info(path: str, dataset: str | None, as_json: bool) -> None:
     """Show a source's format, shape, dtype, storage chunks, layout, size and codecs."""
-    import daskstream as ds
-    from daskstream.planning.budget import format_size
 
     source = ds.open_source(path, dataset=dataset)
     facts = {**_source_facts(source), "nbytes": source.nbytes, "storage": source.describe_storage()}
@@ -342,11 +345,6 @@ def reduce_command(
     than the array's size when the operation passes over it several times),
     passes (over the data, as planned), scheduler.
     """
-    import time
-
-    import daskstream as ds
-    from daskstream.planning.budget import format_size
-    from daskstream.runtime.metering import ReadMeter
 
     options: dict[str, Any] = {"ddof": ddof}
     if q:
@@ -400,7 +398,6 @@ def describe_command(
     as_json: bool,
 ) -> None:
     """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass."""
-    import daskstream as ds
 
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         x = ds.open(path, dataset=dataset)
@@ -426,7 +423,6 @@ def _source_facts(source: Any) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     """numpy scalars and arrays as JSON-ready numbers and nested lists."""
-    import numpy as np
 
     return np.asarray(value).tolist()
 
@@ -467,11 +463,10 @@ def plan(
     --cluster (which are started or joined to ask them); --budget, --threads
     and --workers override what was found.
     """
-    import daskstream as ds
 
     source = ds.open_source(path, dataset=dataset)
     with _session_if_asked(scheduler, cluster_file, None):
-        chunk_plan = source.plan(memory_budget=memory_budget, threads=threads, workers=workers)
+        chunk_plan = ds.plan(source, memory_budget=memory_budget, threads=threads, workers=workers)
     if not as_json:
         click.echo(repr(source))
         click.echo(chunk_plan.explain())
@@ -526,7 +521,6 @@ def tune_command(
     (format, codecs, storage chunks, dtype) on this machine uses the winner
     without measuring. --clear empties the remembered results.
     """
-    from daskstream.tuning import TuneCache, tune
 
     if clear:
         cache = TuneCache()
@@ -576,7 +570,6 @@ def store(
     quiet: bool,
 ) -> None:
     """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume."""
-    import daskstream as ds
 
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset)
@@ -626,8 +619,6 @@ def convert(
     quiet: bool,
 ) -> None:
     """Re-encode SOURCE into a Zarr store or an HDF5 dataset (TARGET::/name) with new chunks and codec."""
-    import daskstream as ds
-    from daskstream.compute.store import target_format
 
     spec = _chunk_spec(chunks)
     # Built (and its level checked) before anything is read or written.
@@ -698,9 +689,6 @@ def cluster() -> None:
 @_consent_options
 def cluster_check(file: str, as_json: bool) -> None:
     """Validate a cluster YAML without starting anything; print the job script or cluster spec it makes."""
-    import yaml
-
-    from daskstream.runtime.clusters import check_cluster_config
 
     check = check_cluster_config(file)
     if as_json:

@@ -14,7 +14,8 @@ from typing import Any
 
 import dask.config
 
-from daskstream.runtime.documents import read_yaml
+from daskstream.documents import read_yaml
+from daskstream.errors import InvalidArgumentError
 
 _DEFAULTS_PATH = pathlib.Path(__file__).with_name("daskstream.yaml")
 
@@ -118,7 +119,6 @@ def _typed(value: Any, kinds: list[str]) -> Any:
 
 
 def _bad(key: str, value: Any, wanted: str) -> Exception:
-    from daskstream.errors import InvalidArgumentError
 
     variable = "DASK_DASKSTREAM__" + key.upper().replace(".", "__").replace("-", "_")
     return InvalidArgumentError(

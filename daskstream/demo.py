@@ -7,8 +7,10 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
+import dask
 import numpy as np
 
+import daskstream as ds
 from daskstream.errors import TargetExistsError
 from daskstream.planning.budget import format_size, parse_budget
 
@@ -95,9 +97,6 @@ def run_demo(
 
     Returns, per format, the figures printed (``seconds``, ``gbps``, ``sum``).
     """
-    import dask
-
-    import daskstream as ds
 
     nbytes = parse_budget(size, name="size")
     targets = {fmt: os.path.join(folder, _SAMPLE_NAMES[fmt]) for fmt in formats}
@@ -118,7 +117,7 @@ def run_demo(
         )
         source = ds.open_source(location)
         echo(repr(source))
-        plan = source.plan()
+        plan = ds.plan(source)
         echo(plan.explain())
         x = ds.open(source, chunks=plan)
         seconds = math.inf

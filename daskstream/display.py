@@ -29,6 +29,11 @@ def card(title: str, *parts: str) -> str:
     return f"<div><strong>{escape(title)}</strong>{''.join(parts)}</div>"
 
 
+def details(summary: str, text: str) -> str:
+    """A folded block of preformatted ``text`` under ``summary`` (an explanation, a log)."""
+    return f"<details><summary>{escape(summary)}</summary><pre>{escape(text)}</pre></details>"
+
+
 def _cuts(n: int, step: int | None) -> list[int]:
     if not step or step >= n:
         return []

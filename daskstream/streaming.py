@@ -30,8 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.display import card, grid_figure, table
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, MemoryBudgetError, SourceChangedError
-from daskstream.planning.budget import format_size
+from daskstream.graph.layers import opened_budget, read_layers
+from daskstream.planning.budget import format_size, parse_budget
+from daskstream.runtime.resources import resolve_resources
 from daskstream.sources import Source, open_source
 from daskstream.sources.base import REREAD_ADVICE
 
@@ -58,8 +61,6 @@ class _Input:
         if isinstance(x, Source):
             self.source = x
         elif hasattr(x, "__dask_graph__"):
-            from daskstream.arrays import read_layers
-
             layers = read_layers(x)
             # An array straight from daskstream.open is read from its Source, without dask in the loop.
             if len(layers) == 1 and layers[0][0] == x.name:
@@ -72,7 +73,6 @@ class _Input:
             raise InvalidArgumentError(
                 f"stream takes paths, Sources or dask arrays (from daskstream.open), not {type(x).__name__}"
             )
-        from daskstream.compute.layers import opened_budget
 
         # The budget an array from daskstream.open was opened with, for the stream to keep.
         self.opened_budget = opened_budget(x) if hasattr(x, "__dask_graph__") else None
@@ -241,8 +241,6 @@ class Stream:
         worker: int = 0,
         num_workers: int = 1,
     ) -> None:
-        from daskstream.planning.budget import parse_budget
-        from daskstream.runtime.resources import resolve_resources
 
         self.zipped = isinstance(x, (tuple, list))
         self.inputs = [_Input(item) for item in (x if self.zipped else (x,))]
@@ -694,7 +692,6 @@ class Stream:
             ("share", f"rank {self.rank} of {self.world_size} ({self.shares}): {len(self)} batches"
                       + (f", worker {self.worker} of {self.num_workers}" if self.num_workers > 1 else "")),
         ]  # fmt: skip
-        from daskstream.display import card, grid_figure, table
 
         first = self.inputs[0]
         storage = first.source.storage_chunks if first.source is not None else None

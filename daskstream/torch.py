@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import InvalidArgumentError, MissingDependencyError
+from daskstream.streaming import stream
 
 try:
     import torch
@@ -112,7 +113,6 @@ class StreamDataset(IterableDataset):
         self._plan = self._stream()
 
     def _stream(self, worker: int = 0, num_workers: int = 1) -> Any:
-        from daskstream.streaming import stream
 
         return stream(self.x, **self.options, worker=worker, num_workers=num_workers)
 

@@ -48,7 +48,7 @@ paths""",
         "## The chunk plan\nTasks (blue) are whole storage chunks, sized to the memory budget and the threads. "
         "Open *why* for the reasons.",
     ),
-    ("code", 'ds.open_source(paths["hdf5"]).plan(memory_budget="1GiB")'),
+    ("code", 'ds.plan(paths["hdf5"], memory_budget="1GiB")'),
     ("markdown", "## One pass of statistics\nCount, NaN count, mean, standard deviation, minimum and maximum."),
     (
         "code",

@@ -34,7 +34,7 @@ def test_plans_sources_and_descriptions_show_in_jupyter(tmp_path):
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=data, chunks=(8, 48))
     source = ds.open_source(f"{path}::x")
-    plan_html = source.plan(memory_budget="64MiB")._repr_html_()
+    plan_html = ds.plan(source, memory_budget="64MiB")._repr_html_()
     assert "<svg" in plan_html
     assert "storage chunks (grey)" in plan_html
     assert "<details>" in plan_html

@@ -33,7 +33,7 @@ def test_open_is_lazy_and_computes_the_oracle(sample_files, fmt):
 def test_auto_chunks_follow_the_plan_and_storage(sample_files, fmt):
     path, _ = sample_files[fmt]
     source = ds.open_source(path)
-    plan = source.plan(memory_budget="64MiB")
+    plan = ds.plan(source, memory_budget="64MiB")
     x = ds.open(source, memory_budget="64MiB")
     assert x.chunks == plan.dask_chunks
     assert plan.read_amplification == 1.0
@@ -207,7 +207,7 @@ def test_distributed_cluster_of_real_processes(dask_cluster, sample_files, fmt):
     with Client(scheduler_file=str(dask_cluster)) as client:
         x = ds.open(path)
         # Inside a Client, the plan sees its workers: 2 workers x 1 thread.
-        plan = ds.open_source(path).plan()
+        plan = ds.plan(ds.open_source(path))
         assert (plan.workers, plan.threads) == (2, 1)
         # 60% of the workers' 1 GiB (distributed starts spilling there), less what the idle worker holds.
         assert 2**30 // 8 <= plan.memory_budget < 0.6 * 2**30

@@ -17,7 +17,7 @@ import zarr
 
 import daskstream as ds
 from daskstream.errors import DaskstreamError, InvalidArgumentError, MemoryBudgetError, SourceChangedError
-from daskstream.runtime.metering import bytes_read_here
+from daskstream.sources.reads import bytes_read_here
 
 N, WIDTH = 3000, 16
 

@@ -1,14 +1,14 @@
 """Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
 
-from daskstream.compute import graph, kernels
+from daskstream.compute import computation, kernels
+from daskstream.compute.computation import plan_compute
 from daskstream.compute.describe import Description, LazyDescription, describe
-from daskstream.compute.graph import plan_compute
 from daskstream.compute.kernels import map_blocks
 from daskstream.compute.quantiles import median, quantile
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
 from daskstream.compute.store import store
 
-graph.install()
+computation.install()
 
 __all__ = [
     "OPERATIONS",

@@ -19,10 +19,12 @@ import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
 
-from daskstream.compute.layers import budget_of
-from daskstream.compute.reductions import chunk_moments, combine_fan_in, known_bin_edges, merge_moments
+from daskstream.compute.partials import combine_fan_in
+from daskstream.compute.reductions import chunk_moments, known_bin_edges, merge_moments
+from daskstream.display import card, table
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
-from daskstream.planning.chunks import normalize_axes
+from daskstream.graph.layers import budget_of
+from daskstream.planning.grid import normalize_axes
 
 STATISTICS = ("count", "nan_count", "mean", "std", "min", "max")
 
@@ -53,7 +55,6 @@ class Description(Mapping):
         return "Description(\n  " + "\n  ".join(lines) + "\n)"
 
     def _repr_html_(self) -> str:
-        from daskstream.display import card, table
 
         return card("daskstream describe", table(((k, _short(v)) for k, v in self._values.items()), code=True))
 
@@ -181,7 +182,7 @@ def describe(
     )
     blocks = x.to_delayed(optimize_graph=True)
     kept = [a for a in builtins.range(x.ndim) if a not in axes]
-    partial = dask.delayed(_chunk_statistics, pure=True)
+    partial = dask.delayed(chunk_statistics, pure=True)
     # Group the chunks by their position along the kept axes; each group is reduced on its own.
     groups: dict[tuple[int, ...], list[Any]] = {}
     for index in itertools.product(*(builtins.range(n) for n in x.numblocks)):
@@ -233,7 +234,7 @@ def _bin_counts(values: np.ndarray, edges: np.ndarray, out_shape: tuple[int, ...
     return flat.reshape((*out_shape, nbins))
 
 
-def _chunk_statistics(block: np.ndarray, axes: tuple[int, ...], edges: np.ndarray | None) -> dict[str, np.ndarray]:
+def chunk_statistics(block: np.ndarray, axes: tuple[int, ...], edges: np.ndarray | None) -> dict[str, np.ndarray]:
     values = block.astype(np.float64) if block.dtype.kind == "b" else block
     stats = _finite_float_statistics(values) if len(axes) == values.ndim and values.dtype.kind == "f" else None
     if stats is None:

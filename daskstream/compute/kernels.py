@@ -28,11 +28,15 @@ from typing import TYPE_CHECKING, Any
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
+from dask.graph_manipulation import bind
 from dask.utils import funcname, has_keyword
 
-from daskstream.compute.regions import regions_of
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
-from daskstream.planning.chunks import normalize_axes, plan_chunks
+from daskstream.graph.layers import budget_of
+from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
+from daskstream.planning.chunks import fit_halo_chunks, plan_chunks
+from daskstream.planning.grid import normalize_axes, regular_grid
+from daskstream.runtime.resources import resolve_resources, resolve_settings
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -214,9 +218,6 @@ def map_blocks(
 
 def _constant_limit(inputs: list[da.Array]) -> int:
     """The most bytes an aggregate may take to go whole into every task of a kernel (an eighth of a task's share)."""
-    from daskstream.compute.layers import budget_of
-    from daskstream.runtime.resources import resolve_resources
-
     budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
     return resolve_resources(memory_budget=min(budgets) if budgets else None).per_task_bytes // 8
 
@@ -230,17 +231,12 @@ def _map_regions(
     every halo on the way (this kernel's and those of the kernels it reads
     through) would not fit one task's share of the memory budget.
     """
-    from daskstream.compute.layers import budget_of
-    from daskstream.compute.regions import KernelRegions, Readable, region_array
-    from daskstream.planning.chunks import configured_working_set_factor, fit_halo_chunks, regular_grid
-    from daskstream.runtime.resources import resolve_resources
-
     regions = [r.regions for r in readable]
     constants = {name: array for r in readable for name, array in r.constants.items()}
     first = inputs[0]
     budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
-    budget = min(budgets) if budgets else None
-    resources = resolve_resources(memory_budget=budget)
+    settings = resolve_settings(memory_budget=min(budgets) if budgets else None)
+    resources = settings.resources
     halo = tuple(d + max(r.reach[a] for r in regions) for a, d in enumerate(depths))
     sources = {s.token: s for r in regions for s in r.sources}.values()
     widest = max([kernel.dtype.itemsize, *(a.dtype.itemsize for a in inputs)])
@@ -251,7 +247,7 @@ def _map_regions(
         halo,
         widest,
         per_task_bytes=resources.per_task_bytes,
-        working_set_factor=configured_working_set_factor(np.dtype(kernel.dtype)),
+        working_set_factor=settings.working_set_factor_for(kernel.dtype),
         decode_bytes=sum(s.decode_bytes for s in sources),
         unit=unit,
         what=f"kernel {funcname(kernel.fn)!r}",
@@ -260,9 +256,7 @@ def _map_regions(
         first.chunks if chunks == tuple(max(c) if c else 0 for c in first.chunks) else regular_grid(first.shape, chunks)
     )
     reader = KernelRegions(kernel, tuple(regions), depths, fill, kernel.dtype, grid)
-    return region_array(
-        Readable(reader, constants), grid, budget=budget if budget is None else int(resources.memory_budget)
-    )
+    return region_array(Readable(reader, constants), grid, resources)
 
 
 @dataclass(frozen=True)
@@ -423,7 +417,8 @@ def _align_chunks(inputs: list[da.Array]) -> list[da.Array]:
         target = first.chunks
     else:
         grid = _regular_chunk_shape(first.chunks)
-        plan = plan_chunks(first.shape, first.dtype, storage_chunks=grid, layout="C" if grid is None else "chunked")
+        layout = "C" if grid is None else "chunked"
+        plan = plan_chunks(first.shape, first.dtype, resolve_settings(), storage_chunks=grid, layout=layout)
         target = plan.dask_chunks
     return [a.rechunk(target) for a in inputs]
 
@@ -472,7 +467,6 @@ def standardize(x: da.Array | np.ndarray, axis: int | Sequence[int] | None = Non
     >>> standardize(x).compute().round(4)
     array([-1.3416, -0.4472,  0.4472,  1.3416])
     """
-    from dask.graph_manipulation import bind
 
     x = _as_dask_array(x, 0)
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool) or np.issubdtype(x.dtype, np.complexfloating):

@@ -38,10 +38,11 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import clone
 
-from daskstream.compute.layers import budget_of
-from daskstream.compute.reductions import PIECE_VALUES, per_chunk_rows, sum_rows
+from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
-from daskstream.planning.chunks import normalize_axes
+from daskstream.graph.layers import budget_of
+from daskstream.graph.pieces import PIECE_VALUES
+from daskstream.planning.grid import normalize_axes
 from daskstream.runtime.resources import resolve_resources
 
 DIGIT_BITS = 16

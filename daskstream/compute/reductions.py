@@ -18,21 +18,19 @@ import numpy as np
 from dask.array.core import _concatenate2
 from dask.utils import deepmap
 
-from daskstream.compute.layers import budget_of
+from daskstream.compute.partials import combine_fan_in, per_chunk_rows, sum_rows
+from daskstream.compute.quantiles import median, quantile
 from daskstream.errors import (
     InvalidArgumentError,
     MemoryBudgetError,
     UnknownOperationError,
     UnsupportedDtypeError,
 )
+from daskstream.graph.layers import budget_of
+from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.planning.budget import format_size
-from daskstream.planning.chunks import normalize_axes
+from daskstream.planning.grid import normalize_axes
 from daskstream.runtime.resources import resolve_resources
-
-# Python's per-object overhead of one partial result held by a combine task, on top of its array bytes.
-_PARTIAL_OVERHEAD_BYTES = 1024
-# The widest combine we allow: beyond it the list handling in one task costs more than a tree level.
-_MAX_SPLIT_EVERY = 1024
 
 _ACCUMULATING = {"sum", "mean", "prod", "nansum", "nanmean"}
 _MOMENTS = {"var", "std", "nanvar", "nanstd"}
@@ -111,8 +109,6 @@ def reduce(
             raise InvalidArgumentError('op="histogram" counts all values, as numpy.histogram does; give no axis')
         return histogram(x, bins=bins, range=range, split_every=split_every, memory_budget=memory_budget)
     if op in ("median", "quantile"):
-        from daskstream.compute.quantiles import median, quantile
-
         if op == "median":
             return median(x, axis=axis, keepdims=keepdims, memory_budget=memory_budget)
         if q is None:
@@ -209,23 +205,6 @@ def accumulation_dtype(dtype: np.dtype, requested: Any = None) -> np.dtype | Non
     return None
 
 
-def combine_fan_in(
-    x: da.Array, axes: tuple[int, ...], *, partial_itemsize: int, memory_budget: int | str | None = None
-) -> int:
-    """How many partial results one combine task may merge, from the memory budget.
-
-    A partial result of one chunk holds ``partial_itemsize`` bytes per element of
-    the chunk's output (the chunk's extent along the kept axes). A combine task
-    holds ``split_every`` of them, within its share of the worker's budget.
-    """
-    resources = resolve_resources(memory_budget=memory_budget)
-    kept = [max(x.chunksize[a], 1) for a in range(x.ndim) if a not in axes]
-    partial_bytes = math.prod(kept) * partial_itemsize + _PARTIAL_OVERHEAD_BYTES
-    # A combine task holds its inputs and its output; the partials waiting for it are held too, so a
-    # group of them takes at most a quarter of a task's share.
-    return int(max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (4 * partial_bytes))))
-
-
 def _arg_reduction(x: da.Array, op: str, axes: tuple[int, ...], keepdims: bool, fan_in: int) -> da.Array:
     if len(axes) == x.ndim and x.ndim > 1:
         # numpy's argmin/argmax over all axes index the flattened array.
@@ -319,57 +298,6 @@ def merge_moments(parts: dict[str, np.ndarray], axis: tuple[int, ...]) -> dict[s
         spread = np.where(n_parts > 0, spread, 0.0)
         m2 = np.sum(m2_parts, axis=axis, keepdims=True) + np.sum(spread, axis=axis, keepdims=True)
     return {"n": n, "mean": mean, "m2": m2}
-
-
-# Values a kernel works on at a time when its temporaries grow with what it works on (chunk_moments'
-# float64 copies, the radix passes' keys and masks): a few MiB, however large the chunk.
-PIECE_VALUES = 1 << 18
-
-
-def moment_chunk_in_pieces(block: np.ndarray, *args: Any, computing_meta: bool = False, **kwargs: Any) -> Any:
-    """dask's first step of a variance (``moment_chunk``), worked out piece by piece along the longest axis.
-
-    dask's own step makes a centred copy of the whole block and its powers (two
-    block-sized temporaries in the dtype it accumulates in); here each piece
-    of ``PIECE_VALUES`` values is one call of dask's step, and the pieces'
-    partial results merge with dask's own ``moment_combine`` (along a reduced
-    axis) or lie side by side (along a kept one): the partial result dask's
-    next step expects, from temporaries that stay in the CPU's cache.
-    daskstream's optimizer puts it in place of dask's step.
-    """
-    from dask.array.reductions import moment_chunk, moment_combine
-
-    axis, keepdims = kwargs.get("axis"), kwargs.get("keepdims")
-    if computing_meta or block.ndim == 0 or block.size <= PIECE_VALUES or not keepdims or axis is None:
-        return moment_chunk(block, *args, computing_meta=computing_meta, **kwargs)
-    axes = tuple(sorted(axis if isinstance(axis, tuple) else (axis,)))
-    longest = max(range(block.ndim), key=block.shape.__getitem__)
-    step = max(1, PIECE_VALUES * block.shape[longest] // block.size)
-    lead = (slice(None),) * longest
-    parts = [
-        moment_chunk(block[(*lead, slice(start, start + step))], *args, **kwargs)
-        for start in range(0, block.shape[longest], step)
-    ]
-    if len(parts) == 1:
-        return parts[0]
-    if longest not in axes:
-        return {key: np.concatenate([part[key] for part in parts], axis=longest) for key in ("total", "n", "M")}
-    order = kwargs.get("order", args[0] if args else 2)
-    dtype = kwargs.get("dtype", "f8")
-    combine = {"order": order, "dtype": dtype, "axis": axes}
-    if "sum" in kwargs:
-        combine["sum"] = kwargs["sum"]
-    return moment_combine(_nested(parts, axes.index(longest), len(axes)), **combine)
-
-
-def _nested(parts: list, position: int, depth: int) -> Any:
-    """``parts`` laid along level ``position`` of ``depth`` nested lists (one item at the other levels), as
-    dask nests the partial results of blocks along the reduced axes."""
-    if depth == 0:
-        return parts[0]
-    if position == 0:
-        return [_nested([part], -1, depth - 1) for part in parts]
-    return [_nested(parts, position - 1, depth - 1)]
 
 
 def _count(block: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:
@@ -646,52 +574,6 @@ def _shown(value: Any) -> str:
     """``value``'s repr for a message, shortened when it is too long to read (a pasted 400-digit int)."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
-
-
-def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs: Any) -> da.Array:
-    """``fn(block, *arrays, **kwargs)`` gives one row of ``width`` int64 counts per chunk, on a new last axis.
-
-    Each of ``arrays`` reaches every call whole, as a numpy array. They go in
-    as one graph input each: as keyword values, dask would turn each into a
-    separate copy of its whole graph and compute that copy again; as indexed
-    block inputs, the read of ``x``'s chunk would no longer be fused into the
-    task that counts it, and chunks could be read long before they are counted.
-    """
-    block_index = tuple(f"a{i}" for i in builtins.range(x.ndim))
-    wholes = [(whole_input(array), None) for array in arrays]
-    return da.blockwise(
-        fn,
-        (*block_index, "row"),
-        x,
-        block_index,
-        *(part for whole in wholes for part in whole),
-        new_axes={"row": width},
-        adjust_chunks=dict.fromkeys(block_index, 1),
-        dtype="i8",
-        meta=np.empty((0,) * (x.ndim + 1), dtype="i8"),
-        **kwargs,
-    )
-
-
-def whole_input(array: da.Array) -> Any:
-    """``array`` as one graph value, for a blockwise function that takes it whole in every call.
-
-    The value is a task of its own (a materialized layer) over the array's
-    unoptimized graph: the pass planner then sees what it depends on, and
-    dask's blockwise fusion leaves it alone (fusing a blockwise layer into one
-    that takes its key whole breaks, dask 2026.8).
-    """
-    import dask
-
-    joined = array.rechunk(array.shape).to_delayed(optimize_graph=False).ravel()[0]
-    return dask.delayed(np.asarray, pure=True)(joined, dask_key_name=f"whole-{joined.key[0]}")
-
-
-def sum_rows(rows: da.Array, *, split_every: int | None = None, memory_budget: int | str | None = None) -> da.Array:
-    """Sum per-chunk rows of counts into one row, in a tree as wide as the budget allows."""
-    reduced = tuple(builtins.range(rows.ndim - 1))
-    fan_in = split_every or combine_fan_in(rows, reduced, partial_itemsize=8, memory_budget=memory_budget)
-    return rows.sum(axis=reduced, split_every=fan_in)
 
 
 def _chunk_counts(block: np.ndarray, edges: np.ndarray) -> np.ndarray:

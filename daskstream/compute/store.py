@@ -30,23 +30,29 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from itertools import islice
 from typing import Any
 
 import dask
 import dask.array as da
 import dask.local
+import dask.multiprocessing
 import dask.threaded
+import numcodecs
 import numpy as np
+from dask.base import tokenize
+from dask.callbacks import Callback
+from dask.core import get_dependencies
 
-from daskstream.arrays import read_layers
-from daskstream.compute.graph import with_aggregates_computed
+from daskstream.compute.computation import plan_compute
 from daskstream.errors import (
     CorruptSourceError,
     DaskstreamError,
@@ -60,9 +66,17 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.files import open_regular
+from daskstream.graph.layers import budget_of, read_layers
+from daskstream.graph.optimize import with_aggregates_computed
+from daskstream.graph.reads import source_array
+from daskstream.planning.grid import regular_grid
+from daskstream.runtime.resources import resolve_resources, resolve_settings
 from daskstream.runtime.schedulers import active_client, active_get, scheduler_kind, uses_processes
+from daskstream.sources import open_source
 from daskstream.sources.base import Source, checked_path, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format, split_dataset
+from daskstream.sources.handles import forget_handles
+from daskstream.sources.hdf5 import import_h5py
 from daskstream.sources.zarr_ import is_url
 
 __all__ = ["store"]
@@ -292,9 +306,7 @@ def store(
         x, identity = _as_recorded(x, identity, writer.recorded())
     writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
 
-    from daskstream.arrays import open as open_array
-
-    return open_array(writer.path, dataset=writer.member)
+    return source_array(open_source(writer.path, dataset=writer.member), "auto", resolve_settings())
 
 
 # ---------------------------------------------------------------------------
@@ -316,11 +328,10 @@ def _as_recorded(
     reads = read_layers(x)
     if len(reads) != 1 or reads[0][0] != x.name or (recorded.shape, recorded.dtype) != (identity.shape, identity.dtype):
         return x, identity
-    from daskstream.arrays import as_dask_array
-    from daskstream.compute.layers import budget_of
 
     try:
-        again = as_dask_array(reads[0][1], chunks=recorded.chunks, memory_budget=budget_of(x))
+        settings = resolve_settings(memory_budget=budget_of(x))
+        again = source_array(reads[0][1], recorded.chunks, settings)
     except DaskstreamError:
         return x, identity
     again_identity = StoreIdentity.of(again)
@@ -368,7 +379,6 @@ def is_regular(chunks: tuple[tuple[int, ...], ...]) -> bool:
 def _regular(x: da.Array) -> da.Array:
     if is_regular(x.chunks):
         return x
-    from daskstream.planning.chunks import regular_grid
 
     # The largest chunk per axis keeps the number of blocks lowest without splitting any task's input.
     return x.rechunk(regular_grid(x.shape, tuple(max(sizes) for sizes in x.chunks)))
@@ -793,8 +803,6 @@ class _ZarrTarget(_Target):
     def _compressors(self) -> Any:
         if isinstance(self.compressor, str) and self.compressor == "default":
             if self.zarr_format == 2:
-                import numcodecs
-
                 return numcodecs.Zstd(level=3)
             from zarr.codecs import ZstdCodec
 
@@ -827,7 +835,6 @@ class _ZarrTarget(_Target):
         return {index for index in found if index is not None}
 
     def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
-        from dask.base import tokenize
 
         writes = x.map_blocks(
             _write_zarr_block,
@@ -862,7 +869,6 @@ class _ZarrTarget(_Target):
         if report is None:
             dask.compute(*tasks)
             return
-        from dask.callbacks import Callback
 
         keys = {t.key for t in tasks}
 
@@ -993,7 +999,6 @@ class _Hdf5Target(_Target):
         overwrite: bool,
         report: ProgressCallback | None,
     ) -> None:
-        from daskstream.sources.handles import forget_handles
 
         blocks = _blocks(x)
         if len(blocks) > _H5_MAX_BLOCKS:
@@ -1074,7 +1079,6 @@ class _Hdf5Target(_Target):
         This process's HDF5 library still holds the file it could not flush, and
         would answer from that instead of from what is on disk.
         """
-        import subprocess
 
         check = "import sys, h5py; h5py.File(sys.argv[1], 'r').close()"
         try:
@@ -1105,7 +1109,6 @@ class _Hdf5Target(_Target):
 
     def _same_object(self, source: Source) -> bool:
         """Whether the dataset written is the one ``source`` reads, under any name (hard links included)."""
-        from daskstream.sources.hdf5 import import_h5py
 
         h5py = import_h5py()
         try:
@@ -1116,7 +1119,6 @@ class _Hdf5Target(_Target):
             return False  # unreadable: _open_file reports it
 
     def _open_file(self) -> Any:
-        from daskstream.sources.hdf5 import import_h5py
 
         h5py = import_h5py()
         try:
@@ -1140,7 +1142,6 @@ class _Hdf5Target(_Target):
     def _prepare(
         self, h5file: Any, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool
     ) -> tuple[Any, np.ndarray]:
-        from daskstream.sources.hdf5 import import_h5py
 
         h5py = import_h5py()
         nblocks = math.prod(x.numblocks)
@@ -1194,7 +1195,6 @@ class _Hdf5Target(_Target):
                 )
 
     def recorded(self) -> StoreIdentity | None:
-        from daskstream.sources.hdf5 import import_h5py
 
         h5py = import_h5py()
         try:
@@ -1282,9 +1282,6 @@ class _Hdf5Target(_Target):
         written with its filtered copies: a batch is written while the next one is
         computed, so two batches are in memory.
         """
-        from daskstream.compute.graph import plan_compute
-        from daskstream.compute.layers import budget_of
-        from daskstream.runtime.resources import resolve_resources
 
         budget = budget_of(x, self.memory_budget)
         resources = resolve_resources(memory_budget=budget)
@@ -1319,7 +1316,7 @@ class _Hdf5Writer:
         self.unrecorded: list[tuple[int, ...]] = []
         self.count = int(done.sum())
         # Aggregates that later passes take (a mean to centre with) are computed once, not per batch.
-        x = self.x = with_aggregates_computed(x)
+        x = self.x = with_aggregates_computed(x, resolve_resources())
         # One graph for all blocks, optimized once (as x.to_delayed(optimize_graph=True) does); each
         # batch sends the scheduler only the tasks its blocks need, found by walking back from them.
         # Building one Delayed per block and merging them with dask.compute costs batch² per batch.
@@ -1332,7 +1329,6 @@ class _Hdf5Writer:
 
     def _subgraph(self, keys: Sequence[Any]) -> dict[Any, Any]:
         """The tasks ``keys`` need: work in proportion to them, not to the whole graph."""
-        from dask.core import get_dependencies
 
         graph, dependencies = self.graph, self.dependencies
         sub: dict[Any, Any] = {}
@@ -1454,12 +1450,10 @@ def _one_process_pool() -> Iterator[None]:
     Left alone, that scheduler starts (and imports everything into) a fresh pool
     of processes for every ``dask.compute``: once per batch.
     """
-    import dask.multiprocessing
 
     if not uses_processes() or dask.config.get("pool", None) is not None:
         yield
         return
-    from functools import partial
 
     initializer = partial(
         dask.multiprocessing.initialize_worker_process,

@@ -1,6 +1,13 @@
-"""Pure chunk planning: shapes, dtypes and budgets in, chunk plans out."""
+"""Pure chunk planning: shapes, dtypes and settings in, chunk plans out.
+
+Nothing in this package reads files or settings, asks a scheduler or imports
+dask: every input arrives as a value (:class:`PlanSettings` for the budget and
+parallelism), resolved once where a call enters daskstream.
+"""
 
 from daskstream.planning.budget import format_size, parse_budget
-from daskstream.planning.chunks import ChunkPlan, plan_chunks
+from daskstream.planning.chunks import plan_chunks
+from daskstream.planning.plan import ChunkPlan
+from daskstream.planning.settings import PlanSettings, Resources
 
-__all__ = ["ChunkPlan", "format_size", "parse_budget", "plan_chunks"]
+__all__ = ["ChunkPlan", "PlanSettings", "Resources", "format_size", "parse_budget", "plan_chunks"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from numbers import Integral, Real
 
+from dask.utils import format_bytes, parse_bytes
+
 from daskstream.errors import InvalidBudgetError
 
 #: The largest budget :func:`parse_budget` accepts: 1 EiB (1024 PiB, ``2**60`` bytes). The largest
@@ -46,9 +48,6 @@ def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> in
     >>> parse_budget(4096)
     4096
     """
-    # Imported here so that the planning package stays free of dask at import time.
-    from dask.utils import parse_bytes
-
     shown = _shown(value)
     hint = f'give {name} as bytes (an int) or a string with a unit, e.g. "512MiB" or "2GiB"'
     if isinstance(value, bool) or not isinstance(value, (Integral, Real, str)):
@@ -83,8 +82,6 @@ def format_size(nbytes: float) -> str:
     >>> format_size(3 * 2**20)
     '3.00 MiB'
     """
-    from dask.utils import format_bytes
-
     return format_bytes(int(nbytes))
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from html import escape
 
+from daskstream.display import card, details, table
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size
 
@@ -178,8 +178,6 @@ class ComputePlan:
         return self.explain()
 
     def _repr_html_(self) -> str:
-        from daskstream.display import card, table
-
         rows = [
             ("passes over the data", self.passes),
             ("read in all", format_size(self.bytes_to_read)),
@@ -190,7 +188,7 @@ class ComputePlan:
         return card(
             "daskstream ComputePlan",
             table(rows),
-            f"<details><summary>why</summary><pre>{escape(self.explain())}</pre></details>",
+            details("why", self.explain()),
         )
 
 

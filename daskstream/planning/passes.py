@@ -19,7 +19,7 @@ array. This module plans instead:
   read once per pass that needs it, never once per consumer.
 
 Everything here is a pure function of :class:`LayerFacts`; the dask graph is
-described and rewritten in :mod:`daskstream.compute.layers` and :mod:`daskstream.compute.rewrites`.
+described and rewritten in :mod:`daskstream.graph.layers` and :mod:`daskstream.graph.rewrites`.
 
 >>> facts = [
 ...     LayerFacts("read", "read", block_bytes=100, sources=("x.npy",)),

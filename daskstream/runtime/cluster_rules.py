@@ -2,7 +2,7 @@
 
 A cluster file is data, never code
 ----------------------------------
-Files are read by :func:`daskstream.runtime.documents.read_yaml` (no Python
+Files are read by :func:`daskstream.documents.read_yaml` (no Python
 tags, bounded size, depth and aliases), and only settings daskstream knows to
 be data are passed on to dask: timeouts, memory thresholds, sizes, certificate
 paths, batch resources. Refused unless the user allows them, outside the file:
@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dask.config
+import psutil
 
 from daskstream.errors import InvalidArgumentError
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, listen_points, split_host_port, valid_host
@@ -538,7 +539,6 @@ def _interface(what: str) -> _Rule:
             return None
         if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,32}", value):
             return _Problem("must be the name of a network interface, such as lo or eth0", None)
-        import psutil
 
         families = (socket.AF_INET, socket.AF_INET6)
         addresses = [a.address for a in psutil.net_if_addrs().get(value, []) if a.family in families]

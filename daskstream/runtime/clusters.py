@@ -35,12 +35,12 @@ from urllib.parse import urlsplit
 
 import dask
 import dask.config
-from dask.utils import parse_bytes
+from dask.utils import parse_bytes, parse_timedelta
 
+from daskstream.documents import read_yaml
 from daskstream.errors import ClusterConnectionError, ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, check_scheduler_address, listen_points
 from daskstream.runtime.cluster_rules import ALLOW_CODE, ALLOW_NETWORK_LISTEN, allowance, screen, sections
-from daskstream.runtime.documents import read_yaml
 
 if TYPE_CHECKING:
     import distributed
@@ -281,7 +281,6 @@ def _probe(address: str, timeout: Any) -> None:
     distributed's Client retries a refused connection until its timeout runs
     out (30 s by default); a port with no listener is worth saying so now.
     """
-    from dask.utils import parse_timedelta
 
     parts = urlsplit(address)
     if parts.scheme not in SCHEDULER_SCHEMES or parts.hostname is None or parts.port is None:

@@ -23,48 +23,27 @@ over an array twice (an exact quantile of float32 data, say) reads twice its
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
-from daskstream.runtime.schedulers import active_client, uses_processes
+from dask.multiprocessing import get_context
+
+from daskstream.runtime.scheduler_loss import guard_scheduler, scheduler_lost
+from daskstream.runtime.schedulers import active_client, current, uses_processes
+from daskstream.sources.reads import bytes_read_here, count_into
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-_lock = threading.Lock()
-_bytes_read_here = 0
-# In a worker process of a daskstream "processes" session: the session's shared counter.
-_shared_counter: Any = None
-
-
-def record_read(nbytes: int) -> None:
-    """Add ``nbytes`` read from a source to this process's counter (or its session's shared one)."""
-    global _bytes_read_here
-    shared = _shared_counter
-    if shared is not None:
-        with shared.get_lock():
-            shared.value += nbytes
-        return
-    with _lock:
-        _bytes_read_here += nbytes
-
-
-def bytes_read_here() -> int:
-    """Bytes sources have delivered in this process since it started (runs on workers too)."""
-    return _bytes_read_here
-
 
 def shared_counter() -> Any:
     """A counter that processes started by dask's ``processes`` scheduler can add to."""
-    from dask.multiprocessing import get_context
 
     return get_context().Value("Q", 0)
 
 
 def process_initializer(counter: Any, then: Any = None) -> None:
     """Run in each new worker process of a session's pool: count into ``counter``, then ``then()``."""
-    global _shared_counter
-    _shared_counter = counter
+    count_into(counter)
     if then is not None:
         then()
 
@@ -95,14 +74,12 @@ class ReadMeter:
     """
 
     def __init__(self, session: Any = None) -> None:
-        from daskstream.runtime.schedulers import current
 
         self._session = session if session is not None else current()
         self.bytes_read: int | None = None
         self._start: int | None = None
 
     def __enter__(self) -> ReadMeter:
-        from daskstream.runtime.scheduler_loss import guard_scheduler
 
         client = self._client()
         if client is None:
@@ -115,7 +92,6 @@ class ReadMeter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        from daskstream.runtime.scheduler_loss import scheduler_lost
 
         # Asking the workers now would wait on a scheduler that may be gone, and replace the error.
         client = self._client()

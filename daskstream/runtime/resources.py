@@ -5,47 +5,30 @@ then the setting ``daskstream.memory-budget`` when it is not ``"auto"`` (an
 active :func:`daskstream.session` with a budget sets it), then the active
 session's place (its workers, or this machine as its scheduler uses it), then
 the active distributed Client's workers, then this machine.
+
+:func:`resolve_settings` is called once where a call enters daskstream: it
+adds the ``daskstream.planning.*`` settings and returns the frozen
+:class:`~daskstream.planning.settings.PlanSettings` that everything below
+(the planner, sources, graph rewrites) receives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pathlib
 import sys
-from dataclasses import dataclass
 
 import dask.config
+import psutil
+from dask.system import cpu_count
 
 from daskstream import config
+from daskstream.planning.budget import format_size, parse_budget
+from daskstream.planning.settings import PlanSettings, Resources
+from daskstream.runtime.schedulers import current, scheduler_kind
 
 _MiB = 2**20
-
-
-@dataclass(frozen=True)
-class Resources:
-    """Memory and parallelism one computation may use.
-
-    Attributes
-    ----------
-    memory_budget
-        Bytes per worker process, shared by its threads.
-    threads
-        Tasks a worker runs at once.
-    workers
-        Worker processes.
-    origin
-        Where the figures came from, for explanations.
-    """
-
-    memory_budget: int
-    threads: int
-    workers: int
-    origin: str
-
-    @property
-    def per_task_bytes(self) -> int:
-        """Bytes one of a worker's concurrent tasks may hold."""
-        return self.memory_budget // self.threads
 
 
 def resolve_resources(
@@ -58,8 +41,6 @@ def resolve_resources(
     >>> resolve_resources(memory_budget="1GiB", threads=2, workers=1)
     Resources(memory_budget=1073741824, threads=2, workers=1, origin='arguments')
     """
-    from daskstream.planning.budget import parse_budget
-
     budget = config.get("memory-budget", memory_budget)
     if budget != "auto" and threads is not None and workers is not None:
         return Resources(parse_budget(budget), threads, workers, origin="arguments")
@@ -72,10 +53,44 @@ def resolve_resources(
     )
 
 
+def resolve_settings(
+    *,
+    memory_budget: int | str | None = None,
+    threads: int | None = None,
+    workers: int | None = None,
+    target_chunk_bytes: int | str | None = None,
+    working_set_factor: float | None = None,
+    min_tasks_per_thread: int | None = None,
+) -> PlanSettings:
+    """Everything a plan takes besides the array, resolved here and now: arguments first, then settings.
+
+    Resources come from :func:`resolve_resources`; the planner's settings from
+    ``daskstream.planning.*`` (``target-chunk-bytes: auto`` sized to the CPU
+    cache, ``working-set-factor: auto`` from the dtype and ``float64-copies``).
+
+    Examples
+    --------
+    >>> settings = resolve_settings(memory_budget="1GiB", threads=2, workers=1, target_chunk_bytes="4MiB")
+    >>> settings.memory_budget, settings.threads, settings.target_chunk_bytes
+    (1073741824, 2, 4194304)
+    """
+    resources = resolve_resources(memory_budget=memory_budget, threads=threads, workers=workers)
+    target = config.get("planning.target-chunk-bytes", target_chunk_bytes)
+    factor = config.get("planning.working-set-factor", working_set_factor)
+    return PlanSettings(
+        resources=dataclasses.replace(resources, threads_share_process=scheduler_kind() == "threads"),
+        target_chunk_bytes=cache_sized_chunk_bytes()
+        if target == "auto"
+        else parse_budget(target, name="target_chunk_bytes"),
+        working_set_factor=None if factor == "auto" else float(factor),
+        float64_copies=config.setting("planning.float64-copies"),
+        min_tasks_per_thread=config.setting("planning.min-tasks-per-thread", min_tasks_per_thread),
+        max_tasks=config.setting("planning.max-tasks"),
+    )
+
+
 def detect_resources() -> Resources:
     """Resources of the active session, else of the active distributed Client, else of this machine."""
-    from daskstream.runtime.schedulers import current
-
     active = current()
     if active is not None:
         return active.resources()
@@ -84,8 +99,6 @@ def detect_resources() -> Resources:
 
 def machine_resources() -> Resources:
     """A share of this machine's available memory and its usable CPUs."""
-    import psutil
-
     fraction = config.setting("planning.machine-memory-fraction")
     budget = int(psutil.virtual_memory().available * fraction)
     threads = dask.config.get("num_workers", None) or _usable_cpus()
@@ -99,8 +112,6 @@ def machine_resources() -> Resources:
 
 def _usable_cpus() -> int:
     """CPUs this process may use: the fewest of the machine's, its affinity and its cgroup's quota."""
-    from dask.system import cpu_count
-
     return max(1, cpu_count())
 
 
@@ -121,8 +132,6 @@ def _client_resources(client: object | None = None) -> Resources | None:
     workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
     if not workers or not all(w.get("memory_limit") for w in workers):
         return None
-    from daskstream.planning.budget import format_size
-
     fraction = worker_memory_fraction()
     limit = min(w["memory_limit"] for w in workers)
     # What an idle worker already holds (the interpreter, the libraries, its caches) is not

@@ -10,6 +10,7 @@ what was being done, and close such a Client quietly.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,7 +97,6 @@ def close_client(client: Any) -> None:
     if not scheduler_lost(client):
         client.close()
         return
-    import logging
 
     # distributed sets the levels of some of its loggers itself: each one is raised, not only the parent.
     names = [name for name in list(logging.root.manager.loggerDict) if name.split(".")[0] == "distributed"]

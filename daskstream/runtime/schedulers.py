@@ -19,6 +19,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import dask.local
+import dask.multiprocessing
+import dask.threaded
+from dask.base import get_scheduler
+
 if TYPE_CHECKING:
     from daskstream.runtime.session import Session
 
@@ -72,7 +77,6 @@ def active_get(collections: Sequence[Any] | None = None) -> Callable[..., Any] |
     ``None`` without collections when nothing is set (dask then uses each
     collection's default: threads for arrays).
     """
-    from dask.base import get_scheduler
 
     return get_scheduler(collections=collections)
 
@@ -83,9 +87,6 @@ def scheduler_kind(collections: Sequence[Any] | None = None) -> str:
     An active session's kind first; then a default Client; then the get
     function dask would use (its default threads when nothing is set).
     """
-    import dask.local
-    import dask.multiprocessing
-    import dask.threaded
 
     session = current()
     if session is not None:
@@ -104,6 +105,5 @@ def scheduler_kind(collections: Sequence[Any] | None = None) -> str:
 
 def uses_processes() -> bool:
     """Whether ``dask.compute`` now starts dask's own pool of processes (the ``processes`` scheduler)."""
-    import dask.multiprocessing
 
     return active_get() is dask.multiprocessing.get

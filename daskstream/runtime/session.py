@@ -34,15 +34,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.config
 
 from daskstream.errors import InvalidArgumentError
+from daskstream.graph.layers import read_layers
+from daskstream.planning.budget import parse_budget
+from daskstream.runtime import clusters
+from daskstream.runtime.addresses import check_scheduler_address
+from daskstream.runtime.clusters import join
+from daskstream.runtime.metering import process_initializer, shared_counter
 from daskstream.runtime.progress import TaskProgress, progress_bar
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
-from daskstream.runtime.schedulers import enter, leave, scheduler_kind
+from daskstream.runtime.scheduler_loss import close_client, guard_scheduler, lost_scheduler_error, scheduler_lost
+from daskstream.runtime.schedulers import enter, leave
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -50,25 +60,22 @@ if TYPE_CHECKING:
 LOCAL_SCHEDULERS = ("sync", "threads", "processes")
 SCHEDULERS = (*LOCAL_SCHEDULERS, "distributed")
 
-HDF5_LOCK_NOTE = (
-    "HDF5 decompression holds h5py's global lock: threads will not run in parallel; "
-    "use session('processes') or 'distributed' for compressed HDF5"
-)
+# Something that watches each computation of a session: called with the session and the objects
+# computed, it returns a context manager that is entered before the computation and left after it.
+Observer = Callable[["Session", tuple[Any, ...]], AbstractContextManager[object]]
+
+# The observers every session made with observers=None starts with (see observe_computations).
+_default_observers: list[Observer] = []
 
 
-def tasks_share_h5py_lock() -> bool:
-    """Whether tasks computed now run as threads of this process, sharing h5py's global lock.
+def observe_computations(observer: Observer) -> None:
+    """Watch every computation of sessions made from now on with ``observer`` (once, however often added).
 
-    True inside a ``"threads"`` session, and outside any session when dask
-    would use its default threaded scheduler (no distributed Client active).
-
-    Examples
-    --------
-    >>> with session("processes", progress=False):
-    ...     tasks_share_h5py_lock()
-    False
+    The tuner registers its online feedback this way (:mod:`daskstream.tuning.feedback`);
+    ``session(..., observers=[...])`` chooses a session's own.
     """
-    return scheduler_kind() == "threads"
+    if observer not in _default_observers:
+        _default_observers.append(observer)
 
 
 def session(
@@ -77,6 +84,7 @@ def session(
     cluster: str | os.PathLike[str] | None = None,
     memory_budget: int | str | None = None,
     progress: bool = True,
+    observers: Sequence[Observer] | None = None,
 ) -> Session:
     """Run computations on a chosen scheduler, with chunk plans sized to it.
 
@@ -109,6 +117,11 @@ def session(
     progress
         Show a progress bar in :meth:`Session.compute` (needs ``tqdm``; without
         it there is no bar).
+    observers
+        What watches each :meth:`Session.compute`: callables taking the
+        session and the objects computed and returning a context manager
+        around the computation. ``None``: those registered with
+        :func:`observe_computations` (the tuner's online feedback); ``[]``: none.
 
     Returns
     -------
@@ -135,7 +148,7 @@ def session(
     >>> float(total), first.tolist()
     (66.0, [0.0, 1.0, 2.0, 3.0])
     """
-    return Session(scheduler, cluster=cluster, memory_budget=memory_budget, progress=progress)
+    return Session(scheduler, cluster=cluster, memory_budget=memory_budget, progress=progress, observers=observers)
 
 
 class Session:
@@ -161,6 +174,8 @@ class Session:
         :class:`daskstream.runtime.metering.ReadMeter`); else ``None``.
     progress
         Whether :meth:`compute` shows a progress bar.
+    observers
+        What watches each :meth:`compute` (see :func:`session`).
     """
 
     def __init__(
@@ -170,8 +185,8 @@ class Session:
         cluster: str | os.PathLike[str] | None = None,
         memory_budget: int | str | None = None,
         progress: bool = True,
+        observers: Sequence[Observer] | None = None,
     ) -> None:
-        from daskstream.planning.budget import parse_budget
 
         if scheduler is not None and cluster is not None:
             raise InvalidArgumentError(
@@ -189,8 +204,6 @@ class Session:
                     "running scheduler such as 'tcp://127.0.0.1:8786'"
                 )
             if "://" in scheduler:
-                from daskstream.runtime.addresses import check_scheduler_address
-
                 self._address = check_scheduler_address(scheduler)
         self.scheduler = scheduler
         self.cluster_file = None if cluster is None else os.fspath(cluster)
@@ -198,6 +211,7 @@ class Session:
         self._given_budget = None if memory_budget is None else parse_budget(memory_budget)
         self.memory_budget = self._given_budget
         self.progress = bool(progress)
+        self.observers: tuple[Observer, ...] = tuple(_default_observers if observers is None else observers)
         self.client: Any = None
         self.cluster: Any = None
         self.read_counter: Any = None
@@ -240,7 +254,6 @@ class Session:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        from daskstream.runtime.scheduler_loss import lost_scheduler_error
 
         # Work inside the block that used the Client directly (ds.store, client.compute) fails with
         # distributed's own errors when the scheduler goes away: say what happened instead.
@@ -260,9 +273,6 @@ class Session:
     def _share_read_counter(self, stack: contextlib.ExitStack) -> None:
         # dask starts a pool of new processes for each computation; their read counters die with
         # them, so they add to one in shared memory instead (see daskstream.runtime.metering).
-        from functools import partial
-
-        from daskstream.runtime.metering import process_initializer, shared_counter
 
         self.read_counter = shared_counter()
         then = dask.config.get("multiprocessing.initializer", None)
@@ -279,9 +289,6 @@ class Session:
         from distributed import Client
 
         if self.cluster_file is not None:
-            from daskstream.planning.budget import parse_budget
-            from daskstream.runtime import clusters
-
             config = clusters.load_cluster_config(self.cluster_file)
             budget = (config.daskstream or {}).get("memory-budget")
             # "auto" in a file means what no budget means: plan for the workers' memory limit.
@@ -292,8 +299,6 @@ class Session:
             if self.cluster is not None:
                 stack.callback(self.cluster.close)
         elif self._address is not None:
-            from daskstream.runtime.clusters import join
-
             self.client = join(self._address)
         else:
             from distributed import LocalCluster
@@ -306,7 +311,6 @@ class Session:
             )
             stack.callback(self.cluster.close)
             self.client = Client(self.cluster)
-        from daskstream.runtime.scheduler_loss import close_client
 
         stack.callback(close_client, self.client)
 
@@ -342,8 +346,8 @@ class Session:
         finished tasks (local schedulers) or finished output chunks
         (distributed). A computation reading one daskstream source that runs
         longer than ``daskstream.tune.feedback-min-seconds`` is recorded in the
-        tuning cache (see :mod:`daskstream.tuning.feedback`), so the next
-        :func:`daskstream.tune` of that kind of data starts from it.
+        tuning cache by the tuner's observer (see :mod:`daskstream.tuning.feedback`),
+        so the next :func:`daskstream.tune` of that kind of data starts from it.
 
         Returns
         -------
@@ -360,11 +364,12 @@ class Session:
         """
         if self._exit_stack is None:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
-        from daskstream.tuning.feedback import observation
 
         bar = progress_bar(unit="task" if self.client is None else "chunk") if self.progress else None
         try:
-            with observation(self, objs):
+            with contextlib.ExitStack() as watching:
+                for observer in self.observers:
+                    watching.enter_context(observer(self, objs))
                 if self.client is not None:
                     results = self._compute_distributed(objs, bar)
                 else:
@@ -377,8 +382,6 @@ class Session:
 
     def _compute_distributed(self, objs: tuple[Any, ...], bar: Any) -> tuple[Any, ...]:
         from distributed import as_completed, futures_of
-
-        from daskstream.runtime.scheduler_loss import guard_scheduler, scheduler_lost
 
         # Without the guard, a lost scheduler surfaces as cancelled futures, or as calls that
         # wait for the Client's reconnection timeout before failing.
@@ -402,7 +405,6 @@ class Session:
 
 def _described(objs: tuple[Any, ...]) -> str:
     """What a computation does, for messages: ``"computing 1 result(s) from x.npy, y.h5"``."""
-    from daskstream.arrays import read_layers
 
     names: list[str] = []
     for obj in objs:

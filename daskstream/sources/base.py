@@ -9,10 +9,11 @@ import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+from daskstream.display import card, grid_figure, table
 from daskstream.errors import (
     CorruptSourceError,
     InvalidArgumentError,
@@ -25,10 +26,11 @@ from daskstream.errors import (
     UnsupportedShapeError,
 )
 from daskstream.files import not_regular_error
-from daskstream.runtime.metering import record_read
-
-if TYPE_CHECKING:
-    from daskstream.planning.chunks import ChunkPlan
+from daskstream.planning.budget import format_size
+from daskstream.planning.chunks import plan_chunks
+from daskstream.planning.plan import ChunkPlan
+from daskstream.planning.settings import PlanSettings
+from daskstream.sources.reads import record_read
 
 Region = tuple[slice, ...]
 
@@ -178,12 +180,35 @@ class Source(ABC):
             return 0
         return math.prod(min(c, n) for c, n in zip(self.storage_chunks, self.shape)) * self.dtype.itemsize
 
-    def plan(self, **kwargs: Any) -> ChunkPlan:
-        """Plan chunks for this source; keyword arguments go to :func:`daskstream.plan_chunks`."""
-        from daskstream.planning.chunks import plan_chunks
+    def plan(
+        self, settings: PlanSettings | None = None, *, reduce_axis: int | tuple[int, ...] | None = None, **given: Any
+    ) -> ChunkPlan:
+        """Plan chunks for this source with ``settings``, resolved where the call entered daskstream.
 
-        kwargs.setdefault("decode_bytes", self.decode_bytes)
-        return plan_chunks(self.shape, self.dtype, storage_chunks=self.storage_chunks, layout=self.layout, **kwargs)
+        :func:`daskstream.plan` plans a source with the defaults of the place
+        its computation runs (the memory budget, threads and workers found
+        there); this method takes them already resolved.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Without settings, or with the keywords of :func:`daskstream.plan`.
+        """
+        if settings is None or given:
+            keywords = ", ".join(f"{k}=..." for k in given) or "memory_budget=..."
+            raise InvalidArgumentError(
+                f"{self.name}: Source.plan takes resolved PlanSettings; "
+                f"plan with daskstream.plan(source, {keywords}) instead"
+            )
+        return plan_chunks(
+            self.shape,
+            self.dtype,
+            settings,
+            storage_chunks=self.storage_chunks,
+            layout=self.layout,
+            reduce_axis=reduce_axis,
+            decode_bytes=self.decode_bytes,
+        )
 
     def describe_storage(self) -> str:
         """One line on how the data sits on disk (codecs, chunks...)."""
@@ -198,8 +223,6 @@ class Source(ABC):
         )
 
     def _repr_html_(self) -> str:
-        from daskstream.planning.budget import format_size
-
         rows = [
             ("format", self.format),
             ("path", self.path),
@@ -209,8 +232,6 @@ class Source(ABC):
             ("size", format_size(self.nbytes)),
             ("storage", self.describe_storage()),
         ]
-        from daskstream.display import card, grid_figure, table
-
         return card("daskstream Source", grid_figure(self.shape, self.storage_chunks, None), table(rows))
 
 

@@ -27,7 +27,9 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import numcodecs
 import numpy as np
+from numcodecs import blosc
 
 # What decoding a damaged chunk raises: the checks here (ValueError), numcodecs' codecs
 # (RuntimeError), zlib, bz2, lzma and libdeflate, and cut-short buffers. Anything else is a
@@ -81,7 +83,6 @@ def _checked(claimed: int | None, size: int, exact: bool, codec: str) -> None:
 
 def zstd_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
     """Decode a zstd frame of at most (or, ``exact``, of exactly) ``size`` bytes."""
-    import numcodecs
 
     claimed = zstd_content_size(data)
     _checked(claimed, size, exact, "zstd")
@@ -93,7 +94,6 @@ def zstd_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
 
 def blosc_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
     """Decode a blosc buffer of at most (``exact``: exactly) ``size`` bytes, as its header declares."""
-    from numcodecs import blosc
 
     claimed, _, _ = blosc._cbuffer_sizes(data)
     _checked(int(claimed), size, exact, "blosc")
@@ -144,7 +144,6 @@ def lzma_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
 
 def lz4_decode(data: Any, size: int, *, exact: bool = True) -> Any:
     """numcodecs' LZ4 stores the decoded size in its first four bytes: checked before decoding."""
-    import numcodecs
 
     view = memoryview(data).cast("B")
     if len(view) < 4:

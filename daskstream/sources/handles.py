@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from daskstream import config
+from daskstream.sources.chunk_cache import forget
 
 _handles: OrderedDict[Hashable, Any] = OrderedDict()
 _lock = threading.Lock()  # guards the table and the per-key locks; never held while a file opens
@@ -70,7 +71,6 @@ def forget_handles() -> None:
     this process, before rewriting an HDF5 file that daskstream has read:
     HDF5 refuses to truncate a file that is still open.
     """
-    from daskstream.sources.chunk_cache import forget
 
     forget()
     with _lock:

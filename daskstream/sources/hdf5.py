@@ -29,7 +29,13 @@ from daskstream.sources.linked import (
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
-    from daskstream.planning.chunks import ChunkPlan
+    from daskstream.planning.plan import ChunkPlan
+    from daskstream.planning.settings import PlanSettings
+
+HDF5_LOCK_NOTE = (
+    "HDF5 decompression holds h5py's global lock: threads will not run in parallel; "
+    "use session('processes') or 'distributed' for compressed HDF5"
+)
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
@@ -227,12 +233,13 @@ class Hdf5Source(Source):
             return 0
         return (3 if self.pipeline else 1) * self.storage_chunk_bytes()
 
-    def plan(self, **kwargs: Any) -> ChunkPlan:
+    def plan(
+        self, settings: PlanSettings | None = None, *, reduce_axis: int | tuple[int, ...] | None = None, **given: Any
+    ) -> ChunkPlan:
         """The planner's plan, noting when threads would queue on h5py's lock to decompress."""
-        from daskstream.runtime.session import HDF5_LOCK_NOTE, tasks_share_h5py_lock
-
-        chunk_plan = super().plan(**kwargs)
-        if self.filters and self.storage_chunks is not None and tasks_share_h5py_lock():
+        chunk_plan = super().plan(settings, reduce_axis=reduce_axis, **given)
+        shared = settings is not None and settings.resources.threads_share_process
+        if self.filters and self.storage_chunks is not None and shared:
             chunk_plan = dataclasses.replace(chunk_plan, axis_notes=(*chunk_plan.axis_notes, HDF5_LOCK_NOTE))
         return chunk_plan
 

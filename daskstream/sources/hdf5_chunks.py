@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numcodecs.fletcher32 import Fletcher32
 
 from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
@@ -114,8 +115,6 @@ class ChunkDecoder:
         if code == SHUFFLE:
             return lambda data, size: self._unshuffle(data)
         if code == FLETCHER32:
-            from numcodecs.fletcher32 import Fletcher32
-
             checksum = Fletcher32()
             return lambda data, size: checksum.decode(data)
         if code == ZSTD:

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import posixpath
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -186,7 +187,6 @@ class ZarrSource(Source):
         return _arrays_among([(posixpath.relpath(key, root), key) for key in keys], read)
 
     def _zip_arrays(self, under: str) -> list[str]:
-        import zipfile
 
         try:
             with zipfile.ZipFile(self.path) as z:

@@ -28,8 +28,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from daskstream import config
 from daskstream.errors import TuneCacheWarning
 from daskstream.files import open_regular
+from daskstream.runtime.resources import _usable_cpus, last_level_cache_bytes
 
 VERSION = 1
 # Observations kept per entry: the most recent ones, one per chunk shape.
@@ -38,7 +42,6 @@ MAX_OBSERVATIONS = 32
 
 def cache_path() -> Path:
     """Where the cache lives: setting ``daskstream.tune.cache``, else ``$XDG_CACHE_HOME/daskstream/tune.json``."""
-    from daskstream import config
 
     where = config.get("tune.cache")
     if where in (None, "auto"):
@@ -54,9 +57,6 @@ def machine_fingerprint() -> str:
     >>> len(machine_fingerprint())
     12
     """
-    import psutil
-
-    from daskstream.runtime.resources import _usable_cpus, last_level_cache_bytes
 
     model = platform.processor() or ""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:

@@ -20,13 +20,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 from dask.callbacks import Callback
 
 from daskstream import config
-from daskstream.arrays import read_layers
+from daskstream.graph.layers import read_layers
 from daskstream.sources import Source
 from daskstream.tuning.cache import TuneCache
-from daskstream.tuning.work import consumer_label
+from daskstream.tuning.tuner import cache_key, search_space
+from daskstream.tuning.work import Work, consumer_label
 
 
 class _TaskClock(Callback):
@@ -52,7 +54,6 @@ class _PeakMemory:
     """This process's peak resident memory above where it started, sampled every ``interval`` seconds."""
 
     def __init__(self, interval: float = 0.02) -> None:
-        import psutil
 
         self._process = psutil.Process()
         self.baseline = self._process.memory_info().rss
@@ -127,8 +128,6 @@ def _record(
     peak: int | None,
     task_seconds: list[float],
 ) -> None:
-    from daskstream.tuning.tuner import cache_key, search_space
-    from daskstream.tuning.work import Work
 
     resources = session.resources()
     space = search_space(source, resources)

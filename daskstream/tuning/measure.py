@@ -10,7 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from daskstream.arrays import as_dask_array
+import dask.threaded
+from dask.optimization import cull
+
+from daskstream.graph.reads import source_array
+from daskstream.planning.settings import PlanSettings
+from daskstream.runtime.schedulers import active_get
 from daskstream.sources import Source
 from daskstream.tuning.search import Measurement, Multiples, SearchSpace, project_seconds
 from daskstream.tuning.work import Work, spread_blocks
@@ -20,9 +25,6 @@ Get = Callable[[dict, list], Any]
 
 def scheduler_get() -> Get:
     """The ``get`` function dask would use now (a session's, a default Client's, else threads)."""
-    import dask.threaded
-
-    from daskstream.runtime.schedulers import active_get
 
     return active_get() or dask.threaded.get
 
@@ -51,6 +53,8 @@ class Sampler:
     ----------
     source, work, space
         What is read, what runs on each block, and the candidates' geometry.
+    settings
+        The budget and parallelism the tuning plans for (recorded on the sampled arrays).
     get
         The scheduler's ``get``.
     fixed_overhead
@@ -69,6 +73,7 @@ class Sampler:
     source: Source
     work: Work
     space: SearchSpace
+    settings: PlanSettings
     get: Get
     fixed_overhead: float
     task_overhead: float
@@ -100,11 +105,10 @@ class Sampler:
         task (scaled to the chunk), which also warms what a first task pays
         once (file handles, chunk index, compiled code) before the timing.
         """
-        from dask.optimization import cull
 
         started = time.perf_counter()
         chunks = self.space.chunks(multiples)
-        x = as_dask_array(self.source, chunks=chunks)
+        x = source_array(self.source, chunks, self.settings)
         count = self.tasks_per_batch(multiples)
         wave_bytes = self.space.concurrency * self.space.chunk_bytes(multiples)
         batches = self.batches if first else 1

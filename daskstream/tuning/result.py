@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from html import escape
 from typing import Any
 
+from daskstream.display import grid_figure
 from daskstream.planning.budget import format_size
 
 
@@ -206,7 +207,6 @@ class TuneResult:
         for c in self.candidates:
             style = " style='font-weight:bold;background:#e8f4e8'" if self.won(c) else ""
             rows.append(f"<tr{style}>" + "".join(f"<td>{escape(v)}</td>" for v in c.cells()) + "</tr>")
-        from daskstream.display import grid_figure
 
         speed = "-" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x"
         picture = grid_figure(self.shape, self.storage_chunks, self.chunks) if self.shape else ""

@@ -8,15 +8,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dask.utils import parse_timedelta
+
 from daskstream import config
-from daskstream.arrays import read_layers
 from daskstream.errors import InvalidArgumentError
+from daskstream.graph.layers import read_layers
 from daskstream.planning.budget import parse_budget
-from daskstream.planning.chunks import configured_working_set_factor
-from daskstream.runtime.resources import Resources, resolve_resources
+from daskstream.planning.settings import PlanSettings, Resources
+from daskstream.runtime.resources import resolve_settings
 from daskstream.runtime.schedulers import scheduler_kind
+from daskstream.runtime.session import session
 from daskstream.sources import Source, open_source
 from daskstream.tuning.cache import TuneCache, machine_fingerprint
+from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
 from daskstream.tuning.result import Candidate, TuneResult
 from daskstream.tuning.search import Limits, SearchSpace, Trial, hill_climb
 from daskstream.tuning.work import Work, work_for
@@ -96,8 +100,6 @@ def tune(
     started = time.perf_counter()
     resolved = _as_source(source, dataset)
     if scheduler is not None:
-        from daskstream.runtime.session import session
-
         with session(scheduler, memory_budget=memory_budget, progress=False):
             return tune(
                 resolved,
@@ -113,7 +115,9 @@ def tune(
         raise InvalidArgumentError("tune needs op= (a reduction name or 'describe') or kernel= (a function)")
     work = work_for(op, kernel, ndim=resolved.ndim, dtype=resolved.dtype, axis=axis, depth=depth)
     seconds = _seconds(config.get("tune.time-budget", time_budget))
-    tuner = Tuner(resolved, work, resolve_resources(memory_budget=memory_budget))
+    # The candidates are sized to the budget asked for; the sampled reads are planned as any array
+    # opened here would be, so that measuring a candidate is not refused by the budget it is tested for.
+    tuner = Tuner(resolved, work, resolve_settings(memory_budget=memory_budget), sampling=resolve_settings())
     return tuner.run(seconds, refresh=refresh, started=started)
 
 
@@ -132,7 +136,6 @@ def _as_source(source: Any, dataset: str | None) -> Source:
 
 
 def _seconds(value: str | float) -> float:
-    from dask.utils import parse_timedelta
 
     try:
         seconds = float(parse_timedelta(value, default="s"))
@@ -179,15 +182,20 @@ def cache_key(source: Source, space: SearchSpace, work: Work, resources: Resourc
 
 
 class Tuner:
-    """One tuning of ``work`` on ``source`` with ``resources``; see :func:`tune`."""
+    """One tuning of ``work`` on ``source`` with ``settings``; see :func:`tune`.
 
-    def __init__(self, source: Source, work: Work, resources: Resources) -> None:
+    ``sampling``: what the arrays read to time candidates are planned for (by default ``settings``).
+    """
+
+    def __init__(
+        self, source: Source, work: Work, settings: PlanSettings, *, sampling: PlanSettings | None = None
+    ) -> None:
         self.source = source
         self.work = work
-        self.resources = resources
-        self.plan = source.plan(
-            memory_budget=resources.memory_budget, threads=resources.threads, workers=resources.workers
-        )
+        self.settings = settings
+        self.sampling = settings if sampling is None else sampling
+        self.resources = resources = settings.resources
+        self.plan = source.plan(settings)
         self.space = search_space(source, resources)
         self.key = cache_key(source, self.space, work, resources)
         self.cache = TuneCache()
@@ -205,14 +213,13 @@ class Tuner:
             why = "the planner splits storage chunks (one exceeds the per-task budget): nothing aligned to try"
             return self._result([], None, why if start is None else "the array is empty", started, 0)
 
-        from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
-
         fraction = config.setting("tune.sample-fraction")
         cost_fraction = config.setting("tune.cost-fraction")
         sampler = Sampler(
             self.source,
             self.work,
             self.space,
+            self.sampling,
             scheduler_get(),
             fixed_overhead=0.0,
             task_overhead=0.0,
@@ -229,7 +236,7 @@ class Tuner:
         # configured floor (or the measured cost, when higher) only prunes candidates.
         sampler.task_overhead = sampler.fixed_overhead / self.space.concurrency
         floor = max(_seconds(config.get("tune.task-overhead")), sampler.task_overhead)
-        factor = {"value": configured_working_set_factor(self.source.dtype)}
+        factor = {"value": self.settings.working_set_factor_for(self.source.dtype)}
 
         def measure(multiples: tuple[int, ...]) -> Any:
             measured = sampler.measure(multiples, first=multiples == start)

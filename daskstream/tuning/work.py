@@ -19,7 +19,10 @@ import dask.array as da
 import numpy as np
 from dask.utils import funcname, key_split
 
+from daskstream.compute.describe import chunk_statistics
+from daskstream.compute.reductions import OPERATIONS, reduce
 from daskstream.errors import InvalidArgumentError, UnknownOperationError
+from daskstream.planning.grid import normalize_axes
 from daskstream.sources import Source
 
 # Layers that only move data between the read and the work (halos, re-chunking, casts).
@@ -133,8 +136,6 @@ def work_for(
     InvalidArgumentError
         When ``kernel`` is not callable.
     """
-    from daskstream.compute.reductions import OPERATIONS
-    from daskstream.planning.chunks import normalize_axes
 
     if kernel is not None:
         if not callable(kernel):
@@ -161,7 +162,6 @@ class _Reduction:
     axis: int | tuple[int, ...] | None
 
     def __call__(self, x: da.Array) -> Any:
-        from daskstream.compute.reductions import reduce
 
         extra = {"q": 0.5} if self.op == "quantile" else {}
         result = reduce(x, self.op, self.axis, **extra)
@@ -174,9 +174,8 @@ class _Statistics:
     edges: Any
 
     def __call__(self, block: np.ndarray) -> Any:
-        from daskstream.compute.describe import _chunk_statistics
 
-        return _chunk_statistics(block, self.axes, self.edges)
+        return chunk_statistics(block, self.axes, self.edges)
 
 
 def spread_blocks(numblocks: tuple[int, ...], count: int, offset: float = 0.5) -> list[tuple[int, ...]]:

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import daskstream as ds
-from daskstream.compute.reductions import OPERATIONS, combine_fan_in
+from daskstream.compute.partials import combine_fan_in
+from daskstream.compute.reductions import OPERATIONS
 from daskstream.errors import (
     DaskstreamError,
     InvalidArgumentError,

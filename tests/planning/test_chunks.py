@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, InvalidBudgetError, InvalidChunksError
-from daskstream.planning.chunks import plan_chunks_exact, read_amplification, regular_grid
+from daskstream.planning.chunks import plan_chunks_exact
+from daskstream.planning.grid import read_amplification, regular_grid
 
 MiB = 2**20
 

@@ -16,9 +16,10 @@ from distributed import Client
 
 import daskstream as ds
 from daskstream.errors import InvalidArgumentError, InvalidBudgetError
-from daskstream.runtime.resources import machine_resources
+from daskstream.runtime.resources import machine_resources, resolve_settings
 from daskstream.runtime.schedulers import current, scheduler_kind
-from daskstream.runtime.session import HDF5_LOCK_NOTE, SCHEDULERS, session, tasks_share_h5py_lock
+from daskstream.runtime.session import SCHEDULERS, session
+from daskstream.sources.hdf5 import HDF5_LOCK_NOTE
 
 MiB = 2**20
 SHAPE, DTYPE = (4000, 500), "f8"  # 16 MB: big enough that the budget shapes the plan
@@ -291,7 +292,7 @@ def test_compute_outside_the_session_is_refused(npy):
 )
 def test_threads_sessions_say_hdf5_decompression_is_serialised(scheduler, shares):
     with session(scheduler, progress=False):
-        assert tasks_share_h5py_lock() is shares
+        assert resolve_settings().resources.threads_share_process is shares
     assert "session('processes')" in HDF5_LOCK_NOTE
 
 
@@ -345,5 +346,5 @@ def test_one_place_says_where_work_runs_in_a_session_and_outside(kind):
             assert scheduler_kind() == outside[kind]
     with session(kind, progress=False):
         assert scheduler_kind() == kind
-        assert tasks_share_h5py_lock() == (kind == "threads")
+        assert resolve_settings().resources.threads_share_process == (kind == "threads")
     assert scheduler_kind() == "threads"

@@ -22,6 +22,7 @@ from hypothesis.extra.numpy import basic_indices
 from source_helpers import assert_same_array, bump_mtime, native_dtype
 
 import daskstream
+import daskstream as ds
 from daskstream import ChunkPlan
 from daskstream.errors import DaskstreamError, InvalidIndexError
 
@@ -193,7 +194,7 @@ class SourceTests:
         assert_same_array(reopened.read(), np.flip(case.expected))
 
     def test_plan_covers_shape(self, source):
-        plan = source.plan()
+        plan = ds.plan(source)
         assert isinstance(plan, ChunkPlan)
         assert plan.shape == source.shape
         assert len(plan.dask_chunks) == source.ndim

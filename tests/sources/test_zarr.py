@@ -8,6 +8,7 @@ import zarr
 from source_helpers import assert_same_array
 
 import daskstream
+import daskstream as ds
 from daskstream.errors import (
     DaskstreamError,
     MemberNotFoundError,
@@ -94,7 +95,7 @@ def test_sharded_storage_chunks_are_shards(tmp_path):
     assert source.storage_chunks == (6, 10)
     assert source.inner_chunks == (2, 5)
     assert "shards (6, 10) of chunks (2, 5)" in source.describe_storage()
-    assert all(n % 6 == 0 for n in source.plan().dask_chunks[0][:-1])
+    assert all(n % 6 == 0 for n in ds.plan(source).dask_chunks[0][:-1])
     check_reads(source, data)
 
 

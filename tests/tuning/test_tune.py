@@ -75,7 +75,7 @@ def test_tune_measures_aligned_candidates_and_remembers_the_winner(tmp_path, cac
     assert not result.from_cache
     assert result.candidates[0].origin == "planner"
     assert result.candidates[0].chunks == result.auto_chunks
-    assert result.auto_chunks == source.plan(memory_budget="256MiB").chunks
+    assert result.auto_chunks == ds.plan(source, memory_budget="256MiB").chunks
     measured = [c for c in result.candidates if c.throughput is not None]
     assert len(measured) >= 2
     assert all(aligned(c.chunks, source) for c in result.candidates)

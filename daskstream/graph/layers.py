@@ -18,6 +18,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import dask
+import dask.array as da
 import numpy as np
 from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
 from dask.blockwise import Blockwise
@@ -25,8 +27,11 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.utils import key_split
 
 from daskstream.planning.passes import LayerFacts
+from daskstream.planning.settings import Resources
 from daskstream.sources.base import Source
 
+# On a region array's layer: the regions each of its blocks reads (see :mod:`daskstream.graph.regions`).
+REGIONS_ANNOTATION = "daskstream-regions"
 # What a read layer was planned for: the memory budget and threads per worker where its array was opened.
 # It travels with the graph: dask may optimize the graph in another process (a distributed scheduler).
 PLANNED_FOR = "daskstream-planned-for"
@@ -141,8 +146,6 @@ def _block_bytes(layer: Layer) -> int:
 
 def sources_read_by(graph: HighLevelGraph, layer: Layer) -> tuple[Source, ...]:
     """The Sources a layer reads: a daskstream read, or a region array (a kernel reading its halos itself)."""
-    from daskstream.compute.regions import REGIONS_ANNOTATION
-
     regions = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
     if regions is not None:
         return regions.sources
@@ -275,7 +278,6 @@ def reads_sources(dsk: HighLevelGraph) -> bool:
 
 def layer_array(graph: HighLevelGraph, name: Any) -> Any:
     """The dask array a layer of ``graph`` makes, from the chunks and dtype it is annotated with (or ``None``)."""
-    import dask.array as da
 
     if not isinstance(name, str) or name not in graph.layers:
         return None
@@ -306,13 +308,9 @@ def blockwise_like(layer: Blockwise, *, task: Any = None, indices: Any = None, n
     return copy
 
 
-def record_plan(layer: Layer, memory_budget: int | str | None = None) -> None:
-    """Write on ``layer`` the budget and threads its array is planned for: ``memory_budget`` when given,
-    else what :func:`daskstream.runtime.resources.resolve_resources` finds here and now."""
-    from daskstream.runtime.resources import resolve_resources
-
-    found = resolve_resources(memory_budget=memory_budget)
-    layer.collection_annotations[PLANNED_FOR] = {"memory_budget": found.memory_budget, "threads": found.threads}
+def record_plan(layer: Layer, resources: Resources) -> None:
+    """Write on ``layer`` the budget and threads its array is planned for, resolved where it was opened."""
+    layer.collection_annotations[PLANNED_FOR] = {"memory_budget": resources.memory_budget, "threads": resources.threads}
 
 
 def _planned(graph: Any) -> list[dict[str, int]]:
@@ -332,41 +330,70 @@ def budget_of(x: Any, memory_budget: int | str | None = None) -> int | str | Non
     return memory_budget if memory_budget is not None else opened_budget(x)
 
 
-def memory_budget_for(graph: HighLevelGraph) -> int:
-    """The budget a computation over ``graph`` keeps: the smallest one its arrays were opened with.
+def planned_resources(graph: Any) -> Resources | None:
+    """What a computation over ``graph`` plans for: the smallest budget and the most threads its arrays were
+    opened with (recorded in the graph, so that the same plan is made wherever dask optimizes it);
+    ``None`` when no array in it is from daskstream."""
+    planned = _planned(graph)
+    if not planned:
+        return None
+    return Resources(
+        memory_budget=min(int(p["memory_budget"]) for p in planned),
+        threads=max(int(p["threads"]) for p in planned),
+        workers=1,
+        origin="the budget the arrays were opened with",
+    )
 
-    Recorded in the graph, so that the same plan is made wherever dask
-    optimizes it; arrays recorded nothing only when not from daskstream.
+
+def whole_input(array: da.Array) -> Any:
+    """``array`` as one graph value, for a blockwise function that takes it whole in every call.
+
+    The value is a task of its own (a materialized layer) over the array's
+    unoptimized graph: the pass planner then sees what it depends on, and
+    dask's blockwise fusion leaves it alone (fusing a blockwise layer into one
+    that takes its key whole breaks, dask 2026.8).
     """
-    from daskstream.runtime.resources import resolve_resources
+    joined = array.rechunk(array.shape).to_delayed(optimize_graph=False).ravel()[0]
+    return dask.delayed(np.asarray, pure=True)(joined, dask_key_name=f"whole-{joined.key[0]}")
 
-    return resolve_resources(memory_budget=opened_budget(graph)).memory_budget
 
+def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...], ...] | None]]:
+    """The daskstream read layers in a dask collection's graph: name, the Source read, and its chunks.
 
-def concurrency(graph: Any = None) -> int:
-    """Tasks one worker runs at once: the most any of ``graph``'s arrays was opened for, else here and now."""
-    from daskstream.runtime.resources import resolve_resources
-
-    recorded = [int(p["threads"]) for p in _planned(graph)] if graph is not None else []
-    return max(recorded, default=0) or resolve_resources().threads
+    They are the layers :func:`as_dask_array` makes: ``daskstream-<format>-<token>``
+    beside ``original-`` of that name, which holds the Source.
+    """
+    graph = collection.__dask_graph__()
+    layers = getattr(graph, "layers", {})
+    found = []
+    for name in layers:
+        if name.startswith("daskstream-") and f"original-{name}" in layers:
+            original = layers[f"original-{name}"]
+            source = next(iter(original.values()), None) if hasattr(original, "values") else None
+            if isinstance(source, Source):
+                annotations = getattr(layers[name], "collection_annotations", None) or {}
+                found.append((name, source, annotations.get("chunks")))
+    return found
 
 
 __all__ = [
     "PLANNED_FOR",
+    "REGIONS_ANNOTATION",
     "SIBLINGS_ANNOTATION",
     "GraphFacts",
     "annotated_blocks",
     "as_node",
     "blockwise_like",
     "budget_of",
-    "concurrency",
     "describe",
     "layer_array",
-    "memory_budget_for",
     "needed_layers",
     "opened_budget",
+    "planned_resources",
+    "read_layers",
     "reads_sources",
     "record_plan",
     "source_read_by",
     "sources_read_by",
+    "whole_input",
 ]

@@ -144,7 +144,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_a_byte_is_read(field):
 def test_graphs_without_daskstream_sources_are_left_to_dask(tmp_path):
     from dask.array.optimization import optimize as dask_optimize
 
-    from daskstream.compute.graph import optimize
+    from daskstream.graph.optimize import optimize
 
     x = da.from_array(np.arange(1000.0), chunks=100)
     y = (x - x.mean()).std()

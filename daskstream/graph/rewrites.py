@@ -15,17 +15,19 @@ Each rewrite keeps every output key and what it computes:
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from dask._task_spec import GraphNode, Task, TaskRef
+from dask.array.reductions import moment_chunk
 from dask.base import tokenize
 from dask.blockwise import Blockwise, blockwise_token
 from dask.graph_manipulation import clone_key
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.utils import key_split
 
-from daskstream.compute.layers import (
+from daskstream.graph.layers import (
     PLANNED_FOR,
     SIBLINGS_ANNOTATION,
     as_node,
@@ -34,6 +36,8 @@ from daskstream.compute.layers import (
     source_read_by,
     sources_read_by,
 )
+from daskstream.graph.pieces import moment_chunk_in_pieces
+from daskstream.graph.reads import read_array
 from daskstream.planning.passes import PassPlan
 from daskstream.sources.base import Source
 
@@ -220,7 +224,6 @@ def _results(*results: Any) -> tuple[Any, ...]:
 
 def _pick(layer: Blockwise, together: str, position: int) -> Blockwise:
     """A sibling's layer, now taking its result out of the fused layer's tuple (same name, same blocks)."""
-    import operator
 
     picked = Blockwise(
         output=layer.output,
@@ -296,8 +299,6 @@ def _rechunked_source(graph: HighLevelGraph, name: str) -> tuple[Source | None, 
 
 def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str, read: Layer) -> HighLevelGraph:
     """The layers of a read of ``source`` in ``chunks`` under the name ``name``, annotated as ``read`` is."""
-    from daskstream.arrays import read_array
-
     array = read_array(source, chunks, name)
     planned = (read.collection_annotations or {}).get(PLANNED_FOR)
     if planned is not None:
@@ -307,14 +308,8 @@ def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str,
 
 def variance_in_pieces(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
     """``graph`` with dask's first variance step (``x.std()``, ``x.var()``, their nan- forms) replaced by
-    :func:`~daskstream.compute.reductions.moment_chunk_in_pieces`: the same partial results, from
+    :func:`~daskstream.graph.pieces.moment_chunk_in_pieces`: the same partial results, from
     temporaries a few pieces large instead of two copies of the block."""
-
-    from dask._task_spec import Task
-    from dask.array.reductions import moment_chunk
-
-    from daskstream.compute.reductions import moment_chunk_in_pieces
-
     replaced = {}
     for name in names:
         layer = graph.layers[name]

@@ -4,7 +4,7 @@ dask fuses chains of blockwise layers into one task (a read, the element-wise
 work on it and the first step of a reduction run as one function call), and
 inside such a task each step's inputs are freed as soon as the last step
 taking them has run. :func:`project` follows the same rules over the layers
-of a graph (after :func:`daskstream.compute.rewrites.rewrite`), step by step,
+of a graph (after :func:`daskstream.graph.rewrites.rewrite`), step by step,
 and keeps the task that holds the most at its peak:
 
 * **input**: blocks the task reads from sources or receives from other tasks;
@@ -30,9 +30,11 @@ from dask.blockwise import Blockwise
 from dask.highlevelgraph import HighLevelGraph, Layer
 from dask.utils import funcname, key_split
 
-from daskstream.compute.layers import GraphFacts, sources_read_by
+from daskstream.graph.layers import REGIONS_ANNOTATION, SIBLINGS_ANNOTATION, GraphFacts, sources_read_by
+from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.planning.computation import ComputePlan, TaskMemory
 from daskstream.planning.passes import PassPlan
+from daskstream.sources.chunk_cache import capacity
 
 # Functions whose temporaries grow with the block, by name, and how many copies of their input block
 # they hold in the dtype they work in (None: a fixed number of pieces, whatever the block).
@@ -43,7 +45,7 @@ _FLOAT64_COPIES = {
     "chunk_moments": None,
     "_moments_chunk": None,
 }
-_PIECE_FUNCTIONS = {"_top_digit_counts", "_next_digit_counts", "_chunk_statistics", "_chunk_counts"}
+_PIECE_FUNCTIONS = {"_top_digit_counts", "_next_digit_counts", "chunk_statistics", "_chunk_counts"}
 # Float64 temporaries of a function that works piece by piece: three pieces of PIECE_VALUES.
 _PIECES = 3
 
@@ -59,7 +61,6 @@ def project(
     read_passes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> ComputePlan:
     """The :class:`ComputePlan` of the layers ``described`` in ``graph``, given their passes."""
-    from daskstream.compute.reductions import PIECE_VALUES
 
     facts = {f.name: f for f in described.facts}
     outputs = set(outputs)
@@ -193,7 +194,6 @@ def _task_memory(
 
 def _read_costs(graph: HighLevelGraph, layer: Layer, block: int) -> tuple[int, int, int]:
     """A read's decoded copy, halo and kernel workspace (a region array runs kernels over haloed blocks)."""
-    from daskstream.compute.regions import REGIONS_ANNOTATION
 
     sources = sources_read_by(graph, layer)
     decoded = sum(source.decode_bytes for source in sources)
@@ -287,7 +287,6 @@ def _work_after_reads(
 
 def _operation(graph: HighLevelGraph, facts: Mapping[str, Any], members: list[str]) -> str:
     """What a fused task does, reads first: ``read field.npy -> sub -> moments_chunk``."""
-    from daskstream.compute.regions import REGIONS_ANNOTATION
 
     steps = []
     for m in sorted(members, key=lambda m: facts[m].kind != "read"):
@@ -304,7 +303,6 @@ def _operation(graph: HighLevelGraph, facts: Mapping[str, Any], members: list[st
 
 def _label(graph: HighLevelGraph, name: str) -> str:
     """What a person calls a layer's step: its function's name (siblings run together: both names)."""
-    from daskstream.compute.layers import SIBLINGS_ANNOTATION
 
     siblings = (graph.layers[name].collection_annotations or {}).get(SIBLINGS_ANNOTATION)
     return " and ".join(siblings) if siblings else key_split(name)
@@ -312,8 +310,6 @@ def _label(graph: HighLevelGraph, name: str) -> str:
 
 def _kept_for_halos(graph: HighLevelGraph, facts: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     """The decoded storage chunks a process keeps for neighbouring halos (:mod:`daskstream.sources.chunk_cache`)."""
-    from daskstream.compute.regions import REGIONS_ANNOTATION
-    from daskstream.sources.chunk_cache import capacity
 
     largest = 0
     for name, f in facts.items():

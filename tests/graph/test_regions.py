@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import daskstream as ds
-from daskstream.compute.regions import ArrayRegions, haloed, source_indices
 from daskstream.errors import MemoryBudgetError
+from daskstream.graph.regions import ArrayRegions, haloed, source_indices
 from daskstream.runtime.metering import ReadMeter
 
 NUMPY_PAD_MODE = {"reflect": "symmetric", "nearest": "edge", "periodic": "wrap"}

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from daskstream.documents import MAX_BYTES, read_yaml
 from daskstream.errors import ConfigFileNotFoundError, DaskstreamError, InvalidArgumentError, SourcePermissionError
-from daskstream.runtime.documents import MAX_BYTES, read_yaml
 
 
 def _write(tmp_path, text, name="settings.yaml"):

@@ -36,10 +36,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import dask.array as da
 import numpy as np
+from dask.array.core import ArrayBlockIdDep
 from dask.base import tokenize
+from dask.blockwise import Blockwise, blockwise_token
+from dask.utils import funcname, key_split
 
+from daskstream.graph.layers import REGIONS_ANNOTATION, layer_array, read_layers, record_plan, whole_input
+from daskstream.planning.settings import Resources
 from daskstream.sources.base import Region, Source
+from daskstream.sources.chunk_cache import keeping_decoded_chunks
 
 
 class Regions:
@@ -187,12 +194,10 @@ class KernelRegions(Regions):
 
     @property
     def label(self) -> str:
-        from dask.utils import funcname
 
         return funcname(getattr(self.kernel, "fn", self.kernel))
 
     def read(self, box: Region) -> np.ndarray:
-        from daskstream.sources.chunk_cache import keeping_decoded_chunks
 
         # The storage chunks beyond this block's edges are the next blocks' first: decoded once.
         with keeping_decoded_chunks():
@@ -264,7 +269,6 @@ class ExpressionRegions(Regions):
 
     @property
     def label(self) -> str:
-        from dask.utils import key_split
 
         return key_split(self.task.key)
 
@@ -277,7 +281,6 @@ class ExpressionRegions(Regions):
         return replace(self, operands=operands, values=own)
 
     def read(self, box: Region) -> np.ndarray:
-        from dask.blockwise import blockwise_token
 
         known = dict(self.values)
         arguments = {}
@@ -432,7 +435,6 @@ class RegionBlocks:
 
 
 # The annotation that marks a layer as a region array, holding its Regions.
-REGIONS_ANNOTATION = "daskstream-regions"
 
 
 @dataclass(frozen=True)
@@ -443,18 +445,14 @@ class Readable:
     constants: dict[str, Any] = field(default_factory=dict)
 
 
-def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], budget: int | None = None) -> Any:
-    """A dask array whose blocks (on ``grid``) are each read from ``readable`` in one task.
+def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], resources: Resources) -> Any:
+    """A dask array whose blocks (on ``grid``) are each read from ``readable`` in one task, planned for
+    ``resources``.
 
     The constants enter every task whole, as one graph input each (computed once, before).
     """
-    import dask.array as da
-    from dask.array.core import ArrayBlockIdDep
-
     regions = readable.regions
     out_ind = tuple(f"a{i}" for i in range(len(regions.shape)))
-    from daskstream.compute.reductions import whole_input
-
     wholes = []
     for name in regions.constants:
         wholes.extend([whole_input(readable.constants[name]), None])
@@ -471,10 +469,8 @@ def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], budget: 
         concatenate=True,
         align_arrays=False,
     )
-    from daskstream.compute.layers import record_plan
-
     array.dask.layers[name].collection_annotations[REGIONS_ANNOTATION] = regions
-    record_plan(array.dask.layers[name], budget)
+    record_plan(array.dask.layers[name], resources)
     return array
 
 
@@ -486,8 +482,6 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
     literals and arrays of at most ``constant_limit`` bytes (aggregates such as
     a mean, taken whole).
     """
-    from daskstream.compute.layers import layer_array
-
     graph = array.__dask_graph__()
     layer = graph.layers.get(array.name)
     if layer is None:
@@ -495,8 +489,6 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
     held = (layer.collection_annotations or {}).get(REGIONS_ANNOTATION)
     if held is not None:
         return Readable(held, _region_constants(graph, layer))
-    from daskstream.arrays import read_layers
-
     for name, source, _ in read_layers(array):
         if name == array.name:
             return Readable(SourceRegions(source))
@@ -533,7 +525,6 @@ def regions_of(array: Any, *, constant_limit: int = 0) -> Readable | None:
 
 def _elementwise(layer: Any) -> bool:
     """Whether a layer is one element-wise dask operation: a Blockwise whose inputs all run along its axes."""
-    from dask.blockwise import Blockwise
 
     if not isinstance(layer, Blockwise) or layer.new_axes or layer.io_deps or layer.output_blocks:
         return False
@@ -552,7 +543,6 @@ def _elementwise(layer: Any) -> bool:
 
 def _region_constants(graph: Any, layer: Any) -> dict[str, Any]:
     """The dask arrays of the constants a region array's layer takes, by name."""
-    from daskstream.compute.layers import layer_array
 
     regions = layer.collection_annotations[REGIONS_ANNOTATION]
     found = {}

@@ -1,0 +1,70 @@
+"""Per-chunk partial results, and the trees that combine them within the memory budget."""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from daskstream.graph.layers import whole_input
+from daskstream.runtime.resources import resolve_resources
+
+# Python's per-object overhead of one partial result held by a combine task, on top of its array bytes.
+_PARTIAL_OVERHEAD_BYTES = 1024
+# The widest combine we allow: beyond it the list handling in one task costs more than a tree level.
+_MAX_SPLIT_EVERY = 1024
+
+
+def combine_fan_in(
+    x: da.Array, axes: tuple[int, ...], *, partial_itemsize: int, memory_budget: int | str | None = None
+) -> int:
+    """How many partial results one combine task may merge, from the memory budget.
+
+    A partial result of one chunk holds ``partial_itemsize`` bytes per element of
+    the chunk's output (the chunk's extent along the kept axes). A combine task
+    holds ``split_every`` of them, within its share of the worker's budget.
+    """
+    resources = resolve_resources(memory_budget=memory_budget)
+    kept = [max(x.chunksize[a], 1) for a in range(x.ndim) if a not in axes]
+    partial_bytes = math.prod(kept) * partial_itemsize + _PARTIAL_OVERHEAD_BYTES
+    # A combine task holds its inputs and its output; the partials waiting for it are held too, so a
+    # group of them takes at most a quarter of a task's share.
+    return int(max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (4 * partial_bytes))))
+
+
+def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs: Any) -> da.Array:
+    """``fn(block, *arrays, **kwargs)`` gives one row of ``width`` int64 counts per chunk, on a new last axis.
+
+    Each of ``arrays`` reaches every call whole, as a numpy array. They go in
+    as one graph input each: as keyword values, dask would turn each into a
+    separate copy of its whole graph and compute that copy again; as indexed
+    block inputs, the read of ``x``'s chunk would no longer be fused into the
+    task that counts it, and chunks could be read long before they are counted.
+    """
+    block_index = tuple(f"a{i}" for i in builtins.range(x.ndim))
+    wholes = [(whole_input(array), None) for array in arrays]
+    return da.blockwise(
+        fn,
+        (*block_index, "row"),
+        x,
+        block_index,
+        *(part for whole in wholes for part in whole),
+        new_axes={"row": width},
+        adjust_chunks=dict.fromkeys(block_index, 1),
+        dtype="i8",
+        meta=np.empty((0,) * (x.ndim + 1), dtype="i8"),
+        **kwargs,
+    )
+
+
+def sum_rows(rows: da.Array, *, split_every: int | None = None, memory_budget: int | str | None = None) -> da.Array:
+    """Sum per-chunk rows of counts into one row, in a tree as wide as the budget allows."""
+    reduced = tuple(builtins.range(rows.ndim - 1))
+    fan_in = split_every or combine_fan_in(rows, reduced, partial_itemsize=8, memory_budget=memory_budget)
+    return rows.sum(axis=reduced, split_every=fan_in)
+
+
+__all__ = ["combine_fan_in", "per_chunk_rows", "sum_rows"]

@@ -1,0 +1,152 @@
+"""Sources as dask arrays: one read task per block, and the plan they were made for recorded in the graph."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.array.core import normalize_chunks
+from dask.base import tokenize
+
+from daskstream.errors import ChunkSplitWarning, InvalidChunksError, MemoryBudgetError
+from daskstream.graph.layers import record_plan
+from daskstream.planning.grid import read_amplification, regular_grid
+from daskstream.planning.plan import ChunkPlan
+from daskstream.planning.settings import PlanSettings
+from daskstream.sources.base import Source
+
+ChunksSpec = str | int | tuple | Mapping | ChunkPlan
+
+
+def source_array(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> da.Array:
+    """A dask array reading ``source`` in ``chunks`` (see :func:`resolve_chunks`), planned with ``settings``.
+
+    Its graph holds only the source's description, never a file handle or the
+    data; the same unchanged file in the same chunks gives the same name.
+    """
+    dask_chunks = resolve_chunks(source, chunks, settings)
+    name = f"daskstream-{source.format}-{tokenize(source.token, dask_chunks)}"
+    array = read_array(source, dask_chunks, name)
+    # Computations over this array keep the budget and threads it was planned for (the smallest budget,
+    # over several arrays), wherever dask optimizes their graph.
+    record_plan(array.dask.layers[name], settings.resources)
+    return array
+
+
+def read_array(source: Source, chunks: tuple[tuple[int, ...], ...], name: str) -> da.Array:
+    """The dask array named ``name`` reading ``source`` in ``chunks``, one task per block.
+
+    Blocks are read through the source's own ``__getitem__`` (no lock: sources
+    are safe to read from many threads) and never converted with ``np.asarray``
+    first, so a block is decoded once, straight into its result.
+    """
+    return da.from_array(
+        source,
+        chunks=chunks,
+        name=name,
+        lock=False,
+        asarray=False,
+        fancy=False,
+        meta=np.empty((0,) * source.ndim, dtype=source.dtype),
+    )
+
+
+def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> tuple[tuple[int, ...], ...]:
+    """Dask's tuple-of-tuples chunks for ``source`` from a chunk spec: ``"auto"`` (planned with
+    ``settings``), ``"storage"``, a tuple, dict or int (dask's meanings) or a :class:`ChunkPlan`."""
+    if isinstance(chunks, str):
+        if chunks == "auto":
+            return source.plan(settings).dask_chunks
+        if chunks == "storage":
+            if source.storage_chunks is None:
+                raise InvalidChunksError(
+                    f"{source.name}: chunks='storage' but the data is stored contiguously; "
+                    "use chunks='auto' or give a chunk shape"
+                )
+            check_block_count(source, source.storage_chunks, settings.max_tasks)
+            return regular_grid(source.shape, source.storage_chunks)
+        raise InvalidChunksError(
+            f"chunks={chunks!r} for {source.name}: use 'auto', 'storage', 'tune', a tuple, a dict or a ChunkPlan"
+        )
+    if isinstance(chunks, ChunkPlan):
+        if chunks.shape != source.shape:
+            raise InvalidChunksError(
+                f"the ChunkPlan is for shape {chunks.shape} but {source.name} has shape {source.shape}; "
+                "plan with daskstream.plan(source, ...)"
+            )
+        dask_chunks = chunks.dask_chunks
+    else:
+        dask_chunks = _normalize_user_chunks(source, chunks, settings.max_tasks)
+    amplification = read_amplification(source.shape, source.storage_chunks, dask_chunks)
+    if amplification > 1.0:
+        warnings.warn(
+            f"{source.name}: these chunks split its storage chunks {source.storage_chunks}, so each "
+            f"storage chunk is read and decoded {amplification:.2f} times on average (read "
+            "amplification); use chunks='auto' or multiples of the storage chunks",
+            ChunkSplitWarning,
+            stacklevel=3,
+        )
+    return dask_chunks
+
+
+def check_block_count(source: Source, chunk_shape: tuple[int, ...], max_tasks: int | None) -> None:
+    """Refuse a grid of more blocks than ``max_tasks`` (``daskstream.planning.max-tasks``) before listing them.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the source, the chunks and how many blocks they make.
+    """
+    blocks = math.prod(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
+    ceiling = max_tasks
+    if ceiling is not None and blocks > ceiling:
+        raise MemoryBudgetError(
+            f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {blocks:,} blocks, "
+            f"more than the {ceiling:,} daskstream plans at most (daskstream.planning.max-tasks: the task graph "
+            "alone would outgrow memory); give larger chunks, or chunks='auto'"
+        )
+
+
+def _normalize_user_chunks(source: Source, chunks: Any, max_tasks: int | None) -> tuple[tuple[int, ...], ...]:
+    hint = "give one positive size per axis (-1 or None for a whole axis), a dict {axis: size} or a ChunkPlan"
+    if isinstance(chunks, tuple) and len(chunks) != source.ndim:
+        raise InvalidChunksError(
+            f"chunks={chunks!r} has {len(chunks)} entries but {source.name} has {source.ndim} axes; {hint}"
+        )
+    flat = chunks.values() if isinstance(chunks, Mapping) else chunks if isinstance(chunks, tuple) else (chunks,)
+    for entry in flat:
+        sizes = entry if isinstance(entry, tuple) else (entry,)
+        for size in sizes:
+            if size is None or size == -1 or size == "auto":
+                continue
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+                raise InvalidChunksError(
+                    f"chunks={chunks!r} for {source.name}: {size!r} is not a positive size; {hint}"
+                )
+            if size >= 2**63:
+                raise InvalidChunksError(
+                    f"chunks={chunks!r} for {source.name}: {size} is longer than any axis can be "
+                    f"(at most 2**63 - 1); {hint}"
+                )
+    if isinstance(chunks, Mapping):
+        for axis in chunks:
+            if not isinstance(axis, int) or not -source.ndim <= axis < source.ndim:
+                raise InvalidChunksError(f"chunks={chunks!r}: axis {axis!r} is out of range for {source.name}; {hint}")
+    if isinstance(chunks, tuple) and all(isinstance(c, (int, np.integer)) for c in chunks):
+        check_block_count(source, tuple(int(c) for c in chunks), max_tasks)
+    try:
+        out = normalize_chunks(chunks, source.shape, dtype=source.dtype)
+    except (ValueError, TypeError) as exc:
+        raise InvalidChunksError(
+            f"chunks={chunks!r} do not fit {source.name} of shape {source.shape}: {exc}; {hint}"
+        ) from None
+    if any(sum(c) != n for c, n in zip(out, source.shape)) or math.prod(map(len, out)) < 1:
+        raise InvalidChunksError(f"chunks={chunks!r} do not cover {source.name} of shape {source.shape}; {hint}")
+    return out
+
+
+__all__ = ["ChunksSpec", "check_block_count", "read_array", "resolve_chunks", "source_array"]
