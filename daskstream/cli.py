@@ -24,6 +24,7 @@ from daskstream.errors import DaskstreamError
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.runtime.clusters import check_cluster_config
 from daskstream.runtime.metering import ReadMeter
+from daskstream.runtime.progress import BlockProgress
 from daskstream.tuning import TuneCache, tune
 
 # The largest value a numpy index holds: no axis, chunk or count can be longer.
@@ -625,7 +626,8 @@ def convert(
     compressor = _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset, chunks=spec)
-        ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=not quiet)
+        progress = None if quiet else BlockProgress(f"convert {source} -> {target}", x.nbytes)
+        ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=progress)
 
 
 def _chunk_spec(chunks: str) -> str | tuple[int, ...]:

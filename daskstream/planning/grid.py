@@ -8,6 +8,7 @@ streams all ask it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -36,7 +37,9 @@ def read_amplification(
     if storage_chunks is None or math.prod(shape) == 0:
         return 1.0
     total = 1.0
-    for n, sc, c in zip(shape, storage_chunks, chunks):
+    # One entry per axis in either form (typed so, as zip over the union of the two forms types it object).
+    per_axis: tuple[int | tuple[int, ...], ...] = chunks
+    for n, sc, c in zip(shape, storage_chunks, per_axis):
         lengths = axis_chunks(n, c) if isinstance(c, int) else c
         bounds = np.cumsum((0, *lengths), dtype=np.int64)
         starts, stops = bounds[:-1], bounds[1:]
@@ -69,7 +72,7 @@ def axis_chunks(n: int, c: int) -> tuple[int, ...]:
     return (c,) * full + ((rest,) if rest else ())
 
 
-def normalize_axes(axis: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
+def normalize_axes(axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:
     """Sorted, non-negative, unique axes; :class:`InvalidAxisError` for any outside ``ndim``.
 
     >>> normalize_axes((-1, 0), 3)
@@ -83,3 +86,35 @@ def normalize_axes(axis: int | tuple[int, ...], ndim: int) -> tuple[int, ...]:
             raise InvalidAxisError(f"axis {a!r} is out of range for an array with {ndim} dimension(s); {valid}")
         out.append(int(a) % ndim)
     return tuple(sorted(set(out)))
+
+
+def regular_chunk_shape(chunks: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
+    """The chunk shape of a regular grid (along each axis every chunk full but the last), else ``None``.
+
+    >>> regular_chunk_shape(((4, 4, 2), (7,))), regular_chunk_shape(((2, 4, 4),))
+    ((4, 7), None)
+    """
+    shape = []
+    for sizes in chunks:
+        if any(c != sizes[0] for c in sizes[:-1]) or sizes[-1] > sizes[0]:
+            return None
+        shape.append(int(sizes[0]))
+    return tuple(shape)
+
+
+def block_slices(chunks: tuple[tuple[int, ...], ...], index: tuple[int, ...]) -> tuple[slice, ...]:
+    """Where block ``index`` of any grid of dask chunks sits in the array.
+
+    >>> block_slices(((2, 5, 3), (4,)), (1, 0))
+    (slice(2, 7, None), slice(0, 4, None))
+    """
+    return tuple(slice(int(sum(c[:i])), int(sum(c[: i + 1]))) for c, i in zip(chunks, index))
+
+
+def regular_block_slices(chunks: tuple[tuple[int, ...], ...], index: tuple[int, ...]) -> tuple[slice, ...]:
+    """:func:`block_slices` for a regular grid, in constant time however many blocks it has.
+
+    >>> regular_block_slices(((4, 4, 2), (3,)), (2, 0))
+    (slice(8, 10, None), slice(0, 3, None))
+    """
+    return tuple(slice(i * sizes[0], i * sizes[0] + sizes[i]) for sizes, i in zip(chunks, index))

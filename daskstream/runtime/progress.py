@@ -1,28 +1,74 @@
-"""Progress bars for computations: tqdm on stderr (a live widget in Jupyter), or nothing.
+"""Progress bars: tqdm on stderr (a live widget in Jupyter), or nothing; the one way daskstream shows progress.
 
-tqdm is imported only when a bar is asked for; where it is missing,
-computations run exactly as they would with ``progress=False``. Bars appear
-only for computations that take longer than half a second. A bar only
-watches; it never changes what runs or what comes back.
+Every bar is labelled with the operation (``compute x.npy``, ``store out.zarr``)
+and shows a rate in bytes: bytes read per second while a session computes on
+this process's threads, bytes written per second while ``store`` or
+``convert`` writes. tqdm is imported only when a bar is asked for; where it is
+missing, work runs exactly as it would with ``progress=False``. Bars appear
+only for work that takes longer than half a second. A bar only watches; it
+never changes what runs or what comes back.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+import time
 from typing import Any
 
 from dask.callbacks import Callback
 
+from daskstream.planning.budget import format_size
+from daskstream.sources.reads import bytes_read_here
 
-def progress_bar(*, total: int = 0, unit: str = "task", desc: str = "daskstream") -> Any:
-    """A tqdm bar on stderr (``tqdm.auto`` picks a widget in Jupyter); ``None`` without tqdm."""
+
+def progress_bar(*, total: int = 0, unit: str = "task", desc: str = "daskstream", **options: Any) -> Any:
+    """A tqdm bar on stderr (``tqdm.auto`` picks a widget in Jupyter); ``None`` without tqdm.
+
+    ``options`` go to tqdm (``unit_scale=True`` for bytes).
+    """
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    # ``delay``: a computation done within half a second shows no bar at all.
-    return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True, delay=0.5)
+    # ``delay``: work done within half a second shows no bar at all.
+    return tqdm(
+        total=total, unit=unit, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True, delay=0.5, **options
+    )
+
+
+class BlockProgress:
+    """Progress of work done block by block, such as ``store`` and ``convert``, as a bar counting bytes.
+
+    Called as ``progress(done, total)`` with blocks, as ``store`` calls a
+    progress callback: the bar shows the bytes of the blocks done (the array's
+    ``nbytes`` in all) and so the rate in bytes per second.
+
+    Examples
+    --------
+    >>> progress = BlockProgress("store out.zarr", nbytes=4000)
+    >>> progress(1, 4); progress(4, 4)
+    >>> progress.done_bytes
+    4000
+    """
+
+    def __init__(self, label: str, nbytes: int) -> None:
+        self.label = label
+        self.nbytes = int(nbytes)
+        self.done_bytes = 0
+        self._bar: Any = None
+        self._started = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._started:
+            self._started = True
+            self._bar = progress_bar(total=self.nbytes, unit="B", desc=self.label, unit_scale=True, unit_divisor=1024)
+        # Blocks of a regular grid hold the same bytes but for the edges: the share done is exact at the end.
+        now = self.nbytes if done >= total else self.nbytes * done // max(total, 1)
+        if self._bar is not None:
+            self._bar.update(now - self.done_bytes)
+            if done >= total:
+                self._bar.close()
+        self.done_bytes = now
 
 
 class TaskProgress(Callback):
@@ -48,6 +94,8 @@ class TaskProgress(Callback):
     def __init__(self, bar: Any) -> None:
         super().__init__()
         self._bar = bar
+        self._read_before = bytes_read_here()
+        self._started = time.perf_counter()
 
     def _start_state(self, dsk: Any, state: dict[str, Any]) -> None:
         # Added rather than set: a graph computed inside a task starts another state.
@@ -55,15 +103,9 @@ class TaskProgress(Callback):
         self._bar.refresh()
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        # Sources count what they deliver in the process that reads; threads and sync read here.
+        read = bytes_read_here() - self._read_before
+        if read and hasattr(self._bar, "set_postfix_str"):
+            rate = read / max(time.perf_counter() - self._started, 1e-9)
+            self._bar.set_postfix_str(f"read {format_size(read)}, {format_size(rate)}/s", refresh=False)
         self._bar.update(1)
-
-
-def track_futures(futures: list[Any], bar: Any) -> Iterator[Any]:
-    """Yield ``futures`` as they finish (in any order), moving ``bar`` on by one for each."""
-    from distributed import as_completed
-
-    bar.total += len(futures)
-    bar.refresh()
-    for future in as_completed(futures):
-        bar.update(1)
-        yield future

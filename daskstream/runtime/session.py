@@ -365,7 +365,9 @@ class Session:
         if self._exit_stack is None:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
 
-        bar = progress_bar(unit="task" if self.client is None else "chunk") if self.progress else None
+        bar = (
+            progress_bar(unit="task" if self.client is None else "chunk", desc=_label(objs)) if self.progress else None
+        )
         try:
             with contextlib.ExitStack() as watching:
                 for observer in self.observers:
@@ -401,6 +403,12 @@ class Session:
             if scheduler_lost(self.client):
                 raise ConnectionError("the scheduler was lost while the results were computed")
             return tuple(self.client.gather(self.client.compute(persisted)))
+
+
+def _label(objs: tuple[Any, ...]) -> str:
+    """A progress bar's label: ``"compute x.npy, y.h5"`` (the first sources read), else ``"compute"``."""
+    described = _described(objs)
+    return "compute" + (" " + described.partition(" from ")[2] if " from " in described else "")
 
 
 def _described(objs: tuple[Any, ...]) -> str:

@@ -28,7 +28,8 @@ import store_worker
 import zarr
 
 import daskstream as ds
-from daskstream.compute.store import H5_DONE_ATTR, H5_IDENTITY_ATTR, PROGRESS_DIR, store
+from daskstream.compute.store import store
+from daskstream.compute.store.record import H5_DONE_ATTR, H5_IDENTITY_ATTR, PROGRESS_DIR
 from daskstream.errors import (
     DaskstreamError,
     InvalidArgumentError,
@@ -681,9 +682,27 @@ def test_hdf5_batches_follow_the_memory_budget(tmp_path, blocks, recorded):
     assert calls == recorded
 
 
-def test_progress_true_prints_to_stderr(tmp_path, capsys):
+def _slowly(block):
+    time.sleep(0.25)
+    return block
+
+
+def test_progress_true_shows_a_bar_of_bytes_written_on_stderr(tmp_path, capsys):
+    x = da.ones(4096, chunks=1024, dtype="f8").map_blocks(_slowly)
+    with dask.config.set(scheduler="sync"):
+        store(x, tmp_path / "a.zarr", progress=True)
+    err = capsys.readouterr().err
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    # Labelled with the operation and its target, counting the 32 KiB written, with a rate.
+    assert last.startswith(f"store {tmp_path / 'a.zarr'}")
+    assert "100%" in last
+    assert "32.0k/32.0k" in last
+    assert "B/s" in last
+
+
+def test_progress_true_shows_nothing_for_a_store_done_at_once(tmp_path, capsys):
     store(da.ones(10, chunks=5), tmp_path / "a.zarr", progress=True)
-    assert "2/2 blocks" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])

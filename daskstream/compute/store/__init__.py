@@ -1,0 +1,263 @@
+"""``store``: write a dask array to Zarr or HDF5 out of core, resumably.
+
+Two writers share one plan. The array is cut on a regular grid (the Zarr or
+HDF5 chunk grid), so every block is exactly one storage chunk and no two
+blocks ever touch the same chunk.
+
+* **Zarr** (a local directory store): each task writes its own block into the
+  store, opening it by path inside the task, then leaves an empty marker file
+  in ``<array>/.daskstream-store/done/``. zarr-python's ``LocalStore`` writes
+  every key to a temporary file and renames it into place (zarr >= 3.1.3), so
+  a chunk file is either whole or absent.
+* **HDF5**: HDF5 takes writes from one process only, so blocks are computed
+  in parallel on the active scheduler but written by the calling process, a
+  bounded number in flight at a time; which blocks are done is a bitmap in
+  the dataset's attributes, flushed after each batch.
+
+A record, not the chunk itself, is the proof that a block is done: zarr
+writes no chunk file for a block equal to the fill value, so a missing file
+may be a finished block, and a chunk present in an HDF5 file may hold data
+that never reached the disk.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import dask.array as da
+
+from daskstream.compute.store.hdf5_target import Hdf5Target
+from daskstream.compute.store.record import StoreIdentity
+from daskstream.compute.store.target import ProgressCallback, Target, target_format
+from daskstream.compute.store.zarr_target import ZarrTarget
+from daskstream.errors import (
+    DaskstreamError,
+    InvalidArgumentError,
+    InvalidChunksError,
+    UnsupportedDtypeError,
+)
+from daskstream.graph.layers import budget_of, read_layers
+from daskstream.graph.reads import source_array
+from daskstream.planning.grid import regular_chunk_shape, regular_grid
+from daskstream.runtime.progress import BlockProgress
+from daskstream.runtime.resources import resolve_settings
+from daskstream.sources import open_source
+from daskstream.sources.base import checked_path
+from daskstream.sources.detect import split_dataset
+
+
+def store(
+    x: da.Array,
+    target: str | os.PathLike[str],
+    *,
+    dataset: str | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+    compressor: Any = "default",
+    progress: bool | ProgressCallback | None = None,
+    zarr_format: int = 3,
+    memory_budget: int | str | None = None,
+) -> da.Array:
+    """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
+
+    Parameters
+    ----------
+    x
+        The array to write. Irregular chunks are first rechunked to a regular
+        grid (each axis cut at its largest chunk), because one block must be
+        one storage chunk.
+    target
+        A Zarr directory (``"out.zarr"``, ``"out.zarr::group/array"``) or an
+        HDF5 dataset (``"out.h5::/entry/data"``). HDF5 is chosen by the file's
+        signature when it exists, else by its extension (``.h5``, ``.hdf5``,
+        ``.nc``...); anything else is a Zarr store.
+    dataset
+        The array inside the target, instead of writing it after ``::``.
+        Required for HDF5.
+    resume
+        When the target holds an unfinished store of the same computation
+        (same shape, dtype, chunks and ``x.name``), write only the blocks it
+        does not have; the array keeps the format and compressor it was
+        created with. A different computation there is an error.
+        ``resume=False`` refuses an unfinished target unless ``overwrite``.
+    overwrite
+        Replace an existing array (or an unfinished store of another
+        computation) at the target. Without it an existing complete array is
+        never touched. Groups and folders that are not arrays are never
+        deleted. An unfinished store of the same computation is still resumed
+        when ``resume`` is true: its result would be the same.
+    compressor
+        ``"default"``: zstd level 3 for Zarr (``zarr.codecs.ZstdCodec``,
+        ``numcodecs.Zstd`` for format 2), gzip level 1 with shuffle for HDF5
+        (every HDF5 reader has gzip). ``None``: no compression. For Zarr, any
+        compressor or list of compressors ``zarr.create_array`` takes; for
+        HDF5, a filter name (``"lzf"``) or a mapping of ``h5py``
+        ``create_dataset`` keywords (an ``hdf5plugin`` filter is one).
+    progress
+        ``True`` shows a bar on stderr (``store TARGET``, bytes written and
+        bytes per second; none for a store done within half a second); a
+        callable is called as ``progress(done, total)`` (in blocks) in this
+        process as blocks finish.
+    zarr_format
+        2 or 3, for a new Zarr array.
+    memory_budget
+        Bytes one worker may use (``"2GiB"``); bounds how many computed blocks
+        the HDF5 writer holds at once. Default: as for :func:`daskstream.open`.
+
+    Returns
+    -------
+    dask.array.Array
+        ``daskstream.open`` of the written array: lazy, reading from disk.
+
+    Raises
+    ------
+    TargetExistsError
+        The target holds an array (or something that is not one) and
+        ``overwrite`` was not given.
+    TargetMismatchError
+        The target's shape or dtype differs from ``x``'s, or it holds an
+        unfinished store of another computation; ``overwrite=True`` replaces it.
+        Also: the path runs through an array or dataset (only groups hold
+        others), or a Zarr target was deleted or damaged while being written.
+    UnsupportedDtypeError
+        ``x``'s dtype cannot be stored there (objects anywhere; unicode
+        strings, datetime64 or timedelta64 in HDF5).
+    TargetWriteError
+        Writing failed (permission denied, disk full...). Blocks finished
+        before the failure stay; rerun with ``resume=True`` once fixed.
+    TargetDamagedError
+        An existing target cannot be read or opened for writing (damaged, or
+        an HDF5 file held open by another process).
+    InvalidArgumentError
+        Arguments that cannot work: not a dask array, no HDF5 dataset named,
+        a URL, an unknown compressor, or ``x`` reading from the target itself.
+
+    Notes
+    -----
+    **Memory.** Nothing ever computes ``x`` whole. Zarr: the scheduler runs
+    one read-compute-write task per block and each returns a flag, so a worker
+    holds only the blocks it is writing. HDF5: at most ``2 * window`` computed
+    blocks are in this process at once (one batch being written while the
+    next is computed), where ``window`` is enough blocks to keep every
+    thread busy twice over (or to make up 16 MiB when blocks are small) but
+    at most what the budget holds beside the tasks computing the next batch
+    (their projected peak) and the block being written, and at least 1.
+
+    **Schedulers.** Works on the synchronous, threaded, process and
+    distributed schedulers. Zarr tasks open the store by path in whichever
+    process runs them, so on a distributed cluster the target must be on a
+    file system every worker shares. HDF5 blocks travel to this process, the
+    only one that opens the file for writing; an array read from the same
+    HDF5 file can therefore be stored into it only on the threaded or
+    synchronous scheduler (HDF5 lets no other process open a file being
+    written).
+
+    **Interruption.** A Zarr chunk is written to a temporary file and renamed
+    into place (zarr-python >= 3.1.3), so a killed store leaves whole chunks
+    or none (plus, perhaps, an orphaned ``*.partial`` temporary file that a
+    resumed store removes); a block's marker is written only after its chunk.
+    HDF5 has no journal: blocks are recorded as done only after a flush that
+    wrote them, so a resumed store never skips a block that was not flushed,
+    but a process killed *while* HDF5 updates the file's metadata can leave the
+    file unreadable, and a full disk usually does (HDF5 has then promised
+    the file more space than it got; h5py may even crash the process at exit,
+    h5py issue 914). The store then reports the file as damaged: delete it
+    and start again. Deleting a dataset (``overwrite=True``) does not shrink
+    an HDF5 file; ``h5repack`` reclaims the space. Two stores writing to the
+    same target at once are not supported.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> x = da.arange(10, chunks=4) * 2
+    >>> y = store(x, os.path.join(folder, "twice.zarr"))
+    >>> y.compute().tolist()
+    [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
+    >>> z = store(x, os.path.join(folder, "twice.h5::/data"))
+    >>> int(z.sum().compute())
+    90
+    """
+    x = _regular(_check_array(x))
+    report = _progress_reporter(progress, target, x)
+    path, member = split_dataset(checked_path(target, "target"), dataset)
+    if member is not None:
+        member = checked_path(member, "dataset")
+    identity = StoreIdentity.of(x)
+    if target_format(path) == "hdf5":
+        if not member or not member.strip("/"):
+            raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
+        writer: Target = Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget)
+    else:
+        if zarr_format not in (2, 3):
+            raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
+        writer = ZarrTarget(path, (member or "").strip("/") or None, compressor, zarr_format)
+    writer.check_sources([source for _, source, _ in read_layers(x)])
+    if resume and not overwrite:
+        x, identity = _as_recorded(x, identity, writer.recorded())
+    writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
+
+    return source_array(open_source(writer.path, dataset=writer.member), "auto", resolve_settings())
+
+
+def _as_recorded(
+    x: da.Array, identity: StoreIdentity, recorded: StoreIdentity | None
+) -> tuple[da.Array, StoreIdentity]:
+    """``x`` read again in the chunks an unfinished store recorded, when it is a plain read of one source.
+
+    Resuming with another memory budget plans other chunks for the same data:
+    reading in the recorded chunks keeps the blocks already written. Anything
+    else (other data, or a computed array) is returned unchanged, for the
+    target to refuse.
+    """
+    if recorded is None or not recorded.differences(identity) or recorded.chunks == identity.chunks:
+        return x, identity
+    reads = read_layers(x)
+    if len(reads) != 1 or reads[0][0] != x.name or (recorded.shape, recorded.dtype) != (identity.shape, identity.dtype):
+        return x, identity
+
+    try:
+        settings = resolve_settings(memory_budget=budget_of(x))
+        again = source_array(reads[0][1], recorded.chunks, settings)
+    except DaskstreamError:
+        return x, identity
+    again_identity = StoreIdentity.of(again)
+    return (again, again_identity) if not recorded.differences(again_identity) else (x, identity)
+
+
+def _check_array(x: Any) -> da.Array:
+    if not isinstance(x, da.Array):
+        raise InvalidArgumentError(
+            f"store writes a dask array, not {type(x).__name__}; wrap it with "
+            "dask.array.from_array(a, chunks=...) or open a file with daskstream.open"
+        )
+    if any(math.isnan(c) for sizes in x.chunks for c in sizes):
+        raise InvalidChunksError(
+            f"{x.name}: the array's chunk sizes are unknown (NaN); call x.compute_chunk_sizes() before storing it"
+        )
+    if x.dtype.hasobject:
+        raise UnsupportedDtypeError(
+            f"{x.name}: dtype {x.dtype} holds Python objects, which neither Zarr nor HDF5 stores as plain data; "
+            "convert it to a fixed-width dtype first"
+        )
+    return x
+
+
+def _regular(x: da.Array) -> da.Array:
+    if regular_chunk_shape(x.chunks) is not None:
+        return x
+
+    # The largest chunk per axis keeps the number of blocks lowest without splitting any task's input.
+    return x.rechunk(regular_grid(x.shape, tuple(max(sizes) for sizes in x.chunks)))
+
+
+def _progress_reporter(progress: bool | ProgressCallback | None, target: Any, x: da.Array) -> ProgressCallback | None:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return BlockProgress(f"store {os.fspath(target)}", x.nbytes)
+    if callable(progress):
+        return progress
+    raise InvalidArgumentError(f"progress={progress!r}: give True, None or a callable progress(done, total)")

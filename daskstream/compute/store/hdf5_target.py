@@ -1,0 +1,531 @@
+"""HDF5 targets: blocks computed on the active scheduler, written by this process, a bounded number at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.core import get_dependencies
+
+from daskstream.compute.computation import plan_compute
+from daskstream.compute.store.record import (
+    H5_DONE_ATTR,
+    H5_IDENTITY_ATTR,
+    H5_MAX_BLOCKS,
+    StoreIdentity,
+    block_name,
+    chunk_shape,
+)
+from daskstream.compute.store.target import (
+    ProgressCallback,
+    Target,
+    data_locations,
+    first_line,
+    in_process_scheduler,
+    same_path,
+)
+from daskstream.errors import (
+    InvalidArgumentError,
+    InvalidChunksError,
+    TargetDamagedError,
+    TargetExistsError,
+    TargetMismatchError,
+    TargetWriteError,
+    UnsupportedDtypeError,
+)
+from daskstream.graph.layers import budget_of
+from daskstream.graph.optimize import with_aggregates_computed
+from daskstream.planning.grid import regular_block_slices
+from daskstream.runtime.pools import one_process_pool
+from daskstream.runtime.resources import resolve_resources
+from daskstream.runtime.schedulers import active_client, active_get
+from daskstream.sources.base import Source
+from daskstream.sources.handles import forget_handles
+from daskstream.sources.hdf5 import import_h5py
+
+# Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.
+BATCH_BYTES = 16 * 2**20
+
+
+# What h5py raises when HDF5 cannot write: OSError mostly, RuntimeError from flush and close.
+H5_WRITE_ERRORS = (OSError, RuntimeError)
+
+
+class Hdf5Target(Target):
+    _after_failure = (
+        "run store again with resume=True (HDF5 has no journal: if it cannot reopen the file, delete it and "
+        "store again)"
+    )
+
+    def __init__(self, path: str, member: str, compressor: Any, memory_budget: int | str | None) -> None:
+        self.path = os.path.abspath(path)
+        self.member = member
+        self.compressor = compressor
+        self.memory_budget = memory_budget
+
+    def write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+
+        blocks = list(np.ndindex(*x.numblocks))
+        if len(blocks) > H5_MAX_BLOCKS:
+            raise InvalidChunksError(
+                f"{self.name}: {len(blocks)} blocks is more than an HDF5 progress record holds "
+                f"({H5_MAX_BLOCKS}); rechunk to larger chunks before storing"
+            )
+        # HDF5 refuses to open for writing a file this process still holds open for reading.
+        forget_handles()
+        with self._own_writes_expected():
+            self._write(x, identity, blocks, resume=resume, overwrite=overwrite, report=report)
+
+    @contextlib.contextmanager
+    def _own_writes_expected(self) -> Any:
+        """Let sources reading another dataset of the file being written see it change, by this store only.
+
+        Every read checks its file's stamp; the writes of this store change it. The
+        same-file sources (threads of this process only, see :meth:`check_sources`)
+        skip the check while it writes and take the file's new stamp after.
+        """
+        same_file = getattr(self, "_same_file", [])
+        for source in same_file:
+            source.stamp = None
+        try:
+            yield
+        finally:
+            for source in same_file:
+                with contextlib.suppress(OSError):
+                    source.stamp = source.current_stamp()
+
+    def _write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        blocks: list[tuple[int, ...]],
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+        h5file = self._open_file()
+        try:
+            dset, done = self._prepare(h5file, x, identity, resume=resume, overwrite=overwrite)
+            pending = [b for b in blocks if not done[_flat(b, x.numblocks)]] if x.size else []
+            total = len(blocks)
+            if report:
+                report(total - len(pending), total)
+            if pending:
+                Hdf5Writer(self, h5file, dset, x, done, total, report).run(pending)
+            try:
+                del dset.attrs[H5_IDENTITY_ATTR]
+                del dset.attrs[H5_DONE_ATTR]
+                h5file.close()
+            except H5_WRITE_ERRORS as exc:
+                raise self.write_error(exc, "remove the progress record") from exc
+        except TargetWriteError as exc:
+            # Closing flushes again; after a failed write that fails too and must not hide the first error.
+            with contextlib.suppress(OSError, RuntimeError):
+                h5file.close()
+            if self._reopens():
+                raise
+            # HDF5 has no journal: a write cut short (disk full, a file-size limit) can leave the file's
+            # metadata behind its data, and then no later run can open it to resume.
+            raise TargetWriteError(
+                exc.errno,
+                f"{exc}".split("; blocks recorded")[0] + f"; the interrupted write left {self.path} unreadable "
+                "to HDF5, which keeps no journal, so it cannot be resumed: free space or raise the file-size "
+                "limit, then delete the file and store again",
+            ) from exc
+        except BaseException:
+            with contextlib.suppress(OSError, RuntimeError):
+                h5file.close()
+            raise
+
+    def _reopens(self) -> bool:
+        """Whether HDF5 can open the file after a failed write: asked of a fresh process.
+
+        This process's HDF5 library still holds the file it could not flush, and
+        would answer from that instead of from what is on disk.
+        """
+
+        check = "import sys, h5py; h5py.File(sys.argv[1], 'r').close()"
+        try:
+            done = subprocess.run([sys.executable, "-c", check, self.path], capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return True  # no answer: keep the usual advice
+        return done.returncode == 0
+
+    def check_sources(self, sources: list[Source]) -> None:
+        self._same_file = []
+        if not os.path.exists(self.path):
+            return  # a new file: nothing read can be in it
+        for source in sources:
+            for location in data_locations(source):
+                if not same_path(location, self.path):
+                    continue
+                if location != source.path or source.format != "hdf5":
+                    raise self._reads_itself(source, f"whose data comes from {self.path} (linked from it)")
+                if self._same_object(source):
+                    raise self._reads_itself(source, f"which is this very dataset ({self.member} is {source.dataset})")
+                self._same_file.append(source)
+        if self._same_file and not in_process_scheduler():
+            raise InvalidArgumentError(
+                f"{self.name}: the array stored reads from {self.path}, the file being written, and HDF5 lets "
+                "no other process read a file open for writing; use the threaded scheduler, or write to "
+                "another file"
+            )
+
+    def _same_object(self, source: Source) -> bool:
+        """Whether the dataset written is the one ``source`` reads, under any name (hard links included)."""
+
+        h5py = import_h5py()
+        try:
+            with h5py.File(self.path, "r") as f:
+                target, read = f.get(self.member), f.get(source.dataset)
+                return target is not None and read is not None and target.id == read.id
+        except (OSError, KeyError, ValueError):
+            return False  # unreadable: _open_file reports it
+
+    def _open_file(self) -> Any:
+
+        h5py = import_h5py()
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        except OSError as exc:
+            raise self.write_error(exc, "create the folder") from exc
+        existed = os.path.exists(self.path)
+        try:
+            return h5py.File(self.path, "a")
+        except PermissionError as exc:
+            raise self.write_error(exc, "open the file for writing") from exc
+        except OSError as exc:
+            if not existed:
+                raise self.write_error(exc, "create the file") from exc
+            raise TargetDamagedError(
+                f"{self.path}: HDF5 could not open the file for writing ({first_line(exc)}). Another process "
+                "may hold it open (HDF5 allows one writer and no readers meanwhile), or an interrupted write "
+                "damaged it: close it elsewhere, or delete it and store again"
+            ) from None
+
+    def _prepare(
+        self, h5file: Any, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool
+    ) -> tuple[Any, np.ndarray]:
+
+        h5py = import_h5py()
+        nblocks = math.prod(x.numblocks)
+        self._check_parents(h5file, h5py)
+        try:
+            # Before anything is deleted or created, and before any compressor is involved.
+            h5py.h5t.py_create(x.dtype, logical=True)
+        except (TypeError, ValueError) as exc:
+            raise UnsupportedDtypeError(
+                f"{self.name}: HDF5 cannot store dtype {x.dtype} ({exc}); convert the data first (unicode "
+                "strings to fixed-width bytes, datetime64 or timedelta64 to integers), or store it to Zarr"
+            ) from exc
+        existing = h5file.get(self.member)
+        if existing is not None and not isinstance(existing, h5py.Dataset):
+            raise TargetMismatchError(
+                f"{self.name} is an HDF5 group, not a dataset; name a dataset to write. store never deletes groups"
+            )
+        if existing is not None:
+            recorded = self._recorded_identity(existing)
+            if recorded is not None and resume and not recorded.differences(identity):
+                self._check_shape_dtype(existing.shape, existing.dtype, x)
+                return existing, self._recorded_done(existing, nblocks)
+            if not overwrite:
+                if recorded is not None and not resume:
+                    raise TargetExistsError(
+                        f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
+                        "it, or overwrite=True to start again"
+                    )
+                self._check_shape_dtype(existing.shape, existing.dtype, x)
+                if recorded is not None:
+                    self._check_identity(recorded, identity)
+                raise self._refuse_existing("an HDF5 dataset")
+            try:
+                del h5file[self.member]
+            except H5_WRITE_ERRORS as exc:
+                raise self.write_error(exc, "delete the existing dataset") from exc
+        return self._create(h5file, x, identity, nblocks), np.zeros(nblocks, dtype=bool)
+
+    def _check_parents(self, h5file: Any, h5py: Any) -> None:
+        """Refuse a dataset path that runs through a dataset: only groups hold other objects."""
+        parts = [part for part in self.member.split("/") if part]
+        for depth in range(1, len(parts)):
+            parent = "/" + "/".join(parts[:depth])
+            node = h5file.get(parent)
+            if node is None:
+                return  # store creates the missing groups
+            if isinstance(node, h5py.Dataset):
+                raise TargetMismatchError(
+                    f"{self.name}: {parent} in {self.path} is an HDF5 dataset, not a group, so it cannot hold "
+                    f"{self.member}; name a dataset outside it. store never deletes what is in the way"
+                )
+
+    def recorded(self) -> StoreIdentity | None:
+
+        h5py = import_h5py()
+        try:
+            with h5py.File(self.path, "r") as f:
+                dset = f.get(self.member)
+                return self._recorded_identity(dset) if isinstance(dset, h5py.Dataset) else None
+        except (OSError, KeyError, ValueError, TargetMismatchError):
+            return None
+
+    def _recorded_identity(self, dset: Any) -> StoreIdentity | None:
+        if H5_IDENTITY_ATTR not in dset.attrs:
+            return None
+        try:
+            text = dset.attrs[H5_IDENTITY_ATTR]
+            return StoreIdentity.from_json(text.decode() if isinstance(text, bytes) else str(text))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record (attribute {H5_IDENTITY_ATTR!r}) cannot be read ({exc}); "
+                "pass overwrite=True to start again"
+            ) from None
+
+    def _recorded_done(self, dset: Any, nblocks: int) -> np.ndarray:
+        try:
+            packed = np.asarray(dset.attrs[H5_DONE_ATTR], dtype=np.uint8)
+        except (OSError, KeyError) as exc:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record (attribute {H5_DONE_ATTR!r}) cannot be read ({exc}); "
+                "pass overwrite=True to start again"
+            ) from None
+        return np.unpackbits(packed, count=nblocks).astype(bool)
+
+    def _create(self, h5file: Any, x: da.Array, identity: StoreIdentity, nblocks: int) -> Any:
+        chunks = chunk_shape(x)
+        options: dict[str, Any] = {}
+        # HDF5 cannot chunk (or so compress) a scalar or an empty dataset.
+        if x.ndim and x.size:
+            if math.prod(chunks) * x.dtype.itemsize >= 2**32:
+                raise InvalidChunksError(
+                    f"{self.name}: chunks {chunks} hold 4 GiB or more, the most one HDF5 chunk may; rechunk smaller"
+                )
+            options = {"chunks": chunks, **self._filters()}
+        try:
+            dset = h5file.create_dataset(self.member, shape=x.shape, dtype=x.dtype, **options)
+            # The record is in place before any block is written; both reach the disk with one flush.
+            dset.attrs[H5_IDENTITY_ATTR] = identity.to_json()
+            dset.attrs[H5_DONE_ATTR] = np.packbits(np.zeros(nblocks, dtype=bool))
+            h5file.flush()
+        except H5_WRITE_ERRORS as exc:
+            raise self.write_error(exc, "create the dataset") from exc
+        except (ValueError, TypeError) as exc:
+            if self.compressor is None or (isinstance(self.compressor, str) and self.compressor == "default"):
+                # Not the compressor's doing: the dtype and the path were checked, so say what h5py said.
+                raise InvalidArgumentError(
+                    f"{self.name}: h5py could not create a dataset of shape {x.shape}, dtype {x.dtype} and "
+                    f"chunks {chunks} ({exc})"
+                ) from exc
+            raise InvalidArgumentError(
+                f"{self.name}: h5py could not create the dataset with dtype {x.dtype} and "
+                f"compressor={self.compressor!r} ({exc}); give a filter name, a mapping of h5py "
+                'create_dataset keywords, None or "default"'
+            ) from exc
+        return dset
+
+    def _filters(self) -> dict[str, Any]:
+        if self.compressor is None:
+            return {}
+        if isinstance(self.compressor, str):
+            if self.compressor == "default":
+                return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+            return {"compression": self.compressor}
+        if isinstance(self.compressor, Mapping):
+            return dict(self.compressor)
+        raise InvalidArgumentError(
+            f"{self.name}: compressor={self.compressor!r} is not an HDF5 filter; give a filter name "
+            '("gzip", "lzf"), a mapping of h5py create_dataset keywords (an hdf5plugin filter), None or "default"'
+        )
+
+    def window(self, x: da.Array) -> int:
+        """How many computed blocks one batch holds.
+
+        Enough to keep every thread busy twice over, or to make up ``BATCH_BYTES``
+        when blocks are small (each batch costs a round trip to the scheduler), but
+        no more than the budget holds beside the tasks computing the next batch
+        (their projected peak, :func:`daskstream.plan_compute`) and the block being
+        written with its filtered copies: a batch is written while the next one is
+        computed, so two batches are in memory.
+        """
+
+        budget = budget_of(x, self.memory_budget)
+        resources = resolve_resources(memory_budget=budget)
+        block_bytes = max(1, math.prod(chunk_shape(x)) * x.dtype.itemsize)
+        wanted = max(2 * resources.threads * resources.workers, BATCH_BYTES // block_bytes)
+        computing = plan_compute(x, memory_budget=resources.memory_budget).projected_peak_bytes
+        # HDF5 writes a block through its filters: a shuffled copy and the compressed bytes beside it. As
+        # for streams, a fifth of the budget stays free for what the allocator keeps.
+        free = resources.memory_budget * 4 // 5 - computing - 3 * block_bytes
+        return max(1, min(wanted, free // (2 * block_bytes)))
+
+
+def _flat(index: tuple[int, ...], numblocks: tuple[int, ...]) -> int:
+    return int(np.ravel_multi_index(index, numblocks)) if numblocks else 0
+
+
+class Hdf5Writer:
+    """The one writer of an HDF5 target: blocks come in computed, go out written and recorded."""
+
+    def __init__(
+        self,
+        target: Hdf5Target,
+        h5file: Any,
+        dset: Any,
+        x: da.Array,
+        done: np.ndarray,
+        total: int,
+        report: ProgressCallback | None,
+    ) -> None:
+        self.target, self.h5file, self.dset, self.x = target, h5file, dset, x
+        self.done, self.total, self.report = done, total, report
+        self.unrecorded: list[tuple[int, ...]] = []
+        self.count = int(done.sum())
+        # Aggregates that later passes take (a mean to centre with) are computed once, not per batch.
+        x = self.x = with_aggregates_computed(x, resolve_resources())
+        # One graph for all blocks, optimized once (as x.to_delayed(optimize_graph=True) does); each
+        # batch sends the scheduler only the tasks its blocks need, found by walking back from them.
+        # Building one Delayed per block and merging them with dask.compute costs batch² per batch.
+        keys = x.__dask_keys__()
+        self.graph: dict[Any, Any] = dict(x.__dask_optimize__(x.__dask_graph__(), keys))
+        self.dependencies: dict[Any, set[Any]] = {}
+
+    def _key(self, index: tuple[int, ...]) -> tuple:
+        return (self.x.name, *index)
+
+    def _subgraph(self, keys: Sequence[Any]) -> dict[Any, Any]:
+        """The tasks ``keys`` need: work in proportion to them, not to the whole graph."""
+
+        graph, dependencies = self.graph, self.dependencies
+        sub: dict[Any, Any] = {}
+        stack = list(keys)
+        while stack:
+            key = stack.pop()
+            if key in sub:
+                continue
+            sub[key] = graph[key]
+            if key not in dependencies:
+                dependencies[key] = get_dependencies(graph, key)
+            stack.extend(dependencies[key])
+        return sub
+
+    def run(self, pending: list[tuple[int, ...]]) -> None:
+        window = self.target.window(self.x)
+        client = active_client()
+        try:
+            if client is not None:
+                self._run_distributed(client, pending, window)
+            else:
+                self._run_local(pending, window)
+        except BaseException:
+            # Blocks written before the failure are kept: record them if the file still takes it.
+            with contextlib.suppress(TargetWriteError):
+                self._record()
+            raise
+        self._record()
+
+    def _run_local(self, pending: list[tuple[int, ...]], window: int) -> None:
+        # What dask.compute(x) would use: the configured scheduler, else the threaded one.
+        schedule = active_get([self.x])
+        with one_process_pool():
+            self._run_batches(pending, window, schedule)
+
+    def _run_batches(self, pending: list[tuple[int, ...]], window: int, schedule: Callable[..., Any]) -> None:
+        batches = batched(pending, window)
+
+        def compute(batch: Sequence[tuple[int, ...]]) -> tuple[Sequence[tuple[int, ...]], Sequence[Any]]:
+            keys = [self._key(index) for index in batch]
+            return batch, schedule(self._subgraph(keys), keys)
+
+        # The next batch computes while this one is written: at most two batches in memory.
+        with ThreadPoolExecutor(1, thread_name_prefix="daskstream-store") as pool:
+            first = next(batches, None)
+            running = pool.submit(compute, first) if first else None
+            while running is not None:
+                batch, results = running.result()
+                following = next(batches, None)
+                running = pool.submit(compute, following) if following else None
+                for index, block in zip(batch, results):
+                    self._write(index, block)
+                del results
+                self._record()
+
+    def _run_distributed(self, client: Any, pending: list[tuple[int, ...]], window: int) -> None:
+        from distributed import as_completed
+
+        queue = iter(pending)
+        in_flight: dict[Any, tuple[int, ...]] = {}
+        finished = as_completed()
+
+        def submit(n: int) -> None:
+            batch = list(islice(queue, n))
+            if batch:
+                keys = [self._key(index) for index in batch]
+                for future, index in zip(client.get(self._subgraph(keys), keys, sync=False), batch):
+                    in_flight[future] = index
+                    finished.add(future)
+
+        # Top up in groups rather than one by one: each submission sends a graph to the scheduler.
+        refill = max(1, window // 2)
+        submit(window)
+        try:
+            for future in finished:
+                index = in_flight.pop(future)
+                block = future.result()
+                future.release()
+                self._write(index, block)
+                del block
+                if len(self.unrecorded) >= refill or not in_flight:
+                    self._record()
+                if window - len(in_flight) >= refill:
+                    submit(window - len(in_flight))
+        except BaseException:
+            client.cancel(list(in_flight))
+            raise
+
+    def _write(self, index: tuple[int, ...], block: np.ndarray) -> None:
+        region = regular_block_slices(self.x.chunks, index)
+        try:
+            self.dset[region] = block
+        except H5_WRITE_ERRORS as exc:
+            raise self.target.write_error(exc, f"write block {block_name(index)}") from exc
+        self.unrecorded.append(index)
+
+    def _record(self) -> None:
+        if not self.unrecorded:
+            return
+        try:
+            # Data first, then the record that claims it: a block is never marked done before it is flushed.
+            self.h5file.flush()
+            for index in self.unrecorded:
+                self.done[_flat(index, self.x.numblocks)] = True
+            self.dset.attrs[H5_DONE_ATTR] = np.packbits(self.done)
+            self.h5file.flush()
+        except H5_WRITE_ERRORS as exc:
+            raise self.target.write_error(exc, "record progress") from exc
+        self.count += len(self.unrecorded)
+        self.unrecorded = []
+        if self.report:
+            self.report(self.count, self.total)
+
+
+def batched(items: list[tuple[int, ...]], n: int) -> Iterator[list[tuple[int, ...]]]:
+    it = iter(items)
+    while batch := list(islice(it, n)):
+        yield batch

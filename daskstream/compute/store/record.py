@@ -1,0 +1,118 @@
+"""The progress record of an unfinished store: what it computes, and which blocks are done."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import dask.array as da
+
+from daskstream.errors import (
+    InvalidChunksError,
+)
+from daskstream.planning.grid import regular_chunk_shape
+
+ProgressCallback = Callable[[int, int], None]
+
+# Where a Zarr target keeps its progress record: hidden inside the array's own
+# directory, so replacing or deleting the array removes it too, and zarr never
+# reads it (chunk keys never start with a dot).
+PROGRESS_DIR = ".daskstream-store"
+IDENTITY_FILE = "identity.json"
+# A record is a few hundred bytes; a file far larger is not one daskstream wrote.
+MAX_RECORD_BYTES = 1 << 20
+DONE_DIR = "done"
+# HDF5 attributes holding the progress record while a store is unfinished.
+H5_IDENTITY_ATTR = "daskstream_store"
+H5_DONE_ATTR = "daskstream_store_done"
+# An HDF5 attribute lives in the object header, whose messages are limited to 64 KiB.
+H5_MAX_BLOCKS = 8 * 60_000
+RECORD_FORMAT = "daskstream.store/1"
+
+
+def chunk_shape(x: da.Array) -> tuple[int, ...]:
+    """One full chunk of ``x``, whose grid store has made regular first.
+
+    >>> import dask.array as da
+    >>> chunk_shape(da.ones((10, 7), chunks=(4, 7)))
+    (4, 7)
+    """
+    shape = regular_chunk_shape(x.chunks)
+    if shape is None:
+        raise InvalidChunksError(f"{x.name}: store writes arrays on a regular chunk grid; rechunk it first")
+    return shape
+
+
+@dataclass(frozen=True)
+class StoreIdentity:
+    """What a progress record belongs to: a resumed store must compute the same thing.
+
+    Examples
+    --------
+    >>> a = StoreIdentity(shape=(4,), dtype="float32", chunks=(2,), name="x-1")
+    >>> StoreIdentity.from_json(a.to_json()) == a
+    True
+    >>> a.differences(StoreIdentity(shape=(4,), dtype="float32", chunks=(2,), name="x-2"))
+    ["name 'x-2' (recorded: 'x-1')"]
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    name: str
+
+    @classmethod
+    def of(cls, x: da.Array) -> StoreIdentity:
+        return cls(shape=tuple(int(n) for n in x.shape), dtype=str(x.dtype), chunks=chunk_shape(x), name=x.name)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": RECORD_FORMAT, **asdict(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> StoreIdentity:
+        record = json.loads(text)
+        if record.get("format") != RECORD_FORMAT:
+            raise ValueError(f"unknown progress record format {record.get('format')!r}")
+        return cls(
+            shape=tuple(record["shape"]),
+            dtype=record["dtype"],
+            chunks=tuple(record["chunks"]),
+            name=record["name"],
+        )
+
+    def differences(self, other: StoreIdentity) -> list[str]:
+        """What ``other`` (the new computation) changes from this recorded one."""
+        return [
+            f"{field} {getattr(other, field)!r} (recorded: {getattr(self, field)!r})"
+            for field in ("shape", "dtype", "chunks", "name")
+            if getattr(self, field) != getattr(other, field)
+        ]
+
+
+def block_name(index: tuple[int, ...]) -> str:
+    return ".".join(map(str, index)) or "0"
+
+
+def parse_block_name(name: str, ndim: int) -> tuple[int, ...] | None:
+    parts = name.split(".")
+    if ndim == 0:
+        return () if name == "0" else None
+    if len(parts) != ndim or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

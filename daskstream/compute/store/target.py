@@ -1,0 +1,211 @@
+"""What every store target does: find its state, refuse writing over what it reads, record progress."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import re
+from collections.abc import Callable
+
+import dask.array as da
+import numpy as np
+
+from daskstream.compute.store.record import StoreIdentity
+from daskstream.errors import (
+    CorruptSourceError,
+    InvalidArgumentError,
+    TargetExistsError,
+    TargetMismatchError,
+    TargetWriteError,
+    UnknownFormatError,
+)
+from daskstream.runtime.schedulers import scheduler_kind
+from daskstream.sources.base import Source, file_stamp, native
+from daskstream.sources.detect import EXTENSIONS, guess_format
+from daskstream.sources.zarr_ import is_url
+
+ProgressCallback = Callable[[int, int], None]
+
+
+HDF5_ERRNO = re.compile(r"errno = (\d+)")
+
+
+HDF5_SUFFIXES = tuple(ext for ext, fmt in EXTENSIONS.items() if fmt == "hdf5")
+
+
+def target_format(path: str) -> str:
+    """``"hdf5"`` for an existing HDF5 file or an HDF5 file name, else ``"zarr"``; URLs are refused."""
+    if not path.strip():
+        raise InvalidArgumentError(
+            "store needs a target: an empty path would write into the current folder; give a Zarr folder "
+            "(out.zarr) or an HDF5 file and dataset (out.h5::/data)"
+        )
+    if is_url(path) or path.startswith("file://"):
+        raise InvalidArgumentError(
+            f"{path}: store writes local Zarr directories and HDF5 files; write locally and copy, or give a local path"
+        )
+    if os.path.lexists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        if os.path.islink(path):
+            raise TargetExistsError(
+                f"{path}: a symbolic link to nothing ({os.readlink(path)}); remove it or choose another target"
+            )
+        file_stamp(path)  # a pipe, socket or device: NotARegularFileError naming what it is
+    if path.lower().rstrip("/").endswith(".zip") and not os.path.isdir(path):
+        raise InvalidArgumentError(
+            f"{path}: store writes Zarr folders, not zip files; store to a folder (out.zarr), then zip it "
+            "(zip -r -0 out.zip out.zarr, or zarr's ZipStore)"
+        )
+    if os.path.isfile(path):
+        try:
+            fmt = guess_format(path)
+        except (UnknownFormatError, CorruptSourceError):
+            fmt = "other"
+        if fmt != "hdf5":
+            raise TargetExistsError(
+                f"{path}: a file that is not HDF5 is there, and store writes Zarr directories or HDF5 files; "
+                "choose another target (daskstream will not delete it)"
+            )
+        return "hdf5"
+    if os.path.isdir(path):
+        return "zarr"
+    return "hdf5" if path.lower().endswith(HDF5_SUFFIXES) else "zarr"
+
+
+def data_locations(source: Source) -> list[str]:
+    """The local files and folders a source's data is read from (none for URLs)."""
+    if is_url(source.path):
+        return []
+    if source.format == "zarr" and os.path.isdir(source.path):
+        return [os.path.join(source.path, *[part for part in (source.dataset or "").split("/") if part])]
+    return [source.path, *(linked.path for linked in getattr(source, "linked_files", ()))]
+
+
+def lies_within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, whatever links or mounts lead to either.
+
+    Each folder on the way up from ``path`` (links resolved) is compared with
+    ``folder`` by device and inode, so two spellings of one place match.
+    """
+    try:
+        wanted = os.stat(folder)
+    except OSError:
+        return False  # nothing there yet: nothing to lose
+    current = os.path.realpath(path)
+    while True:
+        with contextlib.suppress(OSError):
+            st = os.stat(current)
+            if (st.st_dev, st.st_ino) == (wanted.st_dev, wanted.st_ino):
+                return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
+
+
+def same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class Target(abc.ABC):
+    """One kind of target: how to find its state, record progress and write blocks."""
+
+    path: str
+    member: str | None
+
+    @abc.abstractmethod
+    def write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+        """Write the blocks of ``x`` not yet recorded as done, recording each as it lands."""
+
+    @property
+    def name(self) -> str:
+        return self.path if self.member is None else f"{self.path}::{self.member}"
+
+    @abc.abstractmethod
+    def check_sources(self, sources: list[Source]) -> None:
+        """Refuse to write over what the array itself reads, however either is spelled.
+
+        Paths are compared by what they lead to (symbolic links followed,
+        folders compared by device and inode), before anything is deleted.
+        """
+
+    def _reads_itself(self, source: Source, how: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self.name}: the array stored reads {source.name}, {how}; writing would destroy the data "
+            "while it is read. Write to another target, then replace the old one"
+        )
+
+    def _refuse_existing(self, what: str) -> TargetExistsError:
+        return TargetExistsError(
+            f"{self.name} already holds {what}; pass overwrite=True to replace it, or choose another target"
+        )
+
+    def _check_shape_dtype(self, shape: tuple[int, ...], dtype: np.dtype, x: da.Array) -> None:
+        if tuple(shape) != tuple(x.shape) or native(np.dtype(dtype)) != native(x.dtype):
+            raise TargetMismatchError(
+                f"{self.name} holds an array of shape {tuple(shape)} and dtype {dtype}, but the array stored "
+                f"has shape {tuple(x.shape)} and dtype {x.dtype}; pass overwrite=True to replace it, "
+                "or choose another target"
+            )
+
+    def _check_identity(self, recorded: StoreIdentity, identity: StoreIdentity) -> None:
+        changes = recorded.differences(identity)
+        if not changes:
+            return
+        if (recorded.shape, recorded.dtype) == (identity.shape, identity.dtype) and recorded.chunks != identity.chunks:
+            raise TargetMismatchError(
+                f"{self.name} holds an unfinished store of this shape and dtype in chunks {recorded.chunks}, "
+                f"but the array stored now has chunks {identity.chunks} (another memory budget or chunking): "
+                "resume it with the chunks (or the memory budget) it was started with, or pass overwrite=True "
+                "to start again, which writes again the blocks already written"
+            )
+        raise TargetMismatchError(
+            f"{self.name} holds an unfinished store of another computation ({'; '.join(changes)}); "
+            "pass overwrite=True to start it again with this array, or choose another target"
+        )
+
+    @abc.abstractmethod
+    def recorded(self) -> StoreIdentity | None:
+        """The identity an unfinished store into this target recorded, if there is one."""
+
+    def write_error(self, exc: BaseException, doing: str) -> TargetWriteError:
+        return write_error(self.name, exc, doing, self._after_failure)
+
+    # What to do after a failed write, beyond fixing its cause.
+    _after_failure = "run store again with resume=True"
+
+
+def write_error(
+    target_name: str, exc: BaseException, doing: str, after: str = Target._after_failure
+) -> TargetWriteError:
+    number = getattr(exc, "errno", None)
+    if number is None:
+        # HDF5 reports the system error inside its message text, often as a RuntimeError.
+        found = HDF5_ERRNO.search(str(exc))
+        number = int(found.group(1)) if found else None
+    reason = os.strerror(number) if number else first_line(exc)
+    return TargetWriteError(
+        number,
+        f"{target_name}: could not {doing} ({reason}); blocks recorded as done are kept: free space or "
+        f"fix permissions, then {after}",
+    )
+
+
+def in_process_scheduler() -> bool:
+    """Whether tasks run in this process (threads or synchronous), where HDF5 shares one open file."""
+    return scheduler_kind() in ("threads", "sync")
+
+
+def first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,416 @@
+"""Zarr targets: each task writes its own block into a local directory store and marks it done."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+from typing import Any
+
+import dask
+import dask.array as da
+import dask.local
+import dask.multiprocessing
+import dask.threaded
+import numcodecs
+import numpy as np
+from dask.base import tokenize
+from dask.callbacks import Callback
+
+from daskstream.compute.store.record import (
+    DONE_DIR,
+    IDENTITY_FILE,
+    MAX_RECORD_BYTES,
+    PROGRESS_DIR,
+    StoreIdentity,
+    block_name,
+    chunk_shape,
+    parse_block_name,
+    write_atomically,
+)
+from daskstream.compute.store.target import (
+    ProgressCallback,
+    Target,
+    data_locations,
+    first_line,
+    lies_within,
+    write_error,
+)
+from daskstream.errors import (
+    InvalidArgumentError,
+    TargetDamagedError,
+    TargetExistsError,
+    TargetMismatchError,
+    TargetWriteError,
+    UnsupportedDtypeError,
+)
+from daskstream.files import open_regular
+from daskstream.runtime.schedulers import active_client
+from daskstream.sources.base import Source
+
+# The temporary files zarr's LocalStore writes before renaming them into place.
+ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+
+
+# What zarr raises when the array it opens is gone or its metadata is damaged: its own errors
+# (zarr.errors.BaseZarrError, a ValueError), the ValueError of unreadable JSON, the KeyError of
+# metadata missing a field and the TypeError of a field of the wrong type.
+ZARR_NODE_ERRORS = (ValueError, KeyError, TypeError)
+
+
+class ZarrTarget(Target):
+    def __init__(self, path: str, member: str | None, compressor: Any, zarr_format: int) -> None:
+        self.path = os.path.abspath(path)
+        self.member = member
+        self.compressor = compressor
+        self.zarr_format = zarr_format
+        self.array_dir = os.path.join(self.path, *(member.split("/") if member else ()))
+        self.progress_dir = os.path.join(self.array_dir, PROGRESS_DIR)
+        self.done_dir = os.path.join(self.progress_dir, DONE_DIR)
+
+    def check_sources(self, sources: list[Source]) -> None:
+        for source in sources:
+            for location in data_locations(source):
+                inside, around = lies_within(location, self.array_dir), lies_within(self.array_dir, location)
+                if inside and around:
+                    raise self._reads_itself(source, "which is this very target")
+                if inside:
+                    raise self._reads_itself(source, f"which is stored inside this target, at {location}")
+                if around:
+                    raise self._reads_itself(source, f"and this target lies inside it, at {location}")
+
+    def write(
+        self,
+        x: da.Array,
+        identity: StoreIdentity,
+        *,
+        resume: bool,
+        overwrite: bool,
+        report: ProgressCallback | None,
+    ) -> None:
+        done = self._prepare(x, identity, resume=resume, overwrite=overwrite)
+        blocks = list(np.ndindex(*x.numblocks))
+        pending = [b for b in blocks if b not in done] if x.size else []
+        total = len(blocks)
+        if report:
+            report(total - len(pending), total)
+        if pending:
+            self._run(x, pending, total, report)
+        self._finish()
+
+    # The state machine: absent -> recorded (identity.json) -> array created -> blocks marked -> finished.
+    def _prepare(self, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool) -> set[tuple]:
+        self._check_parents()
+        self._check_links()
+        recorded = self._recorded_identity()
+        kind = self._node_kind()
+        if kind == "group":
+            raise TargetMismatchError(
+                f"{self.name} is a Zarr group; name an array inside it ('{self.path}::name' or dataset=...). "
+                "store never deletes groups"
+            )
+        if kind == "other":
+            raise TargetExistsError(
+                f"{self.name} exists and is not a Zarr array; choose another target (daskstream will not delete it)"
+            )
+        if recorded is not None and resume and not recorded.differences(identity):
+            if kind is None:
+                self._create(x)  # interrupted between recording and creating the array
+            else:
+                self._check_existing(x)
+            self._remove_partial_files()
+            return self._done_blocks(x.ndim)
+        if kind == "array" or recorded is not None:
+            if not overwrite:
+                if recorded is not None and not resume:
+                    raise TargetExistsError(
+                        f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
+                        "it, or overwrite=True to start again"
+                    )
+                if kind == "array":
+                    self._check_existing(x)
+                if recorded is not None:
+                    self._check_identity(recorded, identity)
+                raise self._refuse_existing("a Zarr array")
+            self._delete()
+        parts = self.member.split("/") if self.member else []
+        folders = [os.path.join(self.path, *parts[:depth]) for depth in range(len(parts) + 1)]
+        missing = [folder for folder in folders if not os.path.exists(folder)]
+        self._record(identity)
+        try:
+            self._create(x)
+        except (InvalidArgumentError, UnsupportedDtypeError):
+            # Nothing was written: leave no unfinished store behind for arguments that can never work,
+            # nor the folders made for it (only while empty: zarr may have put a group there).
+            shutil.rmtree(self.progress_dir, ignore_errors=True)
+            for folder in reversed(missing if self.array_dir in missing else [*missing, self.array_dir]):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            raise
+        return set()
+
+    def _check_parents(self) -> None:
+        """Refuse a member inside an array: only groups hold other nodes, and nothing may be written there."""
+        parts = self.member.split("/") if self.member else []
+        for depth in range(len(parts)):
+            folder = os.path.join(self.path, *parts[:depth])
+            if not os.path.isdir(folder):
+                return  # store creates the missing groups
+            if zarr_node_kind(folder) == "array":
+                inner = "/".join(parts[:depth])
+                where = f"{self.path}::{inner}" if inner else self.path
+                raise TargetMismatchError(
+                    f"{self.name}: {where} is a Zarr array, not a group, so it cannot hold {self.member}; "
+                    "name an array outside it. store never writes inside an existing array"
+                )
+
+    def _check_links(self) -> None:
+        """Refuse a target holding a symbolic link that leads outside it: chunk files would be written there."""
+        if not os.path.isdir(self.path):
+            return
+        root = os.path.realpath(self.path)
+        for folder, dirs, files in os.walk(self.path):
+            for entry in [*dirs, *files]:
+                link = os.path.join(folder, entry)
+                if not os.path.islink(link):
+                    continue
+                leads_to = os.path.realpath(link)
+                if os.path.commonpath([root, leads_to]) != root:
+                    raise TargetWriteError(
+                        errno.ELOOP,
+                        f"{self.name}: {link} is a symbolic link to {leads_to}, outside the target; store "
+                        "writes only inside its target folder and will not follow it. Remove the link or "
+                        "choose another target",
+                    )
+
+    def _node_kind(self) -> str | None:
+        """``"array"``, ``"group"``, ``"other"`` (a file or a folder of something else) or ``None``."""
+        return zarr_node_kind(self.array_dir)
+
+    def recorded(self) -> StoreIdentity | None:
+        with contextlib.suppress(TargetMismatchError):
+            return self._recorded_identity()
+        return None
+
+    def _recorded_identity(self) -> StoreIdentity | None:
+        try:
+            with open_regular(os.path.join(self.progress_dir, IDENTITY_FILE)) as f:
+                text = f.read(MAX_RECORD_BYTES + 1)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if len(text) > MAX_RECORD_BYTES:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record ({PROGRESS_DIR}/{IDENTITY_FILE}) is larger than any record "
+                "daskstream writes; pass overwrite=True to start again"
+            )
+        try:
+            return StoreIdentity.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise TargetMismatchError(
+                f"{self.name}: its progress record ({PROGRESS_DIR}/{IDENTITY_FILE}) cannot be read ({exc}); "
+                "pass overwrite=True to start again"
+            ) from None
+
+    def _check_existing(self, x: da.Array) -> None:
+        import zarr
+
+        try:
+            array = zarr.open_array(store=self._store(read_only=True), path=self.member or "", mode="r")
+        except (zarr.errors.NodeNotFoundError, ValueError, TypeError, KeyError) as exc:
+            raise TargetDamagedError(
+                f"{self.name}: zarr could not read the existing array's metadata ({exc}); "
+                "pass overwrite=True to replace it"
+            ) from None
+        self._check_shape_dtype(array.shape, np.dtype(array.dtype), x)
+
+    def _store(self, *, read_only: bool = False) -> Any:
+        import zarr
+
+        return zarr.storage.LocalStore(self.path, read_only=read_only)
+
+    def _record(self, identity: StoreIdentity) -> None:
+        try:
+            # Markers left by anything before belong to no computation of ours now.
+            shutil.rmtree(self.progress_dir, ignore_errors=True)
+            os.makedirs(self.done_dir, exist_ok=True)
+            write_atomically(os.path.join(self.progress_dir, IDENTITY_FILE), identity.to_json().encode())
+        except OSError as exc:
+            raise self.write_error(exc, "record progress") from exc
+
+    def _create(self, x: da.Array) -> None:
+        import zarr
+
+        compressors = self._compressors()
+        # Zarr chunk sides must be >= 1 even along an empty axis.
+        chunks = tuple(max(1, c) for c in chunk_shape(x))
+        try:
+            zarr.create_array(
+                self._store(),
+                name=self.member,
+                shape=x.shape,
+                chunks=chunks,
+                dtype=x.dtype,
+                compressors=compressors,
+                zarr_format=self.zarr_format,
+                overwrite=False,
+            )
+        except OSError as exc:
+            raise self.write_error(exc, "create the array") from exc
+        except (ValueError, TypeError) as exc:
+            if not (self.compressor is None or (isinstance(self.compressor, str) and self.compressor == "default")):
+                raise InvalidArgumentError(
+                    f"{self.name}: zarr could not create an array of dtype {x.dtype} with compressor="
+                    f'{self.compressor!r} ({exc}); give a zarr compressor, a list of them, None or "default"'
+                ) from None
+            raise UnsupportedDtypeError(
+                f"{self.name}: zarr could not create an array of dtype {x.dtype} ({exc}); convert the data "
+                "to a dtype Zarr stores"
+            ) from None
+
+    def _compressors(self) -> Any:
+        if isinstance(self.compressor, str) and self.compressor == "default":
+            if self.zarr_format == 2:
+                return numcodecs.Zstd(level=3)
+            from zarr.codecs import ZstdCodec
+
+            return ZstdCodec(level=3)
+        return self.compressor
+
+    def _delete(self) -> None:
+        # Only reached for a Zarr array or an unfinished store's folder: never a group or foreign data.
+        try:
+            shutil.rmtree(self.array_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self.write_error(exc, "delete the existing array") from exc
+
+    def _remove_partial_files(self) -> None:
+        # Temporary files of chunk writes cut short by a kill; zarr never reads them.
+        for folder, _, files in os.walk(self.array_dir):
+            for name in files:
+                if ZARR_PARTIAL.search(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(folder, name))
+
+    def _done_blocks(self, ndim: int) -> set[tuple[int, ...]]:
+        try:
+            names = os.listdir(self.done_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        found = (parse_block_name(n, ndim) for n in names)
+        return {index for index in found if index is not None}
+
+    def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
+
+        writes = x.map_blocks(
+            _write_zarr_block,
+            self.path,
+            self.member,
+            self.done_dir,
+            self.name,
+            chunks=tuple((1,) * n for n in x.numblocks),
+            dtype=bool,
+            meta=np.empty((0,) * x.ndim, dtype=bool),
+            name=f"daskstream-store-{tokenize(x.name, self.path, self.member)}",
+        )
+        # One optimized graph for all blocks, then only the pending ones: read and write fuse into one task.
+        delayed = writes.to_delayed(optimize_graph=True)
+        tasks = [delayed[index] for index in pending]
+        done = total - len(pending)
+        client = active_client()
+        if client is not None:
+            from distributed import as_completed
+
+            futures = client.compute(tasks)
+            try:
+                for future in as_completed(futures):
+                    future.result()
+                    done += 1
+                    if report:
+                        report(done, total)
+            except BaseException:
+                client.cancel(futures)
+                raise
+            return
+        if report is None:
+            dask.compute(*tasks)
+            return
+
+        keys = {t.key for t in tasks}
+
+        def count(key: Any, *_: Any) -> None:
+            nonlocal done
+            if key in keys:
+                done += 1
+                report(done, total)
+
+        with Callback(posttask=count):
+            dask.compute(*tasks)
+
+    def _finish(self) -> None:
+        # The identity goes first: from then on the target reads as complete even if the
+        # markers' removal is cut short (leftovers are ignored, and removed by overwrite).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.progress_dir, IDENTITY_FILE))
+        shutil.rmtree(self.progress_dir, ignore_errors=True)
+
+
+def zarr_node_kind(folder: str) -> str | None:
+    """What the Zarr node at ``folder`` is: ``"array"``, ``"group"``, ``"other"`` or ``None`` (nothing)."""
+    if not os.path.exists(folder):
+        return None
+    if not os.path.isdir(folder):
+        return "other"
+    meta = os.path.join(folder, "zarr.json")
+    if os.path.exists(meta):
+        try:
+            with open_regular(meta) as f:
+                node_type = json.load(f).get("node_type")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return "other"
+        return "array" if node_type == "array" else "group"
+    if os.path.exists(os.path.join(folder, ".zarray")):
+        return "array"
+    if os.path.exists(os.path.join(folder, ".zgroup")):
+        return "group"
+    leftovers = set(os.listdir(folder)) - {PROGRESS_DIR}
+    return "other" if leftovers else None
+
+
+def _write_zarr_block(
+    block: np.ndarray,
+    store_path: str,
+    member: str | None,
+    done_dir: str,
+    target_name: str,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    """Write one block into its chunk and mark it done; runs inside a task, in any process."""
+    import zarr
+
+    info = block_info[0]  # type: ignore[index]
+    region = tuple(slice(start, stop) for start, stop in info["array-location"])
+    name = block_name(tuple(info["chunk-location"]))
+    marker = os.path.join(done_dir, name)
+    try:
+        # Opened by path here, in whichever process runs the task: no handle travels in the graph.
+        array = zarr.open_array(store=zarr.storage.LocalStore(store_path), path=member or "", mode="r+")
+        array[region] = block
+        # Only after the chunk is in place: an empty file appears whole or not at all.
+        with open(marker, "wb"):
+            pass
+    except ZARR_NODE_ERRORS as exc:
+        # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to blame.
+        # The array was deleted, replaced or damaged while store wrote it: what was recorded no longer holds.
+        raise TargetMismatchError(
+            f"{target_name}: could not write block {name}: zarr could not open or write the array "
+            f"({type(exc).__name__}: {first_line(exc)}); it was deleted, replaced or damaged while store "
+            "was writing it. Pass overwrite=True to store it again"
+        ) from exc
+    except OSError as exc:
+        raise write_error(target_name, exc, f"write block {name}") from exc
+    return np.ones((1,) * block.ndim, dtype=bool)
