@@ -145,7 +145,7 @@ def _budget_option(fn: Any) -> Any:
 
 
 def _consent(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    # The user's consent for this run, set where a cluster file cannot reach (see cluster_rules),
+    # The user's consent for this run, set where a cluster file cannot reach (see runtime/clusters/rules.py),
     # and undone when the command ends.
     if value:
         setting = f"daskstream.cluster-files.{param.name.replace('_', '-')}"

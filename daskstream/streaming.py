@@ -33,7 +33,7 @@ import numpy as np
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, MemoryBudgetError, SourceChangedError
 from daskstream.graph.layers import opened_budget, read_layers
-from daskstream.planning.budget import format_size, parse_budget
+from daskstream.planning.budget import format_size, parse_budget, plannable_bytes
 from daskstream.runtime.resources import resolve_resources
 from daskstream.sources import Source, open_source
 from daskstream.sources.base import REREAD_ADVICE
@@ -352,7 +352,7 @@ class Stream:
         low, high = 1, max(1, min(SHARD_BYTES // max(1, self.item_bytes * unit), math.ceil(spread / unit)))
         while low < high:
             middle = (low + high + 1) // 2
-            low, high = (middle, high) if held(middle * unit) <= split_budget * 4 // 5 else (low, middle - 1)
+            low, high = (middle, high) if held(middle * unit) <= plannable_bytes(split_budget) else (low, middle - 1)
         rows = low * unit
         return [(start, min(start + rows, self.length)) for start in range(0, self.length, rows)]
 
@@ -422,7 +422,7 @@ class Stream:
         not fit; a shuffle window is made of whole shards, so a window that
         does not fit is a :class:`MemoryBudgetError`.
         """
-        budget = self.resources.memory_budget * 4 // 5  # a fifth stays free for the allocator and the loop
+        budget = plannable_bytes(self.resources.memory_budget)
         shard = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 1
         unit = self._unit(shard) if not self.shuffle else shard
         ready = 2 if prefetch == "auto" else int(prefetch)
@@ -455,7 +455,7 @@ class Stream:
             return int(prefetch)
         # As many batches as the budget holds beside the reads, at least two and at most 64.
         held = self._terms(self.read_rows * self.item_bytes, self._batch_bytes, 0, self.extra_reads)
-        left = self.resources.memory_budget * 4 // 5 - sum(held.values())
+        left = plannable_bytes(self.resources.memory_budget) - sum(held.values())
         return max(2, min(64, left // max(self._batch_bytes, 1)))
 
     def set_epoch(self, epoch: int) -> None:

@@ -42,14 +42,13 @@ from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.graph.layers import budget_of
 from daskstream.graph.pieces import PIECE_VALUES
+from daskstream.planning.budget import QUANTILE_BLOCK_COPIES
 from daskstream.planning.grid import normalize_axes
 from daskstream.runtime.resources import resolve_resources
 
 DIGIT_BITS = 16
 # Up to this many wanted order statistics (two per quantile) use 16-bit digits: 8 x 512 KiB of counts per task.
 _WIDE_DIGIT_TARGETS = 8
-# Working set of a task applying numpy.quantile to its block: the block, numpy's partitioned copy, keys.
-_QUANTILE_WORKING_SET = 3
 
 
 def quantile(
@@ -133,7 +132,7 @@ def _order_statistic(
         raise InvalidArgumentError(f"quantile of an empty selection (shape {x.shape}, axes {axes}) has no value")
     kept = [a for a in range(x.ndim) if a not in axes]
     resources = resolve_resources(memory_budget=memory_budget)
-    column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * _QUANTILE_WORKING_SET
+    column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * QUANTILE_BLOCK_COPIES
     if kept and column_bytes <= resources.per_task_bytes:
         result = _quantile_along_axes(x, q, q_array, axes, kept, resources.per_task_bytes // column_bytes, median)
     elif not kept:
@@ -143,7 +142,7 @@ def _order_statistic(
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
         raise InvalidArgumentError(
             f"quantile over axes {axes} of shape {x.shape}: one column of the reduced axes "
-            f"({column_bytes // _QUANTILE_WORKING_SET} bytes) does not fit the per-task budget "
+            f"({column_bytes // QUANTILE_BLOCK_COPIES} bytes) does not fit the per-task budget "
             f"({resources.per_task_bytes} bytes); raise memory_budget, or reduce over all axes (axis=None)"
         )
     if keepdims:

@@ -14,6 +14,27 @@ from daskstream.errors import InvalidBudgetError
 #: typo or a mixed-up unit; refusing it also keeps the planner's arithmetic within int64.
 MAX_BUDGET_BYTES = 2**60
 
+# The memory model's named terms beside a task's chunk (the planner's working-set factor) and a
+# computation's projected terms (planning.computation.TERMS): what work that holds blocks outside
+# tasks (streams, writers) and whole-column kernels count.
+
+#: Copies of a block a task applying ``numpy.quantile`` holds: the block, numpy's partitioned copy
+#: and the sort keys.
+QUANTILE_BLOCK_COPIES = 3
+#: Copies of a block a filtered HDF5 write holds: the block, its shuffled copy, the compressed bytes.
+FILTERED_WRITE_COPIES = 3
+
+
+def plannable_bytes(memory_budget: int) -> int:
+    """The part of a worker's budget work may plan to fill: a fifth stays free for what the allocator
+    keeps of freed blocks and for the loop around the work.
+
+    >>> plannable_bytes(1000)
+    800
+    """
+    return memory_budget * 4 // 5
+
+
 # Longer reprs (a pasted 400-digit int) are shortened in messages, which are one line.
 _SHOWN_CHARS = 40
 

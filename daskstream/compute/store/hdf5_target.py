@@ -44,6 +44,7 @@ from daskstream.errors import (
 )
 from daskstream.graph.layers import budget_of
 from daskstream.graph.optimize import with_aggregates_computed
+from daskstream.planning.budget import FILTERED_WRITE_COPIES, plannable_bytes
 from daskstream.planning.grid import regular_block_slices
 from daskstream.runtime.pools import one_process_pool
 from daskstream.runtime.resources import resolve_resources
@@ -370,9 +371,8 @@ class Hdf5Target(Target):
         block_bytes = max(1, math.prod(chunk_shape(x)) * x.dtype.itemsize)
         wanted = max(2 * resources.threads * resources.workers, BATCH_BYTES // block_bytes)
         computing = plan_compute(x, memory_budget=resources.memory_budget).projected_peak_bytes
-        # HDF5 writes a block through its filters: a shuffled copy and the compressed bytes beside it. As
-        # for streams, a fifth of the budget stays free for what the allocator keeps.
-        free = resources.memory_budget * 4 // 5 - computing - 3 * block_bytes
+        # HDF5 writes a block through its filters: a shuffled copy and the compressed bytes beside it.
+        free = plannable_bytes(resources.memory_budget) - computing - FILTERED_WRITE_COPIES * block_bytes
         return max(1, min(wanted, free // (2 * block_bytes)))
 
 

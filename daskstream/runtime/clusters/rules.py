@@ -1,5 +1,8 @@
 """What a cluster file may set: screened as data, code and network listening refused without consent.
 
+(Longer than most modules by design: it is one allow-list, setting by setting, with the reason each
+rule exists; split up, the question "may a file set this?" would have several places to look.)
+
 A cluster file is data, never code
 ----------------------------------
 Files are read by :func:`daskstream.documents.read_yaml` (no Python
@@ -56,7 +59,7 @@ from daskstream.errors import InvalidArgumentError
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, listen_points, split_host_port, valid_host
 
 if TYPE_CHECKING:
-    from daskstream.runtime.clusters import ClusterConfig
+    from daskstream.runtime.clusters.config import ClusterConfig
 
 __all__ = ["ALLOW_CODE", "ALLOW_HINTS", "ALLOW_NETWORK_LISTEN", "allowance", "screen", "sections"]
 
@@ -157,14 +160,17 @@ class _Problem:
 _Rule = Callable[[Any], "_Problem | None"]
 
 
-def screen(config: ClusterConfig) -> None:
-    """Refuse the first setting of ``config`` that its consent does not cover; say how many more there are."""
+def screen(config: ClusterConfig, *, listens: str | None = None) -> None:
+    """Refuse the first setting of ``config`` that its consent does not cover; say how many more there are.
+
+    ``listens``: why the file's kind of cluster listens beyond loopback by design (its workers run on
+    other machines), which then needs consent too.
+    """
     problems: list[tuple[str, _Problem]] = []
     _screen_section(config.settings, (), problems)
     # After the settings: a setting's own reason is the more precise one.
-    listen = _NETWORK_KINDS.get(config.kind)
-    if listen is not None:
-        problems.append(("", _Problem(listen, ALLOW_NETWORK_LISTEN)))
+    if listens is not None:
+        problems.append(("", _Problem(listens, ALLOW_NETWORK_LISTEN)))
     allowed = {ALLOW_CODE: config.allow_code, ALLOW_NETWORK_LISTEN: config.allow_network_listen}
     refused = [(key, p) for key, p in problems if p.needs is None or not allowed[p.needs]]
     if not refused:
@@ -237,18 +243,6 @@ def _unlisted(canonical: str) -> _Problem | None:
         return None
     return _Problem("is not a setting daskstream knows to be data (it may import or run code)")
 
-
-# The kinds whose scheduler listens on a network by design: its workers run on other machines.
-_NETWORK_KINDS = {
-    "slurm": "starts a dask scheduler on this machine that listens on its network interfaces, so that the batch "
-    "jobs' workers reach it; anyone else who reaches it can run code as you",
-    "pbs": "starts a dask scheduler on this machine that listens on its network interfaces, so that the batch "
-    "jobs' workers reach it; anyone else who reaches it can run code as you",
-    "ssh": "starts a dask scheduler and workers on the hosts it names, listening on their networks; anyone who "
-    "reaches the scheduler can run code as you there",
-    "kubernetes": "starts a dask scheduler and workers in Kubernetes pods, listening on the cluster's network; "
-    "anyone who reaches the scheduler can run code with its permissions",
-}
 
 # Settings of dask and distributed that are plain data: numbers, durations, sizes, flags,
 # certificate paths. Anything not matched here (nor owned by a rule below) needs allow-code.
