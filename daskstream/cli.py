@@ -1,4 +1,9 @@
-"""The ``daskstream`` command: a thin layer over the Python API."""
+"""The ``daskstream`` command: a thin layer over the Python API.
+
+(Longer than most modules: every command, each a thin function over the API with
+its options and its one-line errors, in one place so that their options, help
+texts and exit codes stay alike.)
+"""
 
 from __future__ import annotations
 
@@ -626,7 +631,7 @@ def convert(
     compressor = _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset, chunks=spec)
-        progress = None if quiet else BlockProgress(f"convert {source} -> {target}", x.nbytes)
+        progress = None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes))
         ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=progress)
 
 

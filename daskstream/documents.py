@@ -190,7 +190,7 @@ class _BoundedLoader(yaml.SafeLoader):
         self._max_chars = max_chars
         self._depth = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         # Composing recurses once per level: stop before the interpreter's stack does.
         self._depth += 1
         try:
@@ -203,9 +203,11 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def compose_document(self) -> Node:
+    def compose_document(self) -> Node | None:
         node = super().compose_document()
-        _check_expansion(node, max_depth=self._max_depth, max_nodes=self._max_nodes, max_chars=self._max_chars)
+        # PyYAML composes a node for every document it is asked for; only its stubs allow None.
+        if node is not None:
+            _check_expansion(node, max_depth=self._max_depth, max_nodes=self._max_nodes, max_chars=self._max_chars)
         return node
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict:
@@ -307,9 +309,11 @@ def _where(mark: Any) -> str:
 
 
 def _line_column(data: bytes | str, offset: int) -> tuple[int, int]:
-    newline = b"\n" if isinstance(data, bytes) else "\n"
-    line = data.count(newline, 0, offset) + 1
-    return line, offset - (data.rfind(newline, 0, offset) + 1) + 1
+    if isinstance(data, bytes):
+        newlines, line_start = data.count(b"\n", 0, offset), data.rfind(b"\n", 0, offset) + 1
+    else:
+        newlines, line_start = data.count("\n", 0, offset), data.rfind("\n", 0, offset) + 1
+    return newlines + 1, offset - line_start + 1
 
 
 def _one_line(text: str) -> str:

@@ -255,14 +255,15 @@ def values_from_keys(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _radix_quantile(
     x: da.Array, q_given: Any, q: np.ndarray, weak: bool, median: bool, memory_budget: int | str | None
 ) -> da.Array:
-    budget = {"memory_budget": memory_budget}
     bits = x.dtype.itemsize * 8
     digit_bits = min(_digit_bits(_n_targets(q), resolve_resources(memory_budget=memory_budget).per_task_bytes), bits)
     levels = bits // digit_bits
     # Level 0 counts every value's top digit and the NaNs; it fixes n and so the ranks wanted.
-    counts = sum_rows(per_chunk_rows(x, _top_digit_counts, (1 << digit_bits) + 1, digit_bits=digit_bits), **budget)
-    state = counts.map_blocks(
-        _first_state, q=q, median=median, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
+    counts = sum_rows(
+        per_chunk_rows(x, _top_digit_counts, (1 << digit_bits) + 1, digit_bits=digit_bits), memory_budget=memory_budget
+    )
+    state = da.map_blocks(
+        _first_state, counts, q=q, median=median, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
     )
     for level in range(1, levels):
         width = _n_targets(q) * (1 << digit_bits)
@@ -271,7 +272,7 @@ def _radix_quantile(
         # are fused into the tasks that count them, which wait for the state.
         again = clone(x, seed=level)
         rows = per_chunk_rows(again, _next_digit_counts, width, state, level=level, digit_bits=digit_bits)
-        counts = sum_rows(rows, **budget)
+        counts = sum_rows(rows, memory_budget=memory_budget)
         # The state goes in as a graph input, not a keyword: see per_chunk_rows.
         state = da.blockwise(
             _next_state, "s", counts, "c", state, "s", concatenate=True, level=level, digit_bits=digit_bits, dtype="u8"

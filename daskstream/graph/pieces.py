@@ -29,7 +29,9 @@ def moment_chunk_in_pieces(block: np.ndarray, *args: Any, computing_meta: bool =
     """
     axis, keepdims = kwargs.get("axis"), kwargs.get("keepdims")
     if computing_meta or block.ndim == 0 or block.size <= PIECE_VALUES or not keepdims or axis is None:
-        return moment_chunk(block, *args, computing_meta=computing_meta, **kwargs)
+        # computing_meta goes in with the other keywords: dask's step could take it positionally too (after
+        # order, sum, numel, dtype), which mypy counts as a second value since *args has no length.
+        return moment_chunk(block, *args, **{**kwargs, "computing_meta": computing_meta})
     axes = tuple(sorted(axis if isinstance(axis, tuple) else (axis,)))
     longest = max(range(block.ndim), key=block.shape.__getitem__)
     step = max(1, PIECE_VALUES * block.shape[longest] // block.size)

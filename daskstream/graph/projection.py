@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from dask.blockwise import Blockwise
@@ -239,7 +239,8 @@ def _workspace(layer: Layer, taken: int, out: int, piece_values: int) -> int:
         if copies is None:
             return pieces
         # dask's variance centres the block in the dtype it accumulates in (float64 unless told).
-        dtype = getattr(getattr(layer.task, "func", None), "keywords", {}).get("dtype", "f8")
+        task = cast(Blockwise, layer).task  # _function found a function: the layer is blockwise
+        dtype = getattr(getattr(task, "func", None), "keywords", {}).get("dtype", "f8")
         return items * copies * max(np.dtype(dtype).itemsize, _input_itemsize(layer))
     if name in _PIECE_FUNCTIONS:
         return pieces

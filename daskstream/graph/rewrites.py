@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Hashable, Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 from dask._task_spec import GraphNode, Task, TaskRef
 from dask.array.reductions import moment_chunk
@@ -25,6 +25,7 @@ from dask.base import tokenize
 from dask.blockwise import Blockwise, blockwise_token
 from dask.graph_manipulation import clone_key
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.typing import Key
 from dask.utils import key_split
 
 from daskstream.graph.layers import (
@@ -32,6 +33,7 @@ from daskstream.graph.layers import (
     SIBLINGS_ANNOTATION,
     as_node,
     blockwise_like,
+    layer_names,
     needed_layers,
     source_read_by,
     sources_read_by,
@@ -58,7 +60,7 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
     dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
     for level, names in plan.recomputed.items():
         seed = pass_seed(level)
-        keys: set[Hashable] = set()
+        keys: set[Key] = set()
         for name in names:
             keys |= set(graph.layers[name].get_output_keys())
         renamed = {name: clone_key(name, seed) for name in names}
@@ -78,7 +80,7 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
     return HighLevelGraph(layers, dependencies)
 
 
-def _clone(layer: Layer, keys: set[Hashable], seed: str, graph: HighLevelGraph) -> Layer:
+def _clone(layer: Layer, keys: set[Key], seed: str, graph: HighLevelGraph) -> Layer:
     """A copy of ``layer`` with its keys, and its references to ``keys``, renamed by ``seed``."""
     if isinstance(layer, Blockwise):
         cloned, _ = layer.clone(keys, seed)
@@ -103,7 +105,8 @@ def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -
     if isinstance(layer, Blockwise):
         indices = []
         for ref, index in layer.indices:
-            if isinstance(ref, TaskRef) and ref.key in renamed:
+            # Layer names are text: a key of another form is no layer's.
+            if isinstance(ref, TaskRef) and isinstance(ref.key, str) and ref.key in renamed:
                 ref = TaskRef(renamed[ref.key])
             elif isinstance(ref, str) and ref in renamed:
                 ref = renamed[ref]
@@ -116,7 +119,7 @@ def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -
         if not isinstance(node, GraphNode):
             tasks[key] = value
             continue
-        subs = {
+        subs: dict[Key, Key | GraphNode] = {
             dep: (renamed[dep[0]], *dep[1:]) if isinstance(dep, tuple) else renamed[dep]
             for dep in node.dependencies
             if (dep[0] if isinstance(dep, tuple) else dep) in renamed
@@ -127,7 +130,7 @@ def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -
     )
 
 
-def fuse_siblings(graph: HighLevelGraph, names: Iterable[str], keys: Iterable[Hashable]) -> HighLevelGraph:
+def fuse_siblings(graph: HighLevelGraph, names: Iterable[str], keys: Iterable[Key]) -> HighLevelGraph:
     """``graph`` with the blockwise steps that share a read computed in one task per block.
 
     When a read feeds several steps of one pass (a mean's and a variance's
@@ -137,7 +140,7 @@ def fuse_siblings(graph: HighLevelGraph, names: Iterable[str], keys: Iterable[Ha
     every step's result; each step's layer then picks its own out of it.
     """
     names = set(names)
-    outputs = {key[0] if isinstance(key, tuple) else key for key in keys}
+    outputs = layer_names(keys)
     takers: dict[str, list[str]] = {name: [] for name in names}
     for name in names:
         for dep in graph.dependencies.get(name, ()):
@@ -157,7 +160,8 @@ def fuse_siblings(graph: HighLevelGraph, names: Iterable[str], keys: Iterable[Ha
         together = f"daskstream-together-{tokenize(name, siblings)}"
         layers[together], dependencies[together] = _together(graph, siblings, together)
         for position, sibling in enumerate(siblings):
-            layers[sibling] = _pick(graph.layers[sibling], together, position)
+            # _fusable_sibling kept blockwise layers only.
+            layers[sibling] = _pick(cast(Blockwise, graph.layers[sibling]), together, position)
             dependencies[sibling] = {together}
         changed = True
     return HighLevelGraph(layers, dependencies) if changed else graph
@@ -178,14 +182,17 @@ def _fusable_sibling(layer: Layer, read: str) -> bool:
 
 
 def _together(graph: HighLevelGraph, siblings: list[str], name: str) -> tuple[Blockwise, set[str]]:
-    """One blockwise layer running every sibling's task on its own inputs, returning their results as a tuple."""
+    """One blockwise layer running every sibling's task on its own inputs, returning their results as a tuple.
+
+    The siblings are blockwise layers (:func:`_fusable_sibling`).
+    """
 
     indices: list[tuple[Any, Any]] = []
     numblocks: dict[str, Any] = {}
     io_deps: dict[str, Any] = {}
     tasks = []
     for sibling in siblings:
-        layer = graph.layers[sibling]
+        layer = cast(Blockwise, graph.layers[sibling])
         renamed = {}
         for i, (ref, index) in enumerate(layer.indices):
             # One entry per distinct input: dask's blockwise fusion leaves alone an input named twice.
@@ -199,7 +206,7 @@ def _together(graph: HighLevelGraph, siblings: list[str], name: str) -> tuple[Bl
         tasks.append(layer.task.substitute(renamed))
         numblocks.update(layer.numblocks)
         io_deps.update(layer.io_deps)
-    first = graph.layers[siblings[0]]
+    first = cast(Blockwise, graph.layers[siblings[0]])
     fused = Blockwise(
         output=name,
         output_indices=first.output_indices,
@@ -244,7 +251,7 @@ def _numblocks_of(layer: Blockwise) -> tuple[int, ...]:
     sizes: dict[str, int] = {}
     for ref, index in layer.indices:
         key = getattr(ref, "key", ref)
-        if index is None or key not in layer.numblocks:
+        if index is None or not isinstance(key, str) or key not in layer.numblocks:
             continue
         for letter, n in zip(index, layer.numblocks[key]):
             sizes[letter] = max(sizes.get(letter, 1), n)
@@ -266,9 +273,10 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
         layer = graph.layers[name]
         annotations = layer.collection_annotations or {}
         chunks = annotations.get("chunks")
-        source, read = _rechunked_source(graph, name)
-        if chunks is None or source is None:
+        found = _rechunked_source(graph, name)
+        if chunks is None or found is None:
             continue
+        source, read = found
         replaced[name] = (source, chunks, read)
     if not replaced:
         return graph
@@ -282,18 +290,18 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
     return HighLevelGraph(layers, dependencies)
 
 
-def _rechunked_source(graph: HighLevelGraph, name: str) -> tuple[Source | None, str | None]:
-    """The Source a chain of re-chunking layers starting at ``name`` reads, and that read layer's name."""
+def _rechunked_source(graph: HighLevelGraph, name: str) -> tuple[Source, str] | None:
+    """The Source a chain of re-chunking layers starting at ``name`` reads, and that read layer's name (or ``None``)."""
     while True:
         deps = graph.dependencies.get(name, set())
         if len(deps) != 1:
-            return None, None
+            return None
         (dep,) = deps
         source = source_read_by(graph, graph.layers[dep])
         if source is not None:
             return source, dep
         if not key_split(dep).startswith("rechunk"):
-            return None, None
+            return None
         name = dep
 
 
@@ -303,7 +311,7 @@ def _read_layers(source: Source, chunks: tuple[tuple[int, ...], ...], name: str,
     planned = (read.collection_annotations or {}).get(PLANNED_FOR)
     if planned is not None:
         array.dask.layers[name].collection_annotations[PLANNED_FOR] = planned
-    return array.__dask_graph__()
+    return array.dask  # the graph __dask_graph__ returns, which dask's protocol types as a plain Mapping
 
 
 def variance_in_pieces(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:

@@ -113,10 +113,10 @@ def listen_points(value: Any) -> list[tuple[str, int]]:
                 host, port_text = "", text
             else:
                 try:
-                    host, port_text = split_host_port(text)
+                    host, port = split_host_port(text)
                 except ValueError as exc:
                     raise ValueError(f"{exc}; {_LISTEN_FORMS}") from None
-                port_text = "0" if port_text is None else port_text
+                port_text = "0" if port is None else port
         else:
             raise ValueError(f"is not an address; {_LISTEN_FORMS}")
         if not re.fullmatch(r"[0-9]+", port_text):
@@ -182,7 +182,9 @@ def beyond_loopback(host: str) -> str | None:
     if address is not None:
         return None if address.is_loopback else f"on {host}, which is not a loopback address"
     try:
-        found = {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        # The stubs allow an (int, bytes) address, which only an IPv6 family on a Python built
+        # without IPv6 gives; over TCP the address is (host text, port, ...), so str() keeps it as is.
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
     except (OSError, UnicodeError):
         return f"on {host}, which does not resolve here (so it cannot be shown to be loopback)"
     outside = sorted(a for a in found if not ipaddress.ip_address(a.split("%")[0]).is_loopback)

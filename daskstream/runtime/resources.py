@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import pathlib
 import sys
+from typing import TYPE_CHECKING
 
 import dask.config
 import psutil
@@ -27,6 +28,9 @@ from daskstream import config
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.planning.settings import PlanSettings, Resources
 from daskstream.runtime.schedulers import current, scheduler_kind
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 _MiB = 2**20
 
@@ -115,7 +119,7 @@ def _usable_cpus() -> int:
     return max(1, cpu_count())
 
 
-def _client_resources(client: object | None = None) -> Resources | None:
+def _client_resources(client: Client | None = None) -> Resources | None:
     """Resources of ``client``'s workers (by default the active Client); ``None`` when unknown."""
     if client is None:
         # Only a program that imported distributed can have a Client; do not import it for nothing.

@@ -116,7 +116,7 @@ def gzip_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
     return _streamed(zlib.decompressobj(16 + zlib.MAX_WBITS), data, size, exact, "gzip")
 
 
-def zlib_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
+def zlib_decode(data: Any, size: int, *, exact: bool = True) -> bytes | bytearray:
     """Decode a zlib stream (numcodecs' ``zlib``, HDF5's deflate filter) of at most ``size`` bytes."""
     try:
         import deflate
@@ -166,7 +166,7 @@ BY_CODEC_ID: dict[str, Callable[..., Any]] = {
 
 def bounded_decoder(codec: Any) -> Callable[[Any, int, bool], Any] | None:
     """The bounded decoder for a numcodecs codec, or ``None`` when it does not compress (or is not known)."""
-    decode = BY_CODEC_ID.get(getattr(codec, "codec_id", None))
+    decode = BY_CODEC_ID.get(getattr(codec, "codec_id", ""))  # "": no codec id, so no decoder
     if decode is None:
         return None
     if decode is lzma_decode and getattr(codec, "format", lzma.FORMAT_XZ) not in (lzma.FORMAT_XZ, lzma.FORMAT_AUTO):

@@ -50,8 +50,9 @@ def read_contiguous_box(
     with open_regular(path) as f:
         if contiguous:
             out = np.empty(out_shape, dtype=file_dtype)
-            # A byte view: memoryview refuses datetime, timedelta and some record dtypes.
-            pread_into(f.fileno(), memoryview(out.reshape(-1).view(np.uint8)), start)
+            # A byte view: memoryview refuses datetime, timedelta and some record dtypes. .data is the
+            # array's memoryview (numpy's stubs give ndarray the buffer protocol on Python 3.12+ only).
+            pread_into(f.fileno(), out.reshape(-1).view(np.uint8).data, start)
             return to_native(out)
         return _copy_from_map(f.fileno(), start, offset, file_dtype, shape, box, strides)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numcodecs
 import numpy as np
 from numcodecs.fletcher32 import Fletcher32
 
@@ -113,21 +114,15 @@ class ChunkDecoder:
         if code == DEFLATE:
             return lambda data, size: zlib_decode(data, size)
         if code == SHUFFLE:
-            return lambda data, size: self._unshuffle(data)
+            # HDF5's shuffle stores byte 0 of every element, then byte 1, ...: numcodecs' Shuffle exactly.
+            unshuffle = numcodecs.Shuffle(elementsize=self.dtype.itemsize)
+            return lambda data, size: unshuffle.decode(data)
         if code == FLETCHER32:
             checksum = Fletcher32()
             return lambda data, size: checksum.decode(data)
         if code == ZSTD:
             return lambda data, size: zstd_decode(data, size)
         return lambda data, size: blosc_decode(data, size)
-
-    def _unshuffle(self, data: Any) -> np.ndarray:
-        # HDF5's shuffle stores byte 0 of every element, then byte 1, ...; a transposed copy undoes it.
-        size = self.dtype.itemsize
-        stored = np.frombuffer(data, dtype=np.uint8)
-        if size == 1 or stored.size % size:
-            return stored
-        return np.ascontiguousarray(stored.reshape(size, -1).T)
 
 
 class ChunkedReader:
@@ -166,6 +161,12 @@ class ChunkedReader:
         if fd is not None:
             os.close(fd)
 
+    def _open_fd(self) -> int:
+        # forget_handles may close a reader that a task still holds: say so, not os.preadv's TypeError on None.
+        if self._fd is None:
+            raise ValueError(f"the reader of {self.name} is closed")
+        return self._fd
+
     def read_box(self, box: Region, out: np.ndarray) -> None:
         """Fill ``out`` (native byte order, the box's shape) with ``box`` of the dataset."""
         shape = self.decoder.chunk_shape
@@ -195,8 +196,10 @@ class ChunkedReader:
 
     def _read_raw_into(self, grid: tuple[int, ...], stored: StoredChunk, destination: np.ndarray) -> None:
         # One copy fewer: the file's bytes land in the task's output.
+        fd = self._open_fd()
         try:
-            pread_into(self._fd, memoryview(destination.reshape(-1).view(np.uint8)), stored.byte_offset)
+            # .data is the array's memoryview (numpy's stubs give ndarray the buffer protocol on 3.12+ only).
+            pread_into(fd, destination.reshape(-1).view(np.uint8).data, stored.byte_offset)
         except (OSError, EOFError) as exc:
             raise self._damaged(grid, stored, exc) from None
 
@@ -213,8 +216,9 @@ class ChunkedReader:
 
     def _decoded(self, grid: tuple[int, ...], stored: StoredChunk) -> np.ndarray:
         raw = bytearray(stored.size)
+        fd = self._open_fd()
         try:
-            pread_into(self._fd, memoryview(raw), stored.byte_offset)
+            pread_into(fd, memoryview(raw), stored.byte_offset)
             return self.decoder.decode(raw, stored.filter_mask)
         except DaskstreamError:
             raise

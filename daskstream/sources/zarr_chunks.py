@@ -273,8 +273,8 @@ def _shard_decoder(
     dtype = _v3_dtype(metadata, inner_to_bytes[0])
 
     def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
-        data = memoryview(unwrap(data))
-        raw_index = data[len(data) - index_size :] if at_end else data[:index_size]
+        shard = memoryview(unwrap(data))  # the inner chunks are sliced out without copies
+        raw_index = shard[len(shard) - index_size :] if at_end else shard[:index_size]
         index = np.frombuffer(index_unwrap(raw_index), dtype=index_dtype).reshape((*per_shard, 2))
         out = np.empty(tuple(s.stop - s.start for s in inside), dtype=dtype)
         for grid, part, target in storage_pieces(inside, inner_shape):
@@ -282,7 +282,7 @@ def _shard_decoder(
             if offset == _EMPTY and nbytes == _EMPTY:
                 out[target] = fill
                 continue
-            encoded = data[int(offset) : int(offset) + int(nbytes)]
+            encoded = shard[int(offset) : int(offset) + int(nbytes)]
             out[target] = np.frombuffer(inner_unwrap(encoded), dtype=dtype).reshape(inner_shape)[part]
         return out
 

@@ -156,21 +156,21 @@ class TuneResult:
             raise ImportError("TuneResult.plot needs matplotlib: pip install 'daskstream[bench]'") from exc
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 3.5))
-        timed = [c for c in self.candidates if c.throughput is not None]
-        sizes = [c.chunk_bytes / 2**20 for c in timed]
-        rates = [c.throughput / 1e9 for c in timed]
-        errors = [c.throughput * (c.spread or 0) / 1e9 for c in timed]
+        timed = [(c, c.throughput) for c in self.candidates if c.throughput is not None]
+        sizes = [c.chunk_bytes / 2**20 for c, _ in timed]
+        rates = [throughput / 1e9 for _, throughput in timed]
+        errors = [throughput * (c.spread or 0) / 1e9 for c, throughput in timed]
         ax.errorbar(sizes, rates, yerr=errors, fmt="o", color="tab:blue", label="measured")
 
-        def mark(candidate: Candidate, **style: Any) -> None:
-            ax.scatter([candidate.chunk_bytes / 2**20], [candidate.throughput / 1e9], **style)
+        def mark(candidate: Candidate, throughput: float, **style: Any) -> None:
+            ax.scatter([candidate.chunk_bytes / 2**20], [throughput / 1e9], **style)
 
-        for c in timed:
+        for c, throughput in timed:
             if c.origin == "planner":
-                mark(c, marker="s", s=90, facecolors="none", edgecolors="tab:gray", label="planner (auto)")
+                mark(c, throughput, marker="s", s=90, facecolors="none", edgecolors="tab:gray", label="planner (auto)")
         winner = self.winner
         if winner is not None and winner.throughput is not None:
-            mark(winner, marker="*", s=220, color="tab:red", label="winner", zorder=3)
+            mark(winner, winner.throughput, marker="*", s=220, color="tab:red", label="winner", zorder=3)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("chunk size (MiB)")
         ax.set_ylabel("projected throughput (GB/s)")

@@ -127,7 +127,7 @@ class SearchSpace:
             powers = [2**k for k in range(n.bit_length()) if 2**k < n]
             return [*powers, n]
 
-        grid = [()]
+        grid: list[Multiples] = [()]
         for axis in range(len(self.shape)):
             grid = [(*g, m) for g in grid for m in steps(axis)]
         return [m for m in grid if self.rejection(m, memory_factor) is None]
@@ -187,6 +187,7 @@ class Limits:
 
     @property
     def elapsed(self) -> float:
+        assert self.started is not None  # __post_init__ sets it
         return self.clock() - self.started
 
     def over_sample(self, sample_bytes: int) -> str | None:
@@ -221,6 +222,12 @@ def beats(challenger: Measurement, holder: Measurement, min_gain: float) -> bool
     """True when ``challenger`` is faster by more than the noise of both and ``min_gain``."""
     margin = max(min_gain, challenger.spread + holder.spread)
     return challenger.throughput > holder.throughput * (1 + margin)
+
+
+def _held(best: Trial) -> Measurement:
+    """The measurement of the climb's best trial: only a measured trial ever becomes the best."""
+    assert best.measurement is not None
+    return best.measurement
 
 
 @dataclass
@@ -283,7 +290,7 @@ def hill_climb(
         trial = Trial(multiples, origin=origin)
         trial.pruned = space.rejection(multiples, memory_factor())
         if trial.pruned is None and best is not None:
-            per_byte = best.measurement.task_seconds / space.chunk_bytes(best.multiples)
+            per_byte = _held(best).task_seconds / space.chunk_bytes(best.multiples)
             projected = per_byte * space.chunk_bytes(multiples)
             if projected < overhead_floor:
                 trial.pruned = (
@@ -309,7 +316,7 @@ def hill_climb(
         trial = attempt(space.clip(multiples), origin)
         if trial is None:
             break
-        if trial.measurement is not None and (best is None or beats(trial.measurement, best.measurement, 0.0)):
+        if trial.measurement is not None and (best is None or beats(trial.measurement, _held(best), 0.0)):
             best = trial
     if best is None:
         return ClimbOutcome(list(trials.values()), None, stopped or "no candidate could be measured")
@@ -322,7 +329,7 @@ def hill_climb(
             trial = attempt(multiples, "climb")
             if trial is None:
                 break
-            if trial.measurement is not None and beats(trial.measurement, best.measurement, min_gain):
+            if trial.measurement is not None and beats(trial.measurement, _held(best), min_gain):
                 best, last_step = trial, step
                 break
         else:

@@ -152,7 +152,7 @@ def search_space(source: Source, resources: Resources) -> SearchSpace:
     if source.storage_chunks is None:
         slowest = 0 if source.layout != "F" else source.ndim - 1
         unit = tuple(1 if axis == slowest else n for axis, n in enumerate(shape))
-        axes = (slowest,) if source.ndim else ()
+        axes: tuple[int, ...] = (slowest,) if source.ndim else ()
     else:
         unit = tuple(max(1, min(c, n)) for c, n in zip(source.storage_chunks, shape))
         axes = tuple(range(source.ndim))
@@ -319,10 +319,11 @@ class Tuner:
         memory_factor: float | None = None,
     ) -> TuneResult:
         rows = tuple(self._row(t, memory_factor) for t in trials)
-        planner = next((t for t in trials if t.origin == "planner" and t.measurement is not None), None)
+        planner = next((t.measurement for t in trials if t.origin == "planner" and t.measurement is not None), None)
         speedup = None
         if best is not None and planner is not None:
-            speedup = best.measurement.throughput / planner.measurement.throughput
+            assert best.measurement is not None  # the climb's best is a measured trial
+            speedup = best.measurement.throughput / planner.throughput
         return TuneResult(
             chunks=self.plan.chunks if best is None else self.space.chunks(best.multiples),
             auto_chunks=self.plan.chunks,
@@ -341,10 +342,11 @@ class Tuner:
     def _row(self, trial: Trial, memory_factor: float | None) -> Candidate:
         m = trial.measurement
         nbytes = self.space.chunk_bytes(trial.multiples)
-        measured_peak = m is not None and m.peak_task_bytes is not None
+        measured = None if m is None else m.peak_task_bytes
+        measured_peak = measured is not None
         peak = (
-            m.peak_task_bytes
-            if measured_peak
+            measured
+            if measured is not None
             else (None if memory_factor is None or trial.pruned else math.ceil(memory_factor * nbytes))
         )
         return Candidate(
@@ -360,6 +362,7 @@ class Tuner:
         )
 
     def _remembered_form(self, result: TuneResult, best: Trial, memory_factor: float) -> dict[str, Any]:
+        assert best.measurement is not None  # the climb's best is a measured trial
         return {
             "multiples": list(best.multiples),
             "chunks": list(result.chunks),

@@ -22,7 +22,7 @@ from dask.utils import funcname, key_split
 from daskstream.compute.describe import chunk_statistics
 from daskstream.compute.reductions import OPERATIONS, reduce
 from daskstream.errors import InvalidArgumentError, UnknownOperationError
-from daskstream.planning.grid import normalize_axes
+from daskstream.planning.grid import block_slices, normalize_axes
 from daskstream.sources import Source
 
 # Layers that only move data between the read and the work (halos, re-chunking, casts).
@@ -90,10 +90,9 @@ class Work:
                 built.update(name=x.name, result=result, graph=graph, layer=found[0])
             keys = [(built["layer"], *b) for b in blocks]
             return built["result"].__dask_optimize__(built["graph"], keys), keys
-        bounds = [np.cumsum((0, *c)) for c in x.chunks]
         graph, keys = {}, []
         for index, block in enumerate(blocks):
-            box = self._haloed(tuple(slice(int(b[i]), int(b[i + 1])) for b, i in zip(bounds, block)), source.shape)
+            box = self._haloed(block_slices(x.chunks, block), source.shape)
             key = (f"tune-{self.label}", index)
             graph[key] = (_run_block, source, box, self.block_fn)
             keys.append(key)
@@ -102,6 +101,9 @@ class Work:
     def run_once(self, source: Source, box: Box) -> None:
         """Read ``box`` (with the halo) and run the work on it in this thread, as one task would."""
         if self.build is None:
+            if self.block_fn is None:
+                # A Work made only to name a cache entry (feedback's) has nothing to run.
+                raise TypeError(f"work {self.label!r} has neither build nor block_fn: nothing to run")
             _run_block(source, self._haloed(box, source.shape), self.block_fn)
             return
         block = source.read(box)
@@ -163,8 +165,7 @@ class _Reduction:
 
     def __call__(self, x: da.Array) -> Any:
 
-        extra = {"q": 0.5} if self.op == "quantile" else {}
-        result = reduce(x, self.op, self.axis, **extra)
+        result = reduce(x, self.op, self.axis, q=0.5) if self.op == "quantile" else reduce(x, self.op, self.axis)
         return result[0] if isinstance(result, tuple) else result
 
 

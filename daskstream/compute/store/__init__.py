@@ -193,7 +193,7 @@ def store(
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
-        writer = ZarrTarget(path, (member or "").strip("/") or None, compressor, zarr_format)
+        writer = ZarrTarget(path, (member or "").strip("/") or None, compressor, 2 if zarr_format == 2 else 3)
     writer.check_sources([source for _, source, _ in read_layers(x)])
     if resume and not overwrite:
         x, identity = _as_recorded(x, identity, writer.recorded())
@@ -257,7 +257,7 @@ def _progress_reporter(progress: bool | ProgressCallback | None, target: Any, x:
     if progress is None or progress is False:
         return None
     if progress is True:
-        return BlockProgress(f"store {os.fspath(target)}", x.nbytes)
+        return BlockProgress(f"store {os.fspath(target)}", int(x.nbytes))
     if callable(progress):
         return progress
     raise InvalidArgumentError(f"progress={progress!r}: give True, None or a callable progress(done, total)")

@@ -73,7 +73,7 @@ class StoreIdentity:
         return json.dumps({"format": RECORD_FORMAT, **asdict(self)})
 
     @classmethod
-    def from_json(cls, text: str) -> StoreIdentity:
+    def from_json(cls, text: str | bytes) -> StoreIdentity:
         record = json.loads(text)
         if record.get("format") != RECORD_FORMAT:
             raise ValueError(f"unknown progress record format {record.get('format')!r}")

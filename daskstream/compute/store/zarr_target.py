@@ -8,7 +8,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any
+from typing import Any, Literal
 
 import dask
 import dask.array as da
@@ -62,7 +62,7 @@ ZARR_NODE_ERRORS = (ValueError, KeyError, TypeError)
 
 
 class ZarrTarget(Target):
-    def __init__(self, path: str, member: str | None, compressor: Any, zarr_format: int) -> None:
+    def __init__(self, path: str, member: str | None, compressor: Any, zarr_format: Literal[2, 3]) -> None:
         self.path = os.path.abspath(path)
         self.member = member
         self.compressor = compressor
@@ -306,8 +306,9 @@ class ZarrTarget(Target):
 
     def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
 
-        writes = x.map_blocks(
+        writes = da.map_blocks(
             _write_zarr_block,
+            x,
             self.path,
             self.member,
             self.done_dir,
