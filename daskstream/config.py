@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import pathlib
+from collections.abc import Mapping
 from typing import Any
 
 import dask.config
+import jsonschema
 
 from daskstream.documents import read_yaml
 from daskstream.errors import InvalidArgumentError
@@ -129,6 +131,41 @@ def _bad(key: str, value: Any, wanted: str) -> Exception:
 @functools.cache
 def _schema() -> dict[str, Any]:
     return read_yaml(_SCHEMA_PATH, what="daskstream's settings schema", hint="reinstall daskstream")
+
+
+def check_section(values: Mapping[str, Any], *, where: str) -> None:
+    """Check settings written under ``daskstream:`` (in a cluster file, say) against the schema.
+
+    The schema that documents ``daskstream.yaml`` is the one checked against
+    (with jsonschema): every value of the type and within the bounds it names.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the first setting that is wrong, what it must be, and ``where`` it was written.
+
+    Examples
+    --------
+    >>> check_section({"planning": {"max-tasks": 1000}}, where="example.yaml")
+    >>> check_section({"planning": {"max-tasks": "many"}}, where="example.yaml")
+    Traceback (most recent call last):
+    ...
+    daskstream.errors.InvalidArgumentError: example.yaml: daskstream.planning.max-tasks is 'many', which is not of type 'integer'; correct it
+    """
+    errors = sorted(_validator().iter_errors(dict(values)), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        first = errors[0]
+        key = ".".join(["daskstream", *map(str, first.absolute_path)])
+        reason = first.message.split(" is ", 1)[1] if " is " in first.message else first.message
+        raise InvalidArgumentError(f"{where}: {key} is {first.instance!r}, which is {reason}; correct it")
+
+
+@functools.cache
+def _validator() -> jsonschema.protocols.Validator:
+    section = _schema()["properties"]["daskstream"]
+    validator_class = jsonschema.validators.validator_for(section)
+    validator_class.check_schema(section)
+    return validator_class(section)
 
 
 def _schema_entry(key: str) -> dict[str, Any]:

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 import daskstream as ds
+from daskstream import config
+from daskstream.errors import InvalidArgumentError
 
 PACKAGE = Path(ds.__file__).parent
 
@@ -71,6 +73,34 @@ def test_cluster_config_file_sets_the_budget(repo_root):
     code = "import daskstream as ds; print(ds.plan_chunks((10,), 'f4', threads=1, workers=1).memory_budget)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(2 * 2**30)
+
+
+def test_the_defaults_file_validates_against_the_schema():
+    # With jsonschema, as dask checks its own dask.yaml against dask-schema.yaml.
+    import jsonschema
+
+    schema = yaml.safe_load((PACKAGE / "daskstream-schema.yaml").read_text())
+    defaults = yaml.safe_load((PACKAGE / "daskstream.yaml").read_text())
+    jsonschema.validate(defaults, schema)
+    config.check_section(defaults["daskstream"], where="daskstream.yaml")
+
+
+@pytest.mark.parametrize(
+    ("section", "named"),
+    [
+        ({"planning": {"max-tasks": 0}}, "daskstream.planning.max-tasks is 0, which is less than the minimum of 1"),
+        ({"memory-budget": 3.5}, "daskstream.memory-budget is 3.5"),
+        ({"planning": {"machine-memory-fraction": "half"}}, "daskstream.planning.machine-memory-fraction"),
+    ],
+)
+def test_a_cluster_files_daskstream_settings_are_checked_against_the_same_schema(tmp_path, section, named):
+    from daskstream.runtime.clusters import load_cluster_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"daskstream": {"cluster": "local", **section}}))
+    with pytest.raises(InvalidArgumentError) as caught:
+        load_cluster_config(path)
+    assert str(caught.value).startswith(f"cluster configuration {path}: {named}")
 
 
 def test_every_default_is_of_the_type_its_schema_names():

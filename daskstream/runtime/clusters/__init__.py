@@ -36,6 +36,7 @@ import dask
 import dask.config
 from dask.utils import parse_timedelta
 
+from daskstream.config import check_section
 from daskstream.documents import read_yaml
 from daskstream.errors import ClusterConnectionError, ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, check_scheduler_address
@@ -102,6 +103,9 @@ def load_cluster_config(
         raise InvalidArgumentError(
             f"cluster configuration {path} names unknown cluster kind {kind!r}; known kinds: {', '.join(KINDS)}"
         )
+    # The settings it makes for daskstream (not the cluster's description) are checked as the user's are.
+    settings_made = {k: v for k, v in section.items() if k in ("memory-budget", "planning", "compute")}
+    check_section(settings_made, where=f"cluster configuration {path}")
     for key in CLUSTER_KINDS[kind].required:
         if lookup(settings, key) is None:
             raise InvalidArgumentError(f"cluster configuration {path} ({kind}) lacks the required key '{key}'")
