@@ -1,5 +1,10 @@
 """Batches for training loops: storage-aligned reads ahead of the loop, shuffled in bounded windows.
 
+(Longer than most modules: how a stream is cut and what it holds is planned in
+:mod:`daskstream.planning.streams`; what remains is one object's reading threads,
+shuffle windows and batch handover, which share state across threads and are
+reasoned about together.)
+
 The array is cut into shards that depend only on the data and the arguments,
 so that every rank of a distributed training run splits it alike; each epoch
 the shards are laid end to end (in a shared random order when shuffling) and
@@ -25,15 +30,27 @@ import queue
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from daskstream.display import card, grid_figure, table
-from daskstream.errors import InvalidArgumentError, InvalidAxisError, MemoryBudgetError, SourceChangedError
+from daskstream.errors import InvalidArgumentError, InvalidAxisError, SourceChangedError
 from daskstream.graph.layers import opened_budget, read_layers
-from daskstream.planning.budget import format_size, parse_budget, plannable_bytes
+from daskstream.planning.budget import format_size, parse_budget
+from daskstream.planning.streams import (
+    SHARES,
+    SPLIT_BUDGET,
+    StreamLayout,
+    auto_prefetch,
+    batch_count,
+    plan_reads,
+    plan_shards,
+    rank_run,
+    runs,
+    worker_share,
+)
 from daskstream.runtime.resources import resolve_resources
 from daskstream.sources import Source, open_source
 from daskstream.sources.base import REREAD_ADVICE
@@ -100,18 +117,6 @@ class _Input:
             # Advice for a training loop rather than for a computation.
             message = str(exc).replace("this computation", "this epoch").replace(REREAD_ADVICE, _STREAM_ADVICE)
             raise type(exc)(message) from None
-
-
-# The split of an array among ranks is planned as if for this budget unless one is given, so that
-# every rank, whatever its machine, cuts the same shards. Shards are at most SHARD_BYTES: a read
-# that large costs little per byte, and a shuffle over such shards still mixes well.
-SPLIT_BUDGET = 256 * 2**20
-SHARD_BYTES = 8 * 2**20
-SHARES = ("pad", "drop", "uneven")
-# The reading threads the split assumes, so that a machine with up to this many fits the same shards.
-SPLIT_THREADS = 4
-# Reads the reader may add ahead of the consumer when it finds the consumer waiting.
-_MAX_EXTRA_READS = 8
 
 
 def stream(
@@ -334,46 +339,29 @@ class Stream:
         unit = math.lcm(*(i.unit(self.axis) for i in self.inputs))
         return self.inputs[0].unit(self.axis) if unit > spread else unit
 
+    @property
+    def layout(self) -> StreamLayout:
+        """What planning the stream needs to know of it (see :mod:`daskstream.planning.streams`)."""
+        return StreamLayout(self.length, self.item_bytes, self.shuffle, self.shuffle_blocks, self.threads)
+
     def _shards(self, split_budget: int, batch_size: int | None, prefetch: int | str) -> list[tuple[int, int]]:
-        """Storage-aligned shards along the axis, a function of the data and the shared arguments only.
-
-        At most SHARD_BYTES, small enough that everything the stream holds fits
-        ``split_budget`` (a fifth left free) with SPLIT_THREADS reading, and at
-        least two per rank where the storage grid allows.
-        """
-        spread = max(1, math.ceil(self.length / (2 * self.world_size)))
-        unit = self._unit(spread)
+        """Storage-aligned shards along the axis, the same on every rank (see :func:`plan_shards`)."""
+        unit = self._unit(max(1, math.ceil(self.length / (2 * self.world_size))))
         ready = 2 if prefetch == "auto" else int(prefetch)
-
-        def held(rows: int) -> int:
-            batch = (rows if batch_size is None else min(int(batch_size), self.length)) * self.item_bytes
-            return sum(self._terms(rows * self.item_bytes, batch, ready, 0, threads=SPLIT_THREADS).values())
-
-        low, high = 1, max(1, min(SHARD_BYTES // max(1, self.item_bytes * unit), math.ceil(spread / unit)))
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if held(middle * unit) <= plannable_bytes(split_budget) else (low, middle - 1)
-        rows = low * unit
-        return [(start, min(start + rows, self.length)) for start in range(0, self.length, rows)]
+        return plan_shards(
+            self.layout, unit, self.world_size, batch_size=batch_size, ready=ready, split_budget=split_budget
+        )
 
     def _rank_run(self) -> tuple[int, int]:
         """Positions in the epoch's sequence this consumer's rank takes (see ``shares``)."""
-        n, ranks, rank = self.length, self.world_size, self.rank
-        if self.shares == "uneven":
-            return rank * n // ranks, (rank + 1) * n // ranks
-        each = n // ranks if self.shares == "drop" else -(-n // ranks)
-        return rank * each, (rank + 1) * each
+        return rank_run(self.length, self.world_size, self.rank, self.shares)
 
     def _batches_of(self, items: int) -> int:
-        return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+        return batch_count(items, self.batch_size, self.drop_last)
 
     def _share(self) -> tuple[int, int]:
         """Positions in the epoch's sequence this consumer takes: its rank's run, then its worker's batches."""
-        low, high = self._rank_run()
-        items = high - low
-        batches = self._batches_of(items)
-        first, last = self.worker * batches // self.num_workers, (self.worker + 1) * batches // self.num_workers
-        return low + first * self.batch_size, low + min(last * self.batch_size, items)
+        return worker_share(self._rank_run(), self.batch_size, self.drop_last, self.worker, self.num_workers)
 
     @property
     def rank_batches(self) -> int:
@@ -386,7 +374,7 @@ class Stream:
     @property
     def memory_terms(self) -> dict[str, int]:
         """What the stream holds at most, term by term: reads ahead, shuffle window, batches ready and forming."""
-        return self._terms(self.read_rows * self.item_bytes, self._batch_bytes, self.prefetch, self.extra_reads)
+        return self.layout.terms(self.read_rows * self.item_bytes, self._batch_bytes, self.prefetch, self.extra_reads)
 
     @property
     def projected_peak_bytes(self) -> int:
@@ -396,67 +384,25 @@ class Stream:
     def _batch_bytes(self) -> int:
         return min(self.batch_size, self.length) * self.item_bytes
 
-    def _terms(
-        self, read: int, batch: int, prefetch: int, extra_reads: int, *, threads: int | None = None
-    ) -> dict[str, int]:
-        # A batch inside one read is a view of it: in order, each batch held keeps its read.
-        pinned = batch if self.shuffle else max(batch, read)
-        threads = self.threads if threads is None else threads
-        return {
-            # A read in flight per thread, one more queued, the next window when shuffling, and the
-            # reads added when the consumer was found waiting.
-            "read ahead": (threads + 1 + (self.shuffle_blocks if self.shuffle else 0) + extra_reads) * read,
-            "shuffle window": (self.shuffle_blocks * read) if self.shuffle else 0,
-            # The batches in the queue, and the one waiting to enter it.
-            "batches ready": (prefetch + 1) * pinned,
-            # The batch being put together (and, shuffling, the rows gathered for it).
-            "batch forming": (2 if self.shuffle else 1) * batch,
-            # The batch the training loop holds while the next one is taken.
-            "batch in use": pinned,
-        }
-
     def _reads(self, prefetch: int | str) -> tuple[int, int]:
-        """Items per read and the reads that may be added ahead, as the budget allows on this machine.
-
-        In order, a shard is read in storage-aligned parts when a whole one does
-        not fit; a shuffle window is made of whole shards, so a window that
-        does not fit is a :class:`MemoryBudgetError`.
-        """
-        budget = plannable_bytes(self.resources.memory_budget)
+        """Items per read and the reads that may be added ahead, as the budget allows on this machine."""
         shard = self.block_bounds[0][1] - self.block_bounds[0][0] if self.block_bounds else 1
-        unit = self._unit(shard) if not self.shuffle else shard
-        ready = 2 if prefetch == "auto" else int(prefetch)
-
-        def held(rows: int, extra: int = 0) -> int:
-            return sum(self._terms(rows * self.item_bytes, self._batch_bytes, ready, extra).values())
-
-        low, high = 1, max(1, shard // unit)
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if held(middle * unit) <= budget else (low, middle - 1)
-        rows = min(shard, low * unit)
-        if held(rows) > budget:
-            least = self._terms(rows * self.item_bytes, self._batch_bytes, ready, 0)
-            shown = ", ".join(f"{name} {format_size(n)}" for name, n in least.items() if n)
-            raise MemoryBudgetError(
-                f"stream of {self.inputs[0].name}: one {'shard' if self.shuffle else 'storage-aligned read'} is "
-                f"{format_size(rows * self.item_bytes)} ({rows} item(s)), and the stream holds {shown} = "
-                f"{format_size(sum(least.values()))}, over the {format_size(budget)} it may use of its memory "
-                f"budget of {format_size(self.resources.memory_budget)} (a fifth stays free); raise "
-                "memory_budget, or lower shuffle_blocks, prefetch or batch_size"
-            )
-        extra = 0
-        while extra < _MAX_EXTRA_READS and held(rows, extra + 1) <= budget:
-            extra += 1
-        return rows, extra
+        return plan_reads(
+            self.layout,
+            shard,
+            shard if self.shuffle else self._unit(shard),
+            batch_bytes=self._batch_bytes,
+            ready=2 if prefetch == "auto" else int(prefetch),
+            memory_budget=self.resources.memory_budget,
+            name=self.inputs[0].name,
+        )
 
     def _prefetch(self, prefetch: int | str) -> int:
         if prefetch != "auto":
             return int(prefetch)
-        # As many batches as the budget holds beside the reads, at least two and at most 64.
-        held = self._terms(self.read_rows * self.item_bytes, self._batch_bytes, 0, self.extra_reads)
-        left = plannable_bytes(self.resources.memory_budget) - sum(held.values())
-        return max(2, min(64, left // max(self._batch_bytes, 1)))
+        return auto_prefetch(
+            self.layout, self.read_rows, self.extra_reads, self._batch_bytes, self.resources.memory_budget
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch`` does)."""
@@ -475,11 +421,11 @@ class Stream:
 
     def blocks_for(self, epoch: int) -> list[tuple[int, int]]:
         """The ``(start, stop)`` runs of items this consumer reads in epoch ``epoch``, in order."""
-        order = range(len(self.block_bounds))
+        order: Sequence[int] | np.ndarray = range(len(self.block_bounds))
         if self.shuffle:
             order = self._order_rng(epoch).permutation(len(self.block_bounds))
         sequence = [self.block_bounds[i] for i in order]
-        return _runs(sequence, *self.share, self.length)
+        return runs(sequence, *self.share, self.length)
 
     def __len__(self) -> int:
         return self._batches_of(self.share[1] - self.share[0])
@@ -616,14 +562,14 @@ class Stream:
         try:
             while not stop.is_set():
                 depth = base + min(waits.seen, self.extra_reads)
+                asked_for_all = False
                 while len(in_flight) <= depth:
                     nxt = next(pending, None)
                     if nxt is None:
+                        asked_for_all = True
                         break
                     in_flight.append(pool.submit(read, nxt))
-                else:
-                    nxt = True
-                if nxt is None and not stop.is_set():
+                if asked_for_all and not stop.is_set():
                     # Every piece of this epoch is asked for: read the next epoch's first ones meanwhile.
                     if following is None:
                         following = (epoch + 1, self._pieces(epoch + 1), deque())
@@ -708,35 +654,6 @@ class _Waits:
     """How often the consumer found no batch ready: read by the reader to read further ahead."""
 
     seen = 0
-
-
-def _runs(sequence: list[tuple[int, int]], low: int, high: int, length: int) -> list[tuple[int, int]]:
-    """Positions ``low`` to ``high`` of ``sequence`` laid end to end (wrapping past ``length``), as runs of items.
-
-    >>> _runs([(4, 8), (0, 4), (8, 10)], 2, 7, 10)
-    [(6, 8), (0, 3)]
-    >>> _runs([(0, 5), (5, 10)], 3, 13, 10)
-    [(3, 5), (5, 10), (0, 3)]
-    """
-    runs: list[tuple[int, int]] = []
-    if not length:
-        return runs
-    position = low
-    while position < high:
-        offset = position % length
-        at = 0
-        for start, stop in sequence:
-            size = stop - start
-            if offset < at + size:
-                take = min(at + size - offset, high - position)
-                begin = start + offset - at
-                runs.append((begin, begin + take))
-                position += take
-                offset += take
-                if position >= high:
-                    break
-            at += size
-    return runs
 
 
 def _yield_to_consumer() -> None:

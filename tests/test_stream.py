@@ -176,6 +176,23 @@ def test_an_error_while_reading_reaches_the_consumer_and_the_reader_ends(tmp_pat
     assert threads_settled() == 0  # the stream is still referenced: its reading threads ended with the error
 
 
+def settled(measure, *, quiet: float = 0.3, deadline: float = 20.0) -> int:
+    """``measure()`` once it has not changed for ``quiet`` seconds: what a reader that stopped has read.
+
+    Waiting for the count to settle (rather than sleeping a fixed time) keeps an upper bound from
+    passing only because a slow machine had not read anything yet.
+    """
+    last, since, end = measure(), time.monotonic(), time.monotonic() + deadline
+    while time.monotonic() < end:
+        time.sleep(0.01)
+        now = measure()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
 def test_the_reader_stays_within_prefetch_of_a_slow_consumer(tmp_path):
     path = str(tmp_path / "x.npy")
     np.save(path, indexed(n=20000, width=64))
@@ -185,10 +202,11 @@ def test_the_reader_stays_within_prefetch_of_a_slow_consumer(tmp_path):
     start = bytes_read_here()
     iterator = iter(s)
     next(iterator)
-    time.sleep(0.3)
-    read = bytes_read_here() - start
-    # At most the rows of the batches taken, ready and waiting to enter the queue, plus one read in
-    # flight per thread, one more queued and the block being taken apart.
+    read = settled(lambda: bytes_read_here() - start)
+    # The reader went ahead of the consumer: the batch taken and the two prefetched...
+    assert read >= (1 + 2) * 100 * 64 * 8
+    # ...and then stopped: at most the rows of the batches taken, ready and waiting to enter the
+    # queue, plus one read in flight per thread, one more queued and the block being taken apart.
     bound_rows = (1 + 2 + 1) * 100 + (s.threads + 2) * rows_per_block
     assert read <= bound_rows * 64 * 8
     assert read < 20000 * 64 * 8

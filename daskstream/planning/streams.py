@@ -1,0 +1,224 @@
+"""How a stream of batches is cut and what it holds: pure functions of sizes, counts and a budget.
+
+A stream's shards (its unit of reading and shuffling) are planned from the
+data and the arguments every rank shares only, so that every rank, whatever
+its machine, cuts the same ones; how much a consumer reads at once and how
+far ahead is then sized to its own machine's budget. The memory a stream holds
+is named term by term (:func:`stream_terms`), the same terms its view shows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from daskstream.errors import MemoryBudgetError
+from daskstream.planning.budget import format_size, plannable_bytes
+
+# The split of an array among ranks is planned as if for this budget unless one is given, so that
+# every rank, whatever its machine, cuts the same shards. Shards are at most SHARD_BYTES: a read
+# that large costs little per byte, and a shuffle over such shards still mixes well.
+SPLIT_BUDGET = 256 * 2**20
+SHARD_BYTES = 8 * 2**20
+# The reading threads the split assumes, so that a machine with up to this many fits the same shards.
+SPLIT_THREADS = 4
+# Reads the reader may add ahead of the consumer when it finds the consumer waiting.
+MAX_EXTRA_READS = 8
+SHARES = ("pad", "drop", "uneven")
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """What planning a stream needs to know of it: items, their size, and how it shuffles and reads.
+
+    Attributes
+    ----------
+    length
+        Items along the stream's axis.
+    item_bytes
+        Bytes of one item across all the zipped arrays.
+    shuffle, shuffle_blocks
+        Whether it shuffles, and over how many shards at a time.
+    threads
+        Reading threads on this machine.
+    """
+
+    length: int
+    item_bytes: int
+    shuffle: bool
+    shuffle_blocks: int
+    threads: int
+
+    def terms(
+        self, read: int, batch: int, prefetch: int, extra_reads: int, *, threads: int | None = None
+    ) -> dict[str, int]:
+        """What the stream holds at most, term by term, for reads of ``read`` bytes and batches of ``batch``.
+
+        >>> StreamLayout(1000, 8, shuffle=False, shuffle_blocks=0, threads=2).terms(800, 80, 2, 0)
+        {'read ahead': 2400, 'shuffle window': 0, 'batches ready': 2400, 'batch forming': 80, 'batch in use': 800}
+        """
+        # A batch inside one read is a view of it: in order, each batch held keeps its read.
+        pinned = batch if self.shuffle else max(batch, read)
+        threads = self.threads if threads is None else threads
+        return {
+            # A read in flight per thread, one more queued, the next window when shuffling, and the
+            # reads added when the consumer was found waiting.
+            "read ahead": (threads + 1 + (self.shuffle_blocks if self.shuffle else 0) + extra_reads) * read,
+            "shuffle window": (self.shuffle_blocks * read) if self.shuffle else 0,
+            # The batches in the queue, and the one waiting to enter it.
+            "batches ready": (prefetch + 1) * pinned,
+            # The batch being put together (and, shuffling, the rows gathered for it).
+            "batch forming": (2 if self.shuffle else 1) * batch,
+            # The batch the training loop holds while the next one is taken.
+            "batch in use": pinned,
+        }
+
+
+def plan_shards(
+    layout: StreamLayout, unit: int, world_size: int, *, batch_size: int | None, ready: int, split_budget: int
+) -> list[tuple[int, int]]:
+    """Storage-aligned shards along the axis, a function of the data and the shared arguments only.
+
+    Whole multiples of ``unit`` items, at most SHARD_BYTES, small enough that
+    everything the stream holds fits ``split_budget`` (a fifth left free) with
+    SPLIT_THREADS reading, and at least two per rank where the storage grid allows.
+
+    >>> layout = StreamLayout(1000, 8, shuffle=False, shuffle_blocks=0, threads=2)
+    >>> plan_shards(layout, 100, 1, batch_size=10, ready=2, split_budget=2**20)[:2]
+    [(0, 500), (500, 1000)]
+    """
+    spread = max(1, math.ceil(layout.length / (2 * world_size)))
+
+    def held(rows: int) -> int:
+        batch = (rows if batch_size is None else min(int(batch_size), layout.length)) * layout.item_bytes
+        return sum(layout.terms(rows * layout.item_bytes, batch, ready, 0, threads=SPLIT_THREADS).values())
+
+    low, high = 1, max(1, min(SHARD_BYTES // max(1, layout.item_bytes * unit), math.ceil(spread / unit)))
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if held(middle * unit) <= plannable_bytes(split_budget) else (low, middle - 1)
+    rows = low * unit
+    return [(start, min(start + rows, layout.length)) for start in range(0, layout.length, rows)]
+
+
+def plan_reads(
+    layout: StreamLayout, shard: int, unit: int, *, batch_bytes: int, ready: int, memory_budget: int, name: str
+) -> tuple[int, int]:
+    """Items per read and the reads that may be added ahead, as ``memory_budget`` allows on this machine.
+
+    In order, a shard of ``shard`` items is read in parts of whole ``unit``
+    items when a whole one does not fit; a shuffle window is made of whole
+    shards (``unit == shard``), so a window that does not fit is refused.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the stream (``name``), what it would hold term by term, and what to change.
+    """
+    budget = plannable_bytes(memory_budget)
+
+    def held(rows: int, extra: int = 0) -> int:
+        return sum(layout.terms(rows * layout.item_bytes, batch_bytes, ready, extra).values())
+
+    low, high = 1, max(1, shard // unit)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if held(middle * unit) <= budget else (low, middle - 1)
+    rows = min(shard, low * unit)
+    if held(rows) > budget:
+        least = layout.terms(rows * layout.item_bytes, batch_bytes, ready, 0)
+        shown = ", ".join(f"{term} {format_size(n)}" for term, n in least.items() if n)
+        raise MemoryBudgetError(
+            f"stream of {name}: one {'shard' if layout.shuffle else 'storage-aligned read'} is "
+            f"{format_size(rows * layout.item_bytes)} ({rows} item(s)), and the stream holds {shown} = "
+            f"{format_size(sum(least.values()))}, over the {format_size(budget)} it may use of its memory "
+            f"budget of {format_size(memory_budget)} (a fifth stays free); raise "
+            "memory_budget, or lower shuffle_blocks, prefetch or batch_size"
+        )
+    extra = 0
+    while extra < MAX_EXTRA_READS and held(rows, extra + 1) <= budget:
+        extra += 1
+    return rows, extra
+
+
+def auto_prefetch(layout: StreamLayout, read_rows: int, extra_reads: int, batch_bytes: int, memory_budget: int) -> int:
+    """As many batches as the budget holds beside the reads, at least two and at most 64."""
+    held = layout.terms(read_rows * layout.item_bytes, batch_bytes, 0, extra_reads)
+    left = plannable_bytes(memory_budget) - sum(held.values())
+    return max(2, min(64, left // max(batch_bytes, 1)))
+
+
+def rank_run(length: int, world_size: int, rank: int, shares: str) -> tuple[int, int]:
+    """Positions in an epoch's sequence of ``length`` items that rank ``rank`` takes (see ``shares``).
+
+    >>> rank_run(10, 3, 2, "pad"), rank_run(10, 3, 2, "drop"), rank_run(10, 3, 2, "uneven")
+    ((8, 12), (6, 9), (6, 10))
+    """
+    if shares == "uneven":
+        return rank * length // world_size, (rank + 1) * length // world_size
+    each = length // world_size if shares == "drop" else -(-length // world_size)
+    return rank * each, (rank + 1) * each
+
+
+def batch_count(items: int, batch_size: int, drop_last: bool) -> int:
+    """Batches ``items`` make: whole ones only with ``drop_last``."""
+    return items // batch_size if drop_last else -(-items // batch_size)
+
+
+def worker_share(run: tuple[int, int], batch_size: int, drop_last: bool, worker: int, workers: int) -> tuple[int, int]:
+    """The positions of a rank's ``run`` that loader worker ``worker`` of ``workers`` takes: whole batches.
+
+    >>> worker_share((0, 100), 10, False, 1, 3)
+    (30, 60)
+    """
+    low, high = run
+    items = high - low
+    batches = batch_count(items, batch_size, drop_last)
+    first, last = worker * batches // workers, (worker + 1) * batches // workers
+    return low + first * batch_size, low + min(last * batch_size, items)
+
+
+def runs(sequence: list[tuple[int, int]], low: int, high: int, length: int) -> list[tuple[int, int]]:
+    """Positions ``low`` to ``high`` of ``sequence`` laid end to end (wrapping past ``length``), as runs of items.
+
+    >>> runs([(4, 8), (0, 4), (8, 10)], 2, 7, 10)
+    [(6, 8), (0, 3)]
+    >>> runs([(0, 5), (5, 10)], 3, 13, 10)
+    [(3, 5), (5, 10), (0, 3)]
+    """
+    found: list[tuple[int, int]] = []
+    if not length:
+        return found
+    position = low
+    while position < high:
+        offset = position % length
+        at = 0
+        for start, stop in sequence:
+            size = stop - start
+            if offset < at + size:
+                take = min(at + size - offset, high - position)
+                begin = start + offset - at
+                found.append((begin, begin + take))
+                position += take
+                offset += take
+                if position >= high:
+                    break
+            at += size
+    return found
+
+
+__all__ = [
+    "MAX_EXTRA_READS",
+    "SHARD_BYTES",
+    "SHARES",
+    "SPLIT_BUDGET",
+    "SPLIT_THREADS",
+    "StreamLayout",
+    "auto_prefetch",
+    "batch_count",
+    "plan_reads",
+    "plan_shards",
+    "rank_run",
+    "runs",
+    "worker_share",
+]
