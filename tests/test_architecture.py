@@ -103,6 +103,15 @@ def test_imports_inside_functions_are_only_for_optional_or_heavy_dependencies(pa
     assert not misplaced, "import these at the top of the module:\n" + "\n".join(misplaced)
 
 
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_long_module_says_why_at_its_top(path):
+    # Modules are split by responsibility; one past about 500 lines states why it is one.
+    if len(path.read_text().splitlines()) <= 500:
+        return
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert "longer than most modules" in docstring.lower(), f"{path.relative_to(ROOT)}: split it, or say why not"
+
+
 def test_the_checks_catch_what_they_are_for():
     upward = ast.parse("def f():\n    from daskstream.arrays import open\n")
     optional = ast.parse("def f():\n    try:\n        import numba\n    except ImportError:\n        pass\n")

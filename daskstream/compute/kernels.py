@@ -1,5 +1,9 @@
 """Kernels: a function run on aligned blocks of lazy arrays, with halos, and a few built-in ones.
 
+(Longer than most modules: the built-in kernels users reach as ``ds.kernels``
+are a few lines each over the same machinery, and live beside it so that they
+show how to use it.)
+
 :func:`map_blocks` is dask's ``map_blocks`` with what a kernel over large files
 needs on top: the inputs are re-chunked onto one grid, each block can carry a
 halo of its neighbours' cells (dask's ``overlap``, trimmed after the kernel
@@ -23,7 +27,7 @@ import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import dask.array as da
 import numpy as np
@@ -35,7 +39,7 @@ from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeErro
 from daskstream.graph.layers import budget_of
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
 from daskstream.planning.chunks import fit_halo_chunks, plan_chunks
-from daskstream.planning.grid import normalize_axes, regular_grid
+from daskstream.planning.grid import normalize_axes, regular_chunk_shape, regular_grid
 from daskstream.runtime.resources import resolve_resources, resolve_settings
 
 if TYPE_CHECKING:
@@ -54,7 +58,7 @@ def map_blocks(
     *arrays: da.Array | np.ndarray,
     depth: Depth = 0,
     boundary: Boundary = "reflect",
-    dtype: DTypeLike = None,
+    dtype: DTypeLike | None = None,
     drop_axis: int | Sequence[int] | None = None,
     new_axis: int | Sequence[int] | None = None,
     chunks: tuple | None = None,
@@ -275,6 +279,8 @@ class _CheckedKernel:
 
     def __call__(self, *blocks: Any, block_info: dict | None = None) -> Any:
         # dask passes block_info to every call, because this signature names it.
+        if block_info is None:
+            raise KernelError(f"kernel {funcname(self.fn)!r} was called without dask's block_info")
         kwargs = {**self.kwargs, "block_info": block_info} if self.passes_block_info else self.kwargs
         try:
             result = self.fn(*blocks, **kwargs)
@@ -416,21 +422,11 @@ def _align_chunks(inputs: list[da.Array]) -> list[da.Array]:
     if first.size == 0:
         target = first.chunks
     else:
-        grid = _regular_chunk_shape(first.chunks)
+        grid = regular_chunk_shape(first.chunks)
         layout = "C" if grid is None else "chunked"
         plan = plan_chunks(first.shape, first.dtype, resolve_settings(), storage_chunks=grid, layout=layout)
         target = plan.dask_chunks
     return [a.rechunk(target) for a in inputs]
-
-
-def _regular_chunk_shape(chunks: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
-    """The chunk shape of a regular grid (every chunk full but the last), else ``None``."""
-    shape = []
-    for sizes in chunks:
-        if any(c != sizes[0] for c in sizes[:-1]) or sizes[-1] > sizes[0]:
-            return None
-        shape.append(sizes[0])
-    return tuple(shape)
 
 
 def _clip_block(block: np.ndarray, lower: Any, upper: Any) -> np.ndarray:
@@ -604,7 +600,8 @@ def gaussian_filter(x: da.Array | np.ndarray, sigma: float | Sequence[float], tr
     x = _as_dask_array(x, 0)
     hint = f"give one non-negative number, or one per axis ({x.ndim} for this array)"
     try:
-        sigmas = tuple(float(s) for s in ((sigma,) * x.ndim if np.ndim(sigma) == 0 else sigma))
+        per_axis: list[Any] = [sigma] * x.ndim if np.ndim(sigma) == 0 else list(cast(Sequence[float], sigma))
+        sigmas = tuple(float(s) for s in per_axis)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"sigma={sigma!r}: {hint}") from exc
     if len(sigmas) != x.ndim or not all(s >= 0 for s in sigmas):

@@ -1,5 +1,9 @@
 """Out-of-core reductions: one entry point, float64 accumulation, budget-sized combine trees.
 
+(Longer than most modules: one entry point dispatches every operation, and the
+moment and histogram partials it combines share their checks and combine
+logic; split, each would need the others.)
+
 Every function here is lazy: it returns dask arrays and reads nothing until
 computed.
 """
@@ -15,7 +19,6 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.array.core import _concatenate2
 from dask.utils import deepmap
 
 from daskstream.compute.partials import combine_fan_in, per_chunk_rows, sum_rows
@@ -276,13 +279,13 @@ def chunk_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> dic
 
 def _piece_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> dict[str, np.ndarray]:
     values = block.astype("f8", copy=False)
-    valid = ~np.isnan(values) if skipna else None
+    valid = ~np.isnan(values) if skipna else True  # True: every value counts
     n = np.sum(valid, axis=axis, keepdims=True, dtype="i8") if skipna else _count(block, axis)
     with np.errstate(invalid="ignore", divide="ignore"):
-        total = np.sum(values, axis=axis, keepdims=True, where=valid if skipna else True)
+        total = np.sum(values, axis=axis, keepdims=True, where=valid)
         mean = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         deviation = np.subtract(values, mean)
-        m2 = np.sum(deviation * deviation, axis=axis, keepdims=True, where=valid if skipna else True)
+        m2 = np.sum(deviation * deviation, axis=axis, keepdims=True, where=valid)
     return {"n": n, "mean": mean, "m2": m2}
 
 
@@ -313,7 +316,14 @@ def _moments_chunk(block, axis, keepdims, skipna=False, computing_meta=False):
 
 def gather_partials(pairs: Any, key: str, axis: tuple[int, ...]) -> np.ndarray:
     """Concatenate one field of nested partial results along the reduced axes (as dask nests them)."""
-    return _concatenate2(deepmap(lambda part: part[key], pairs), axes=axis)
+    return _joined(deepmap(lambda part: part[key], pairs), list(axis))
+
+
+def _joined(nested: Any, axes: list[int]) -> Any:
+    """Partial results nested in lists, one level per axis of ``axes``, joined into one array."""
+    if not isinstance(nested, list | tuple) or not axes:
+        return nested
+    return np.concatenate([_joined(part, axes[1:]) for part in nested], axis=axes[0])
 
 
 def _merged(pairs: Any, axis: tuple[int, ...], keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -367,6 +377,7 @@ def histogram(
     memory_budget = budget_of(x, memory_budget)
     edges = known_bin_edges(bins, range, x.dtype, empty=x.size == 0, memory_budget=memory_budget)
     if edges is None:
+        assert isinstance(bins, (int, np.integer))  # known_bin_edges leaves only a bin count's edges unknown
         fan_in = split_every or combine_fan_in(
             x, tuple(builtins.range(x.ndim)), partial_itemsize=8, memory_budget=memory_budget
         )

@@ -14,7 +14,7 @@ graph.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
 from dask.blockwise import Blockwise
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.typing import Key
 from dask.utils import key_split
 
 from daskstream.planning.passes import LayerFacts
@@ -203,7 +204,7 @@ def _sampled_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str,
     picks = {outputs[0], outputs[len(outputs) // 2], outputs[-1]}
     fan_in: dict[str, int] = {}
     for key in list(picks)[:_SAMPLED_KEYS]:
-        found: dict[str, set[Hashable]] = {}
+        found: dict[Key, set[Key]] = {}
         stack, seen = [key], set()
         while stack:
             current = stack.pop()
@@ -217,29 +218,29 @@ def _sampled_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str,
                     dep_name = dep[0] if isinstance(dep, tuple) else dep
                     found.setdefault(dep_name, set()).add(dep)
         for dep_name, deps in found.items():
-            if dep_name in graph.layers:
+            if isinstance(dep_name, str) and dep_name in graph.layers:
                 fan_in[dep_name] = max(fan_in.get(dep_name, 0), len(deps))
     return fan_in
 
 
-def _sort_key(key: Hashable) -> tuple:
+def _sort_key(key: Key) -> tuple:
     return (str(key[0]), *key[1:]) if isinstance(key, tuple) else (str(key),)
 
 
-def _dependencies(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Hashable]:
+def _dependencies(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Key]:
     node = as_node(None, value, layer, graph)
     # A plain value (a Source, an array put in the graph) depends on nothing.
     return node.dependencies if isinstance(node, GraphNode) else ()
 
 
-def as_node(key: Hashable, value: Any, layer: Layer, graph: HighLevelGraph) -> Any:
+def as_node(key: Key | None, value: Any, layer: Layer, graph: HighLevelGraph) -> Any:
     """A task in dask's task-spec form, whatever form the layer holds it in (plain values stay as they are)."""
     if isinstance(value, GraphNode):
         return value
     return convert_legacy_task(key, value, set(_references(value, layer, graph)))
 
 
-def _references(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Hashable]:
+def _references(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Key]:
     """Keys a task written as nested tuples refers to: those of this layer or named after a layer."""
     stack = [value]
     while stack:
@@ -259,10 +260,16 @@ def _looks_like_key(item: Any) -> bool:
     return type(item) is tuple and bool(item) and isinstance(item[0], str) and all(isinstance(i, int) for i in item[1:])
 
 
-def needed_layers(graph: HighLevelGraph, keys: Iterable[Hashable]) -> set[str]:
+def layer_names(keys: Iterable[Key]) -> set[str]:
+    """The names of the layers holding ``keys``: a key is its layer's name, or ``(name, *block index)``."""
+    names = (key[0] if isinstance(key, tuple) else key for key in keys)
+    # A number is a key of a plain dask graph, never a layer's name.
+    return {name for name in names if isinstance(name, str)}
+
+
+def needed_layers(graph: HighLevelGraph, keys: Iterable[Key]) -> set[str]:
     """The layers holding ``keys`` and every layer they depend on."""
-    names = {key[0] if isinstance(key, tuple) else key for key in keys}
-    stack = [name for name in names if name in graph.layers]
+    stack = [name for name in layer_names(keys) if name in graph.layers]
     needed: set[str] = set()
     while stack:
         name = stack.pop()
@@ -310,7 +317,11 @@ def blockwise_like(layer: Blockwise, *, task: Any = None, indices: Any = None, n
 
 def record_plan(layer: Layer, resources: Resources) -> None:
     """Write on ``layer`` the budget and threads its array is planned for, resolved where it was opened."""
-    layer.collection_annotations[PLANNED_FOR] = {"memory_budget": resources.memory_budget, "threads": resources.threads}
+    annotations = layer.collection_annotations
+    if not isinstance(annotations, MutableMapping):
+        # None when dask's collection_annotations setting is unset and no array annotated the layer yet.
+        annotations = layer.collection_annotations = dict(annotations or {})
+    annotations[PLANNED_FOR] = {"memory_budget": resources.memory_budget, "threads": resources.threads}
 
 
 def _planned(graph: Any) -> list[dict[str, int]]:
@@ -360,19 +371,19 @@ def whole_input(array: da.Array) -> Any:
 def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...], ...] | None]]:
     """The daskstream read layers in a dask collection's graph: name, the Source read, and its chunks.
 
-    They are the layers :func:`as_dask_array` makes: ``daskstream-<format>-<token>``
-    beside ``original-`` of that name, which holds the Source.
+    They are the layers :func:`daskstream.graph.reads.read_array` makes: blockwise
+    reads taking the Source as a graph constant (:func:`source_read_by`), found
+    by what they are rather than by how dask names their parts.
     """
     graph = collection.__dask_graph__()
-    layers = getattr(graph, "layers", {})
+    if not isinstance(graph, HighLevelGraph):
+        return []
     found = []
-    for name in layers:
-        if name.startswith("daskstream-") and f"original-{name}" in layers:
-            original = layers[f"original-{name}"]
-            source = next(iter(original.values()), None) if hasattr(original, "values") else None
-            if isinstance(source, Source):
-                annotations = getattr(layers[name], "collection_annotations", None) or {}
-                found.append((name, source, annotations.get("chunks")))
+    for name, layer in graph.layers.items():
+        source = source_read_by(graph, layer)
+        if source is not None:
+            annotations = getattr(layer, "collection_annotations", None) or {}
+            found.append((name, source, annotations.get("chunks")))
     return found
 
 
@@ -387,6 +398,7 @@ __all__ = [
     "budget_of",
     "describe",
     "layer_array",
+    "layer_names",
     "needed_layers",
     "opened_budget",
     "planned_resources",

@@ -18,7 +18,6 @@ builds them.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 import dask
@@ -27,12 +26,14 @@ import numpy as np
 from dask.array.optimization import optimize as dask_optimize
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.typing import Key
 
 from daskstream import config
-from daskstream.graph.layers import describe, layer_array, needed_layers, planned_resources, reads_sources
+from daskstream.graph.layers import describe, layer_array, layer_names, needed_layers, planned_resources, reads_sources
 from daskstream.graph.projection import project
 from daskstream.graph.rewrites import fuse_siblings, reread_rechunks, rewrite, variance_in_pieces
 from daskstream.planning.computation import ComputePlan
+from daskstream.planning.grid import block_slices
 from daskstream.planning.passes import plan_passes
 from daskstream.planning.settings import Resources
 
@@ -59,7 +60,7 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     return dask_optimize(dsk, keys, **kwargs)
 
 
-def plan_graph(graph: HighLevelGraph, keys: list[Hashable], resources: Resources) -> tuple[HighLevelGraph, ComputePlan]:
+def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> tuple[HighLevelGraph, ComputePlan]:
     """Plan the passes of what ``keys`` need within ``resources`` and rewrite ``graph`` to re-read
     sources in each pass.
 
@@ -85,7 +86,7 @@ def plan_graph(graph: HighLevelGraph, keys: list[Hashable], resources: Resources
         described = describe(graph, needed_layers(graph, keys))
         # The rewritten graph computes what each pass needs in that pass: planned again, nothing is recomputed.
         plan = plan_passes(described.facts, hold_limit=budget // threads)
-    outputs = {key[0] if isinstance(key, tuple) else key for key in keys}
+    outputs = layer_names(keys)
     computation = project(
         graph, described, plan, budget=budget, concurrency=threads, outputs=outputs, read_passes=read_passes
     )
@@ -130,7 +131,7 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
     for name, array, value in zip(frontier, arrays, values):
         layers[name] = MaterializedLayer(
             {
-                (name, *index): np.asarray(value)[_block_slices(array.chunks, index)]
+                (name, *index): np.asarray(value)[block_slices(array.chunks, index)]
                 for index in np.ndindex(*array.numblocks)
             },
             collection_annotations=dict(graph.layers[name].collection_annotations or {}),
@@ -140,10 +141,6 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
     kept = needed_layers(done, keys)
     done = HighLevelGraph({n: layers[n] for n in kept}, {n: dependencies[n] for n in kept})
     return type(x)(done, x.name, x.chunks, meta=x._meta)
-
-
-def _block_slices(chunks: tuple[tuple[int, ...], ...], index: tuple[int, ...]) -> tuple[slice, ...]:
-    return tuple(slice(sum(c[:i]), sum(c[: i + 1])) for c, i in zip(chunks, index))
 
 
 __all__ = ["optimize", "plan_graph", "with_aggregates_computed"]

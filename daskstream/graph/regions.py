@@ -1,5 +1,9 @@
 """Any region of an array computed inside one task: halos read straight from storage.
 
+(Longer than most modules: the region protocol, its three kinds of readable
+regions -- sources, kernels, element-wise expressions over them -- and the task
+that computes a block from them are one design, read together.)
+
 dask's ``map_overlap`` gives each block its halo by slicing its neighbours,
 which keeps every neighbour in memory until all its slices are taken, and
 makes several tasks per block. Here a block of a kernel over files is one
@@ -34,7 +38,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import dask.array as da
 import numpy as np
@@ -44,6 +48,7 @@ from dask.blockwise import Blockwise, blockwise_token
 from dask.utils import funcname, key_split
 
 from daskstream.graph.layers import REGIONS_ANNOTATION, layer_array, read_layers, record_plan, whole_input
+from daskstream.planning.grid import block_slices
 from daskstream.planning.settings import Resources
 from daskstream.sources.base import Region, Source
 from daskstream.sources.chunk_cache import keeping_decoded_chunks
@@ -165,7 +170,7 @@ class KernelRegions(Regions):
     inputs: tuple[Regions, ...]
     depth: tuple[int, ...]
     boundary: Any
-    dtype: np.dtype  # type: ignore[misc]
+    dtype: np.dtype
     grid: tuple[tuple[int, ...], ...] = field(default=())
 
     @property
@@ -239,8 +244,8 @@ class ExpressionRegions(Regions):
 
     task: Any
     operands: tuple[tuple[str, Any, tuple[int, ...] | None], ...]
-    shape: tuple[int, ...]  # type: ignore[misc]
-    dtype: np.dtype  # type: ignore[misc]
+    shape: tuple[int, ...]
+    dtype: np.dtype
     values: tuple[tuple[str, np.ndarray], ...] = ()
 
     @property
@@ -286,8 +291,10 @@ class ExpressionRegions(Regions):
         arguments = {}
         for i, (kind, held, axes) in enumerate(self.operands):
             if kind == "regions":
+                assert axes is not None  # only a literal runs along no output axes
                 value = held.read(tuple(box[a] for a in axes))
             elif kind == "constant":
+                assert axes is not None
                 whole = known[held]
                 # A length-one axis broadcasts: it is taken whole, as dask passes it to every block.
                 value = whole[tuple(slice(None) if n == 1 else box[a] for a, n in zip(axes, whole.shape))]
@@ -354,7 +361,7 @@ def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
 
 
 # numpy's pad mode for the boundaries whose halo is made from the block's own edge cells.
-_PAD_MODES = {"reflect": "symmetric", "nearest": "edge"}
+_PAD_MODES: dict[str, Literal["symmetric", "edge"]] = {"reflect": "symmetric", "nearest": "edge"}
 
 
 def haloed(regions: Regions, box: Region, depth: Sequence[int], boundary: Any) -> np.ndarray:
@@ -426,7 +433,7 @@ class RegionBlocks:
         self.grid = grid
 
     def __call__(self, block_id: tuple[int, ...], *values: np.ndarray) -> np.ndarray:
-        box = tuple(slice(int(sum(c[:i])), int(sum(c[: i + 1]))) for c, i in zip(self.grid, block_id))
+        box = block_slices(self.grid, block_id)
         regions = self.regions.bind(dict(zip(self.regions.constants, values))) if values else self.regions
         return regions.read(box)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
 import stat
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import numpy as np
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import (
     CorruptSourceError,
+    DaskstreamError,
     InvalidArgumentError,
     InvalidIndexError,
     SourceChangedError,
@@ -155,6 +158,11 @@ class Source(ABC):
                 f"{self.name} was removed after it was opened; a computation over it cannot finish. "
                 f"Put it back, or {REREAD_ADVICE}",
             ) from None
+        kept = own_writes.explain(self.stamp, now) if now is not None and now != self.stamp else None
+        if kept is not None:
+            # This process changed the file itself, writing other data of it: the data read is as opened.
+            self.stamp = kept
+            return
         if now != self.stamp:
             raise SourceChangedError(
                 f"{self.name} changed on disk after it was opened (its size, modification time or "
@@ -272,7 +280,9 @@ def normalize_region(region: Any, shape: tuple[int, ...]) -> tuple[Region, tuple
     if len(region) > len(shape):
         raise InvalidIndexError(f"index {region!r} has {len(region)} entries but the array has {len(shape)} axes")
     region = tuple(region) + (slice(None),) * (len(shape) - len(region))
-    box, post, trivial = [], [], True
+    box: list[slice] = []
+    post: list[slice | int] = []
+    trivial = True
     for index, n in zip(region, shape):
         if isinstance(index, slice):
             picked = range(*index.indices(n))
@@ -424,3 +434,64 @@ def listing(names: list[str], *, empty: str = "nothing", limit: int = 20) -> str
         return empty
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+class OwnWrites:
+    """Files this process writes into itself while its sources read other data of them.
+
+    ``store`` may write one dataset of an HDF5 file while the array it stores
+    reads another dataset of that file (threads of this process only). Every
+    read checks its file's stamp, and those writes move it. Rather than turning
+    change detection off on Source objects others share, the writer says what
+    it is doing here (:meth:`writing`); a source whose file changed consults
+    :meth:`explain`, which accepts a change only while this process writes the
+    file, or when the stamps before and after are ones its own writes left.
+    Files are told apart by device and inode, however their paths are spelled.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._writers: dict[tuple[int, int], int] = {}
+        self._stamps: dict[tuple[int, int], set[tuple[int, ...]]] = {}
+
+    @contextlib.contextmanager
+    def writing(self, path: str) -> Iterator[None]:
+        """While the block runs, this process writes ``path`` (an existing file) itself."""
+        before = file_stamp(path)
+        key = (before[3], before[4])
+        with self._lock:
+            self._writers[key] = self._writers.get(key, 0) + 1
+            self._stamps.setdefault(key, set()).add(before)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._writers[key] -= 1
+                if not self._writers[key]:
+                    del self._writers[key]
+                with contextlib.suppress(OSError, DaskstreamError):
+                    self._stamps[key].add(file_stamp(path))
+
+    def explain(self, was: tuple[Any, ...], now: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The stamp a source should hold when this process's own writes explain why its file's stamp went
+        from ``was`` to ``now``, else ``None``.
+
+        Stamps start with :func:`file_stamp` of the source's file; what follows
+        (the stamps of files an HDF5 dataset links to) must not have changed.
+        While a write goes on, the source keeps ``was``; once it has ended,
+        ``now``, the stamp the write left.
+        """
+        if len(was) < 5 or len(now) < 5 or was[5:] != now[5:]:
+            return None
+        key = (int(now[3]), int(now[4]))
+        with self._lock:
+            own = self._stamps.get(key, set())
+            if tuple(was[:5]) not in own:
+                return None
+            if key in self._writers:
+                return was
+            return now if tuple(now[:5]) in own else None
+
+
+#: The one record of this process's own writes into files its sources read.
+own_writes = OwnWrites()

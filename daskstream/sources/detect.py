@@ -16,7 +16,7 @@ from daskstream.files import open_regular
 from daskstream.sources.base import file_stamp
 from daskstream.sources.hdf5 import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
-from daskstream.sources.zarr_ import ZARR_METADATA_FILES, is_url
+from daskstream.sources.zarr_ import ZARR_METADATA_FILES, is_url, local_path
 
 ZIP_MAGIC = b"PK\x03\x04"
 EXTENSIONS = {
@@ -68,8 +68,7 @@ def guess_format(path: str) -> str:
     """
     if is_url(path):
         return "zarr"
-    if path.startswith("file://"):
-        path = path[len("file://") :]
+    path = local_path(path)
     size = file_stamp(path)[0]
     if os.path.isdir(path):
         if any(os.path.exists(os.path.join(path, name)) for name in ZARR_METADATA_FILES):

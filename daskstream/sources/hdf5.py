@@ -75,6 +75,7 @@ class Hdf5Source(Source):
     """
 
     format = "hdf5"
+    dataset: str  # found in the file even when not given: every HDF5 dataset has a path
 
     def __init__(self, path: str | os.PathLike[str], dataset: str | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))
@@ -182,15 +183,18 @@ class Hdf5Source(Source):
         return h5py.Dataset(h5py.h5d.open(f.id, self.dataset.encode(), dapl=access))
 
     def _chunk_reader(self) -> ChunkedReader:
+        chunks = self.storage_chunks
+        assert chunks is not None  # read this way only when raw_chunks, so the layout is chunked
+
         def build() -> ChunkedReader:
             try:
-                index = ChunkIndex.of(self._dataset(), self.storage_chunks)
+                index = ChunkIndex.of(self._dataset(), chunks)
             except OSError as exc:
                 raise CorruptSourceError(
                     f"{self.name}: HDF5 could not list the dataset's chunks ({_first_line(exc)}); the file may be "
                     "damaged: re-create or re-copy it"
                 ) from None
-            decoder = ChunkDecoder(self.pipeline, self.file_dtype, self.storage_chunks)
+            decoder = ChunkDecoder(self.pipeline, self.file_dtype, chunks)
             return ChunkedReader(self.path, self.name, index, decoder, self.fill_value, token=self.token)
 
         return cached_handle(("hdf5-chunks", self.path, self.token, self.dataset), build)

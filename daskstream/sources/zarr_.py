@@ -47,7 +47,21 @@ _ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError)
 
 
 def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL for fsspec (``s3://...``); a ``file://`` URL is a local path.
+
+    >>> is_url("s3://bucket/a.zarr"), is_url("file:///data/a.zarr"), is_url("/data/a.zarr")
+    (True, False, False)
+    """
     return "://" in path and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """``path`` without a ``file://`` scheme: the one place that reads ``file://`` URLs as local paths.
+
+    >>> local_path("file:///data/a.zarr"), local_path("/data/a.zarr")
+    ('/data/a.zarr', '/data/a.zarr')
+    """
+    return path.removeprefix("file://")
 
 
 class ZarrSource(Source):
@@ -72,6 +86,7 @@ class ZarrSource(Source):
     """
 
     format = "zarr"
+    storage_chunks: tuple[int, ...]  # every Zarr array is stored in chunks
 
     def __init__(
         self,
@@ -80,9 +95,7 @@ class ZarrSource(Source):
         *,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        path = os.fspath(path)
-        if path.startswith("file://"):
-            path = path[len("file://") :]
+        path = local_path(os.fspath(path))
         self.path = path if is_url(path) else os.path.abspath(path)
         self.storage_options = dict(storage_options or {})
         if not is_url(self.path):

@@ -1,4 +1,8 @@
-"""HDF5 targets: blocks computed on the active scheduler, written by this process, a bounded number at a time."""
+"""HDF5 targets: blocks computed on the active scheduler, written by this process, a bounded number at a time.
+
+(A little longer than most modules: the target's states -- recorded, created, blocks
+marked, finished -- and its one writer are one protocol over one file.)
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.core import get_dependencies
+from dask.optimization import cull
 
 from daskstream.compute.computation import plan_compute
 from daskstream.compute.store.record import (
@@ -49,7 +53,7 @@ from daskstream.planning.grid import regular_block_slices
 from daskstream.runtime.pools import one_process_pool
 from daskstream.runtime.resources import resolve_resources
 from daskstream.runtime.schedulers import active_client, active_get
-from daskstream.sources.base import Source
+from daskstream.sources.base import Source, own_writes
 from daskstream.sources.handles import forget_handles
 from daskstream.sources.hdf5 import import_h5py
 
@@ -62,12 +66,16 @@ H5_WRITE_ERRORS = (OSError, RuntimeError)
 
 
 class Hdf5Target(Target):
+    member: str  # an HDF5 target always names its dataset
+
     _after_failure = (
         "run store again with resume=True (HDF5 has no journal: if it cannot reopen the file, delete it and "
         "store again)"
     )
 
     def __init__(self, path: str, member: str, compressor: Any, memory_budget: int | str | None) -> None:
+        # Sources of the array stored that read other datasets of this file (see check_sources).
+        self._same_file: list[Source] = []
         self.path = os.path.abspath(path)
         self.member = member
         self.compressor = compressor
@@ -91,26 +99,10 @@ class Hdf5Target(Target):
             )
         # HDF5 refuses to open for writing a file this process still holds open for reading.
         forget_handles()
-        with self._own_writes_expected():
+        # The array may read other datasets of this very file (threads of this process, see check_sources):
+        # the writes are this store's own, not a change under those reads.
+        with own_writes.writing(self.path) if self._same_file else contextlib.nullcontext():
             self._write(x, identity, blocks, resume=resume, overwrite=overwrite, report=report)
-
-    @contextlib.contextmanager
-    def _own_writes_expected(self) -> Any:
-        """Let sources reading another dataset of the file being written see it change, by this store only.
-
-        Every read checks its file's stamp; the writes of this store change it. The
-        same-file sources (threads of this process only, see :meth:`check_sources`)
-        skip the check while it writes and take the file's new stamp after.
-        """
-        same_file = getattr(self, "_same_file", [])
-        for source in same_file:
-            source.stamp = None
-        try:
-            yield
-        finally:
-            for source in same_file:
-                with contextlib.suppress(OSError):
-                    source.stamp = source.current_stamp()
 
     def _write(
         self,
@@ -404,26 +396,13 @@ class Hdf5Writer:
         # Building one Delayed per block and merging them with dask.compute costs batch² per batch.
         keys = x.__dask_keys__()
         self.graph: dict[Any, Any] = dict(x.__dask_optimize__(x.__dask_graph__(), keys))
-        self.dependencies: dict[Any, set[Any]] = {}
 
     def _key(self, index: tuple[int, ...]) -> tuple:
         return (self.x.name, *index)
 
     def _subgraph(self, keys: Sequence[Any]) -> dict[Any, Any]:
-        """The tasks ``keys`` need: work in proportion to them, not to the whole graph."""
-
-        graph, dependencies = self.graph, self.dependencies
-        sub: dict[Any, Any] = {}
-        stack = list(keys)
-        while stack:
-            key = stack.pop()
-            if key in sub:
-                continue
-            sub[key] = graph[key]
-            if key not in dependencies:
-                dependencies[key] = get_dependencies(graph, key)
-            stack.extend(dependencies[key])
-        return sub
+        """The tasks ``keys`` need: dask's cull walks back from them, in proportion to them, not to the graph."""
+        return cull(self.graph, list(keys))[0]
 
     def run(self, pending: list[tuple[int, ...]]) -> None:
         window = self.target.window(self.x)
@@ -443,6 +422,8 @@ class Hdf5Writer:
     def _run_local(self, pending: list[tuple[int, ...]], window: int) -> None:
         # What dask.compute(x) would use: the configured scheduler, else the threaded one.
         schedule = active_get([self.x])
+        if schedule is None:  # arrays always have a default scheduler; this says so to the type checker
+            raise RuntimeError("dask has no scheduler for this array")
         with one_process_pool():
             self._run_batches(pending, window, schedule)
 
