@@ -52,14 +52,25 @@ class _OneLineError(click.ClickException):
 
     def __init__(self, error: click.ClickException) -> None:
         super().__init__(error.format_message())
-        self.exit_code = error.exit_code
         self.ctx: click.Context | None = getattr(error, "ctx", None)
+
+    @classmethod
+    def of(cls, error: click.ClickException) -> _OneLineError:
+        """``error`` as one line, exiting with its status (click's exit_code is a class attribute)."""
+        kind = _ONE_LINE_KINDS.get(error.exit_code)
+        if kind is None:
+            kind = _ONE_LINE_KINDS[error.exit_code] = type(cls.__name__, (cls,), {"exit_code": error.exit_code})
+        return kind(error)
 
     def show(self, file: Any = None) -> None:
         line = _one_line(_sentence_start(self.message))
         if self.ctx is not None:
             line = f"{line} (see {self.ctx.command_path} --help)"
         click.echo(f"daskstream: error: {line}", file=file, err=file is None)
+
+
+# One subclass of _OneLineError per exit status seen, made once.
+_ONE_LINE_KINDS: dict[int, type[_OneLineError]] = {}
 
 
 @contextlib.contextmanager
@@ -72,7 +83,7 @@ def _one_line_click_errors() -> Any:
     except _OneLineError:
         raise
     except click.ClickException as exc:
-        raise _OneLineError(exc) from exc
+        raise _OneLineError.of(exc) from exc
 
 
 class _Command(click.Command):
