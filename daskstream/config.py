@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import dask.config
-import jsonschema
 
 from daskstream.documents import read_yaml
 from daskstream.errors import InvalidArgumentError
@@ -161,7 +160,9 @@ def check_section(values: Mapping[str, Any], *, where: str) -> None:
 
 
 @functools.cache
-def _validator() -> jsonschema.protocols.Validator:
+def _validator() -> Any:
+    import jsonschema
+
     section = _schema()["properties"]["daskstream"]
     validator_class = jsonschema.validators.validator_for(section)
     validator_class.check_schema(section)

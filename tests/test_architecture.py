@@ -18,8 +18,8 @@ PACKAGE = ROOT / "daskstream"
 
 # What a function may import where it is used rather than at the top of its module: optional extras,
 # a platform's own modules, and the heavy libraries a program that never uses them should not pay to
-# import (zarr and distributed add most of a second to `import daskstream`; h5py, hdf5plugin and fsspec
-# load native libraries and plugins).
+# import (zarr and distributed add most of a second to `import daskstream`; h5py, hdf5plugin, fsspec
+# and numcodecs load native libraries and plugins; jsonschema, some 60 ms, only checks settings files).
 DEFERRED = {
     "asyncssh",
     "dask_jobqueue",
@@ -30,9 +30,11 @@ DEFERRED = {
     "h5py",
     "hdf5plugin",
     "IPython",
+    "jsonschema",
     "ipywidgets",
     "matplotlib",
     "numba",
+    "numcodecs",
     "pandas",
     "scipy",
     "torch",

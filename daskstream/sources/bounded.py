@@ -27,9 +27,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-import numcodecs
 import numpy as np
-from numcodecs import blosc
 
 # What decoding a damaged chunk raises: the checks here (ValueError), numcodecs' codecs
 # (RuntimeError), zlib, bz2, lzma and libdeflate, and cut-short buffers. Anything else is a
@@ -88,12 +86,16 @@ def zstd_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
     _checked(claimed, size, exact, "zstd")
     out = np.empty(size if claimed is None else claimed, dtype=np.uint8)
     # Given a buffer, numcodecs decompresses into it and refuses a frame that does not fit.
+    import numcodecs
+
     numcodecs.Zstd().decode(data, out=out)
     return out
 
 
 def blosc_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
     """Decode a blosc buffer of at most (``exact``: exactly) ``size`` bytes, as its header declares."""
+
+    from numcodecs import blosc
 
     claimed, _, _ = blosc._cbuffer_sizes(data)
     _checked(int(claimed), size, exact, "blosc")
@@ -149,6 +151,8 @@ def lz4_decode(data: Any, size: int, *, exact: bool = True) -> Any:
     if len(view) < 4:
         raise ValueError("the lz4 buffer is cut short")
     _checked(int.from_bytes(view[:4], "little"), size, exact, "lz4")
+    import numcodecs
+
     return numcodecs.LZ4().decode(data)
 
 

@@ -20,9 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numcodecs
 import numpy as np
-from numcodecs.fletcher32 import Fletcher32
 
 from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
@@ -115,9 +113,13 @@ class ChunkDecoder:
             return lambda data, size: zlib_decode(data, size)
         if code == SHUFFLE:
             # HDF5's shuffle stores byte 0 of every element, then byte 1, ...: numcodecs' Shuffle exactly.
-            unshuffle = numcodecs.Shuffle(elementsize=self.dtype.itemsize)
+            from numcodecs import Shuffle
+
+            unshuffle = Shuffle(elementsize=self.dtype.itemsize)
             return lambda data, size: unshuffle.decode(data)
         if code == FLETCHER32:
+            from numcodecs.fletcher32 import Fletcher32
+
             checksum = Fletcher32()
             return lambda data, size: checksum.decode(data)
         if code == ZSTD:

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numcodecs.checksum32 import CRC32C
 
 from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError
 from daskstream.files import open_regular
@@ -351,5 +350,7 @@ def _numcodecs_for(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
     if isinstance(codec, GzipCodec):
         return lambda data: gzip_decode(data, size, exact=exact)
     if isinstance(codec, Crc32cCodec):
+        from numcodecs.checksum32 import CRC32C
+
         return CRC32C(location="end").decode
     raise _NotDecodedHere

@@ -15,7 +15,6 @@ import dask.array as da
 import dask.local
 import dask.multiprocessing
 import dask.threaded
-import numcodecs
 import numpy as np
 from dask.base import tokenize
 from dask.callbacks import Callback
@@ -273,6 +272,8 @@ class ZarrTarget(Target):
     def _compressors(self) -> Any:
         if isinstance(self.compressor, str) and self.compressor == "default":
             if self.zarr_format == 2:
+                import numcodecs
+
                 return numcodecs.Zstd(level=3)
             from zarr.codecs import ZstdCodec
 
