@@ -327,6 +327,20 @@ _BATCH_SCHEDULER = (
     "jobs' workers reach it; anyone else who reaches it can run code as you"
 )
 
+
+def _batch_kind(name: str) -> ClusterKind:
+    """A dask-jobqueue kind: workers in batch jobs of the ``name`` scheduler, ``daskstream.jobs`` of them."""
+    return ClusterKind(
+        name,
+        (f"jobqueue.{name}.cores", f"jobqueue.{name}.memory"),
+        _check_jobqueue,
+        _start_jobqueue,
+        backend=("dask_jobqueue", "jobqueue"),
+        listens=_BATCH_SCHEDULER,
+        scaled_in_jobs=True,
+    )
+
+
 CLUSTER_KINDS: dict[str, ClusterKind] = {
     kind.name: kind
     for kind in (
@@ -341,24 +355,8 @@ CLUSTER_KINDS: dict[str, ClusterKind] = {
             listens="starts a dask scheduler and workers on the hosts it names, listening on their networks; "
             "anyone who reaches the scheduler can run code as you there",
         ),
-        ClusterKind(
-            "slurm",
-            ("jobqueue.slurm.cores", "jobqueue.slurm.memory"),
-            _check_jobqueue,
-            _start_jobqueue,
-            backend=("dask_jobqueue", "jobqueue"),
-            listens=_BATCH_SCHEDULER,
-            scaled_in_jobs=True,
-        ),
-        ClusterKind(
-            "pbs",
-            ("jobqueue.pbs.cores", "jobqueue.pbs.memory"),
-            _check_jobqueue,
-            _start_jobqueue,
-            backend=("dask_jobqueue", "jobqueue"),
-            listens=_BATCH_SCHEDULER,
-            scaled_in_jobs=True,
-        ),
+        _batch_kind("slurm"),
+        _batch_kind("pbs"),
         ClusterKind(
             "kubernetes",
             ("kubernetes.name", "kubernetes.image"),
