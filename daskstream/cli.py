@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 import daskstream as ds
+from daskstream import dependencies
 from daskstream.compute.store import target_format
 from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError
@@ -226,8 +227,22 @@ def _session_if_asked(scheduler: str | None, cluster_file: str | None, memory_bu
 
 
 # Named, so that a caller with no program name (click's CliRunner) sees the command's own.
+def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(dependencies.report())
+        ctx.exit()
+
+
 @click.group("daskstream", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="daskstream")
+@click.option(
+    "--versions",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_versions,
+    help="Print the versions of daskstream's dependencies and which optional features are usable, and exit.",
+)
 def main() -> None:
     """Out-of-core arrays from .npy, HDF5 and Zarr files, with storage-aligned chunks."""
 
@@ -304,12 +319,26 @@ def _make_folder(folder: str, option: str) -> None:
 
 
 @main.command()
-@click.argument("path")
+@click.argument("path", required=False)
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def info(path: str, dataset: str | None, as_json: bool) -> None:
-    """Show a source's format, shape, dtype, storage chunks, layout, size and codecs."""
+@click.option(
+    "--versions", is_flag=True, help="Print the versions of daskstream's dependencies (for bug reports) instead."
+)
+def info(path: str | None, dataset: str | None, as_json: bool, versions: bool) -> None:
+    """Show a source's format, shape, dtype, storage chunks, layout, size and codecs.
 
+    With --versions (and no PATH): the versions of daskstream's dependencies and which optional
+    features are usable.
+    """
+    if versions:
+        if as_json:
+            click.echo(json.dumps(_versions_facts(), indent=2))
+        else:
+            click.echo(dependencies.report())
+        return
+    if path is None:
+        raise click.UsageError("give the PATH of a file to describe, or --versions")
     source = ds.open_source(path, dataset=dataset)
     facts = {**_source_facts(source), "nbytes": source.nbytes, "storage": source.describe_storage()}
     if as_json:
@@ -318,6 +347,18 @@ def info(path: str, dataset: str | None, as_json: bool) -> None:
     for key, value in facts.items():
         shown = format_size(value) if key == "nbytes" else value
         click.echo(f"{key:<15} {shown}")
+
+
+def _versions_facts() -> dict[str, Any]:
+    return {
+        "daskstream": dependencies.installed_version("daskstream"),
+        "dependencies": {
+            d.name: {"installed": d.installed, "needs": d.specifier, "extra": d.extra}
+            for d in dependencies.declared()
+            if d.extra not in ("test", "bench")
+        },
+        "usable_extras": dependencies.usable_extras(),
+    }
 
 
 @main.command("reduce")

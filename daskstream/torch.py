@@ -23,16 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import InvalidArgumentError, MissingDependencyError
+from daskstream.dependencies import optional_import
+from daskstream.errors import InvalidArgumentError
 from daskstream.streaming import stream
 
-try:
-    import torch
-    from torch.utils.data import IterableDataset, get_worker_info
-except ImportError as exc:  # pragma: no cover - exercised without torch installed
-    raise MissingDependencyError(
-        f"daskstream.torch needs PyTorch, which cannot be imported here ({exc}); pip install 'daskstream[torch]'"
-    ) from None
+torch = optional_import("torch", package="torch", needed_for="daskstream.torch", extra="torch")
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402 - only once torch is known to import
 
 __all__ = ["Batch", "StreamDataset"]
 

@@ -20,7 +20,8 @@ def test_quick_start_has_two_commands_and_ci_runs_the_second(repo_root):
     assert "daskstream demo" in commands[0]
     assert "pytest" in commands[1]
     ci = (repo_root / ".ci" / "run").read_text().strip().splitlines()
-    assert ci[-1] == commands[1]
+    # CI runs it as a user types it, on a line of its own (the check of the lowest versions follows).
+    assert commands[1] in ci
 
 
 def test_usage_example_runs(repo_root, tmp_path, monkeypatch):

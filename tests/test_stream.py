@@ -430,5 +430,5 @@ def test_the_torch_adapter_without_torch_says_what_to_install():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("MissingDependencyError daskstream.torch needs PyTorch")
+    assert done.stdout.startswith("MissingDependencyError daskstream.torch needs torch"), done.stdout
     assert "pip install 'daskstream[torch]'" in done.stdout

@@ -35,6 +35,7 @@ from dask.base import tokenize
 from dask.graph_manipulation import bind
 from dask.utils import funcname, has_keyword
 
+from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.graph.layers import budget_of
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
@@ -201,7 +202,6 @@ def map_blocks(
         "drop_axis": list(dropped),
         "new_axis": list(added) or None,
         "chunks": chunks,
-        "token": funcname(fn),
     }
     if not any(depths):
         return da.map_blocks(kernel, *inputs, **block_args)
@@ -276,6 +276,11 @@ class _CheckedKernel:
     depth: tuple[int, ...]
     passes_block_info: bool
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def __name__(self) -> str:
+        # dask names a task after its function (dask.utils.funcname): the user's, not this wrapper's.
+        return funcname(self.fn)
 
     def __call__(self, *blocks: Any, block_info: dict | None = None) -> Any:
         # dask passes block_info to every call, because this signature names it.
@@ -636,8 +641,4 @@ def _whole_axis_where_halo_exceeds(x: da.Array, depth: dict[int, int]) -> tuple[
 
 
 def _scipy_ndimage(caller: str) -> Any:
-    try:
-        from scipy import ndimage
-    except ImportError as exc:
-        raise ImportError(f"{caller} needs scipy: pip install scipy") from exc
-    return ndimage
+    return optional_import("scipy.ndimage", package="scipy", needed_for=caller, extra="scipy")

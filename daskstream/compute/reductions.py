@@ -462,7 +462,7 @@ def known_bin_edges(
     try:
         # An overflow to inf shows as edges that do not increase, which numpy refuses below.
         with np.errstate(over="ignore", invalid="ignore"):
-            return np.histogram_bin_edges(np.empty(0, dtype=dtype), count, range=bin_range)
+            return _increasing(np.histogram_bin_edges(np.empty(0, dtype=dtype), count, range=bin_range))
     except ValueError:  # "Too many bins for data range"
         edge_dtype = _edge_dtype(dtype)
         raise InvalidArgumentError(
@@ -560,12 +560,20 @@ def _edges_of_data_range(extremes: np.ndarray, bins: int) -> np.ndarray:
         )
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            return np.histogram_bin_edges(extremes, bins)
+            return _increasing(np.histogram_bin_edges(extremes, bins))
     except ValueError:  # "Too many bins for data range"
         raise InvalidArgumentError(
             f"bins={bins} over the data's range [{low}, {high}] do not make increasing "
             f"{_edge_dtype(extremes.dtype)} edges; give fewer bins, or range=(low, high)"
         ) from None
+
+
+def _increasing(edges: np.ndarray) -> np.ndarray:
+    """``edges`` when they increase; else the ValueError numpy 2 raises itself ("Too many bins"), which
+    numpy 1.26 does not: its edges may then repeat, and would count values in the wrong bins."""
+    if edges.size > 1 and not (np.all(np.isfinite(edges)) and np.all(np.diff(edges) > 0)):
+        raise ValueError("the edges do not increase")
+    return edges
 
 
 @functools.cache

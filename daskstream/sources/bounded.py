@@ -97,11 +97,23 @@ def blosc_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
 
     from numcodecs import blosc
 
-    claimed, _, _ = blosc._cbuffer_sizes(data)
-    _checked(int(claimed), size, exact, "blosc")
+    claimed = _blosc_decoded_size(data)
+    _checked(claimed, size, exact, "blosc")
     out = np.empty(int(claimed), dtype=np.uint8)
     blosc.decompress(data, out)
     return out
+
+
+def _blosc_decoded_size(data: Any) -> int:
+    """The decoded size a Blosc frame declares in its 16-byte header (bytes 4 to 8, little-endian).
+
+    Read from the header as the Blosc format documents it (c-blosc's README_HEADER), rather than
+    through numcodecs, whose helper for it is private and was renamed between versions.
+    """
+    header = memoryview(data).cast("B")[:16]
+    if len(header) < 16:
+        raise ValueError(f"a blosc frame has a 16-byte header; this one has {len(header)} bytes")
+    return int(struct.unpack_from("<I", header, 4)[0])
 
 
 def _streamed(decompressor: Any, data: Any, size: int, exact: bool, codec: str) -> bytes:

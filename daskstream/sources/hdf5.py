@@ -165,6 +165,7 @@ class Hdf5Source(Source):
             and not file_dtype.fields
             and dset.id.get_type().get_size() == file_dtype.itemsize
             and all(code in DECODABLE for code, _ in self.pipeline)
+            and _chunk_addresses_hold(dset)
         )
 
     def _dataset(self) -> Any:
@@ -252,6 +253,24 @@ class Hdf5Source(Source):
             return f"{self.storage_kind}"
         filters = "+".join(self.filters) if self.filters else "no filters"
         return f"chunked {self.storage_chunks}, {filters}"
+
+
+# From HDF5 1.14.4 the addresses HDF5 gives for chunks count the file's user block; before, they
+# started after it (measured: h5py 3.11 with HDF5 1.14.2 reads such a file's chunks at the wrong bytes).
+_CHUNK_ADDRESSES_COUNT_USERBLOCK = (1, 14, 4)
+
+
+def _chunk_addresses_hold(dset: Any) -> bool:
+    """Whether the chunk addresses HDF5 reports are where the bytes are in the file.
+
+    They are not in a file with a user block under an HDF5 older than 1.14.4:
+    such a file's chunks are read through h5py instead, which knows.
+    """
+    import h5py
+
+    if dset.file.userblock_size == 0:
+        return True
+    return tuple(h5py.version.hdf5_version_tuple[:3]) >= _CHUNK_ADDRESSES_COUNT_USERBLOCK
 
 
 def _find_dataset(f: Any, path: str, dataset: str | None, h5py: Any) -> Any:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError
+from daskstream.dependencies import floor, installed_version, optional_import
+from daskstream.errors import CorruptSourceError, DaskstreamError, MissingDependencyError, SourceChangedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
@@ -350,7 +351,19 @@ def _numcodecs_for(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
     if isinstance(codec, GzipCodec):
         return lambda data: gzip_decode(data, size, exact=exact)
     if isinstance(codec, Crc32cCodec):
-        from numcodecs.checksum32 import CRC32C
-
-        return CRC32C(location="end").decode
+        return _crc32c().decode
     raise _NotDecodedHere
+
+
+def _crc32c() -> Any:
+    """numcodecs' CRC32C checksum, which numcodecs 0.15 and later define only with the crc32c package."""
+    needed_for = "reading Zarr chunks with a crc32c checksum"
+    checksums = optional_import("numcodecs.checksum32", package="numcodecs", needed_for=needed_for)
+    crc32c = getattr(checksums, "CRC32C", None)
+    if crc32c is None:
+        raise MissingDependencyError(
+            f"{needed_for} needs numcodecs' CRC32C, which numcodecs {installed_version('numcodecs')} defines only "
+            f"beside a crc32c package (found: crc32c {installed_version('crc32c') or 'not installed'}, google-crc32c "
+            f"{installed_version('google-crc32c') or 'not installed'}); pip install crc32c, or numcodecs{floor('numcodecs')}"
+        )
+    return crc32c(location="end")

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from html import escape
 from typing import Any
 
+from daskstream.dependencies import optional_import
 from daskstream.display import grid_figure
 from daskstream.planning.budget import format_size
 
@@ -137,10 +138,7 @@ class TuneResult:
 
     def to_dataframe(self) -> Any:
         """The candidates as a ``pandas.DataFrame`` (needs pandas)."""
-        try:
-            import pandas as pd
-        except ImportError as exc:
-            raise ImportError("TuneResult.to_dataframe needs pandas: pip install pandas") from exc
+        pd = optional_import("pandas", package="pandas", needed_for="TuneResult.to_dataframe", extra="notebook")
         frame = pd.DataFrame([c.row() for c in self.candidates])
         frame["winner"] = [self.won(c) for c in self.candidates]
         return frame
@@ -150,10 +148,7 @@ class TuneResult:
 
         Returns the matplotlib ``Axes``.
         """
-        try:
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise ImportError("TuneResult.plot needs matplotlib: pip install 'daskstream[bench]'") from exc
+        plt = optional_import("matplotlib.pyplot", package="matplotlib", needed_for="TuneResult.plot", extra="notebook")
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 3.5))
         timed = [(c, c.throughput) for c in self.candidates if c.throughput is not None]

@@ -285,7 +285,7 @@ def test_a_missing_backend_names_the_pip_command(name, module, extra):
     env = {**os.environ, "DASK_DASKSTREAM__CLUSTER_FILES__ALLOW_NETWORK_LISTEN": "true"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode != 0
-    assert f"InvalidArgumentError: cluster configuration {CONFIGS / name}" in out.stderr
+    assert f"MissingDependencyError: cluster configuration {CONFIGS / name}" in out.stderr
     assert f"pip install 'daskstream[{extra}]'" in out.stderr
 
 

@@ -10,7 +10,6 @@ imported only by the kinds that need them.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import dask
 import dask.config
 from dask.utils import parse_bytes
 
+from daskstream.dependencies import optional_import
 from daskstream.errors import ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import check_scheduler_address, listen_points
 from daskstream.runtime.clusters.config import ClusterCheck, ClusterConfig, leaves, lookup
@@ -46,7 +46,7 @@ class ClusterKind:
         Starts the cluster (in the file's settings); ``None`` for kinds that join a scheduler
         already running at the file's ``scheduler-address``.
     backend
-        ``(module, extra)``: the optional module the kind needs and the daskstream extra that
+        ``(package, extra)``: the optional package the kind needs and the daskstream extra that
         installs it; ``None`` when distributed is enough.
     listens
         Why its scheduler listens beyond loopback by design (its workers run on other machines),
@@ -73,16 +73,12 @@ def applied(config: ClusterConfig) -> Iterator[None]:
 
 
 def backend(config: ClusterConfig, module: str) -> Any:
-    """``module`` of the kind's optional backend; a one-line error naming the extra when it is missing."""
-    package, extra = CLUSTER_KINDS[config.kind].backend or (module, "")
-    try:
-        importlib.import_module(package)
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise InvalidArgumentError(
-            f"cluster configuration {config.path} ({config.kind}) needs {exc.name or package}, "
-            f"which is not installed; install it with: pip install 'daskstream[{extra}]'"
-        ) from exc
+    """``module`` of the kind's optional backend; a one-line error naming the package, its version and the
+    extra that installs it when it is missing or too old."""
+    package, extra = CLUSTER_KINDS[config.kind].backend or (module, None)
+    return optional_import(
+        module, package=package, needed_for=f"cluster configuration {config.path} ({config.kind})", extra=extra
+    )
 
 
 # --- starting ----------------------------------------------------------------------------------
@@ -335,7 +331,7 @@ def _batch_kind(name: str) -> ClusterKind:
         (f"jobqueue.{name}.cores", f"jobqueue.{name}.memory"),
         _check_jobqueue,
         _start_jobqueue,
-        backend=("dask_jobqueue", "jobqueue"),
+        backend=("dask-jobqueue", "jobqueue"),
         listens=_BATCH_SCHEDULER,
         scaled_in_jobs=True,
     )
@@ -362,7 +358,7 @@ CLUSTER_KINDS: dict[str, ClusterKind] = {
             ("kubernetes.name", "kubernetes.image"),
             _check_kubernetes,
             _start_kubernetes,
-            backend=("dask_kubernetes.operator", "kubernetes"),
+            backend=("dask-kubernetes", "kubernetes"),
             listens="starts a dask scheduler and workers in Kubernetes pods, listening on the cluster's network; "
             "anyone who reaches the scheduler can run code with its permissions",
         ),
