@@ -95,7 +95,7 @@ class TaskProgress(Callback):
         super().__init__()
         self._bar = bar
         self._read_before = bytes_read_here()
-        self._started = time.perf_counter()
+        self._started = self._shown = time.perf_counter()
 
     def _start_state(self, dsk: Any, state: dict[str, Any]) -> None:
         # Added rather than set: a graph computed inside a task starts another state.
@@ -103,9 +103,13 @@ class TaskProgress(Callback):
         self._bar.refresh()
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
-        # Sources count what they deliver in the process that reads; threads and sync read here.
-        read = bytes_read_here() - self._read_before
-        if read and hasattr(self._bar, "set_postfix_str"):
-            rate = read / max(time.perf_counter() - self._started, 1e-9)
-            self._bar.set_postfix_str(f"read {format_size(read)}, {format_size(rate)}/s", refresh=False)
+        # Sources count what they deliver in the process that reads; threads and sync read here. Worked out
+        # at most every tenth of a second: this runs after every task, and a graph may have a great many.
+        now = time.perf_counter()
+        if now - self._shown >= 0.1 and hasattr(self._bar, "set_postfix_str"):
+            self._shown = now
+            read = bytes_read_here() - self._read_before
+            if read:
+                rate = read / max(now - self._started, 1e-9)
+                self._bar.set_postfix_str(f"read {format_size(read)}, {format_size(rate)}/s", refresh=False)
         self._bar.update(1)

@@ -407,19 +407,21 @@ class Session:
 
 def _label(objs: tuple[Any, ...]) -> str:
     """A progress bar's label: ``"compute x.npy, y.h5"`` (the first sources read), else ``"compute"``."""
-    described = _described(objs)
-    return "compute" + (" " + described.partition(" from ")[2] if " from " in described else "")
+    shown = _sources_shown(objs)
+    return f"compute {shown}" if shown else "compute"
 
 
 def _described(objs: tuple[Any, ...]) -> str:
     """What a computation does, for messages: ``"computing 1 result(s) from x.npy, y.h5"``."""
+    shown = _sources_shown(objs)
+    return f"computing {len(objs)} result(s)" + (f" from {shown}" if shown else "")
 
+
+def _sources_shown(objs: tuple[Any, ...]) -> str:
+    """The sources ``objs`` read, the first three by name (``"x.npy, y.h5 and 2 more"``); ``""`` for none."""
     names: list[str] = []
     for obj in objs:
         if dask.is_dask_collection(obj):
             with contextlib.suppress(Exception):
                 names += [source.name for _, source, _ in read_layers(obj) if source.name not in names]
-    if not names:
-        return f"computing {len(objs)} result(s)"
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return f"computing {len(objs)} result(s) from {shown}"
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
