@@ -73,13 +73,17 @@ class _OneLineError(click.ClickException):
 # One subclass of _OneLineError per exit status seen, made once.
 _ONE_LINE_KINDS: dict[int, type[_OneLineError]] = {}
 
+# click 8.2 raises this usage error where a bare group shows its help; 8.1 exits instead, and has no
+# such class (an empty tuple catches nothing).
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
 
 @contextlib.contextmanager
 def _one_line_click_errors() -> Any:
     """Re-raise click's errors as :class:`_OneLineError`, which click then shows and exits with."""
     try:
         yield
-    except click.exceptions.NoArgsIsHelpError:
+    except _NO_ARGS_IS_HELP:
         raise  # a bare group shows its help, as click does
     except _OneLineError:
         raise
@@ -719,12 +723,9 @@ def _compressor(codec: str, level: int, *, hdf5: bool) -> Any:
     if hdf5:
         if codec == "gzip":
             return {"compression": "gzip", "compression_opts": level, "shuffle": True}
-        try:
-            import hdf5plugin
-        except ImportError:
-            raise click.UsageError(
-                f"--codec {codec} for HDF5 needs the hdf5plugin filters: pip install 'daskstream[hdf5plugin]'"
-            ) from None
+        hdf5plugin = dependencies.optional_import(
+            "hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=f"--codec {codec} for an HDF5 target"
+        )
         if codec == "zstd":
             return hdf5plugin.Zstd(clevel=level)
         return hdf5plugin.Blosc(cname="lz4", clevel=level, shuffle=hdf5plugin.Blosc.SHUFFLE)

@@ -154,9 +154,10 @@ def optional_import(module: str, *, package: str, needed_for: str, extra: str | 
     try:
         return importlib.import_module(module)
     except ImportError as exc:
+        wanted_module = f"{package}{wanted}" if module == package else f"{module} from {package}{wanted}"
         raise MissingDependencyError(
-            f"{needed_for} needs {module} from {package}{wanted}, which {package} {version} cannot import "
-            f"({exc}); {install}"
+            f"{needed_for} needs {wanted_module}, which the installed {package} {version} cannot import ({exc}); "
+            f"{install}"
         ) from exc
 
 

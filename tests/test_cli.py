@@ -302,6 +302,28 @@ def test_convert_writes_any_level_its_codec_takes(tmp_path, target, codec, level
     assert _stored_level(out, codec) == level
 
 
+_WITHOUT_HDF5PLUGIN = """
+import sys
+sys.modules["hdf5plugin"] = None  # installed, but not importable here
+from daskstream.cli import main
+main()
+"""
+
+
+def test_convert_to_hdf5_with_a_plugin_codec_and_no_plugin_says_what_to_install(tmp_path):
+    np.save(tmp_path / "src.npy", np.zeros((20, 3), dtype="f4"))
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_HDF5PLUGIN, "convert", str(tmp_path / "src.npy"), f"{tmp_path}/out.h5::/x",
+         "--codec", "zstd", "--quiet"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--codec zstd for an HDF5 target needs hdf5plugin>=7" in done.stderr
+    assert "pip install 'daskstream[hdf5plugin]'" in done.stderr
+    assert not (tmp_path / "out.h5").exists()
+
+
 def _stored_level(out: str, codec: str) -> int:
     """The compression level the file records for ``codec``."""
     if "::" not in out:

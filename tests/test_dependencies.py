@@ -12,8 +12,9 @@ import pytest
 import zarr
 from packaging.requirements import Requirement
 
+import daskstream as ds
 from daskstream import dependencies
-from daskstream.errors import DaskstreamError, MissingDependencyError
+from daskstream.errors import CorruptSourceError, DaskstreamError, MissingDependencyError
 
 
 def test_every_core_dependency_is_installed_in_its_declared_range():
@@ -61,16 +62,15 @@ _WITHOUT_CRC32C = """
 import sys
 import numcodecs.checksum32
 # As numcodecs 0.15 is where no crc32c package is installed: without its CRC32C checksum.
-del numcodecs.checksum32.CRC32C
+numcodecs.checksum32.__dict__.pop("CRC32C", None)
+sys.modules["crc32c"] = None  # and no crc32c package to import
+import numpy as np
 import daskstream as ds
-try:
-    ds.open(sys.argv[1]).compute()
-except ImportError as exc:
-    print(type(exc).__name__, exc)
+print(float(np.asarray(ds.open(sys.argv[1])).sum()))
 """
 
 
-def test_a_zarr_checksum_without_the_crc32c_package_names_it(tmp_path):
+def test_zarr_checksums_are_checked_without_numcodecs_crc32c(tmp_path):
     # The failure this replaces: "ImportError: cannot import name 'CRC32C' from 'numcodecs.checksum32'".
     array = zarr.create_array(tmp_path / "a.zarr", shape=(40,), chunks=(10,), shards=(20,), dtype="f4")
     array[:] = np.arange(40, dtype="f4")
@@ -78,11 +78,36 @@ def test_a_zarr_checksum_without_the_crc32c_package_names_it(tmp_path):
         [sys.executable, "-c", _WITHOUT_CRC32C, str(tmp_path / "a.zarr")], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("MissingDependencyError reading Zarr chunks with a crc32c checksum needs"), (
-        done.stdout
+    assert float(done.stdout) == float(np.arange(40).sum())
+
+
+def test_zarr_checksums_are_computed_in_c():
+    # google-crc32c falls back to pure Python (about 100 times slower, with a RuntimeWarning) where
+    # its C extension does not load: as 1.5 does without setuptools' pkg_resources.
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", "import google_crc32c; print(google_crc32c.implementation)"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "c"
+
+
+def test_a_zarr_checksum_that_does_not_match_is_an_error_naming_the_chunk(tmp_path):
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    array = zarr.create_array(
+        tmp_path / "a.zarr", shape=(40,), chunks=(20,), dtype="f4", compressors=[ZstdCodec(), Crc32cCodec()]
     )
-    assert f"numcodecs {importlib.metadata.version('numcodecs')} defines only beside a crc32c package" in done.stdout
-    assert "pip install crc32c" in done.stdout
+    array[:] = np.arange(40, dtype="f4")
+    chunk = tmp_path / "a.zarr" / "c" / "1"
+    raw = bytearray(chunk.read_bytes())
+    raw[-1] ^= 0xFF  # the stored checksum, so the compressed bytes still decode
+    chunk.write_bytes(bytes(raw))
+    source = ds.open_source(tmp_path / "a.zarr")
+    np.testing.assert_array_equal(source.read((slice(0, 20),)), np.arange(20, dtype="f4"))
+    with pytest.raises(CorruptSourceError, match="chunk 'c/1'") as caught:
+        source.read((slice(20, 40),))
+    assert "crc32c checksum" in str(caught.value.__cause__)
 
 
 def test_the_command_prints_the_versions_for_bug_reports():

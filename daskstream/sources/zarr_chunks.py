@@ -3,9 +3,10 @@
 zarr-python 3 runs every read through one event loop and decodes on its own
 thread pool, so dask threads calling it queue behind each other and compete
 with that pool for the cores. For arrays in a local directory whose codecs
-numcodecs decodes (zstd, blosc, gzip, crc32c; the bytes codec; sharding over
-those), a task here reads each chunk or shard file with one system call and
-decodes it with numcodecs in its own thread. numcodecs releases the GIL while
+numcodecs decodes (zstd, blosc, gzip; crc32c checksums, checked with
+google-crc32c as zarr does; the bytes codec; sharding over those), a task here
+reads each chunk or shard file with one system call and decodes it with
+numcodecs in its own thread. numcodecs releases the GIL while
 it decompresses, so two tasks decode on two cores, and nothing else spawns
 threads.
 
@@ -21,10 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
-from daskstream.dependencies import floor, installed_version, optional_import
-from daskstream.errors import CorruptSourceError, DaskstreamError, MissingDependencyError, SourceChangedError
+from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
@@ -351,19 +352,23 @@ def _numcodecs_for(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
     if isinstance(codec, GzipCodec):
         return lambda data: gzip_decode(data, size, exact=exact)
     if isinstance(codec, Crc32cCodec):
-        return _crc32c().decode
+        return _checked_crc32c
     raise _NotDecodedHere
 
 
-def _crc32c() -> Any:
-    """numcodecs' CRC32C checksum, which numcodecs 0.15 and later define only with the crc32c package."""
-    needed_for = "reading Zarr chunks with a crc32c checksum"
-    checksums = optional_import("numcodecs.checksum32", package="numcodecs", needed_for=needed_for)
-    crc32c = getattr(checksums, "CRC32C", None)
-    if crc32c is None:
-        raise MissingDependencyError(
-            f"{needed_for} needs numcodecs' CRC32C, which numcodecs {installed_version('numcodecs')} defines only "
-            f"beside a crc32c package (found: crc32c {installed_version('crc32c') or 'not installed'}, google-crc32c "
-            f"{installed_version('google-crc32c') or 'not installed'}); pip install crc32c, or numcodecs{floor('numcodecs')}"
-        )
-    return crc32c(location="end")
+def _checked_crc32c(data: Any) -> np.ndarray:
+    """The bytes before a crc32c checksum (Zarr's ``crc32c`` codec), once they match it.
+
+    The checksum is computed by ``google_crc32c``, the library zarr itself checks it with, so reading
+    needs nothing zarr does not install (numcodecs' CRC32C exists only beside a separate crc32c package
+    in some numcodecs releases).
+    """
+    # As a numpy array: google_crc32c takes one whether or not its memory is writable, a memoryview not.
+    view = np.frombuffer(data, dtype=np.uint8)
+    if len(view) < 4:
+        raise ValueError(f"{len(view)} byte(s) cannot hold a crc32c checksum (4 bytes)")
+    body, stored = view[:-4], int.from_bytes(view[-4:].tobytes(), "little")
+    computed = google_crc32c.value(body)
+    if computed != stored:
+        raise ValueError(f"stored crc32c checksum {stored:#010x} does not match the data's {computed:#010x}")
+    return body
