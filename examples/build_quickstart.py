@@ -106,7 +106,7 @@ batches""",
 for batch in batches:  # one epoch; a training step would go here
     seen += len(batch)
     total += float(batch.sum(dtype="f8"))
-seen == ds.open_source(paths["npy"]).shape[0], np.isclose(total, float(ds.open(paths["npy"]).sum(dtype="f8").compute()))""",
+seen == ds.open_source(paths["npy"]).shape[0], bool(np.isclose(total, float(ds.open(paths["npy"]).sum(dtype="f8").compute())))""",
     ),
     ("code", "import shutil\n\nshutil.rmtree(folder)"),
 ]

@@ -31,4 +31,4 @@ def test_quickstart_notebook_runs_without_error(repo_root, tmp_path):
     last_check = next(
         o for c in notebook.cells if c.cell_type == "code" and c.source.startswith("seen, total") for o in c.outputs
     )
-    assert last_check["data"]["text/plain"] == "(True, np.True_)"
+    assert last_check["data"]["text/plain"] == "(True, True)"

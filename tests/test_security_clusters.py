@@ -408,9 +408,10 @@ def test_every_loopback_spelling_is_accepted_and_the_cluster_listens_on_loopback
 
     with ds.session(cluster=path, progress=False) as s:
         assert s.compute(ds.open(npy).sum()) == pytest.approx(data.sum(dtype="f8"), rel=1e-5)
-        listening = {
-            c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN
-        }
+        process = psutil.Process()
+        # psutil 6 renamed connections() to net_connections().
+        connections = getattr(process, "net_connections", None) or process.connections
+        listening = {c.laddr.ip for c in connections(kind="inet") if c.status == psutil.CONN_LISTEN}
     assert "127.0.0.2" in listening
     assert all(ipaddress.ip_address(ip).is_loopback for ip in listening), listening
 

@@ -26,31 +26,44 @@ import numpy as np
 CHUNKS = (64, 4096)
 
 
-def slow_double(block: np.ndarray, counter_dir: str, delay: float, block_info: dict | None = None) -> np.ndarray:
-    """``2 * block``, leaving one file per computation in ``counter_dir``.
+class Pacing:
+    """Where ``slow_double`` counts its calls and how long a varying block takes.
 
-    Blocks that vary take ``delay`` seconds; constant ones are quick, so in the
-    disk-full test they are written before a slow, incompressible block fails.
+    Its token is the same whatever the folder and the delay, which change how the
+    blocks are computed but not what they hold: dask versions that append a token
+    of the arguments to ``map_blocks(name=...)`` then still name both processes'
+    arrays alike.
+    """
+
+    def __init__(self, counter_dir: str, delay: float) -> None:
+        self.counter_dir = counter_dir
+        self.delay = delay
+
+    def __dask_tokenize__(self) -> str:
+        return "store-worker-pacing"
+
+
+def slow_double(block: np.ndarray, pacing: Pacing, block_info: dict | None = None) -> np.ndarray:
+    """``2 * block``, leaving one file per computation in ``pacing.counter_dir``.
+
+    Blocks that vary take ``pacing.delay`` seconds; constant ones are quick, so in
+    the disk-full test they are written before a slow, incompressible block fails.
     """
     index = ".".join(map(str, block_info[0]["chunk-location"]))  # type: ignore[index]
     # One file per call, named by block: the test counts which blocks were computed where.
-    with open(os.path.join(counter_dir, f"{index}-{os.getpid()}-{uuid.uuid4().hex}"), "wb"):
+    with open(os.path.join(pacing.counter_dir, f"{index}-{os.getpid()}-{uuid.uuid4().hex}"), "wb"):
         pass
     if block.size and block.min() != block.max():
-        time.sleep(delay)
+        time.sleep(pacing.delay)
     return block * 2
 
 
 def build(source: str, counter_dir: str, delay: float):
-    """The array both processes store.
-
-    Its name leaves out the counter folder and the delay, which change how the
-    blocks are computed but not what they hold.
-    """
+    """The array both processes store, under the same name in both."""
     import daskstream as ds
 
     x = ds.open(source, chunks=CHUNKS)
-    return x.map_blocks(slow_double, counter_dir, delay, dtype=x.dtype, name=f"slow-double-{x.name}")
+    return x.map_blocks(slow_double, Pacing(counter_dir, delay), dtype=x.dtype, name=f"slow-double-{x.name}")
 
 
 def main(argv: list[str]) -> int:
@@ -70,9 +83,13 @@ def main(argv: list[str]) -> int:
     def report(done: int, total: int) -> None:
         print(f"progress {done} {total}", flush=True)
 
+    # The kernel taken from this file as the module the test imports, not as __main__: dask versions
+    # that tokenize a function by its pickle (module included) then name the array as the test does.
+    from store_worker import build as build_as_imported
+
     with dask.config.set(scheduler="threads", num_workers=2):
         try:
-            store(build(source, counter_dir, delay), target, progress=report)
+            store(build_as_imported(source, counter_dir, delay), target, progress=report)
         except DaskstreamError as exc:
             kinds = [cls.__name__ for cls in type(exc).__mro__]
             print(json.dumps({"error": kinds, "message": str(exc)}), flush=True)
