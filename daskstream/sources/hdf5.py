@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from daskstream.dependencies import installed_version, optional_import
 from daskstream.errors import (
     CorruptSourceError,
     MemberNotFoundError,
+    MissingDependencyError,
     NotAnArrayError,
     UnsupportedDtypeError,
 )
@@ -41,6 +43,56 @@ HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 
 # Raw on-disk bytes equal numpy's for these kinds, so contiguous data can skip h5py.
 _RAW_READABLE_KINDS = set("biufcS")
+
+
+# Filters hdf5plugin provides, by the ids registered with The HDF Group: bzip2, blosc, lz4, bitshuffle,
+# zfp, zstd, sz, fcidecomp, sz3, blosc2. Named without importing it, to say what to install.
+_HDF5PLUGIN_FILTERS = frozenset({307, 32001, 32004, 32008, 32013, 32015, 32017, 32018, 32024, 32026})
+
+
+def _missing_filter(name: str, pipeline: tuple, filters: tuple[str, ...], h5py: Any) -> MissingDependencyError | None:
+    """The error naming what provides a filter of the dataset that h5py cannot decode here, if one is missing.
+
+    Without it a read that needs the filter fails deep in HDF5 ("can't open
+    directory ... plugin"), which reads as a damaged file.
+    """
+    for (code, _), filter_name in zip(pipeline, filters, strict=True):
+        if h5py.h5z.filter_avail(code):
+            continue
+        needed_for = f"{name}: decoding its HDF5 filter {filter_name!r} (id {code})"
+        if code not in _HDF5PLUGIN_FILTERS:
+            return MissingDependencyError(
+                f"{needed_for} needs an HDF5 filter plugin that neither h5py nor hdf5plugin provides: install the "
+                "plugin for that filter and set HDF5_PLUGIN_PATH to the folder holding it"
+            )
+        try:  # says whether hdf5plugin is missing, too old or cannot load
+            optional_import("hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=needed_for)
+        except MissingDependencyError as missing:
+            return missing
+        return MissingDependencyError(
+            f"{needed_for} needs a filter the installed hdf5plugin {installed_version('hdf5plugin')} does not "
+            "register; pip install --upgrade 'daskstream[hdf5plugin]'"
+        )
+    return None
+
+
+def _first_chunk_filtered_by_missing(dset: Any, pipeline: tuple, h5py: Any) -> bool:
+    """Whether the first chunk written went through a filter h5py cannot decode here.
+
+    Filters are optional in HDF5: a writer without one skips it, chunk by chunk
+    (the chunk's filter mask says so), and such a file reads without it. So a
+    missing filter is refused at open only when a chunk is known to need it;
+    otherwise the read of a chunk that does says so.
+    """
+    if not pipeline or dset.chunks is None:
+        return False
+    try:
+        if dset.id.get_num_chunks() == 0:
+            return False
+        mask = dset.id.get_chunk_info(0).filter_mask
+    except (OSError, RuntimeError):  # a chunk index h5py cannot walk: the read that needs it will say so
+        return False
+    return any(not h5py.h5z.filter_avail(code) and not mask & (1 << i) for i, (code, _) in enumerate(pipeline))
 
 
 def import_h5py() -> Any:
@@ -167,6 +219,10 @@ class Hdf5Source(Source):
             and all(code in DECODABLE for code, _ in self.pipeline)
             and _chunk_addresses_hold(dset)
         )
+        if not self.raw_chunks and _first_chunk_filtered_by_missing(dset, self.pipeline, h5py):
+            missing = _missing_filter(self.name, self.pipeline, self.filters, h5py)
+            if missing is not None:
+                raise missing
 
     def _dataset(self) -> Any:
         h5py = import_h5py()
@@ -225,6 +281,9 @@ class Hdf5Source(Source):
             else:
                 dset.read_direct(out, source_sel=box)
         except OSError as exc:
+            missing = _missing_filter(self.name, self.pipeline, self.filters, import_h5py())
+            if missing is not None:
+                raise missing from None
             raise CorruptSourceError(
                 f"{self.name}: HDF5 could not read region {_box_text(box)} ({_first_line(exc)}); "
                 "the file may be damaged: re-create or re-copy it"

@@ -434,3 +434,63 @@ def test_an_array_element_type_reads_as_h5py_reads_it(tmp_path):
     assert x.dtype == np.float64
     assert_same_array(x.compute(), expected)
     assert_same_array(daskstream.open_source(f"{path}::a")[2:7, 1:], expected[2:7, 1:])
+
+
+_WITHOUT_HDF5PLUGIN = """
+import json, sys
+sys.modules["hdf5plugin"] = None  # installed, but not loaded: its filters are not registered
+import numpy as np
+import daskstream as ds
+from daskstream.errors import DaskstreamError
+
+path = sys.argv[1]
+outcome = {}
+for dataset, region in (("zstd", None), ("bitshuffle", None), ("mixed", slice(0, 10)), ("mixed", slice(10, 20))):
+    try:
+        source = ds.open_source(path, dataset=dataset)
+        outcome[f"{dataset}{'' if region is None else region.start}"] = float(source.read((region or slice(None),)).sum())
+    except DaskstreamError as exc:
+        outcome[f"{dataset}{'' if region is None else region.start}"] = [type(exc).__name__, isinstance(exc, ImportError), str(exc)]
+print(json.dumps(outcome))
+"""
+
+
+def test_a_plugin_filter_without_its_plugin_names_the_filter_and_what_to_install(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    values = np.arange(20, dtype="f8")
+    path = tmp_path / "plugins.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("zstd", data=values, chunks=(10,), **hdf5plugin.Zstd())
+        f.create_dataset("bitshuffle", data=values, chunks=(10,), **hdf5plugin.Bitshuffle())
+        # The first chunk stored without the filter (its mask says skipped, as a writer without the
+        # plugin leaves it), the second through it: only a read of the second needs the plugin.
+        mixed = f.create_dataset("mixed", shape=(20,), dtype="f8", chunks=(10,), **hdf5plugin.Bitshuffle())
+        mixed[10:] = values[10:]
+        mixed.id.write_direct_chunk((0,), values[:10].tobytes(), filter_mask=1)
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["mixed"][...], values)  # the file is sound
+
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_HDF5PLUGIN, str(path)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout)
+    assert outcome["zstd"] == values.sum()  # zstd daskstream decodes itself
+    assert outcome["mixed0"] == values[:10].sum()
+    for key in ("bitshuffle", "mixed10"):
+        kind, is_import_error, message = outcome[key]
+        assert (kind, is_import_error) == ("MissingDependencyError", True), outcome[key]
+        assert "decoding its HDF5 filter 'bitshuffle' (id 32008) needs hdf5plugin>=" in message
+        assert "pip install 'daskstream[hdf5plugin]'" in message
+        assert "damaged" not in message
+
+
+def test_an_optional_filter_no_chunk_went_through_reads_without_it(tmp_path):
+    # HDF5 skips an optional filter it does not have on write; the file reads without it.
+    path = tmp_path / "skipped.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(100.0), chunks=(10,), compression=32999, allow_unknown_filter=True)
+    np.testing.assert_array_equal(daskstream.open(f"{path}::x").compute(), h5py_reads(path, "x"))
