@@ -7,15 +7,18 @@ import json
 import math
 import os
 import posixpath
+import re
 import zipfile
 from typing import Any
 
 import numpy as np
 
+from daskstream.dependencies import installed_version
 from daskstream.errors import (
     CorruptSourceError,
     DaskstreamError,
     MemberNotFoundError,
+    MissingDependencyError,
     NotAnArrayError,
     SourceNotFoundError,
     UnsupportedDtypeError,
@@ -43,7 +46,8 @@ _VERSION_STAMP_KEYS = ("ETag", "etag", "LastModified", "last_modified", "generat
 _MAX_METADATA_BYTES = 64 * 2**20
 
 # What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
-_ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError)
+# ImportError: a codec whose package is missing (some numcodecs releases say so on creating it).
+_ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError, ImportError)
 
 
 def is_url(path: str) -> bool:
@@ -210,6 +214,23 @@ class ZarrSource(Source):
 
     def _metadata_error(self, member: str, exc: BaseException) -> Exception:
         where = f"{self.path}::{member}" if member else self.path
+        unavailable = _unavailable_codec(exc)
+        if unavailable is not None:
+            codec, package = unavailable
+            install = (
+                f"pip install {package}"
+                if package
+                else "install the package that provides it (zarr and numcodecs find codecs by entry point)"
+            )
+            return MissingDependencyError(
+                f"{where}: the array's codec {codec!r} is not available in this installation (zarr "
+                f"{installed_version('zarr')}, numcodecs {installed_version('numcodecs')}); {install}, then open it again"
+            )
+        if isinstance(exc, ImportError):
+            return MissingDependencyError(
+                f"{where}: reading the array needs a package that could not be imported ({exc}); install it, "
+                "then open it again"
+            )
         dtype = self._declared_dtype(member)
         if dtype is not None and np.dtype(dtype).kind in "SUO":
             return UnsupportedDtypeError(
@@ -325,6 +346,29 @@ class ZarrSource(Source):
         )
         codecs = "+".join(self.codecs) or "no codecs"
         return f"zarr v{self.zarr_format}, {grid}, {codecs}"
+
+
+# How zarr (format 3) and numcodecs (format 2) say that a codec named in the metadata is not registered,
+# and how some numcodecs releases say that the package behind a registered codec is missing.
+_UNAVAILABLE_CODEC = re.compile(r"(?:Unknown codec|codec not available):? '+(?P<codec>[^']+)'+")
+_CODEC_PACKAGE_MISSING = re.compile(r"(?P<package>[\w.-]+) must be installed to use the (?P<codec>\w+) codec")
+
+# numcodecs codecs that exist only beside a package of their own.
+_CODEC_PACKAGES = {"zfpy": "zfpy", "pcodec": "pcodec", "crc32c": "crc32c", "msgpack2": "msgpack"}
+
+
+def _unavailable_codec(exc: BaseException | None) -> tuple[str, str | None] | None:
+    """The codec a metadata error says is not available here, and the package it needs where known."""
+    while exc is not None:
+        found = _UNAVAILABLE_CODEC.search(str(exc))
+        if found:
+            codec = found.group("codec")
+            return codec, _CODEC_PACKAGES.get(codec.removeprefix("numcodecs."))
+        found = _CODEC_PACKAGE_MISSING.search(str(exc))
+        if found:
+            return found.group("codec"), found.group("package")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _arrays_among(keys: list[tuple[str, str]], read: Any) -> list[str]:

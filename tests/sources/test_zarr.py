@@ -12,6 +12,7 @@ import daskstream as ds
 from daskstream.errors import (
     DaskstreamError,
     MemberNotFoundError,
+    MissingDependencyError,
     NotAnArrayError,
     NotAZarrStoreError,
     SourceNotFoundError,
@@ -348,3 +349,43 @@ def test_variable_length_strings_refused(tmp_path, zarr_format):
         daskstream.open_source(path)
     assert isinstance(info.value, TypeError)
     assert path in str(info.value)
+
+
+def _name_a_codec(path, zarr_format: int, codec: str) -> None:
+    """Rewrite the metadata of the array at ``path`` to compress with ``codec``, as another installation wrote it."""
+    import json
+
+    if zarr_format == 2:
+        metadata = json.loads((path / ".zarray").read_text())
+        metadata["compressor"] = {"id": codec}
+        (path / ".zarray").write_text(json.dumps(metadata))
+    else:
+        metadata = json.loads((path / "zarr.json").read_text())
+        metadata["codecs"] = [metadata["codecs"][0], {"name": codec, "configuration": {}}]
+        (path / "zarr.json").write_text(json.dumps(metadata))
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_codec_not_available_here_names_it_and_what_to_install(tmp_path, zarr_format):
+    path = tmp_path / "a.zarr"
+    zarr.create_array(path, shape=(20,), chunks=(10,), dtype="f8", zarr_format=zarr_format)[:] = np.arange(20.0)
+    _name_a_codec(path, zarr_format, "no-such-codec")
+    with pytest.raises(
+        MissingDependencyError, match="codec 'no-such-codec' is not available in this installation"
+    ) as caught:
+        daskstream.open_source(path)
+    assert isinstance(caught.value, ImportError)
+    assert "install the package that provides it" in str(caught.value)
+    assert "re-create" not in str(caught.value)  # the store is sound
+
+
+def test_a_numcodecs_codec_whose_package_is_missing_names_the_package(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("pcodec") is not None:
+        pytest.skip("pcodec is installed here")
+    path = tmp_path / "a.zarr"
+    zarr.create_array(path, shape=(20,), chunks=(10,), dtype="f8", zarr_format=2)[:] = np.arange(20.0)
+    _name_a_codec(path, 2, "pcodec")
+    with pytest.raises(MissingDependencyError, match=r"(?i)codec 'pcodec' is not available .*; pip install pcodec, then"):
+        daskstream.open_source(path)
