@@ -387,5 +387,7 @@ def test_a_numcodecs_codec_whose_package_is_missing_names_the_package(tmp_path):
     path = tmp_path / "a.zarr"
     zarr.create_array(path, shape=(20,), chunks=(10,), dtype="f8", zarr_format=2)[:] = np.arange(20.0)
     _name_a_codec(path, 2, "pcodec")
-    with pytest.raises(MissingDependencyError, match=r"(?i)codec 'pcodec' is not available .*; pip install pcodec, then"):
+    with pytest.raises(
+        MissingDependencyError, match=r"(?i)codec 'pcodec' is not available .*; pip install pcodec, then"
+    ):
         daskstream.open_source(path)
