@@ -24,7 +24,7 @@ import yaml
 
 import daskstream as ds
 from daskstream import dependencies
-from daskstream.compute.store import target_format
+from daskstream.compute.store import stored_bytes, target_format
 from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError
 from daskstream.planning.budget import format_size, parse_budget
@@ -617,6 +617,7 @@ def tune_command(
     "--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Format of a new Zarr array."
 )
 @_compute_options
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def store(
     source: str,
     target: str,
@@ -630,11 +631,17 @@ def store(
     cluster_file: str | None,
     memory_budget: str | None,
     quiet: bool,
+    as_json: bool,
 ) -> None:
-    """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume."""
+    """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume.
+
+    Prints what was written: blocks, bytes in and on disk, seconds. Run
+    again after it finished, it finds the target complete and writes nothing.
+    """
 
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset)
+        tally = _StoreTally(None if quiet else BlockProgress(f"store {target}", int(x.nbytes)))
         ds.store(
             x,
             target,
@@ -643,7 +650,56 @@ def store(
             overwrite=overwrite,
             compressor=None if compressor == "none" else compressor,
             zarr_format=int(zarr_format),
-            progress=not quiet,
+            progress=tally,
+        )
+    _print_store_summary(tally, x, source, target, target_dataset, as_json)
+
+
+class _StoreTally:
+    """Counts what a store does from its progress reports, passing them on to a bar."""
+
+    def __init__(self, bar: BlockProgress | None) -> None:
+        self.bar = bar
+        self.total = 0
+        self.done_before: int | None = None
+        self.started = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.done_before is None:  # the first report says how many blocks an earlier run had written
+            self.done_before = done
+        self.total = total
+        if self.bar is not None:
+            self.bar(done, total)
+
+
+def _print_store_summary(
+    tally: _StoreTally, x: Any, source: str, target: str, target_dataset: str | None, as_json: bool
+) -> None:
+    seconds = time.perf_counter() - tally.started
+    before = tally.done_before or 0
+    written = tally.total - before
+    on_disk = stored_bytes(target, dataset=target_dataset)
+    summary = {
+        "source": source,
+        "target": target,
+        "blocks": tally.total,
+        "blocks_written": written,
+        "already_complete": written == 0 and tally.total > 0,
+        "bytes_in": int(x.nbytes),
+        "bytes_stored": on_disk,
+        "ratio": round(int(x.nbytes) / on_disk, 3) if on_disk else None,
+        "seconds": round(seconds, 3),
+    }
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    elif summary["already_complete"]:
+        click.echo(f"{target}: already complete: {tally.total} blocks; nothing written")
+    else:
+        resumed = f", {before} done before" if before else ""
+        ratio = f" (ratio {summary['ratio']:.2f})" if summary["ratio"] else ""
+        click.echo(
+            f"{source} -> {target}: {written} of {tally.total} blocks written{resumed}, "
+            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s"
         )
 
 
@@ -667,6 +723,7 @@ def store(
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
 @_compute_options
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(
     source: str,
     target: str,
@@ -679,16 +736,21 @@ def convert(
     cluster_file: str | None,
     memory_budget: str | None,
     quiet: bool,
+    as_json: bool,
 ) -> None:
-    """Re-encode SOURCE into a Zarr store or an HDF5 dataset (TARGET::/name) with new chunks and codec."""
+    """Re-encode SOURCE into a Zarr store or an HDF5 dataset (TARGET::/name) with new chunks and codec.
+
+    Prints what was written, as store does; run again, it resumes or finds the target complete.
+    """
 
     spec = _chunk_spec(chunks)
     # Built (and its level checked) before anything is read or written.
     compressor = _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset, chunks=spec)
-        progress = None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes))
-        ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=progress)
+        tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
+        ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=tally)
+    _print_store_summary(tally, x, source, target, None, as_json)
 
 
 def _chunk_spec(chunks: str) -> str | tuple[int, ...]:

@@ -71,19 +71,47 @@ def test_unknown_demo_format_is_a_usage_error():
     assert "tiff" in done.stderr
 
 
-def test_store_copies_and_refuses_to_overwrite(tmp_path):
+def test_store_copies_finds_itself_complete_and_refuses_other_data(tmp_path):
     data = np.arange(3000, dtype="f4").reshape(300, 10)
     np.save(tmp_path / "a.npy", data)
     target = tmp_path / "out.zarr"
     done = run("store", str(tmp_path / "a.npy"), str(target), "--quiet")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{tmp_path / 'a.npy'} -> {target}: ")
+    assert " blocks written, 11.72 kiB in, " in done.stdout
     import zarr
 
     np.testing.assert_array_equal(zarr.open_array(target, mode="r")[...], data)
-    again = run("store", str(tmp_path / "a.npy"), str(target), "--quiet")
-    assert again.returncode == 2
-    assert "out.zarr" in again.stderr
-    assert len(again.stderr.strip().splitlines()) == 1
+    chunk_files = {p: p.stat().st_mtime_ns for p in target.rglob("*") if p.is_file()}
+    # Run again, as a script that re-runs it would: complete, nothing written, status 0.
+    again = run("store", str(tmp_path / "a.npy"), str(target), "--json")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["already_complete"] is True
+    assert summary["blocks_written"] == 0
+    assert summary["blocks"] >= 1
+    assert summary["bytes_in"] == data.nbytes
+    assert {p: p.stat().st_mtime_ns for p in target.rglob("*") if p.is_file()} == chunk_files
+    # Other data into the same target: one line, exit 2, naming the target and saying what to do.
+    np.save(tmp_path / "b.npy", data + 1)
+    other = run("store", str(tmp_path / "b.npy"), str(target), "--quiet")
+    assert other.returncode == 2
+    assert len(other.stderr.strip().splitlines()) == 1
+    assert "out.zarr holds a finished store of another computation" in other.stderr
+    assert "overwrite" in other.stderr
+
+
+def test_convert_into_a_finished_target_in_other_chunks_says_what_it_would_rewrite(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(3000, dtype="f4").reshape(300, 10))
+    target = f"{tmp_path}/out.h5::/x"
+    assert run("convert", str(tmp_path / "a.npy"), target, "--chunks", "100,10", "--quiet").returncode == 0
+    done = run("convert", str(tmp_path / "a.npy"), target, "--chunks", "50,10", "--quiet")
+    assert done.returncode == 2
+    assert "in chunks (100, 10), but the array stored now has chunks (50, 10)" in done.stderr
+    assert "--overwrite" in done.stderr
+    done = run("convert", str(tmp_path / "a.npy"), target, "--chunks", "50,10", "--quiet", "--overwrite", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["blocks_written"] == 6
 
 
 @pytest.fixture

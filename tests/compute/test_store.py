@@ -52,11 +52,13 @@ def target_for(folder: Path, fmt: str, name: str = "out") -> tuple[str, dict]:
 
 
 def progress_record_exists(target: str) -> bool:
+    """Whether the target holds an unfinished store's record (a finished one keeps only what it computed)."""
     path, _, member = target.partition("::")
     if path.endswith(".h5"):
         with h5py.File(path, "r") as f:
-            return H5_IDENTITY_ATTR in f[member].attrs
-    return os.path.isdir(os.path.join(path, PROGRESS_DIR))
+            return H5_IDENTITY_ATTR in f[member].attrs or H5_DONE_ATTR in f[member].attrs
+    record = os.path.join(path, PROGRESS_DIR)
+    return os.path.exists(os.path.join(record, "identity.json")) or os.path.exists(os.path.join(record, "done"))
 
 
 def zarr_markers(target: str) -> set[str]:
@@ -889,3 +891,41 @@ def test_process_workers_share_a_hash_seed_and_the_environment_is_left_alone(tmp
     distinct_hashes, seed_after = proc.stdout.split()
     assert distinct_hashes == "1"  # every worker hashed alike, as under dask's own process pool
     assert seed_after == "unset"
+
+
+def _file_times(target: str) -> dict[str, int]:
+    path = Path(target.partition("::")[0])
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return {str(p): p.stat().st_mtime_ns for p in files}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_finished_store_run_again_is_complete_and_writes_nothing(tmp_path, fmt):
+    data = oracle(np.float32, (256, 64))
+    np.save(tmp_path / "src.npy", data)
+    target, kw = target_for(tmp_path, fmt)
+    store(ds.open(str(tmp_path / "src.npy"), memory_budget="64MiB"), target, **kw)
+    before = _file_times(target)
+    # The same file under another budget plans other chunks: the finished store is still this data.
+    for budget in ("64MiB", "1MiB"):
+        calls: list[tuple[int, int]] = []
+        x = ds.open(str(tmp_path / "src.npy"), memory_budget=budget)
+        y = store(x, target, progress=lambda done, total, seen=calls: seen.append((done, total)), **kw)
+        assert len(calls) == 1, calls
+        assert calls[0][0] == calls[0][1]  # all done at once
+        np.testing.assert_array_equal(y.compute(), data)
+    assert _file_times(target) == before
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_finished_store_of_other_data_is_refused_naming_the_difference(tmp_path, fmt):
+    data = oracle(np.float32, (64, 32))
+    target, kw = target_for(tmp_path, fmt)
+    store(da.from_array(data, chunks=(16, 32)) * 2, target, **kw)
+    with pytest.raises(TargetExistsError, match="holds a finished store of another computation") as caught:
+        store(da.from_array(data, chunks=(16, 32)) * 3, target, **kw)
+    assert "other data or operations" in str(caught.value)
+    with pytest.raises(TargetExistsError, match=r"in chunks \(16, 32\), but the array stored now has chunks \(8, 32\)"):
+        store(da.from_array(data, chunks=(8, 32)) * 2, target, **kw)
+    y = store(da.from_array(data, chunks=(8, 32)) * 3, target, overwrite=True, **kw)
+    np.testing.assert_array_equal(y.compute(), data * 3)

@@ -46,6 +46,7 @@ from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import open_source
 from daskstream.sources.base import checked_path
 from daskstream.sources.detect import split_dataset
+from daskstream.sources.hdf5 import import_h5py
 
 
 def store(
@@ -85,7 +86,10 @@ def store(
     overwrite
         Replace an existing array (or an unfinished store of another
         computation) at the target. Without it an existing complete array is
-        never touched. Groups and folders that are not arrays are never
+        never touched: a finished store of the same computation (same shape,
+        dtype and ``x.name``; chunks the planner chose for another budget
+        count as the same) is found complete and nothing is written, and
+        anything else there is refused, naming what differs. Groups and folders that are not arrays are never
         deleted. An unfinished store of the same computation is still resumed
         when ``resume`` is true: its result would be the same.
     compressor
@@ -196,21 +200,48 @@ def store(
         writer = ZarrTarget(path, (member or "").strip("/") or None, compressor, 2 if zarr_format == 2 else 3)
     writer.check_sources([source for _, source, _ in read_layers(x)])
     if resume and not overwrite:
-        x, identity = _as_recorded(x, identity, writer.recorded())
-    writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
+        x, identity = _as_recorded(x, identity, writer.recorded(), finished=writer.completed(x) is not None)
+    finished = None if overwrite else writer.completed(x)
+    if finished is not None and not finished.differences(identity):
+        # The same computation stored there before, to the end: nothing to write.
+        total = math.prod(x.numblocks)
+        if report:
+            report(total, total)
+    else:
+        writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
 
     return source_array(open_source(writer.path, dataset=writer.member), "auto", resolve_settings())
 
 
+def stored_bytes(target: str | os.PathLike[str], *, dataset: str | None = None) -> int:
+    """Bytes the array at ``target`` takes on disk: its chunk files (Zarr) or its dataset's storage (HDF5).
+
+    Examples
+    --------
+    >>> import dask.array as da, tempfile, os
+    >>> out = os.path.join(tempfile.mkdtemp(), "zeros.h5::/z")
+    >>> _ = store(da.zeros(1000, chunks=250), out)
+    >>> stored_bytes(out) < 8000  # zeros compress
+    True
+    """
+    path, member = split_dataset(checked_path(target, "target"), dataset)
+    if target_format(path) == "hdf5":
+        with import_h5py().File(path, "r") as f:
+            return int(f[member or "/"].id.get_storage_size())
+    return ZarrTarget(path, (member or "").strip("/") or None, None, 3).stored_bytes()
+
+
 def _as_recorded(
-    x: da.Array, identity: StoreIdentity, recorded: StoreIdentity | None
+    x: da.Array, identity: StoreIdentity, recorded: StoreIdentity | None, *, finished: bool
 ) -> tuple[da.Array, StoreIdentity]:
-    """``x`` read again in the chunks an unfinished store recorded, when it is a plain read of one source.
+    """``x`` read again in the chunks a store recorded, when it is a plain read of one source.
 
     Resuming with another memory budget plans other chunks for the same data:
-    reading in the recorded chunks keeps the blocks already written. Anything
-    else (other data, or a computed array) is returned unchanged, for the
-    target to refuse.
+    reading in the recorded chunks keeps the blocks already written. A
+    ``finished`` store is taken as complete only when ``x``'s chunks are the
+    planner's (another budget), not chunks the caller chose: those ask for the
+    data in new chunks. Anything else (other data, or a computed array) is
+    returned unchanged, for the target to refuse.
     """
     if recorded is None or not recorded.differences(identity) or recorded.chunks == identity.chunks:
         return x, identity
@@ -220,6 +251,8 @@ def _as_recorded(
 
     try:
         settings = resolve_settings(memory_budget=budget_of(x))
+        if finished and source_array(reads[0][1], "auto", settings).chunks != x.chunks:
+            return x, identity  # chunks the caller chose, not the planner: theirs to keep
         again = source_array(reads[0][1], recorded.chunks, settings)
     except DaskstreamError:
         return x, identity

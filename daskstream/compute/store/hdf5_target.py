@@ -22,6 +22,7 @@ from dask.optimization import cull
 
 from daskstream.compute.computation import plan_compute
 from daskstream.compute.store.record import (
+    H5_COMPLETE_ATTR,
     H5_DONE_ATTR,
     H5_IDENTITY_ATTR,
     H5_MAX_BLOCKS,
@@ -124,6 +125,8 @@ class Hdf5Target(Target):
             if pending:
                 Hdf5Writer(self, h5file, dset, x, done, total, report).run(pending)
             try:
+                # What was computed is kept, so the same store run again finds it complete.
+                dset.attrs[H5_COMPLETE_ATTR] = identity.to_json()
                 del dset.attrs[H5_IDENTITY_ATTR]
                 del dset.attrs[H5_DONE_ATTR]
                 h5file.close()
@@ -246,6 +249,9 @@ class Hdf5Target(Target):
                         "it, or overwrite=True to start again"
                     )
                 self._check_shape_dtype(existing.shape, existing.dtype, x)
+                finished = self._read_identity(existing, H5_COMPLETE_ATTR) if recorded is None else None
+                if finished is not None:
+                    raise self._refuse_finished(finished, identity)
                 if recorded is not None:
                     self._check_identity(recorded, identity)
                 raise self._refuse_existing("an HDF5 dataset")
@@ -270,24 +276,45 @@ class Hdf5Target(Target):
                 )
 
     def recorded(self) -> StoreIdentity | None:
+        return self._read_dataset(
+            lambda dset: self._recorded_identity(dset) or self._read_identity(dset, H5_COMPLETE_ATTR)
+        )
 
+    def completed(self, x: da.Array) -> StoreIdentity | None:
+        def finished(dset: Any) -> StoreIdentity | None:
+            if self._recorded_identity(dset) is not None:
+                return None  # an unfinished store over a finished one is not complete
+            identity = self._read_identity(dset, H5_COMPLETE_ATTR)
+            if identity is not None:
+                self._check_shape_dtype(dset.shape, dset.dtype, x)
+            return identity
+
+        return self._read_dataset(finished)
+
+    def _read_dataset(self, read: Callable[[Any], StoreIdentity | None]) -> StoreIdentity | None:
+        """``read(dataset)`` of the target dataset opened read-only; ``None`` if it or its record cannot be read."""
+        if not os.path.isfile(self.path):
+            return None
         h5py = import_h5py()
         try:
             with h5py.File(self.path, "r") as f:
                 dset = f.get(self.member)
-                return self._recorded_identity(dset) if isinstance(dset, h5py.Dataset) else None
+                return read(dset) if isinstance(dset, h5py.Dataset) else None
         except (OSError, KeyError, ValueError, TargetMismatchError):
             return None
 
     def _recorded_identity(self, dset: Any) -> StoreIdentity | None:
-        if H5_IDENTITY_ATTR not in dset.attrs:
+        return self._read_identity(dset, H5_IDENTITY_ATTR)
+
+    def _read_identity(self, dset: Any, attribute: str) -> StoreIdentity | None:
+        if attribute not in dset.attrs:
             return None
         try:
-            text = dset.attrs[H5_IDENTITY_ATTR]
+            text = dset.attrs[attribute]
             return StoreIdentity.from_json(text.decode() if isinstance(text, bytes) else str(text))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise TargetMismatchError(
-                f"{self.name}: its progress record (attribute {H5_IDENTITY_ATTR!r}) cannot be read ({exc}); "
+                f"{self.name}: its progress record (attribute {attribute!r}) cannot be read ({exc}); "
                 "pass overwrite=True to start again"
             ) from None
 

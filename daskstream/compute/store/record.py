@@ -1,4 +1,4 @@
-"""The progress record of an unfinished store: what it computes, and which blocks are done."""
+"""The progress record of a store: what it computes, which blocks are done, and that it finished."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ IDENTITY_FILE = "identity.json"
 # A record is a few hundred bytes; a file far larger is not one daskstream wrote.
 MAX_RECORD_BYTES = 1 << 20
 DONE_DIR = "done"
+# What a finished store computed, kept beside the array (Zarr: in PROGRESS_DIR; HDF5: an attribute):
+# running the same store again finds it complete and writes nothing.
+COMPLETE_FILE = "complete.json"
+H5_COMPLETE_ATTR = "daskstream_stored"
 # HDF5 attributes holding the progress record while a store is unfinished.
 H5_IDENTITY_ATTR = "daskstream_store"
 H5_DONE_ATTR = "daskstream_store_done"
@@ -57,7 +61,7 @@ class StoreIdentity:
     >>> StoreIdentity.from_json(a.to_json()) == a
     True
     >>> a.differences(StoreIdentity(shape=(4,), dtype="float32", chunks=(2,), name="x-2"))
-    ["name 'x-2' (recorded: 'x-1')"]
+    ["other data or operations: dask name 'x-2' (recorded: 'x-1')"]
     """
 
     shape: tuple[int, ...]
@@ -86,11 +90,16 @@ class StoreIdentity:
 
     def differences(self, other: StoreIdentity) -> list[str]:
         """What ``other`` (the new computation) changes from this recorded one."""
-        return [
+        found = [
             f"{field} {getattr(other, field)!r} (recorded: {getattr(self, field)!r})"
-            for field in ("shape", "dtype", "chunks", "name")
+            for field in ("shape", "dtype", "chunks")
             if getattr(self, field) != getattr(other, field)
         ]
+        if self.name != other.name:
+            # dask names the same computation of the same data alike; another source, a changed file or
+            # other operations name it otherwise.
+            found.append(f"other data or operations: dask name {other.name!r} (recorded: {self.name!r})")
+        return found
 
 
 def block_name(index: tuple[int, ...]) -> str:

@@ -177,7 +177,27 @@ class Target(abc.ABC):
 
     @abc.abstractmethod
     def recorded(self) -> StoreIdentity | None:
-        """The identity an unfinished store into this target recorded, if there is one."""
+        """The identity a store into this target recorded, unfinished or else finished, if there is one."""
+
+    @abc.abstractmethod
+    def completed(self, x: da.Array) -> StoreIdentity | None:
+        """What a finished store into this target computed, when the array there still has ``x``'s shape and dtype.
+
+        Reads only: a store found complete writes nothing.
+        """
+
+    def _refuse_finished(self, finished: StoreIdentity, identity: StoreIdentity) -> TargetExistsError:
+        if (finished.shape, finished.dtype) == (identity.shape, identity.dtype) and finished.chunks != identity.chunks:
+            return TargetExistsError(
+                f"{self.name} holds a finished store of this shape and dtype in chunks {finished.chunks}, but the "
+                f"array stored now has chunks {identity.chunks}; pass overwrite=True (--overwrite) to write it "
+                "again in the new chunks, or choose another target"
+            )
+        return TargetExistsError(
+            f"{self.name} holds a finished store of another computation "
+            f"({'; '.join(finished.differences(identity))}); pass overwrite=True to replace it, or choose "
+            "another target"
+        )
 
     def write_error(self, exc: BaseException, doing: str) -> TargetWriteError:
         return write_error(self.name, exc, doing, self._after_failure)

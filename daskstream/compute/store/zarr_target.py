@@ -20,6 +20,7 @@ from dask.base import tokenize
 from dask.callbacks import Callback
 
 from daskstream.compute.store.record import (
+    COMPLETE_FILE,
     DONE_DIR,
     IDENTITY_FILE,
     MAX_RECORD_BYTES,
@@ -70,6 +71,14 @@ class ZarrTarget(Target):
         self.progress_dir = os.path.join(self.array_dir, PROGRESS_DIR)
         self.done_dir = os.path.join(self.progress_dir, DONE_DIR)
 
+    def stored_bytes(self) -> int:
+        """Bytes of the array's files (metadata and chunks), its progress record left out."""
+        total = 0
+        for folder, dirs, files in os.walk(self.array_dir):
+            dirs[:] = [d for d in dirs if d != PROGRESS_DIR]
+            total += sum(os.lstat(os.path.join(folder, name)).st_size for name in files)
+        return total
+
     def check_sources(self, sources: list[Source]) -> None:
         for source in sources:
             for location in data_locations(source):
@@ -98,7 +107,7 @@ class ZarrTarget(Target):
             report(total - len(pending), total)
         if pending:
             self._run(x, pending, total, report)
-        self._finish()
+        self._finish(identity)
 
     # The state machine: absent -> recorded (identity.json) -> array created -> blocks marked -> finished.
     def _prepare(self, x: da.Array, identity: StoreIdentity, *, resume: bool, overwrite: bool) -> set[tuple]:
@@ -124,6 +133,10 @@ class ZarrTarget(Target):
             return self._done_blocks(x.ndim)
         if kind == "array" or recorded is not None:
             if not overwrite:
+                finished = self._read_record(COMPLETE_FILE) if kind == "array" and recorded is None else None
+                if finished is not None:
+                    self._check_existing(x)
+                    raise self._refuse_finished(finished, identity)
                 if recorded is not None and not resume:
                     raise TargetExistsError(
                         f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
@@ -191,25 +204,41 @@ class ZarrTarget(Target):
 
     def recorded(self) -> StoreIdentity | None:
         with contextlib.suppress(TargetMismatchError):
-            return self._recorded_identity()
+            return self._recorded_identity() or (
+                self._read_record(COMPLETE_FILE) if self._node_kind() == "array" else None
+            )
+        return None
+
+    def completed(self, x: da.Array) -> StoreIdentity | None:
+        if self._node_kind() != "array":
+            return None
+        with contextlib.suppress(TargetMismatchError, TargetDamagedError):
+            if self._recorded_identity() is None:  # an unfinished store over a finished one is not complete
+                finished = self._read_record(COMPLETE_FILE)
+                if finished is not None:
+                    self._check_existing(x)
+                    return finished
         return None
 
     def _recorded_identity(self) -> StoreIdentity | None:
+        return self._read_record(IDENTITY_FILE)
+
+    def _read_record(self, filename: str) -> StoreIdentity | None:
         try:
-            with open_regular(os.path.join(self.progress_dir, IDENTITY_FILE)) as f:
+            with open_regular(os.path.join(self.progress_dir, filename)) as f:
                 text = f.read(MAX_RECORD_BYTES + 1)
         except (FileNotFoundError, NotADirectoryError):
             return None
         if len(text) > MAX_RECORD_BYTES:
             raise TargetMismatchError(
-                f"{self.name}: its progress record ({PROGRESS_DIR}/{IDENTITY_FILE}) is larger than any record "
+                f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) is larger than any record "
                 "daskstream writes; pass overwrite=True to start again"
             )
         try:
             return StoreIdentity.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise TargetMismatchError(
-                f"{self.name}: its progress record ({PROGRESS_DIR}/{IDENTITY_FILE}) cannot be read ({exc}); "
+                f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) cannot be read ({exc}); "
                 "pass overwrite=True to start again"
             ) from None
 
@@ -353,12 +382,17 @@ class ZarrTarget(Target):
         with Callback(posttask=count):
             dask.compute(*tasks)
 
-    def _finish(self) -> None:
-        # The identity goes first: from then on the target reads as complete even if the
-        # markers' removal is cut short (leftovers are ignored, and removed by overwrite).
+    def _finish(self, identity: StoreIdentity) -> None:
+        # What was computed is kept, so the same store run again finds it complete. The identity goes
+        # next: from then on the target reads as complete even if the markers' removal is cut short
+        # (leftovers are ignored, and removed by overwrite).
+        try:
+            write_atomically(os.path.join(self.progress_dir, COMPLETE_FILE), identity.to_json().encode())
+        except OSError as exc:
+            raise self.write_error(exc, "record the finished store") from exc
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.progress_dir, IDENTITY_FILE))
-        shutil.rmtree(self.progress_dir, ignore_errors=True)
+        shutil.rmtree(self.done_dir, ignore_errors=True)
 
 
 def zarr_node_kind(folder: str) -> str | None:
