@@ -186,6 +186,23 @@ def _slowly(x):
     return x.map_blocks(late, dtype=x.dtype)
 
 
+def test_store_shows_its_bar_as_the_session_says(npy, capfd, tmp_path):
+    pytest.importorskip("tqdm")
+    path, data = npy
+    x = _slowly(ds.open(path, chunks=(60, 90)))
+    ds.store(x, tmp_path / "outside.zarr")  # outside a session: no bar, as compute shows none
+    with session("threads", progress=False):
+        ds.store(x, tmp_path / "quiet.zarr")
+    assert "%|" not in capfd.readouterr().err
+    with session("threads", progress=True):
+        y = ds.store(x, tmp_path / "loud.zarr")
+    err = capfd.readouterr().err
+    final = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith(f"store {tmp_path / 'loud.zarr'}: 100%|"), final
+    assert "B/s" in final
+    np.testing.assert_array_equal(y.compute(), data)
+
+
 def test_progress_without_tqdm_computes_without_a_bar(npy, capfd, monkeypatch):
     import sys
 

@@ -43,6 +43,7 @@ from daskstream.graph.reads import source_array
 from daskstream.planning.grid import regular_chunk_shape, regular_grid
 from daskstream.runtime.progress import BlockProgress
 from daskstream.runtime.resources import resolve_settings
+from daskstream.runtime.schedulers import current as current_session
 from daskstream.sources import open_source
 from daskstream.sources.base import checked_path
 from daskstream.sources.detect import split_dataset
@@ -100,10 +101,12 @@ def store(
         HDF5, a filter name (``"lzf"``) or a mapping of ``h5py``
         ``create_dataset`` keywords (an ``hdf5plugin`` filter is one).
     progress
-        ``True`` shows a bar on stderr (``store TARGET``, bytes written and
-        bytes per second; none for a store done within half a second); a
-        callable is called as ``progress(done, total)`` (in blocks) in this
-        process as blocks finish.
+        ``True`` shows a bar on stderr, a widget in Jupyter (``store TARGET``,
+        bytes written, bytes per second and the time left; none for a store
+        done within half a second); a callable is called as
+        ``progress(done, total)`` (in blocks) in this process as blocks
+        finish. ``None`` (the default): a bar inside a :func:`daskstream.session`
+        that shows progress (as its ``compute`` does), none outside one.
     zarr_format
         2 or 3, for a new Zarr array.
     memory_budget
@@ -287,7 +290,11 @@ def _regular(x: da.Array) -> da.Array:
 
 
 def _progress_reporter(progress: bool | ProgressCallback | None, target: Any, x: da.Array) -> ProgressCallback | None:
-    if progress is None or progress is False:
+    if progress is None:
+        # As the session's compute does: a bar inside a session that shows progress (its default).
+        active = current_session()
+        progress = active is not None and active.progress
+    if progress is False:
         return None
     if progress is True:
         return BlockProgress(f"store {os.fspath(target)}", int(x.nbytes))
