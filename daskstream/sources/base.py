@@ -1,4 +1,9 @@
-"""The Source protocol: what every format reader exposes."""
+"""The Source protocol: what every format reader exposes.
+
+(Longer than most modules: the protocol comes with what every format shares -- regions and
+their normalisation, file stamps and change detection, this process's own writes -- which
+would otherwise be imported from each other in circles.)
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ import stat
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -81,6 +87,17 @@ class Source(ABC):
         computation never mixes old and new data.
     opened_ns
         When the source was opened (``time.time_ns()``).
+    attrs
+        The array's attributes as the file holds them (HDF5 attributes, Zarr
+        attributes; strings decoded, numpy scalars as Python scalars); empty
+        for ``.npy``. ``store`` carries them to its target.
+    dims
+        One name per axis (HDF5 dimension labels or scales, as NetCDF4 files
+        attach them; Zarr ``dimension_names`` or format 2's
+        ``_ARRAY_DIMENSIONS``), ``None`` for an unnamed axis; ``None`` when
+        the file names none.
+    fill_value
+        What unwritten parts of the array read as, where the format has one.
     """
 
     format: ClassVar[str]
@@ -94,6 +111,9 @@ class Source(ABC):
     token: str
     stamp: tuple[Any, ...] | None = None
     opened_ns: int = 0
+    attrs: Mapping[str, Any] = MappingProxyType({})
+    dims: tuple[str | None, ...] | None = None
+    fill_value: Any = None
 
     @property
     def ndim(self) -> int:

@@ -34,6 +34,7 @@ from daskstream.sources.base import (
     now_ns,
 )
 from daskstream.sources.handles import cached_handle
+from daskstream.sources.metadata import plain, zarr_attrs, zarr_dims
 from daskstream.sources.tokens import source_token
 from daskstream.sources.zarr_chunks import check_chunk_files, chunk_reader_for
 
@@ -129,6 +130,9 @@ class ZarrSource(Source):
                 "chunk side must be at least 1, one per axis. The metadata is damaged: re-create the store"
             )
         self.zarr_format = array.metadata.zarr_format
+        self.attrs = zarr_attrs(array)
+        self.dims = zarr_dims(array)
+        self.fill_value = plain(array.fill_value)
         self.codecs = _codec_names(array)
         self.layout = "chunked"
         tree = () if is_url(self.path) or not os.path.isdir(self.path) else (_tree_digest(self.path, self.dataset),)

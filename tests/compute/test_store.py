@@ -929,3 +929,75 @@ def test_a_finished_store_of_other_data_is_refused_naming_the_difference(tmp_pat
         store(da.from_array(data, chunks=(8, 32)) * 2, target, **kw)
     y = store(da.from_array(data, chunks=(8, 32)) * 3, target, overwrite=True, **kw)
     np.testing.assert_array_equal(y.compute(), data * 3)
+
+
+def _labelled_source(folder: Path, fmt: str) -> str:
+    """A 2-d float32 source with units, a long name, a fill value and named dimensions, in ``fmt``."""
+    values = oracle(np.float32, (40, 6))
+    if fmt == "hdf5":
+        path = folder / "labelled.h5"
+        with h5py.File(path, "w") as f:
+            time = f.create_dataset("time", data=np.arange(40.0))
+            time.make_scale("time")
+            dset = f.create_dataset("temp", data=values, chunks=(10, 6), fillvalue=-9.0)
+            dset.attrs["units"] = "K"
+            dset.attrs["long_name"] = b"air temperature"
+            dset.attrs["valid_range"] = np.array([150.0, 350.0])
+            dset.dims[0].attach_scale(time)
+            dset.dims[1].label = "station"
+        return f"{path}::/temp"
+    import zarr
+
+    zarr_format = 2 if fmt == "zarr-v2" else 3
+    names = {"dimension_names": ("time", "station")} if zarr_format == 3 else {}
+    attributes = {"units": "K", "long_name": "air temperature", "valid_range": [150.0, 350.0]}
+    if zarr_format == 2:
+        attributes["_ARRAY_DIMENSIONS"] = ["time", "station"]
+    array = zarr.create_array(folder / "labelled.zarr", shape=values.shape, chunks=(10, 6), dtype="f4",
+                              fill_value=-9.0, zarr_format=zarr_format, attributes=attributes, **names)  # fmt: skip
+    array[...] = values
+    return str(folder / "labelled.zarr")
+
+
+@pytest.mark.parametrize("target_fmt", FORMATS)
+@pytest.mark.parametrize("source_fmt", FORMATS)
+def test_attributes_dimension_names_and_fill_value_reach_the_target(tmp_path, source_fmt, target_fmt):
+    source = _labelled_source(tmp_path, source_fmt)
+    target, kw = target_for(tmp_path, target_fmt)
+    y = store(ds.open(source), target, **kw)
+    stored = ds.open_source(target)
+    assert stored.attrs["units"] == "K"
+    assert stored.attrs["long_name"] == "air temperature"
+    np.testing.assert_array_equal(stored.attrs["valid_range"], [150.0, 350.0])
+    assert stored.dims == ("time", "station")
+    assert stored.fill_value == -9.0
+    assert not any(key.startswith("daskstream") for key in stored.attrs)
+    np.testing.assert_array_equal(y.compute(), ds.open(source).compute())
+    # Seen by the formats' own readers, not only by daskstream.
+    if target_fmt == "hdf5":
+        path, _, member = target.partition("::")
+        with h5py.File(path, "r") as f:
+            assert f[member].attrs["units"] == "K"
+            assert [d.label for d in f[member].dims] == ["time", "station"]
+    else:
+        import zarr
+
+        array = zarr.open_array(target, mode="r")
+        assert array.attrs["units"] == "K"
+        if target_fmt == "zarr-v3":
+            assert array.metadata.dimension_names == ("time", "station")
+        else:
+            assert array.attrs["_ARRAY_DIMENSIONS"] == ["time", "station"]
+
+
+def test_a_computed_array_keeps_the_dimension_names_but_not_the_units(tmp_path):
+    source = _labelled_source(tmp_path, "hdf5")
+    squared = store(ds.open(source) ** 2, str(tmp_path / "squared.zarr"))
+    stored = ds.open_source(str(tmp_path / "squared.zarr"))
+    assert stored.dims == ("time", "station")
+    assert "units" not in stored.attrs  # K squared is not K
+    assert squared.shape == (40, 6)
+    store(ds.open(source).mean(axis=1), str(tmp_path / "mean.zarr"))
+    reduced = ds.open_source(str(tmp_path / "mean.zarr"))
+    assert reduced.dims is None
+    assert reduced.attrs == {}

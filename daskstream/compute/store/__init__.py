@@ -30,7 +30,7 @@ import dask.array as da
 
 from daskstream.compute.store.hdf5_target import Hdf5Target
 from daskstream.compute.store.record import StoreIdentity
-from daskstream.compute.store.target import ProgressCallback, Target, target_format
+from daskstream.compute.store.target import Carried, ProgressCallback, Target, target_format
 from daskstream.compute.store.zarr_target import ZarrTarget
 from daskstream.errors import (
     DaskstreamError,
@@ -196,11 +196,12 @@ def store(
     if target_format(path) == "hdf5":
         if not member or not member.strip("/"):
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
-        writer: Target = Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget)
+        writer: Target = Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget, Carried.of(x))
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
-        writer = ZarrTarget(path, (member or "").strip("/") or None, compressor, 2 if zarr_format == 2 else 3)
+        member = (member or "").strip("/") or None
+        writer = ZarrTarget(path, member, compressor, 2 if zarr_format == 2 else 3, Carried.of(x))
     writer.check_sources([source for _, source, _ in read_layers(x)])
     if resume and not overwrite:
         x, identity = _as_recorded(x, identity, writer.recorded(), finished=writer.completed(x) is not None)

@@ -31,6 +31,7 @@ from daskstream.compute.store.record import (
     chunk_shape,
 )
 from daskstream.compute.store.target import (
+    Carried,
     ProgressCallback,
     Target,
     data_locations,
@@ -57,6 +58,7 @@ from daskstream.runtime.schedulers import active_client, active_get
 from daskstream.sources.base import Source, own_writes
 from daskstream.sources.handles import forget_handles
 from daskstream.sources.hdf5 import import_h5py
+from daskstream.sources.metadata import hdf5_ready
 
 # Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.
 BATCH_BYTES = 16 * 2**20
@@ -74,13 +76,21 @@ class Hdf5Target(Target):
         "store again)"
     )
 
-    def __init__(self, path: str, member: str, compressor: Any, memory_budget: int | str | None) -> None:
+    def __init__(
+        self,
+        path: str,
+        member: str,
+        compressor: Any,
+        memory_budget: int | str | None,
+        carried: Carried | None = None,
+    ) -> None:
         # Sources of the array stored that read other datasets of this file (see check_sources).
         self._same_file: list[Source] = []
         self.path = os.path.abspath(path)
         self.member = member
         self.compressor = compressor
         self.memory_budget = memory_budget
+        self.carried = carried or Carried()
 
     def write(
         self,
@@ -338,8 +348,11 @@ class Hdf5Target(Target):
                     f"{self.name}: chunks {chunks} hold 4 GiB or more, the most one HDF5 chunk may; rechunk smaller"
                 )
             options = {"chunks": chunks, **self._filters()}
+        if self.carried.fill_value is not None:
+            options["fillvalue"] = self.carried.fill_value
         try:
             dset = h5file.create_dataset(self.member, shape=x.shape, dtype=x.dtype, **options)
+            self._carry(dset)
             # The record is in place before any block is written; both reach the disk with one flush.
             dset.attrs[H5_IDENTITY_ATTR] = identity.to_json()
             dset.attrs[H5_DONE_ATTR] = np.packbits(np.zeros(nblocks, dtype=bool))
@@ -359,6 +372,14 @@ class Hdf5Target(Target):
                 'create_dataset keywords, None or "default"'
             ) from exc
         return dset
+
+    def _carry(self, dset: Any) -> None:
+        """The source's attributes and dimension names (as dimension labels) on the new dataset."""
+        for key, value in self.carried.attrs.items():
+            dset.attrs[key] = hdf5_ready(value)
+        for axis, name in enumerate(self.carried.dims or ()):
+            if name is not None and axis < dset.ndim:
+                dset.dims[axis].label = name
 
     def _filters(self) -> dict[str, Any]:
         if self.compressor is None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -20,12 +22,39 @@ from daskstream.errors import (
     TargetWriteError,
     UnknownFormatError,
 )
+from daskstream.graph.layers import read_layers
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.base import Source, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format
 from daskstream.sources.zarr_ import is_url
 
 ProgressCallback = Callable[[int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """What a target keeps of its source beside the numbers: attributes, dimension names, fill value.
+
+    Only what still holds for the array stored: all three for a plain read of
+    one source; the dimension names alone when it computes something of the
+    same shape from one source (its units or scale may no longer apply);
+    nothing otherwise.
+    """
+
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dims: tuple[str | None, ...] | None = None
+    fill_value: Any = None
+
+    @classmethod
+    def of(cls, x: da.Array) -> Carried:
+        reads = read_layers(x)
+        if len(reads) != 1:
+            return cls()
+        name, source, _ = reads[0]
+        dims = source.dims if tuple(source.shape) == tuple(x.shape) else None
+        if name != x.name:
+            return cls(dims=dims)
+        return cls(attrs=dict(source.attrs), dims=dims, fill_value=source.fill_value)
 
 
 HDF5_ERRNO = re.compile(r"errno = (\d+)")

@@ -32,6 +32,7 @@ from daskstream.compute.store.record import (
     write_atomically,
 )
 from daskstream.compute.store.target import (
+    Carried,
     ProgressCallback,
     Target,
     data_locations,
@@ -50,6 +51,7 @@ from daskstream.errors import (
 from daskstream.files import open_regular
 from daskstream.runtime.schedulers import active_client
 from daskstream.sources.base import Source
+from daskstream.sources.metadata import ZARR_V2_DIMENSIONS, json_ready
 
 # The temporary files zarr's LocalStore writes before renaming them into place.
 ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
@@ -62,11 +64,19 @@ ZARR_NODE_ERRORS = (ValueError, KeyError, TypeError)
 
 
 class ZarrTarget(Target):
-    def __init__(self, path: str, member: str | None, compressor: Any, zarr_format: Literal[2, 3]) -> None:
+    def __init__(
+        self,
+        path: str,
+        member: str | None,
+        compressor: Any,
+        zarr_format: Literal[2, 3],
+        carried: Carried | None = None,
+    ) -> None:
         self.path = os.path.abspath(path)
         self.member = member
         self.compressor = compressor
         self.zarr_format = zarr_format
+        self.carried = carried or Carried()
         self.array_dir = os.path.join(self.path, *(member.split("/") if member else ()))
         self.progress_dir = os.path.join(self.array_dir, PROGRESS_DIR)
         self.done_dir = os.path.join(self.progress_dir, DONE_DIR)
@@ -274,6 +284,15 @@ class ZarrTarget(Target):
         compressors = self._compressors()
         # Zarr chunk sides must be >= 1 even along an empty axis.
         chunks = tuple(max(1, c) for c in chunk_shape(x))
+        attributes = json_ready(dict(self.carried.attrs))
+        dims = self.carried.dims
+        named: dict[str, Any] = {}
+        if dims is not None and self.zarr_format == 3:
+            named["dimension_names"] = dims
+        elif dims is not None and all(dims):
+            attributes[ZARR_V2_DIMENSIONS] = list(dims)  # as xarray names them in format 2
+        if self.carried.fill_value is not None:
+            named["fill_value"] = self.carried.fill_value
         try:
             zarr.create_array(
                 self._store(),
@@ -283,7 +302,9 @@ class ZarrTarget(Target):
                 dtype=x.dtype,
                 compressors=compressors,
                 zarr_format=self.zarr_format,
+                attributes=attributes,
                 overwrite=False,
+                **named,
             )
         except OSError as exc:
             raise self.write_error(exc, "create the array") from exc
