@@ -19,6 +19,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.callbacks import Callback
 
+from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
 from daskstream.compute.store.record import (
     COMPLETE_FILE,
     DONE_DIR,
@@ -364,6 +365,7 @@ class ZarrTarget(Target):
             self.member,
             self.done_dir,
             self.name,
+            self._chunk_writer(),
             chunks=tuple((1,) * n for n in x.numblocks),
             dtype=bool,
             meta=np.empty((0,) * x.ndim, dtype=bool),
@@ -402,6 +404,15 @@ class ZarrTarget(Target):
 
         with Callback(posttask=count):
             dask.compute(*tasks)
+
+    def _chunk_writer(self) -> ChunkWriter | None:
+        """The writer that encodes chunks in the tasks, when this array's codecs allow (else zarr writes)."""
+        import zarr
+
+        if not dask.config.get("daskstream.compute.encode-in-tasks", True):
+            return None
+        array = zarr.open_array(store=self._store(read_only=True), path=self.member or "", mode="r")
+        return chunk_writer_for(self.array_dir, array)
 
     def _finish(self, identity: StoreIdentity) -> None:
         # What was computed is kept, so the same store run again finds it complete. The identity goes
@@ -444,6 +455,7 @@ def _write_zarr_block(
     member: str | None,
     done_dir: str,
     target_name: str,
+    writer: ChunkWriter | None,
     block_info: dict | None = None,
 ) -> np.ndarray:
     """Write one block into its chunk and mark it done; runs inside a task, in any process."""
@@ -454,9 +466,13 @@ def _write_zarr_block(
     name = block_name(tuple(info["chunk-location"]))
     marker = os.path.join(done_dir, name)
     try:
-        # Opened by path here, in whichever process runs the task: no handle travels in the graph.
-        array = zarr.open_array(store=zarr.storage.LocalStore(store_path), path=member or "", mode="r+")
-        array[region] = block
+        if writer is not None:
+            # A block is one chunk: encoded here, in this task's thread, and put in place whole.
+            writer.write(tuple(info["chunk-location"]), block)
+        else:
+            # Opened by path here, in whichever process runs the task: no handle travels in the graph.
+            array = zarr.open_array(store=zarr.storage.LocalStore(store_path), path=member or "", mode="r+")
+            array[region] = block
         # Only after the chunk is in place: an empty file appears whole or not at all.
         with open(marker, "wb"):
             pass

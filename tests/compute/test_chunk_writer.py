@@ -1,0 +1,93 @@
+"""Chunks encoded in the tasks are the bytes zarr itself writes, under the keys zarr reads."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+
+import dask
+import dask.array as da
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from packaging.version import Version
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+
+import daskstream as ds
+from daskstream.compute.store.chunk_writer import chunk_writer_for
+
+CODECS = {
+    "zstd": {},
+    "blosc-lz4-bitshuffle": {"compressors": BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")},
+    "blosc-zstd-shuffle": {"compressors": BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")},
+    "gzip": {"compressors": GzipCodec(level=1)},
+    "zstd-crc32c": {"compressors": [ZstdCodec(level=1), Crc32cCodec()]},
+    "none": {"compressors": None},
+    "v2-zstd": {"zarr_format": 2},
+    "v2-blosc": {"zarr_format": 2, "compressors": numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.BITSHUFFLE)},
+    "v2-slash-keys": {"zarr_format": 2, "chunk_key_encoding": {"name": "v2", "separator": "/"}},
+    "v3-dot-keys": {"chunk_key_encoding": {"name": "default", "separator": "."}},
+}
+
+
+def _files(folder) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(r, f), folder) for r, _, names in os.walk(folder) for f in names)
+
+
+@pytest.mark.parametrize("dtype", ["f4", ">i2", "u1", "c8", "?"])
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_each_chunk_file_is_the_one_zarr_writes(tmp_path, codec, dtype):
+    rng = np.random.default_rng(5)
+    data = (rng.standard_normal((10, 7)) * 100).astype(dtype)
+    data[:4, :4] = 0  # a chunk of fill value: zarr writes no file for it
+    by_zarr = zarr.create_array(tmp_path / "zarr.zarr", shape=data.shape, chunks=(4, 4), dtype=dtype, **CODECS[codec])
+    by_zarr[...] = data
+    here = zarr.create_array(tmp_path / "here.zarr", shape=data.shape, chunks=(4, 4), dtype=dtype, **CODECS[codec])
+    writer = chunk_writer_for(str(tmp_path / "here.zarr"), here)
+    assert writer is not None
+    for index in np.ndindex(3, 2):  # edge chunks are padded with the fill value, as zarr pads them
+        writer.write(index, data[index[0] * 4 : index[0] * 4 + 4, index[1] * 4 : index[1] * 4 + 4])
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "here.zarr", mode="r")[...], data)
+    assert _files(tmp_path / "here.zarr") == _files(tmp_path / "zarr.zarr")
+    if codec.startswith("blosc") and Version(numcodecs.__version__) < Version("0.16"):
+        return  # zarr then shuffles by single bytes, not by the item size its metadata declares; both decode
+    for name in _files(tmp_path / "zarr.zarr"):
+        assert filecmp.cmp(tmp_path / "zarr.zarr" / name, tmp_path / "here.zarr" / name, shallow=False), name
+
+
+def test_a_chunk_that_becomes_fill_value_removes_its_file(tmp_path):
+    array = zarr.create_array(tmp_path / "a.zarr", shape=(8,), chunks=(4,), dtype="f8", fill_value=np.nan)
+    writer = chunk_writer_for(str(tmp_path / "a.zarr"), array)
+    writer.write((1,), np.arange(4.0))
+    assert (tmp_path / "a.zarr" / "c" / "1").exists()
+    writer.write((1,), np.full(4, np.nan))  # NaN fill equals NaN here, as zarr compares it
+    assert not (tmp_path / "a.zarr" / "c" / "1").exists()
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr", mode="r")[...], np.full(8, np.nan))
+
+
+def test_arrays_zarr_must_write_get_no_writer(tmp_path):
+    sharded = zarr.create_array(tmp_path / "s.zarr", shape=(8, 8), chunks=(2, 2), shards=(4, 4), dtype="f4")
+    transposed = zarr.create_array(tmp_path / "t.zarr", shape=(8, 8), chunks=(4, 4), dtype="f4",
+                                   filters=[TransposeCodec(order=(1, 0))])  # fmt: skip
+    filtered = zarr.create_array(tmp_path / "f.zarr", shape=(8,), chunks=(4,), dtype="f4", zarr_format=2,
+                                 filters=[numcodecs.Delta(dtype="f4")])  # fmt: skip
+    for path, array in (("s.zarr", sharded), ("t.zarr", transposed), ("f.zarr", filtered)):
+        assert chunk_writer_for(str(tmp_path / path), array) is None, path
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_store_encoded_in_tasks_equals_one_written_through_zarr(tmp_path, zarr_format):
+    data = np.random.default_rng(1).standard_normal((300, 70)).astype("f4")
+    x = da.from_array(data, chunks=(64, 32)) * 2
+    ds.store(x, tmp_path / "here.zarr", zarr_format=zarr_format)
+    with dask.config.set({"daskstream.compute.encode-in-tasks": False}):
+        ds.store(x, tmp_path / "zarr.zarr", zarr_format=zarr_format)
+    chunk_files = [
+        name for name in _files(tmp_path / "zarr.zarr") if not name.startswith((".daskstream", "zarr.json", ".z"))
+    ]
+    assert len(chunk_files) == 5 * 3
+    assert _files(tmp_path / "here.zarr") == _files(tmp_path / "zarr.zarr")
+    for name in chunk_files:
+        assert filecmp.cmp(tmp_path / "zarr.zarr" / name, tmp_path / "here.zarr" / name, shallow=False), name
+    np.testing.assert_array_equal(ds.open(tmp_path / "here.zarr").compute(), data * 2)
