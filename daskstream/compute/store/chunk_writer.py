@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import google_crc32c
 import numpy as np
+
+from daskstream.compute.store.record import write_atomically
 
 
 @dataclass(frozen=True)
@@ -110,15 +111,7 @@ class ChunkWriter:
             return
         os.makedirs(os.path.dirname(destination), exist_ok=True)
         # Named as zarr's LocalStore names its temporary files, which a resumed store removes.
-        partial = f"{destination}.{uuid.uuid4().hex}.partial"
-        try:
-            with open(partial, "wb") as f:
-                f.write(encoded)
-            os.replace(partial, destination)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(partial)
-            raise
+        write_atomically(destination, encoded, suffix="partial")
 
 
 class MetadataChangedError(ValueError):
