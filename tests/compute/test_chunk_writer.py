@@ -91,3 +91,53 @@ def test_a_store_encoded_in_tasks_equals_one_written_through_zarr(tmp_path, zarr
     for name in chunk_files:
         assert filecmp.cmp(tmp_path / "zarr.zarr" / name, tmp_path / "here.zarr" / name, shallow=False), name
     np.testing.assert_array_equal(ds.open(tmp_path / "here.zarr").compute(), data * 2)
+
+
+HDF5_FILTERS = {
+    "none": {},
+    "gzip-1": {"compression": "gzip", "compression_opts": 1},
+    "gzip-9-shuffle": {"compression": "gzip", "compression_opts": 9, "shuffle": True},
+    "store-default": {"compression": "gzip", "compression_opts": 1, "shuffle": True},
+}
+
+
+@pytest.mark.parametrize("dtype", ["f4", ">i2", "u1", "c8", "?"])
+@pytest.mark.parametrize("filters", list(HDF5_FILTERS))
+def test_hdf5_chunks_encoded_here_read_back_through_hdf5(tmp_path, filters, dtype):
+    import h5py
+
+    from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
+
+    data = (np.random.default_rng(2).standard_normal((10, 7)) * 100).astype(dtype)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        dset = f.create_dataset("x", shape=data.shape, dtype=dtype, chunks=(4, 4),
+                                **HDF5_FILTERS[filters])  # fmt: skip
+        encoder = hdf5_encoder_for(dset)
+        assert encoder is not None
+        for index in np.ndindex(3, 2):  # edge chunks padded to the chunk shape, as HDF5 stores them
+            block = data[index[0] * 4 : index[0] * 4 + 4, index[1] * 4 : index[1] * 4 + 4]
+            dset.id.write_direct_chunk((index[0] * 4, index[1] * 4), encoder.encode(block))
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        np.testing.assert_array_equal(f["x"][...], data)
+
+
+def test_hdf5_pipelines_h5py_must_apply_get_no_encoder(tmp_path):
+    import h5py
+
+    from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
+
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        for name, options in {"lzf": {"compression": "lzf"}, "fletcher32": {"fletcher32": True},
+                              "scaleoffset": {"scaleoffset": 2}}.items():  # fmt: skip
+            assert hdf5_encoder_for(f.create_dataset(name, shape=(8,), dtype="f4", chunks=(4,), **options)) is None
+        assert hdf5_encoder_for(f.create_dataset("contiguous", shape=(8,), dtype="f4")) is None
+
+
+def test_an_hdf5_store_encoded_in_tasks_equals_one_written_through_h5py(tmp_path):
+    data = np.random.default_rng(1).standard_normal((300, 70)).astype("f4")
+    x = da.from_array(data, chunks=(64, 32)) * 2
+    here = ds.store(x, f"{tmp_path}/here.h5::/x")
+    with dask.config.set({"daskstream.compute.encode-in-tasks": False}):
+        there = ds.store(x, f"{tmp_path}/h5py.h5::/x")
+    np.testing.assert_array_equal(here.compute(), there.compute())
+    np.testing.assert_array_equal(here.compute(), data * 2)

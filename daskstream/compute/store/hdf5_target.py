@@ -16,11 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.optimization import cull
 
 from daskstream.compute.computation import plan_compute
+from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
 from daskstream.compute.store.record import (
     H5_COMPLETE_ATTR,
     H5_DONE_ATTR,
@@ -439,14 +441,18 @@ class Hdf5Writer:
         self.count = int(done.sum())
         # Aggregates that later passes take (a mean to centre with) are computed once, not per batch.
         x = self.x = with_aggregates_computed(x, resolve_resources())
+        # Where the tasks can encode the chunks (see hdf5_encoder), they return the bytes to put in place.
+        self.encoder = hdf5_encoder_for(dset) if dask.config.get("daskstream.compute.encode-in-tasks", True) else None
+        computed = self.encoder.encoded_blocks(x) if self.encoder is not None else x
+        self.computed_name = computed.name
         # One graph for all blocks, optimized once (as x.to_delayed(optimize_graph=True) does); each
         # batch sends the scheduler only the tasks its blocks need, found by walking back from them.
         # Building one Delayed per block and merging them with dask.compute costs batch² per batch.
-        keys = x.__dask_keys__()
-        self.graph: dict[Any, Any] = dict(x.__dask_optimize__(x.__dask_graph__(), keys))
+        keys = computed.__dask_keys__()
+        self.graph: dict[Any, Any] = dict(computed.__dask_optimize__(computed.__dask_graph__(), keys))
 
     def _key(self, index: tuple[int, ...]) -> tuple:
-        return (self.x.name, *index)
+        return (self.computed_name, *index)
 
     def _subgraph(self, keys: Sequence[Any]) -> dict[Any, Any]:
         """The tasks ``keys`` need: dask's cull walks back from them, in proportion to them, not to the graph."""
@@ -531,7 +537,12 @@ class Hdf5Writer:
     def _write(self, index: tuple[int, ...], block: np.ndarray) -> None:
         region = regular_block_slices(self.x.chunks, index)
         try:
-            self.dset[region] = block
+            if self.encoder is not None:
+                # The chunk's bytes, encoded by the task: put in place as they are.
+                offset = tuple(s.start for s in region)
+                self.dset.id.write_direct_chunk(offset, block.flat[0])
+            else:
+                self.dset[region] = block
         except H5_WRITE_ERRORS as exc:
             raise self.target.write_error(exc, f"write block {block_name(index)}") from exc
         self.unrecorded.append(index)
