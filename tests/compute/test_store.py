@@ -1001,3 +1001,35 @@ def test_a_computed_array_keeps_the_dimension_names_but_not_the_units(tmp_path):
     reduced = ds.open_source(str(tmp_path / "mean.zarr"))
     assert reduced.dims is None
     assert reduced.attrs == {}
+
+
+# zarr's own warning that records and bytes have no settled Zarr format 3 encoding yet.
+@pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification")
+@pytest.mark.parametrize("target_fmt", FORMATS)
+@pytest.mark.parametrize("source_fmt", ["zarr-v2", "zarr-v3", "hdf5"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        np.array([(1, 2.5), (3, 4.5), (5, 6.5)], dtype=[("a", "<i4"), ("b", "<f8")]),
+        np.array([b"ab", b"cd", b"ef"], dtype="S4"),
+        np.array([1.0, np.nan, 3.0]),
+        np.array([True, False, True]),
+    ],
+    ids=["record", "bytes", "float-nan", "bool"],
+)
+def test_the_fill_value_of_any_dtype_goes_with_the_data(tmp_path, source_fmt, target_fmt, data):
+    import zarr
+
+    if source_fmt == "hdf5":
+        with h5py.File(tmp_path / "src.h5", "w") as f:
+            f.create_dataset("x", data=data, chunks=(2,))
+        source = f"{tmp_path}/src.h5::/x"
+    else:
+        zarr_format = 2 if source_fmt == "zarr-v2" else 3
+        zarr.create_array(tmp_path / "src.zarr", shape=data.shape, chunks=(2,), dtype=data.dtype,
+                          zarr_format=zarr_format)[...] = data  # fmt: skip
+        source = str(tmp_path / "src.zarr")
+    target, kw = target_for(tmp_path, target_fmt)
+    y = store(ds.open(source), target, **kw)
+    np.testing.assert_array_equal(y.compute(), data)
+    assert ds.open_source(target).fill_value is not None

@@ -350,8 +350,9 @@ class Hdf5Target(Target):
                     f"{self.name}: chunks {chunks} hold 4 GiB or more, the most one HDF5 chunk may; rechunk smaller"
                 )
             options = {"chunks": chunks, **self._filters()}
-        if self.carried.fill_value is not None:
-            options["fillvalue"] = self.carried.fill_value
+        fill = self.carried.fill_for(x.dtype)
+        if fill is not None:
+            options["fillvalue"] = fill
         try:
             dset = h5file.create_dataset(self.member, shape=x.shape, dtype=x.dtype, **options)
             self._carry(dset)

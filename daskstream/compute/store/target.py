@@ -45,6 +45,15 @@ class Carried:
     dims: tuple[str | None, ...] | None = None
     fill_value: Any = None
 
+    def fill_for(self, dtype: np.dtype) -> Any:
+        """The fill value as a scalar of ``dtype`` (a record from a tuple), or ``None`` if it is not one."""
+        if self.fill_value is None:
+            return None
+        try:
+            return np.asarray(self.fill_value, dtype=dtype)[()]
+        except (TypeError, ValueError, OverflowError):
+            return None
+
     @classmethod
     def of(cls, x: da.Array) -> Carried:
         reads = read_layers(x)

@@ -292,8 +292,9 @@ class ZarrTarget(Target):
             named["dimension_names"] = dims
         elif dims is not None and all(dims):
             attributes[ZARR_V2_DIMENSIONS] = list(dims)  # as xarray names them in format 2
-        if self.carried.fill_value is not None:
-            named["fill_value"] = self.carried.fill_value
+        fill = self.carried.fill_for(x.dtype)
+        if fill is not None:
+            named["fill_value"] = fill
         try:
             zarr.create_array(
                 self._store(),
