@@ -635,8 +635,8 @@ def store(
 ) -> None:
     """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume.
 
-    Prints what was written: blocks, bytes in and on disk, seconds. Run
-    again after it finished, it finds the target complete and writes nothing.
+    Prints what was written: blocks, bytes in and on disk, seconds. Once it
+    has finished, running it again finds the target complete and writes nothing.
     """
 
     with _session(scheduler, cluster_file, memory_budget, quiet):
