@@ -141,3 +141,30 @@ def test_an_hdf5_store_encoded_in_tasks_equals_one_written_through_h5py(tmp_path
         there = ds.store(x, f"{tmp_path}/h5py.h5::/x")
     np.testing.assert_array_equal(here.compute(), there.compute())
     np.testing.assert_array_equal(here.compute(), data * 2)
+
+
+@pytest.mark.parametrize("fill", [0.0, 7.0, np.nan])
+def test_a_chunk_is_fill_value_only_when_every_element_is(tmp_path, fill):
+    array = zarr.create_array(tmp_path / "a.zarr", shape=(8,), chunks=(8,), dtype="f8", fill_value=fill)
+    writer = chunk_writer_for(str(tmp_path / "a.zarr"), array)
+    ends_only = np.full(8, fill)
+    ends_only[3] = 1.0  # the first and last elements are the fill value, one inside is not
+    assert writer.encode(ends_only) is not None
+    assert writer.encode(np.full(8, fill)) is None
+    writer.write((0,), ends_only)
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr", mode="r")[...], ends_only)
+
+
+@pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification")
+def test_records_and_bytes_are_written_as_zarr_writes_them(tmp_path):
+    for dtype, data in ((np.dtype([("a", "<i4"), ("b", "<f8")]), np.array([(0, 0.0), (1, 2.5), (0, 0.0)],
+                        dtype=[("a", "<i4"), ("b", "<f8")])), (np.dtype("S3"), np.array([b"", b"ab", b""], "S3"))):  # fmt: skip
+        for zarr_format in (2, 3):
+            path = tmp_path / f"{dtype.kind}{zarr_format}.zarr"
+            array = zarr.create_array(path, shape=(3,), chunks=(1,), dtype=dtype, zarr_format=zarr_format)
+            writer = chunk_writer_for(str(path), array)
+            if writer is None:
+                continue  # zarr writes it
+            for index in range(3):
+                writer.write((index,), data[index : index + 1])
+            np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)

@@ -71,7 +71,7 @@ class ChunkWriter:
         key = self.separator.join([*parts, *map(str, index)]) or "0"  # a 0-d array's one chunk
         return os.path.join(self.array_dir, *key.split("/"))
 
-    def encode(self, block: np.ndarray) -> bytes | None:
+    def encode(self, block: np.ndarray) -> bytes | memoryview | None:
         """The chunk file's bytes for ``block`` (the chunk's part inside the array); ``None`` for a fill-value chunk."""
         chunk = np.asarray(block, dtype=self.dtype)
         if chunk.shape != self.chunk_shape:
@@ -83,10 +83,11 @@ class ChunkWriter:
         data: Any = np.ascontiguousarray(chunk)
         for encoder in self.encoders:
             data = encoder.encode(data)
-        encoded = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+        # The encoders' output as it is (no copy): bytes, or the chunk's own memory when nothing encodes.
+        encoded = memoryview(data).cast("B")
         if self.checksum:
-            return encoded.tobytes() + int(google_crc32c.value(encoded)).to_bytes(4, "little")
-        return encoded.tobytes()
+            return b"".join((encoded, int(google_crc32c.value(np.frombuffer(encoded, np.uint8))).to_bytes(4, "little")))
+        return data if isinstance(data, bytes) else encoded
 
     def write(self, index: tuple[int, ...], block: np.ndarray) -> None:
         """Encode ``block`` and put it in place whole, or remove its chunk file when it is all fill value.
@@ -124,8 +125,15 @@ def _stamp(path: str) -> tuple[int, ...]:
 
 
 def _all_fill(chunk: np.ndarray, fill_value: Any) -> bool:
-    if chunk.dtype.kind in "fc" and fill_value is not None and np.isnan(fill_value):
+    nan_fill = chunk.dtype.kind in "fc" and fill_value is not None and bool(np.isnan(fill_value))
+    # Data chunks rarely start and end with the fill value: two elements decide before a full scan.
+    for probe in (chunk.flat[0], chunk.flat[-1]) if chunk.size else ():
+        if not (np.isnan(probe) if nan_fill else probe == fill_value):
+            return False
+    if nan_fill:
         return bool(np.isnan(chunk).all())
+    if chunk.dtype.kind in "biufc" and not np.any(fill_value):  # zero: any() scans without a temporary
+        return not chunk.any()
     return bool((chunk == fill_value).all())
 
 

@@ -115,7 +115,7 @@ def parse_block_name(name: str, ndim: int) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
-def write_atomically(path: str, data: bytes, *, suffix: str = "tmp") -> None:
+def write_atomically(path: str, data: bytes | memoryview, *, suffix: str = "tmp") -> None:
     """``data`` in a file beside ``path`` (``path.<32 hex digits>.<suffix>``), then renamed onto it: whole or absent."""
     tmp = f"{path}.{uuid.uuid4().hex}.{suffix}"
     try:
