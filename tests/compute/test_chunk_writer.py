@@ -168,3 +168,22 @@ def test_records_and_bytes_are_written_as_zarr_writes_them(tmp_path):
             for index in range(3):
                 writer.write((index,), data[index : index + 1])
             np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
+
+
+@pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3 specification")
+@pytest.mark.parametrize("codec", ["zstd", "none", "v2-zstd", "v2-none"])
+@pytest.mark.parametrize("dtype", ["M8[s]", "m8[ms]", "V4"])
+def test_datetimes_and_raw_bytes_are_written_with_any_codec(tmp_path, codec, dtype):
+    options = {"zstd": {}, "none": {"compressors": None}, "v2-zstd": {"zarr_format": 2},
+               "v2-none": {"zarr_format": 2, "compressors": None}}[codec]  # fmt: skip
+    data = np.arange(1, 6, dtype="i4").view("V4") if dtype == "V4" else np.arange(1, 6).astype(dtype)
+    try:
+        array = zarr.create_array(tmp_path / "a.zarr", shape=(5,), chunks=(2,), dtype=dtype, **options)
+    except (ValueError, TypeError):
+        pytest.skip(f"zarr does not store {dtype} as {codec}")
+    writer = chunk_writer_for(str(tmp_path / "a.zarr"), array)
+    if writer is None:
+        pytest.skip("zarr writes it")
+    for index in range(3):
+        writer.write((index,), data[2 * index : 2 * index + 2])
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr", mode="r")[...], data)

@@ -83,6 +83,9 @@ class ChunkWriter:
         data: Any = np.ascontiguousarray(chunk)
         for encoder in self.encoders:
             data = encoder.encode(data)
+        if isinstance(data, np.ndarray):
+            # Nothing encoded: the chunk's own bytes, as bytes (datetimes and records have no buffer format).
+            data = data.reshape(-1).view(np.uint8)
         # The encoders' output as it is (no copy): bytes, or the chunk's own memory when nothing encodes.
         encoded = memoryview(data).cast("B")
         if self.checksum:

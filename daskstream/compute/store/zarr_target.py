@@ -19,7 +19,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.callbacks import Callback
 
-from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
+from daskstream.compute.store.chunk_writer import ChunkWriter, MetadataChangedError, chunk_writer_for
 from daskstream.compute.store.record import (
     COMPLETE_FILE,
     DONE_DIR,
@@ -478,6 +478,8 @@ def _write_zarr_block(
         with open(marker, "wb"):
             pass
     except ZARR_NODE_ERRORS as exc:
+        if writer is not None and not isinstance(exc, MetadataChangedError):
+            raise  # the chunk writer reads no metadata: anything else is not the target's doing
         # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to blame.
         # The array was deleted, replaced or damaged while store wrote it: what was recorded no longer holds.
         raise TargetMismatchError(
