@@ -90,9 +90,10 @@ def store(
         never touched: a finished store of the same computation (same shape,
         dtype and ``x.name``; chunks the planner chose for another budget
         count as the same) is found complete and nothing is written, and
-        anything else there is refused, naming what differs. Groups and folders that are not arrays are never
-        deleted. An unfinished store of the same computation is still resumed
-        when ``resume`` is true: its result would be the same.
+        anything else there is refused, naming what differs. Groups and
+        folders that are not arrays are never deleted. An unfinished store of
+        the same computation is still resumed when ``resume`` is true: its
+        result would be the same.
     compressor
         ``"default"``: zstd level 3 for Zarr (``zarr.codecs.ZstdCodec``,
         ``numcodecs.Zstd`` for format 2), gzip level 1 with shuffle for HDF5
