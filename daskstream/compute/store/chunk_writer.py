@@ -73,11 +73,7 @@ class ChunkWriter:
 
     def encode(self, block: np.ndarray) -> bytes | memoryview | None:
         """The chunk file's bytes for ``block`` (the chunk's part inside the array); ``None`` for a fill-value chunk."""
-        chunk = np.asarray(block, dtype=self.dtype)
-        if chunk.shape != self.chunk_shape:
-            padded = np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-            padded[tuple(slice(0, n) for n in chunk.shape)] = chunk
-            chunk = padded
+        chunk = whole_chunk(block, self.chunk_shape, self.dtype, self.fill_value)
         if _all_fill(chunk, self.fill_value):
             return None
         data: Any = np.ascontiguousarray(chunk)
@@ -116,6 +112,23 @@ class ChunkWriter:
         os.makedirs(os.path.dirname(destination), exist_ok=True)
         # Named as zarr's LocalStore names its temporary files, which a resumed store removes.
         write_atomically(destination, encoded, suffix="partial")
+
+
+def whole_chunk(block: np.ndarray, chunk_shape: tuple[int, ...], dtype: np.dtype, fill_value: Any) -> np.ndarray:
+    """``block`` as the whole chunk holding it, in ``dtype``: an edge block padded with the fill value.
+
+    Zarr and HDF5 both store every chunk whole, the part beyond the array's edge
+    included.
+
+    >>> whole_chunk(np.array([1, 2]), (4,), np.dtype("i2"), -1).tolist()
+    [1, 2, -1, -1]
+    """
+    chunk = np.asarray(block, dtype=dtype)
+    if chunk.shape == chunk_shape:
+        return chunk
+    padded = np.full(chunk_shape, fill_value, dtype=dtype)
+    padded[tuple(slice(0, n) for n in chunk.shape)] = chunk
+    return padded
 
 
 class MetadataChangedError(ValueError):

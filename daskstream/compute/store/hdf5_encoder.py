@@ -20,6 +20,8 @@ import dask.array as da
 import deflate
 import numpy as np
 
+from daskstream.compute.store.chunk_writer import whole_chunk
+
 # HDF5's filter identifiers for deflate (gzip) and shuffle.
 _DEFLATE, _SHUFFLE = 1, 2
 
@@ -36,11 +38,7 @@ class Hdf5ChunkEncoder:
 
     def encode(self, block: np.ndarray) -> bytes:
         """The bytes HDF5 stores for the chunk holding ``block`` (its part inside the dataset)."""
-        chunk = np.asarray(block, dtype=self.dtype)
-        if chunk.shape != self.chunk_shape:
-            padded = np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-            padded[tuple(slice(0, n) for n in chunk.shape)] = chunk
-            chunk = padded
+        chunk = whole_chunk(block, self.chunk_shape, self.dtype, self.fill_value)
         raw = np.ascontiguousarray(chunk).view(np.uint8)
         if self.shuffle and self.dtype.itemsize > 1:
             # HDF5's shuffle: the first byte of every element, then every second byte, and so on.
