@@ -204,9 +204,10 @@ def store(
         member = (member or "").strip("/") or None
         writer = ZarrTarget(path, member, compressor, 2 if zarr_format == 2 else 3, Carried.of(x))
     writer.check_sources([source for _, source, _ in read_layers(x)])
-    if resume and not overwrite:
-        x, identity = _as_recorded(x, identity, writer.recorded(), finished=writer.completed(x) is not None)
+    # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
     finished = None if overwrite else writer.completed(x)
+    if resume and not overwrite:
+        x, identity = _as_recorded(x, identity, writer.recorded(), finished=finished is not None)
     if finished is not None and not finished.differences(identity):
         # The same computation stored there before, to the end: nothing to write.
         total = math.prod(x.numblocks)
