@@ -1,14 +1,14 @@
 """daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
 
 >>> import daskstream as ds
->>> x = ds.open  # ds.open, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.session, ds.tune...
+>>> x = ds.open  # ds.open, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
 >>> all(hasattr(ds, name) for name in ds.__all__)
 True
 """
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
 from daskstream.arrays import open, plan, plan_chunks
-from daskstream.compute import describe, kernels, map_blocks, plan_compute, reduce, store
+from daskstream.compute import describe, kernels, map_blocks, plan_compute, rechunk, reduce, store
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
@@ -36,6 +36,7 @@ __all__ = [
     "plan",
     "plan_chunks",
     "plan_compute",
+    "rechunk",
     "reduce",
     "session",
     "store",

@@ -718,7 +718,14 @@ def _print_store_summary(
     "--chunks",
     default="auto",
     show_default=True,
-    help='"auto" (the planner), "storage", or sizes per axis like 256,1024.',
+    help='"auto" (the planner), "storage", or sizes per axis like 256,1024 (-1: a whole axis), rechunked out '
+    "of core: each stored chunk is decoded once, through an intermediate array when the budget needs one.",
+)
+@click.option(
+    "--intermediate",
+    default=None,
+    help="Folder for the intermediate array of a two-pass rechunk (default: the temporary folder); on a "
+    "cluster, one every worker shares.",
 )
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
@@ -730,6 +737,7 @@ def convert(
     codec: str,
     level: int,
     chunks: str,
+    intermediate: str | None,
     dataset: str | None,
     overwrite: bool,
     scheduler: str | None,
@@ -747,7 +755,11 @@ def convert(
     # Built (and its level checked) before anything is read or written.
     compressor = _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     with _session(scheduler, cluster_file, memory_budget, quiet):
-        x = ds.open(source, dataset=dataset, chunks=spec)
+        if isinstance(spec, tuple):
+            # Other chunks than the planner's: rechunked out of core, each stored chunk decoded once.
+            x = ds.rechunk(ds.open(source, dataset=dataset), spec, intermediate=intermediate)
+        else:
+            x = ds.open(source, dataset=dataset, chunks=spec)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
         ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=tally)
     _print_store_summary(tally, x, source, target, None, as_json)

@@ -15,6 +15,7 @@ __all__ = [
     "CorruptSourceError",
     "DaskstreamError",
     "DaskstreamWarning",
+    "IntermediateNotSharedError",
     "InvalidArgumentError",
     "InvalidAxisError",
     "InvalidBudgetError",
@@ -183,6 +184,10 @@ class ConfigFileNotFoundError(DaskstreamError, FileNotFoundError):
 
 class TargetDamagedError(DaskstreamError, OSError):
     """An existing store target cannot be read or opened for writing: damaged, or held by another process."""
+
+
+class IntermediateNotSharedError(DaskstreamError, FileNotFoundError):
+    """A rechunk's second pass did not find what its first pass wrote: the intermediate folder is not shared."""
 
 
 class MissingDependencyError(DaskstreamError, ImportError):

@@ -5,6 +5,7 @@ from daskstream.compute.computation import plan_compute
 from daskstream.compute.describe import Description, LazyDescription, describe
 from daskstream.compute.kernels import map_blocks
 from daskstream.compute.quantiles import median, quantile
+from daskstream.compute.rechunk import rechunk
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
 from daskstream.compute.store import store
 
@@ -21,6 +22,7 @@ __all__ = [
     "median",
     "plan_compute",
     "quantile",
+    "rechunk",
     "reduce",
     "store",
 ]

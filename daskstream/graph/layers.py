@@ -40,6 +40,9 @@ PLANNED_FOR = "daskstream-planned-for"
 # The annotation of a layer running sibling steps together: their names.
 SIBLINGS_ANNOTATION = "daskstream-siblings"
 
+#: On a rechunked array's layer: its :class:`RechunkRecord`.
+RECHUNK_ANNOTATION = "daskstream-rechunk"
+
 # Output keys sampled per layer whose block dependencies are not known from its structure.
 _SAMPLED_KEYS = 3
 
@@ -368,6 +371,25 @@ def whole_input(array: da.Array) -> Any:
     return dask.delayed(np.asarray, pure=True)(joined, dask_key_name=f"whole-{joined.key[0]}")
 
 
+@dataclass(frozen=True)
+class RechunkRecord:
+    """What ``daskstream.rechunk`` left on the array it made: its plan, and its intermediate array's folder
+    (``None`` for one pass), which a store deletes once the array it fed is written."""
+
+    plan: Any
+    folder: str | None
+
+
+def rechunk_records(collection: Any) -> list[RechunkRecord]:
+    """The records of the rechunks in a dask collection's graph, in the graph's order."""
+    graph = collection.__dask_graph__() if hasattr(collection, "__dask_graph__") else None
+    layers = getattr(graph, "layers", {})
+    found = (
+        (getattr(layer, "collection_annotations", None) or {}).get(RECHUNK_ANNOTATION) for layer in layers.values()
+    )
+    return [record for record in found if isinstance(record, RechunkRecord)]
+
+
 def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...], ...] | None]]:
     """The daskstream read layers in a dask collection's graph: name, the Source read, and its chunks.
 
@@ -389,9 +411,11 @@ def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...
 
 __all__ = [
     "PLANNED_FOR",
+    "RECHUNK_ANNOTATION",
     "REGIONS_ANNOTATION",
     "SIBLINGS_ANNOTATION",
     "GraphFacts",
+    "RechunkRecord",
     "annotated_blocks",
     "as_node",
     "blockwise_like",
@@ -404,6 +428,7 @@ __all__ = [
     "planned_resources",
     "read_layers",
     "reads_sources",
+    "rechunk_records",
     "record_plan",
     "source_read_by",
     "sources_read_by",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from typing import Any
 
 import dask.array as da
@@ -38,7 +39,7 @@ from daskstream.errors import (
     InvalidChunksError,
     UnsupportedDtypeError,
 )
-from daskstream.graph.layers import budget_of, read_layers
+from daskstream.graph.layers import budget_of, read_layers, rechunk_records
 from daskstream.graph.reads import source_array
 from daskstream.planning.grid import regular_chunk_shape, regular_grid
 from daskstream.runtime.progress import BlockProgress
@@ -215,6 +216,10 @@ def store(
             report(total, total)
     else:
         writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
+    # The target is complete: the intermediate arrays of rechunks feeding it have served.
+    for record in rechunk_records(x):
+        if record.folder is not None:
+            shutil.rmtree(record.folder, ignore_errors=True)
 
     return source_array(open_source(writer.path, dataset=writer.member), "auto", resolve_settings())
 

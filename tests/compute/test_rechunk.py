@@ -1,0 +1,138 @@
+"""``rechunk``: any chunks from any chunks, within the budget, each stored chunk decoded once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dask
+import dask.array as da
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+import daskstream as ds
+from daskstream.compute.rechunk import rechunk_plan_of
+from daskstream.errors import IntermediateNotSharedError, InvalidChunksError, MemoryBudgetError
+from daskstream.graph.layers import read_layers
+from daskstream.planning.grid import read_amplification
+
+
+@pytest.fixture
+def rows(tmp_path):
+    """A 4 MiB float32 field stored in Zarr chunks of whole rows."""
+    data = np.random.default_rng(4).standard_normal((1024, 1024)).astype("f4")
+    array = zarr.create_array(tmp_path / "rows.zarr", shape=data.shape, chunks=(16, 1024), dtype="f4")
+    array[...] = data
+    return str(tmp_path / "rows.zarr"), data
+
+
+def _intermediates(folder) -> list[str]:
+    return [name for name in os.listdir(folder) if name.startswith("daskstream-rechunk-")]
+
+
+def test_rows_into_columns_go_through_an_intermediate_and_match_numpy(rows, tmp_path):
+    path, data = rows
+    x = ds.open(path, memory_budget="2MiB")
+    y = ds.rechunk(x, (1024, 16), intermediate=tmp_path / "work")
+    plan = rechunk_plan_of(y)
+    assert plan.passes == 2
+    assert y.chunks == ((1024,), (16,) * 64)
+    # The source is read in boxes of whole storage chunks: each decoded once.
+    ((_, source, _),) = [read for read in read_layers(y) if read[1].path == path]
+    assert read_amplification(source.shape, source.storage_chunks, plan.read_chunks) == 1.0
+    np.testing.assert_array_equal(y.compute(), data)
+    assert len(_intermediates(tmp_path / "work")) == 1
+
+
+def test_nested_chunks_take_one_pass_with_nothing_written(rows, tmp_path):
+    path, data = rows
+    with dask.config.set({"temporary-directory": str(tmp_path / "work")}):
+        y = ds.rechunk(ds.open(path), (128, 256), memory_budget="256MiB")
+        np.testing.assert_array_equal(y.compute(), data)
+    assert rechunk_plan_of(y).passes == 1
+    assert not (tmp_path / "work").exists() or not _intermediates(tmp_path / "work")
+
+
+@pytest.mark.parametrize("budget", ["1MiB", "64MiB"])
+def test_a_computed_array_is_computed_block_by_block_once(budget):
+    data = np.arange(256 * 300, dtype="i8").reshape(256, 300)
+    x = da.from_array(data, chunks=(8, 300)) * 3
+    y = ds.rechunk(x, {1: 10, 0: -1}, memory_budget=budget)
+    assert y.chunks == ((256,), (10,) * 30)
+    np.testing.assert_array_equal(y.compute(), data * 3)
+
+
+def test_a_contiguous_npy_is_read_straight_into_the_new_chunks(tmp_path):
+    data = np.random.default_rng(2).integers(0, 100, (500, 64)).astype("u2")
+    np.save(tmp_path / "a.npy", data)
+    y = ds.rechunk(ds.open(tmp_path / "a.npy"), (500, 3), memory_budget="1MiB")
+    assert rechunk_plan_of(y).passes == 1
+    np.testing.assert_array_equal(y.compute(), data)
+
+
+def test_the_fill_value_survives_the_intermediate(tmp_path):
+    array = zarr.create_array(tmp_path / "f.zarr", shape=(64, 64), chunks=(4, 64), dtype="f8", fill_value=np.nan)
+    array[8:16] = 1.5  # the rest is never written: it reads as NaN
+    y = ds.rechunk(ds.open(tmp_path / "f.zarr"), (64, 4), memory_budget="64KiB", intermediate=tmp_path)
+    assert rechunk_plan_of(y).passes == 2
+    np.testing.assert_array_equal(y.compute(), array[...])
+
+
+def test_a_store_of_a_rechunk_resumes_with_another_budget_and_removes_its_intermediate(rows, tmp_path):
+    path, data = rows
+    out = str(tmp_path / "cols.zarr")
+    y = ds.rechunk(ds.open(path, memory_budget="2MiB"), (1024, 16), intermediate=tmp_path / "work")
+    ds.store(y, out)
+    assert _intermediates(tmp_path / "work") == []
+    assert zarr.open_array(out).chunks == (1024, 16)
+    np.testing.assert_array_equal(zarr.open_array(out)[...], data)
+    # The same data in the same chunks under another budget (another plan) is the same computation.
+    again = ds.rechunk(ds.open(path, memory_budget="64MiB"), (1024, 16))
+    assert rechunk_plan_of(again).passes == 1
+    assert again.name == y.name
+    calls = []
+    ds.store(again, out, progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1] == (64, 64)
+
+
+def test_a_second_pass_that_cannot_see_the_first_passs_chunks_says_the_folder_must_be_shared(rows, tmp_path):
+    y = ds.rechunk(ds.open(rows[0], memory_budget="2MiB"), (1024, 16), intermediate=tmp_path / "work")
+    graph = dict(y.__dask_graph__())
+    written = {key: True for key in graph if isinstance(key, tuple) and key[0].startswith("daskstream-rechunk-write")}
+    # As on a worker whose temporary folder is not the one pass 1 wrote to: nothing there.
+    with pytest.raises(IntermediateNotSharedError, match="every worker shares"):
+        dask.get({**graph, **written}, y.__dask_keys__()[0][0])
+
+
+@pytest.mark.parametrize(
+    ("chunks", "error", "match"),
+    [
+        ((10,), InvalidChunksError, "2 axes"),
+        ((0, 10), InvalidChunksError, "not a chunk size"),
+        ({5: 10}, InvalidChunksError, "out of range"),
+        ((1024, 1024), MemoryBudgetError, "one target chunk"),
+    ],
+)
+def test_chunks_that_cannot_be_made_are_refused_by_name(rows, chunks, error, match):
+    with pytest.raises(error, match=match):
+        ds.rechunk(ds.open(rows[0]), chunks, memory_budget="2MiB")
+
+
+def test_convert_rows_into_columns_from_the_command_line(rows, tmp_path):
+    path, data = rows
+    out = str(tmp_path / "cols.h5") + "::/x"
+    done = subprocess.run(
+        [sys.executable, "-m", "daskstream", "convert", path, out, "--codec", "gzip", "--chunks", "-1,32", "--budget", "4MiB",
+         "--intermediate", str(tmp_path / "work"), "--json", "--quiet"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["blocks_written"] == 32
+    with h5py.File(tmp_path / "cols.h5", "r") as f:
+        assert f["x"].chunks == (1024, 32)
+        np.testing.assert_array_equal(f["x"][...], data)
+    assert _intermediates(tmp_path / "work") == []
