@@ -25,8 +25,8 @@ from dask.callbacks import Callback
 
 from daskstream import config
 from daskstream.graph.layers import read_layers
+from daskstream.runtime.tune_cache import TuneCache
 from daskstream.sources import Source
-from daskstream.tuning.cache import TuneCache
 from daskstream.tuning.tuner import cache_key, search_space
 from daskstream.tuning.work import Work, consumer_label
 

@@ -18,8 +18,8 @@ from daskstream.planning.settings import PlanSettings, Resources
 from daskstream.runtime.resources import resolve_settings
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.runtime.session import session
+from daskstream.runtime.tune_cache import TuneCache, machine_fingerprint
 from daskstream.sources import Source, open_source
-from daskstream.tuning.cache import TuneCache, machine_fingerprint
 from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
 from daskstream.tuning.result import Candidate, TuneResult
 from daskstream.tuning.search import Limits, SearchSpace, Trial, hill_climb

@@ -16,8 +16,8 @@ import zarr
 import daskstream as ds
 from daskstream.errors import InvalidArgumentError, SourceNotFoundError, TuneCacheWarning, UnknownOperationError
 from daskstream.runtime.metering import ReadMeter
+from daskstream.runtime.tune_cache import key_text
 from daskstream.tuning import TuneCache
-from daskstream.tuning.cache import key_text
 
 SHAPE = (2048, 1024)
 

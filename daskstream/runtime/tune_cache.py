@@ -1,4 +1,4 @@
-"""The tuning cache: winners and observations, remembered per kind of data and machine.
+"""The tuning cache: winners, observations and codec choices, remembered per kind of data and machine.
 
 One JSON file (``daskstream.tune.cache``; ``"auto"`` puts it in the user's
 cache folder). It is read as data only, written whole to a temporary file
