@@ -8,7 +8,17 @@ True
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
 from daskstream.arrays import open, plan, plan_chunks
-from daskstream.compute import describe, kernels, map_blocks, plan_compute, rechunk, reduce, store
+from daskstream.compute import (
+    CodecChoice,
+    choose_codec,
+    describe,
+    kernels,
+    map_blocks,
+    plan_compute,
+    rechunk,
+    reduce,
+    store,
+)
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
@@ -21,12 +31,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ChunkPlan",
+    "CodecChoice",
     "DaskstreamError",
     "Session",
     "Source",
     "Stream",
     "TuneResult",
     "__version__",
+    "choose_codec",
     "close_files",
     "describe",
     "kernels",

@@ -25,12 +25,15 @@ import yaml
 import daskstream as ds
 from daskstream import dependencies
 from daskstream.compute.store import stored_bytes, target_format
+from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
 from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.runtime.clusters import check_cluster_config
 from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.progress import BlockProgress
+from daskstream.sources.detect import split_dataset
+from daskstream.sources.hdf5 import import_h5py
 from daskstream.tuning import TuneCache, tune
 
 # The largest value a numpy index holds: no axis, chunk or count can be longer.
@@ -605,6 +608,17 @@ def tune_command(
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json else str(result))
 
 
+def _optimize_option(command: Any) -> Any:
+    return click.option(
+        "--optimize",
+        type=click.Choice(list(OBJECTIVES)),
+        default="balanced",
+        show_default=True,
+        help="What an auto codec is chosen for: the fastest store (write), reads (read), the smallest output "
+        "(size), or store and one read together (balanced).",
+    )(command)
+
+
 @main.command("store")
 @click.argument("source")
 @click.argument("target")
@@ -612,7 +626,13 @@ def tune_command(
 @click.option("--target-dataset", default=None, help="Dataset or member to write in TARGET (or TARGET::NAME).")
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
 @click.option("--no-resume", "resume", flag_value=False, default=True, help="Refuse to finish an interrupted store.")
-@click.option("--compressor", default="default", show_default=True, help='"default", "none", or an HDF5 filter name.')
+@click.option(
+    "--compressor",
+    default="default",
+    show_default=True,
+    help='"default", "none", "auto" (measured on the data: see --optimize), or an HDF5 filter name.',
+)
+@_optimize_option
 @click.option(
     "--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Format of a new Zarr array."
 )
@@ -626,6 +646,7 @@ def store(
     overwrite: bool,
     resume: bool,
     compressor: str,
+    optimize: str,
     zarr_format: str,
     scheduler: str | None,
     cluster_file: str | None,
@@ -641,6 +662,11 @@ def store(
 
     with _session(scheduler, cluster_file, memory_budget, quiet):
         x = ds.open(source, dataset=dataset)
+        choice = None
+        if compressor == "auto":
+            compressor, choice = _auto_codec(
+                x, target, target_dataset, overwrite, optimize, int(zarr_format), quiet, as_json
+            )
         tally = _StoreTally(None if quiet else BlockProgress(f"store {target}", int(x.nbytes)))
         ds.store(
             x,
@@ -649,10 +675,11 @@ def store(
             resume=resume,
             overwrite=overwrite,
             compressor=None if compressor == "none" else compressor,
+            optimize=optimize,
             zarr_format=int(zarr_format),
             progress=tally,
         )
-    _print_store_summary(tally, x, source, target, target_dataset, as_json)
+    _print_store_summary(tally, x, source, target, target_dataset, as_json, choice)
 
 
 class _StoreTally:
@@ -672,8 +699,46 @@ class _StoreTally:
             self.bar(done, total)
 
 
+def _auto_codec(
+    x: Any,
+    target: str,
+    dataset: str | None,
+    overwrite: bool,
+    optimize: str,
+    zarr_format: int,
+    quiet: bool,
+    as_json: bool,
+) -> tuple[Any, CodecChoice | None]:
+    """The codec measured for a new target (its table shown on stderr), or ``"auto"`` for store to settle
+    where an array is already there (a resumed store keeps its codec; another is refused)."""
+    path, member = split_dataset(target, dataset)
+    kind = target_format(path)
+    if not overwrite and _array_exists(path, member, kind):
+        return "auto", None
+    choice = ds.choose_codec(x, kind, optimize=optimize, folder=os.path.dirname(os.path.abspath(path)))
+    if not quiet and not as_json:
+        click.echo(str(choice), err=True)
+    return choice.compressor(zarr_format), choice
+
+
+def _array_exists(path: str, member: str | None, kind: str) -> bool:
+    if kind != "hdf5":
+        return os.path.exists(os.path.join(path, (member or "").strip("/")))
+    if not os.path.exists(path):
+        return False
+    with contextlib.suppress(Exception), import_h5py().File(path, "r") as f:
+        return (member or "/").strip("/") in f
+    return True  # a file h5py cannot open: store says what is wrong with it
+
+
 def _print_store_summary(
-    tally: _StoreTally, x: Any, source: str, target: str, target_dataset: str | None, as_json: bool
+    tally: _StoreTally,
+    x: Any,
+    source: str,
+    target: str,
+    target_dataset: str | None,
+    as_json: bool,
+    choice: CodecChoice | None = None,
 ) -> None:
     seconds = time.perf_counter() - tally.started
     before = tally.done_before or 0
@@ -690,6 +755,8 @@ def _print_store_summary(
         "ratio": round(int(x.nbytes) / on_disk, 3) if on_disk else None,
         "seconds": round(seconds, 3),
     }
+    if choice is not None:
+        summary["codec"] = choice.to_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     elif summary["already_complete"]:
@@ -706,7 +773,14 @@ def _print_store_summary(
 @main.command()
 @click.argument("source")
 @click.argument("target")
-@click.option("--codec", type=click.Choice(["zstd", "lz4", "gzip", "none"]), default="zstd", show_default=True)
+@click.option(
+    "--codec",
+    type=click.Choice(["zstd", "lz4", "gzip", "none", "auto"]),
+    default="zstd",
+    show_default=True,
+    help="auto: measured on blocks of the data for what --optimize says (the table goes to stderr).",
+)
+@_optimize_option
 @click.option(
     "--level",
     type=int,
@@ -735,6 +809,7 @@ def convert(
     source: str,
     target: str,
     codec: str,
+    optimize: str,
     level: int,
     chunks: str,
     intermediate: str | None,
@@ -753,16 +828,23 @@ def convert(
 
     spec = _chunk_spec(chunks)
     # Built (and its level checked) before anything is read or written.
-    compressor = _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
+    compressor = (
+        "auto"
+        if codec == "auto"
+        else _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
+    )
     with _session(scheduler, cluster_file, memory_budget, quiet):
         if isinstance(spec, tuple):
             # Other chunks than the planner's: rechunked out of core, each stored chunk decoded once.
             x = ds.rechunk(ds.open(source, dataset=dataset), spec, intermediate=intermediate)
         else:
             x = ds.open(source, dataset=dataset, chunks=spec)
+        choice = None
+        if codec == "auto":
+            compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
-        ds.store(x, target, overwrite=overwrite, compressor=compressor, progress=tally)
-    _print_store_summary(tally, x, source, target, None, as_json)
+        ds.store(x, target, overwrite=overwrite, compressor=compressor, optimize=optimize, progress=tally)
+    _print_store_summary(tally, x, source, target, None, as_json, choice)
 
 
 def _chunk_spec(chunks: str) -> str | tuple[int, ...]:

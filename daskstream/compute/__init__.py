@@ -8,13 +8,16 @@ from daskstream.compute.quantiles import median, quantile
 from daskstream.compute.rechunk import rechunk
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
 from daskstream.compute.store import store
+from daskstream.compute.store.codecs import CodecChoice, choose_codec
 
 computation.install()
 
 __all__ = [
     "OPERATIONS",
+    "CodecChoice",
     "Description",
     "LazyDescription",
+    "choose_codec",
     "describe",
     "histogram",
     "kernels",

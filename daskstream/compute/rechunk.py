@@ -153,6 +153,7 @@ def rechunk(
         boxes = source_array(source, read_grid, settings)
     else:
         boxes = x if x.chunks == read_grid else x.rechunk(read_grid, method="tasks")
+    read = boxes
     folder = None
     if plan.intermediate_chunks is not None:
         if x.dtype.hasobject:
@@ -169,7 +170,7 @@ def rechunk(
     out = _cut(boxes, regular_grid(x.shape, plan.target_chunks), name)
     out.dask.layers[name].collection_annotations = {
         **(out.dask.layers[name].collection_annotations or {}),
-        RECHUNK_ANNOTATION: RechunkRecord(plan, folder),
+        RECHUNK_ANNOTATION: RechunkRecord(plan, folder, read),
     }
     return out
 

@@ -373,11 +373,13 @@ def whole_input(array: da.Array) -> Any:
 
 @dataclass(frozen=True)
 class RechunkRecord:
-    """What ``daskstream.rechunk`` left on the array it made: its plan, and its intermediate array's folder
-    (``None`` for one pass), which a store deletes once the array it fed is written."""
+    """What ``daskstream.rechunk`` left on the array it made: its plan; its intermediate array's folder
+    (``None`` for one pass), which a store deletes once the array it fed is written; and the array its
+    first pass reads (boxes of whole source chunks), from which a few blocks are cheap to compute."""
 
     plan: Any
     folder: str | None
+    read: Any = None
 
 
 def rechunk_records(collection: Any) -> list[RechunkRecord]:

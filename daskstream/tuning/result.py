@@ -7,7 +7,7 @@ from html import escape
 from typing import Any
 
 from daskstream.dependencies import optional_import
-from daskstream.display import grid_figure
+from daskstream.display import columns_table, grid_figure
 from daskstream.planning.budget import format_size
 
 
@@ -195,13 +195,11 @@ class TuneResult:
         )
 
     def _repr_html_(self) -> str:
-        head = "".join(
-            f"<th>{escape(h)}</th>" for h in ("chunks", "size", "tasks", "GB/s", "±", "peak per task", "note")
+        candidates = columns_table(
+            ("chunks", "size", "tasks", "GB/s", "±", "peak per task", "note"),
+            [c.cells() for c in self.candidates],
+            marked=[self.won(c) for c in self.candidates],
         )
-        rows = []
-        for c in self.candidates:
-            style = " style='font-weight:bold;background:#e8f4e8'" if self.won(c) else ""
-            rows.append(f"<tr{style}>" + "".join(f"<td>{escape(v)}</td>" for v in c.cells()) + "</tr>")
 
         speed = "-" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x"
         picture = grid_figure(self.shape, self.storage_chunks, self.chunks) if self.shape else ""
@@ -209,7 +207,7 @@ class TuneResult:
             f"<div><strong>daskstream TuneResult</strong>: {escape(self.work)} on {escape(self.source)}<br>{picture}"
             f"<br>winner <code>{escape(str(self.chunks))}</code>, {speed} the planner's "
             f"<code>{escape(str(self.auto_chunks))}</code>{' (remembered)' if self.from_cache else ''}"
-            f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+            f"{candidates}"
             f"<small>{escape(self.stopped)}; {self.seconds:.2f} s, read {escape(format_size(self.sampled_bytes))}"
             "</small></div>"
         )

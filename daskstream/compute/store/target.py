@@ -153,6 +153,8 @@ class Target(abc.ABC):
 
     path: str
     member: str | None
+    #: What a new array is compressed with, in the terms ``store`` takes (``"default"``, ``None``, a codec...).
+    compressor: Any
 
     @abc.abstractmethod
     def write(

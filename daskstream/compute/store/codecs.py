@@ -1,0 +1,487 @@
+"""Codec choice by measurement: encode and decode blocks of the data itself with each candidate, here.
+
+How fast a codec encodes and how small it makes the data depend on the data
+(a smooth field, noise, integers with runs of zeros), on this machine's CPU
+and on the disk behind the target: on one noisy float32 field zstd level 3
+encoded at a tenth of blosc-lz4's speed for a ratio 1.6 times higher. So
+``store(..., compressor="auto")`` computes a few blocks spread over the array
+(``sample_bytes`` in all, at most a sixteenth of it), encodes and decodes them with every candidate in
+one thread, times a write to the target's folder, and picks the candidate
+that best serves what the user says the output is for:
+
+* ``"write"``: the fastest store (encoding by every thread, the encoded bytes
+  reaching the disk at its measured rate; whichever is slower sets the pace);
+* ``"read"``: the fastest reads afterwards (decoding, and the bytes read);
+* ``"size"``: the smallest output (the faster writer among equals);
+* ``"balanced"``: the fastest write and one read together.
+
+The choice, and the table of what was measured, is remembered in the tuning
+cache per kind of data (format and codec of the source, dtype, chunk size,
+target format, objective, threads and machine), so a second array of the
+same kind is stored without measuring again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from html import escape
+from typing import Any
+
+import dask
+import dask.array as da
+import deflate
+import numpy as np
+
+from daskstream import dependencies
+from daskstream.compute.store.hdf5_encoder import Hdf5ChunkEncoder
+from daskstream.display import columns_table
+from daskstream.errors import InvalidArgumentError
+from daskstream.graph.layers import read_layers, rechunk_records
+from daskstream.planning.budget import format_size
+from daskstream.runtime.tune_cache import TuneCache, machine_fingerprint
+
+#: What a choice can optimize for; see the module's description.
+OBJECTIVES = ("write", "read", "size", "balanced")
+
+#: Bytes of the array computed and encoded to choose, by default.
+SAMPLE_BYTES = 16 * 2**20
+
+# Bytes written (and synced) to the target's folder to time its disk.
+_DISK_PROBE_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One codec and its settings, as Zarr and HDF5 name it."""
+
+    name: str
+    family: str
+    level: int = 0
+    cname: str = ""
+    shuffle: str = "noshuffle"
+
+    @property
+    def label(self) -> str:
+        if self.family == "none":
+            return "no compression"
+        if self.family == "blosc":
+            return f"blosc {self.cname} {self.level} + {self.shuffle.replace('shuffle', ' shuffle').strip()}"
+        if self.family == "gzip+shuffle":
+            return f"gzip {self.level} + shuffle"
+        return f"{self.family} {self.level}"
+
+    def zarr_compressor(self, zarr_format: int) -> Any:
+        """The compressor ``store`` takes for a Zarr array of ``zarr_format``."""
+        if self.family == "none":
+            return None
+        if zarr_format == 2:
+            import numcodecs
+
+            shuffles = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+            return {
+                "zstd": lambda: numcodecs.Zstd(level=self.level),
+                "gzip": lambda: numcodecs.GZip(level=self.level),
+                "blosc": lambda: numcodecs.Blosc(cname=self.cname, clevel=self.level, shuffle=shuffles[self.shuffle]),
+            }[self.family]()
+        from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+        return {
+            "zstd": lambda: ZstdCodec(level=self.level),
+            "gzip": lambda: GzipCodec(level=self.level),
+            "blosc": lambda: BloscCodec(cname=self.cname, clevel=self.level, shuffle=self.shuffle),  # type: ignore[arg-type]
+        }[self.family]()
+
+    def hdf5_compressor(self) -> Any:
+        """The compressor ``store`` takes for an HDF5 dataset (an ``hdf5plugin`` filter for zstd and blosc)."""
+        if self.family == "none":
+            return None
+        if self.family == "gzip+shuffle":
+            return {"compression": "gzip", "compression_opts": self.level, "shuffle": True}
+        hdf5plugin = dependencies.optional_import(
+            "hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=f"{self.label} in an HDF5 target"
+        )
+        if self.family == "zstd":
+            return hdf5plugin.Zstd(clevel=self.level)
+        shuffles = {"noshuffle": hdf5plugin.Blosc.NOSHUFFLE, "shuffle": hdf5plugin.Blosc.SHUFFLE,
+                    "bitshuffle": hdf5plugin.Blosc.BITSHUFFLE}  # fmt: skip
+        return hdf5plugin.Blosc(cname=self.cname, clevel=self.level, shuffle=shuffles[self.shuffle])
+
+
+_ZARR_CANDIDATES = (
+    Candidate("none", "none"),
+    Candidate("blosc-lz4-shuffle", "blosc", 5, "lz4", "shuffle"),
+    Candidate("blosc-lz4-bitshuffle", "blosc", 5, "lz4", "bitshuffle"),
+    Candidate("blosc-zstd-bitshuffle", "blosc", 1, "zstd", "bitshuffle"),
+    Candidate("zstd-1", "zstd", 1),
+    Candidate("zstd-3", "zstd", 3),
+    Candidate("zstd-9", "zstd", 9),
+    Candidate("gzip-1", "gzip", 1),
+)
+
+_HDF5_CANDIDATES = (
+    Candidate("none", "none"),
+    Candidate("gzip-1", "gzip+shuffle", 1),
+    Candidate("gzip-4", "gzip+shuffle", 4),
+)
+
+# With hdf5plugin installed; h5py encodes these in the writing process only (not in the tasks).
+_HDF5_PLUGIN_CANDIDATES = (
+    Candidate("blosc-lz4-bitshuffle", "blosc", 5, "lz4", "bitshuffle"),
+    Candidate("zstd-1", "zstd", 1),
+    Candidate("zstd-3", "zstd", 3),
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one candidate did with the sample.
+
+    Attributes
+    ----------
+    candidate
+        The codec.
+    ratio
+        Bytes in over bytes encoded.
+    encode_rate, decode_rate
+        Bytes of data per second one thread encodes and decodes.
+    encoding_threads
+        Threads that encode it in a store: all of them, or one where h5py
+        encodes in the writing process.
+    write_rate, read_rate
+        Bytes of data per second a store and a read would take, estimated:
+        the slower of the threads' codec rate and the disk's rate for the
+        encoded bytes.
+    """
+
+    candidate: Candidate
+    ratio: float
+    encode_rate: float
+    decode_rate: float
+    encoding_threads: int
+    write_rate: float
+    read_rate: float
+
+    def cost(self, optimize: str) -> tuple[float, float]:
+        """Seconds per byte of data for ``optimize`` (lower is better), then a tie-break."""
+        write, read = 1 / self.write_rate, 1 / self.read_rate
+        if optimize == "write":
+            return write, read
+        if optimize == "read":
+            return read, write
+        if optimize == "size":
+            return 1 / self.ratio, write
+        return write + read, 1 / self.ratio
+
+
+@dataclass(frozen=True)
+class CodecChoice:
+    """The codec chosen for a target, and the table of measurements it was chosen from.
+
+    ``str()`` is the table as text, ``to_dict()`` as JSON-ready data, and
+    Jupyter shows it as an HTML table.
+    """
+
+    chosen: Candidate
+    optimize: str
+    target_format: str
+    measured: tuple[Measured, ...]
+    threads: int
+    disk_rate: float
+    sample_bytes: int
+    remembered: bool = False
+    key: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def compressor(self, zarr_format: int = 3) -> Any:
+        """The chosen codec as ``store``'s ``compressor`` for the target's format."""
+        if self.target_format == "hdf5":
+            return self.chosen.hdf5_compressor()
+        return self.chosen.zarr_compressor(zarr_format)
+
+    def why(self) -> str:
+        source = "remembered from an earlier measurement" if self.remembered else "measured now"
+        return (
+            f"{self.chosen.label}: best for {self.optimize!r} ({_OBJECTIVE_WORDS[self.optimize]}), {source} on "
+            f"{format_size(self.sample_bytes)} of the data, {self.threads} thread(s), disk "
+            f"{self.disk_rate / 1e9:.2f} GB/s"
+        )
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "codec": m.candidate.label,
+                "chosen": m.candidate == self.chosen,
+                "ratio": m.ratio,
+                "encode_GBps_per_thread": m.encode_rate / 1e9,
+                "decode_GBps_per_thread": m.decode_rate / 1e9,
+                "write_GBps": m.write_rate / 1e9,
+                "read_GBps": m.read_rate / 1e9,
+            }
+            for m in self.measured
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen.name,
+            "label": self.chosen.label,
+            "optimize": self.optimize,
+            "target_format": self.target_format,
+            "remembered": self.remembered,
+            "threads": self.threads,
+            "disk_GBps": self.disk_rate / 1e9,
+            "sample_bytes": self.sample_bytes,
+            "candidates": self.rows(),
+        }
+
+    def _cells(self) -> list[list[str]]:
+        return [
+            [
+                ("> " if row["chosen"] else "  ") + row["codec"],
+                f"{row['ratio']:.2f}",
+                f"{row['encode_GBps_per_thread']:.2f}",
+                f"{row['decode_GBps_per_thread']:.2f}",
+                f"{row['write_GBps']:.2f}",
+                f"{row['read_GBps']:.2f}",
+            ]
+            for row in self.rows()
+        ]
+
+    def __str__(self) -> str:
+        header = ["codec", "ratio", "encode GB/s", "decode GB/s", "store GB/s", "read GB/s"]
+        cells = self._cells()
+        widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
+        lines = [
+            "  ".join(text.ljust(w) if i == 0 else text.rjust(w) for i, (text, w) in enumerate(zip(r, widths)))
+            for r in [header, *cells]
+        ]
+        note = "(encode and decode: one thread; store and read: estimated for the threads and this disk)"
+        return "\n".join([self.why(), *lines, note])
+
+    def _repr_html_(self) -> str:
+        header = ["codec", "ratio", "encode GB/s (1 thread)", "decode GB/s (1 thread)", "store GB/s", "read GB/s"]
+        rows = [[cell.strip().removeprefix("> "), *rest] for cell, *rest in self._cells()]
+        marked = [row["chosen"] for row in self.rows()]
+        return f"<div><p>{escape(self.why())}</p>{columns_table(header, rows, marked=marked)}</div>"
+
+
+_OBJECTIVE_WORDS = {
+    "write": "the fastest store",
+    "read": "the fastest reads",
+    "size": "the smallest output",
+    "balanced": "the fastest store and read together",
+}
+
+
+def choose_codec(
+    x: da.Array,
+    target_format: str = "zarr",
+    *,
+    optimize: str = "balanced",
+    folder: str | os.PathLike[str] | None = None,
+    threads: int | None = None,
+    sample_bytes: int = SAMPLE_BYTES,
+    cache: TuneCache | None = None,
+    remember: bool = True,
+) -> CodecChoice:
+    """Measure the candidate codecs on blocks of ``x`` and choose one for ``optimize``.
+
+    Parameters
+    ----------
+    x
+        The array to be stored, in the chunks it will be stored in.
+    target_format
+        ``"zarr"`` or ``"hdf5"``: which codecs are candidates.
+    optimize
+        ``"write"``, ``"read"``, ``"size"`` or ``"balanced"`` (see the module).
+    folder
+        Where the target will be, to time its disk (default: the temporary folder).
+    threads
+        Threads that will encode (default: dask's ``num_workers``, else the CPUs).
+    sample_bytes
+        Bytes of ``x`` computed and encoded (whole blocks spread over it, at
+        least one).
+    cache
+        Where choices are remembered (default: the tuning cache).
+    remember
+        Reuse a choice remembered for data of this kind, and remember this one.
+
+    Returns
+    -------
+    CodecChoice
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> choice = choose_codec(da.zeros((256, 256), chunks=64), optimize="size", remember=False)
+    >>> choice.chosen.name != "none"
+    True
+    """
+    if optimize not in OBJECTIVES:
+        raise InvalidArgumentError(f"optimize={optimize!r}: give one of {', '.join(map(repr, OBJECTIVES))}")
+    if target_format not in ("zarr", "hdf5"):
+        raise InvalidArgumentError(f"target_format={target_format!r}: give 'zarr' or 'hdf5'")
+    threads = threads or int(dask.config.get("num_workers", None) or len(os.sched_getaffinity(0)))
+    block_bytes = int(x.dtype.itemsize * math.prod(max(sizes, default=1) for sizes in x.chunks))
+    key = {
+        "kind": "codec",
+        "target": target_format,
+        "data": _data_kind(x),
+        "dtype": x.dtype.str,
+        "chunk_bytes": 2 ** round(math.log2(max(block_bytes, 1))),
+        "optimize": optimize,
+        "threads": threads,
+        "machine": machine_fingerprint(),
+    }
+    cache = cache or TuneCache()
+    if remember:
+        found = _remembered(cache.get(key), key, target_format)
+        if found is not None:
+            return found
+    candidates = _candidates(target_format)
+    samples = _samples(_cheaply_sampled(x), sample_bytes, tuple(max(sizes, default=1) for sizes in x.chunks))
+    disk_rate = _disk_rate(folder)
+    measured = tuple(_measure(c, samples, target_format, threads, disk_rate) for c in candidates)
+    chosen = min(measured, key=lambda m: m.cost(optimize)).candidate
+    choice = CodecChoice(chosen, optimize, target_format, measured, threads, disk_rate,
+                         sum(s.nbytes for s in samples), key=key)  # fmt: skip
+    if remember:
+        cache.put(key, {"codec_choice": choice.to_dict(), "measured": [_as_json(m) for m in measured]})
+    return choice
+
+
+def _data_kind(x: da.Array) -> str:
+    """The source's format and storage when ``x`` reads one file as it is, else ``"computed"``."""
+    x = _cheaply_sampled(x)
+    reads = read_layers(x)
+    if len(reads) == 1 and reads[0][0] == x.name:
+        source = reads[0][1]
+        return f"{source.format}: {source.describe_storage()}"
+    return "computed"
+
+
+def _candidates(target_format: str) -> tuple[Candidate, ...]:
+    if target_format == "zarr":
+        return _ZARR_CANDIDATES
+    try:
+        import hdf5plugin  # noqa: F401 - only whether it is there
+    except ImportError:
+        return _HDF5_CANDIDATES
+    return _HDF5_CANDIDATES + _HDF5_PLUGIN_CANDIDATES
+
+
+def _cheaply_sampled(x: da.Array) -> da.Array:
+    """``x``, or the array a rechunk of it reads: a block of a two-pass rechunk needs a whole first pass."""
+    records = rechunk_records(x)
+    if records and records[-1].read is not None and records[-1].read.shape == x.shape:
+        return records[-1].read
+    return x
+
+
+def _samples(x: da.Array, sample_bytes: int, piece: tuple[int, ...]) -> list[np.ndarray]:
+    """Blocks of ``x`` spread evenly over its grid, ``sample_bytes`` of them (at least one, at most a
+    sixteenth of the array), cut into pieces of at most the ``piece`` shape: the chunks to be encoded."""
+    count = math.prod(x.numblocks)
+    if count == 0 or x.size == 0:
+        return [np.zeros(1, dtype=x.dtype)]
+    block_bytes = max(1, x.nbytes // count)
+    wanted = max(1, min(count // 16, sample_bytes // block_bytes))
+    picks = sorted({int(i) for i in np.linspace(0, count - 1, wanted)})
+    blocks = dask.compute(*(x.blocks[np.unravel_index(i, x.numblocks)] for i in picks))
+    pieces = []
+    for block in blocks:
+        for corner in itertools.product(*(range(0, n, p) for n, p in zip(block.shape, piece))):
+            pieces.append(np.ascontiguousarray(block[tuple(slice(c, c + p) for c, p in zip(corner, piece))]))
+    return pieces
+
+
+def _disk_rate(folder: str | os.PathLike[str] | None) -> float:
+    """Bytes per second this folder's disk takes a synced write at (a probe file, removed)."""
+    where = os.fspath(folder) if folder is not None and os.path.isdir(folder) else tempfile.gettempdir()
+    data = os.urandom(2**20) * (_DISK_PROBE_BYTES // 2**20)
+    fd, path = tempfile.mkstemp(dir=where, prefix=".daskstream-disk-probe-")
+    try:
+        start = time.perf_counter()
+        os.write(fd, data)
+        os.fsync(fd)
+        return len(data) / max(time.perf_counter() - start, 1e-9)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _codec_pair(candidate: Candidate, target_format: str, sample: np.ndarray) -> tuple[Any, Any]:
+    """Functions encoding a block to bytes and decoding them, as the target's writer and readers would."""
+    if candidate.family == "none":
+        return (lambda block: block.tobytes()), (lambda data: np.frombuffer(data, np.uint8).copy())
+    if candidate.family == "gzip+shuffle":
+        encoder = Hdf5ChunkEncoder(sample.shape, sample.dtype, 0, True, candidate.level)
+        itemsize = sample.dtype.itemsize
+
+        def decode(data: bytes) -> np.ndarray:
+            raw = np.frombuffer(deflate.zlib_decompress(data, sample.nbytes), np.uint8)
+            return raw.reshape(itemsize, -1).T.copy()  # HDF5's shuffle undone
+
+        return encoder.encode, decode
+    import numcodecs
+
+    codec = candidate.zarr_compressor(2)  # numcodecs codecs: what daskstream encodes and decodes Zarr chunks with
+    assert isinstance(codec, numcodecs.abc.Codec)
+    return codec.encode, codec.decode
+
+
+def _measure(
+    candidate: Candidate, samples: list[np.ndarray], target_format: str, threads: int, disk_rate: float
+) -> Measured:
+    import numcodecs.blosc
+
+    encode, decode = _codec_pair(candidate, target_format, samples[0])
+    # One thread measured: blosc would otherwise use its own pool from this (the main) thread.
+    previous = numcodecs.blosc.use_threads
+    numcodecs.blosc.use_threads = False
+    try:
+        encode(samples[0])  # untimed: tables and buffers set up
+        start = time.perf_counter()
+        encoded = [encode(s) for s in samples]
+        encode_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        for data in encoded:
+            decode(data)
+        decode_seconds = time.perf_counter() - start
+    finally:
+        numcodecs.blosc.use_threads = previous
+    raw = sum(s.nbytes for s in samples)
+    ratio = raw / max(1, sum(len(memoryview(e).cast("B")) for e in encoded))
+    encode_rate = raw / max(encode_seconds, 1e-9)
+    decode_rate = raw / max(decode_seconds, 1e-9)
+    # h5py encodes plugin filters in the one writing process; daskstream encodes gzip and none in every task.
+    encoding_threads = 1 if target_format == "hdf5" and candidate.family in ("zstd", "blosc") else threads
+    write_rate = min(encode_rate * encoding_threads, disk_rate * ratio)
+    read_rate = min(decode_rate * threads, disk_rate * ratio)
+    return Measured(candidate, ratio, encode_rate, decode_rate, encoding_threads, write_rate, read_rate)
+
+
+def _as_json(m: Measured) -> dict[str, Any]:
+    return {**asdict(m), "candidate": asdict(m.candidate)}
+
+
+def _remembered(entry: dict[str, Any] | None, key: dict[str, Any], target_format: str) -> CodecChoice | None:
+    """The choice a cache entry holds, or ``None`` when there is none (or it cannot be read)."""
+    try:
+        tuned = (entry or {})["tuned"]
+        measured = tuple(Measured(**{**m, "candidate": Candidate(**m["candidate"])}) for m in tuned["measured"])
+        saved = tuned["codec_choice"]
+        chosen = next(m.candidate for m in measured if m.candidate.name == saved["chosen"])
+        return CodecChoice(chosen, saved["optimize"], target_format, measured, int(saved["threads"]),
+                           float(saved["disk_GBps"]) * 1e9, int(saved["sample_bytes"]), remembered=True,
+                           key=key)  # fmt: skip
+    except (KeyError, TypeError, ValueError, StopIteration):
+        return None
+
+
+__all__ = ["OBJECTIVES", "SAMPLE_BYTES", "Candidate", "CodecChoice", "Measured", "choose_codec"]

@@ -1,0 +1,158 @@
+"""``compressor="auto"``: codecs measured on the data itself, chosen for what the output is for, remembered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import dask
+import dask.array as da
+import h5py
+import numpy as np
+import pytest
+import zarr
+from dask.callbacks import Callback
+
+import daskstream as ds
+from daskstream.compute.store.codecs import _HDF5_CANDIDATES, _ZARR_CANDIDATES, OBJECTIVES
+from daskstream.errors import InvalidArgumentError
+from daskstream.runtime.tune_cache import TuneCache
+
+
+def _field() -> np.ndarray:
+    """A smooth float32 field with noise, recorded to three decimals, as measured data often is."""
+    rows, cols = np.meshgrid(np.arange(256), np.arange(512), indexing="ij")
+    noise = np.random.default_rng(0).standard_normal((256, 512)) * 0.01
+    return np.round(np.sin(rows / 30) * np.cos(cols / 50) + noise, 3).astype("f4")
+
+
+class _CountTasks(Callback):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def _posttask(self, key, result, dsk, state, id):
+        self.count += 1
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("candidate", _ZARR_CANDIDATES, ids=lambda c: c.name)
+def test_every_zarr_candidate_stores_what_zarr_reads_back(tmp_path, candidate, zarr_format):
+    data = _field()
+    out = tmp_path / "out.zarr"
+    ds.store(da.from_array(data, chunks=(64, 512)), out, compressor=candidate.zarr_compressor(zarr_format),
+             zarr_format=zarr_format)  # fmt: skip
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[...], data)
+
+
+@pytest.mark.parametrize("candidate", _HDF5_CANDIDATES, ids=lambda c: c.name)
+def test_every_hdf5_candidate_stores_what_h5py_reads_back(tmp_path, candidate):
+    data = _field()
+    ds.store(da.from_array(data, chunks=(64, 512)), f"{tmp_path}/out.h5::/x", compressor=candidate.hdf5_compressor())
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        np.testing.assert_array_equal(f["x"][...], data)
+
+
+@pytest.mark.parametrize("optimize", OBJECTIVES)
+def test_the_choice_is_the_measured_candidate_best_for_the_objective(optimize):
+    x = da.from_array(_field(), chunks=(32, 512))
+    choice = ds.choose_codec(x, optimize=optimize, remember=False)
+    assert {m.candidate.name for m in choice.measured} == {c.name for c in _ZARR_CANDIDATES}
+    best = min(choice.measured, key=lambda m: m.cost(optimize))
+    assert choice.chosen == best.candidate
+    if optimize == "size":
+        assert best.ratio == max(m.ratio for m in choice.measured)
+    none = next(m for m in choice.measured if m.candidate.name == "none")
+    assert none.ratio == pytest.approx(1.0)
+    # zstd 9 makes this field smaller than zstd 1 does.
+    ratios = {m.candidate.name: m.ratio for m in choice.measured}
+    assert ratios["zstd-9"] > ratios["zstd-1"] > 1.0
+
+
+def test_zeros_are_never_stored_uncompressed_for_size():
+    choice = ds.choose_codec(da.zeros((512, 512), chunks=(64, 512)), optimize="size", remember=False)
+    assert choice.chosen.name != "none"
+    assert min(m.ratio for m in choice.measured if m.candidate.name != "none") > 50
+
+
+def test_a_choice_is_remembered_for_data_of_the_same_kind(tmp_path):
+    cache = TuneCache(tmp_path / "tune.json")
+    x = da.from_array(_field(), chunks=(32, 512))
+    first = ds.choose_codec(x, optimize="read", cache=cache)
+    assert not first.remembered
+    counter = _CountTasks()
+    with counter:
+        again = ds.choose_codec(x * 1, optimize="read", cache=cache)  # computed the same way: the same kind
+    assert again.remembered
+    assert again.chosen == first.chosen
+    assert counter.count == 0  # nothing computed: no block sampled
+    assert "remembered" in again.why()
+    other = ds.choose_codec(x, optimize="size", cache=cache)
+    assert not other.remembered
+
+
+def test_the_table_shows_the_chosen_codec_as_text_json_and_html():
+    choice = ds.choose_codec(da.from_array(_field(), chunks=(64, 512)), optimize="balanced", remember=False)
+    text = str(choice)
+    assert f"> {choice.chosen.label}" in text
+    assert "ratio" in text
+    assert "encode GB/s" in text
+    data = json.loads(json.dumps(choice.to_dict()))
+    assert data["chosen"] == choice.chosen.name
+    assert sum(row["chosen"] for row in data["candidates"]) == 1
+    html = choice._repr_html_()
+    assert html.count("background:#e8f4e8") == 1
+    assert choice.chosen.label in html
+
+
+def test_store_auto_writes_with_the_chosen_codec_and_a_resumed_store_measures_nothing(tmp_path):
+    x = da.from_array(_field(), chunks=(64, 512))
+    out = tmp_path / "out.zarr"
+    ds.store(x, out, compressor="auto", optimize="size")
+    choice = ds.choose_codec(x, optimize="size", folder=tmp_path)
+    assert choice.remembered
+    stored = zarr.open_array(out, mode="r")
+    assert type(stored.compressors[0]).__name__.lower().startswith(choice.chosen.family.split("+")[0])
+    np.testing.assert_array_equal(stored[...], x.compute())
+    counter = _CountTasks()
+    with counter, dask.config.set({"daskstream.tune.cache": str(tmp_path / "other-cache.json")}):
+        ds.store(x, out, compressor="auto", optimize="write")  # finished: nothing measured, nothing written
+    assert counter.count == 0
+    assert not (tmp_path / "other-cache.json").exists()
+
+
+def test_an_unknown_objective_is_refused_by_name():
+    with pytest.raises(InvalidArgumentError, match="optimize='fast'"):
+        ds.choose_codec(da.zeros(10, chunks=5), optimize="fast")
+
+
+@pytest.mark.parametrize("target", ["out.zarr", "out.h5::/x"])
+def test_convert_codec_auto_prints_the_table_and_reports_the_choice(tmp_path, target):
+    np.save(tmp_path / "src.npy", _field())
+    out = f"{tmp_path}/{target}"
+    done = subprocess.run([sys.executable, "-m", "daskstream", "convert", str(tmp_path / "src.npy"), out, "--codec",
+                           "auto", "--optimize", "size"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "best for 'size'" in done.stderr
+    assert "encode GB/s" in done.stderr
+    np.testing.assert_array_equal(ds.open(out).compute(), _field())
+    ds.close_files()  # HDF5 lets no other process write a file open here
+    again = subprocess.run([sys.executable, "-m", "daskstream", "convert", str(tmp_path / "src.npy"), out, "--codec",
+                            "auto", "--json", "--overwrite"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["codec"]["optimize"] == "balanced"
+    assert summary["codec"]["chosen"] in {row["codec"] for row in summary["codec"]["candidates"]} | {
+        c.name for c in (_ZARR_CANDIDATES + _HDF5_CANDIDATES)
+    }
+
+
+def test_an_unknown_objective_on_the_command_line_is_one_line_exit_2(tmp_path):
+    np.save(tmp_path / "src.npy", np.zeros(10))
+    done = subprocess.run([sys.executable, "-m", "daskstream", "convert", str(tmp_path / "src.npy"),
+                           str(tmp_path / "o.zarr"), "--codec", "auto", "--optimize", "fast"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "--optimize" in done.stderr
