@@ -98,6 +98,10 @@ class Source(ABC):
         the file names none.
     fill_value
         What unwritten parts of the array read as, where the format has one.
+    scales
+        Per axis, the path in the same file of the one-dimensional array that
+        labels it (an HDF5 dimension scale: times, depths...), ``None`` for an
+        axis without; ``None`` when no axis has one. ``store`` copies them.
     """
 
     format: ClassVar[str]
@@ -114,6 +118,7 @@ class Source(ABC):
     attrs: Mapping[str, Any] = MappingProxyType({})
     dims: tuple[str | None, ...] | None = None
     fill_value: Any = None
+    scales: tuple[str | None, ...] | None = None
 
     @property
     def ndim(self) -> int:

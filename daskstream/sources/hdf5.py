@@ -28,7 +28,7 @@ from daskstream.sources.linked import (
     external_prefix,
     linked_files,
 )
-from daskstream.sources.metadata import hdf5_attrs, hdf5_dims
+from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, hdf5_scales
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
@@ -211,6 +211,7 @@ class Hdf5Source(Source):
         self.fill_value = dset.fillvalue
         self.attrs = hdf5_attrs(dset)
         self.dims = hdf5_dims(dset, self.ndim)
+        self.scales = hdf5_scales(dset)
         # Chunks whose bytes can be read and decoded here, in parallel, rather than under h5py's lock.
         self.raw_chunks = (
             self.storage_kind == "chunked"

@@ -121,6 +121,22 @@ def hdf5_dims(dset: Any, ndim: int) -> tuple[str | None, ...] | None:
     return tuple(names) if any(names) else None
 
 
+def hdf5_scales(dset: Any) -> tuple[str | None, ...] | None:
+    """Per axis, the path of the first dimension scale attached to it that labels it element by element
+    (one-dimensional, as long as the axis); ``None`` when no axis has one."""
+    paths: list[str | None] = []
+    try:
+        for length, axis in zip(dset.shape, dset.dims):
+            scale = axis[0] if len(axis) else None
+            if scale is not None and scale.shape == (length,) and scale.dtype.kind in "biufcSUMm":
+                paths.append(scale.name)
+            else:
+                paths.append(None)
+    except (OSError, RuntimeError, TypeError, ValueError, KeyError):
+        return None
+    return tuple(paths) if any(paths) else None
+
+
 def zarr_attrs(array: Any) -> dict[str, Any]:
     """The array's attributes, the format 2 dimension names and store records left out."""
     attrs = dict(array.attrs.asdict())

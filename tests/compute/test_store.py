@@ -31,6 +31,7 @@ from daskstream.compute.store import store
 from daskstream.compute.store.record import H5_DONE_ATTR, H5_IDENTITY_ATTR, PROGRESS_DIR
 from daskstream.errors import (
     DaskstreamError,
+    DaskstreamWarning,
     InvalidArgumentError,
     SourceChangedError,
     TargetDamagedError,
@@ -988,6 +989,42 @@ def test_attributes_dimension_names_and_fill_value_reach_the_target(tmp_path, so
             assert array.metadata.dimension_names == ("time", "station")
         else:
             assert array.attrs["_ARRAY_DIMENSIONS"] == ["time", "station"]
+
+
+@pytest.mark.parametrize("target", ["out.h5::/grp/temp", "out.zarr::grp/temp", "out-v2.zarr::grp/temp"])
+def test_a_dimension_scale_goes_with_the_array_as_a_scale_or_a_coordinate_array(tmp_path, target):
+    source = _labelled_source(tmp_path, "hdf5")
+    out = f"{tmp_path}/{target}"
+    store(ds.open(source), out, zarr_format=2 if "v2" in target else 3)
+    path, _, member = out.partition("::")
+    if path.endswith(".h5"):
+        with h5py.File(path, "r") as f:
+            (scale,) = f[member].dims[0].values()
+            assert scale.name == "/grp/time"
+            np.testing.assert_array_equal(scale[()], np.arange(40.0))
+            assert h5py.h5ds.is_scale(scale.id)
+            assert len(f[member].dims[1]) == 0  # a label only, as in the source
+    else:
+        import zarr
+
+        time = zarr.open_array(path, path="grp/time", mode="r")
+        np.testing.assert_array_equal(time[...], np.arange(40.0))
+        names = time.metadata.dimension_names if "v2" not in target else tuple(time.attrs["_ARRAY_DIMENSIONS"])
+        assert tuple(names) == ("time",)
+    # The same scale written again beside a second array is shared, not refused or duplicated.
+    store(ds.open(source) * 2, out.replace("temp", "twice"), zarr_format=2 if "v2" in target else 3)
+    assert ds.open_source(out.replace("temp", "twice")).dims == ("time", "station")
+
+
+def test_a_scale_whose_place_holds_other_data_is_not_copied_and_says_so(tmp_path):
+    source = _labelled_source(tmp_path, "hdf5")
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f.create_dataset("time", data=np.zeros(3))
+    with pytest.warns(DaskstreamWarning, match="axis 0 was not copied: /time already holds something else"):
+        store(ds.open(source), f"{tmp_path}/out.h5::/temp")
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        np.testing.assert_array_equal(f["time"][()], np.zeros(3))  # left as it was
+        assert f["temp"].dims[0].label == "time"
 
 
 def test_a_computed_array_keeps_the_dimension_names_but_not_the_units(tmp_path):

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import posixpath
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -42,6 +44,7 @@ from daskstream.compute.store.target import (
     same_path,
 )
 from daskstream.errors import (
+    DaskstreamWarning,
     InvalidArgumentError,
     InvalidChunksError,
     TargetDamagedError,
@@ -377,12 +380,33 @@ class Hdf5Target(Target):
         return dset
 
     def _carry(self, dset: Any) -> None:
-        """The source's attributes and dimension names (as dimension labels) on the new dataset."""
+        """The source's attributes, dimension names (as dimension labels) and dimension scales on the new
+        dataset; a scale is copied beside it under its own name, or one already there with the same values
+        is used."""
         for key, value in self.carried.attrs.items():
             dset.attrs[key] = hdf5_ready(value)
         for axis, name in enumerate(self.carried.dims or ()):
             if name is not None and axis < dset.ndim:
                 dset.dims[axis].label = name
+        for axis in range(dset.ndim):
+            found = self.carried.scale_values(axis, dset.file)
+            if found is None:
+                continue
+            scale_name, values = found
+            where = posixpath.join(posixpath.dirname(dset.name), scale_name)
+            scale = dset.file.get(where)
+            if scale is None:
+                scale = dset.file.create_dataset(where, data=values)
+            elif not (isinstance(scale, type(dset)) and np.array_equal(scale[()], values)):
+                warnings.warn(
+                    f"{self.name}: the dimension scale of axis {axis} was not copied: {where} already holds "
+                    "something else",
+                    DaskstreamWarning,
+                    stacklevel=4,
+                )
+                continue
+            scale.make_scale((self.carried.dims or (None,) * dset.ndim)[axis] or scale_name)
+            dset.dims[axis].attach_scale(scale)
 
     def _filters(self) -> dict[str, Any]:
         if self.compressor is None:

@@ -6,6 +6,7 @@ import abc
 import contextlib
 import dataclasses
 import os
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from daskstream.graph.layers import read_layers
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.base import Source, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format
+from daskstream.sources.hdf5 import import_h5py
 from daskstream.sources.zarr_ import is_url
 
 ProgressCallback = Callable[[int, int], None]
@@ -44,6 +46,9 @@ class Carried:
     attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dims: tuple[str | None, ...] | None = None
     fill_value: Any = None
+    #: Per axis, the HDF5 dimension scale labelling it (a path in ``scale_file``), as ``Source.scales``.
+    scales: tuple[str | None, ...] | None = None
+    scale_file: str | None = None
 
     def fill_for(self, dtype: np.dtype) -> Any:
         """The fill value as a scalar of ``dtype`` (a record from a tuple), or ``None`` if it is not one."""
@@ -60,10 +65,28 @@ class Carried:
         if len(reads) != 1:
             return cls()
         name, source, _ = reads[0]
-        dims = source.dims if tuple(source.shape) == tuple(x.shape) else None
+        # Names and scales label the axes, which an array of the same shape computed from the source keeps.
+        axes = cls(dims=source.dims, scales=source.scales, scale_file=source.path if source.scales else None)
+        if tuple(source.shape) != tuple(x.shape):
+            return cls()
         if name != x.name:
-            return cls(dims=dims)
-        return cls(attrs=dict(source.attrs), dims=dims, fill_value=source.fill_value)
+            return axes
+        return dataclasses.replace(axes, attrs=dict(source.attrs), fill_value=source.fill_value)
+
+    def scale_values(self, axis: int, open_file: Any = None) -> tuple[str, np.ndarray] | None:
+        """The name and values of the scale labelling ``axis``, read from its file (``open_file`` when it is
+        that file, open for writing), or ``None`` when there is none or it cannot be read."""
+        path = self.scales[axis] if self.scales and axis < len(self.scales) else None
+        if path is None or self.scale_file is None:
+            return None
+        try:
+            same = open_file is not None and os.path.samefile(open_file.filename, self.scale_file)
+            if same:
+                return posixpath.basename(path), np.asarray(open_file[path][()])
+            with import_h5py().File(self.scale_file, "r") as f:
+                return posixpath.basename(path), np.asarray(f[path][()])
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
 
 
 HDF5_ERRNO = re.compile(r"errno = (\d+)")

@@ -6,8 +6,10 @@ import contextlib
 import errno
 import json
 import os
+import posixpath
 import re
 import shutil
+import warnings
 from typing import Any, Literal
 
 import dask
@@ -42,6 +44,7 @@ from daskstream.compute.store.target import (
     write_error,
 )
 from daskstream.errors import (
+    DaskstreamWarning,
     InvalidArgumentError,
     TargetDamagedError,
     TargetExistsError,
@@ -308,6 +311,7 @@ class ZarrTarget(Target):
                 overwrite=False,
                 **named,
             )
+            self._carry_scales(x)
         except OSError as exc:
             raise self.write_error(exc, "create the array") from exc
         except (ValueError, TypeError) as exc:
@@ -320,6 +324,35 @@ class ZarrTarget(Target):
                 f"{self.name}: zarr could not create an array of dtype {x.dtype} ({exc}); convert the data "
                 "to a dtype Zarr stores"
             ) from None
+
+    def _carry_scales(self, x: da.Array) -> None:
+        """The source's dimension scales as arrays beside the new one, each named as its dimension and
+        naming it (as xarray lays out coordinates); only inside a group, where there is a beside."""
+        import zarr
+
+        if self.member is None or not self.carried.scales:
+            return
+        dims = self.carried.dims or (None,) * x.ndim
+        for axis in range(x.ndim):
+            found = self.carried.scale_values(axis)
+            if found is None:
+                continue
+            dim = dims[axis] or found[0]
+            where = posixpath.join(posixpath.dirname(self.member), dim)
+            with contextlib.suppress(FileNotFoundError, KeyError):
+                there = zarr.open_array(self._store(read_only=True), path=where, mode="r")
+                if not (there.shape == found[1].shape and np.array_equal(np.asarray(there[...]), found[1])):
+                    warnings.warn(
+                        f"{self.name}: the dimension scale of axis {axis} was not copied: {where} already holds "
+                        "something else",
+                        DaskstreamWarning,
+                        stacklevel=5,
+                    )
+                continue
+            naming: dict[str, Any] = (
+                {"dimension_names": [dim]} if self.zarr_format == 3 else {"attributes": {ZARR_V2_DIMENSIONS: [dim]}}
+            )
+            zarr.create_array(self._store(), name=where, data=found[1], zarr_format=self.zarr_format, **naming)
 
     def _compressors(self) -> Any:
         if isinstance(self.compressor, str) and self.compressor == "default":
