@@ -608,6 +608,28 @@ def tune_command(
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json else str(result))
 
 
+def _inner_chunks_option(command: Any) -> Any:
+    return click.option(
+        "--inner-chunks",
+        default=None,
+        help="Write a sharded Zarr array: each block one shard file of chunks of these sizes (like 256,256, "
+        "dividing the block's).",
+    )(command)
+
+
+def _sizes(text: str | None, option: str) -> tuple[int, ...] | None:
+    """A list of positive sizes like ``256,256`` given to ``option``; ``None`` when it was not given."""
+    if text is None:
+        return None
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{text!r} is not a list of positive sizes like 256,256", param_hint=f"'{option}'")
+    return sizes
+
+
 def _optimize_option(command: Any) -> Any:
     return click.option(
         "--optimize",
@@ -636,6 +658,7 @@ def _optimize_option(command: Any) -> Any:
 @click.option(
     "--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Format of a new Zarr array."
 )
+@_inner_chunks_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def store(
@@ -648,6 +671,7 @@ def store(
     compressor: str,
     optimize: str,
     zarr_format: str,
+    inner_chunks: str | None,
     scheduler: str | None,
     cluster_file: str | None,
     memory_budget: str | None,
@@ -677,6 +701,7 @@ def store(
             compressor=None if compressor == "none" else compressor,
             optimize=optimize,
             zarr_format=int(zarr_format),
+            inner_chunks=_sizes(inner_chunks, "--inner-chunks"),
             progress=tally,
         )
     _print_store_summary(tally, x, source, target, target_dataset, as_json, choice)
@@ -801,6 +826,7 @@ def _print_store_summary(
     help="Folder for the intermediate array of a two-pass rechunk (default: the temporary folder); on a "
     "cluster, one every worker shares.",
 )
+@_inner_chunks_option
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
 @_compute_options
@@ -813,6 +839,7 @@ def convert(
     level: int,
     chunks: str,
     intermediate: str | None,
+    inner_chunks: str | None,
     dataset: str | None,
     overwrite: bool,
     scheduler: str | None,
@@ -843,7 +870,8 @@ def convert(
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
-        ds.store(x, target, overwrite=overwrite, compressor=compressor, optimize=optimize, progress=tally)
+        ds.store(x, target, overwrite=overwrite, compressor=compressor, optimize=optimize, progress=tally,
+                 inner_chunks=_sizes(inner_chunks, "--inner-chunks"))  # fmt: skip
     _print_store_summary(tally, x, source, target, None, as_json, choice)
 
 

@@ -389,3 +389,19 @@ def test_demo_never_replaces_a_file_in_the_folder_given(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
     assert "field.npy" in done.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "field.npy"), precious)
+
+
+def test_convert_into_shards_from_the_command_line(tmp_path):
+    import zarr
+
+    data = np.random.default_rng(9).standard_normal((256, 64)).astype("f4")
+    np.save(tmp_path / "src.npy", data)
+    out = str(tmp_path / "sharded.zarr")
+    done = run("convert", str(tmp_path / "src.npy"), out, "--chunks", "128,64", "--inner-chunks", "32,32", "--quiet")
+    assert done.returncode == 0, done.stderr
+    array = zarr.open_array(out, mode="r")
+    assert (array.shards, array.chunks) == ((128, 64), (32, 32))
+    np.testing.assert_array_equal(array[...], data)
+    bad = run("convert", str(tmp_path / "src.npy"), str(tmp_path / "b.zarr"), "--inner-chunks", "32,0")
+    assert bad.returncode == 2
+    assert "--inner-chunks" in bad.stderr

@@ -63,6 +63,7 @@ def store(
     optimize: str = "balanced",
     progress: bool | ProgressCallback | None = None,
     zarr_format: int = 3,
+    inner_chunks: tuple[int, ...] | None = None,
     memory_budget: int | str | None = None,
 ) -> da.Array:
     """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
@@ -120,6 +121,11 @@ def store(
         that shows progress (as its ``compute`` does), none outside one.
     zarr_format
         2 or 3, for a new Zarr array.
+    inner_chunks
+        Write a sharded Zarr array (format 3): each block of ``x`` is one
+        shard file, holding chunks of this shape (one size per axis, each
+        dividing the block's), which readers can fetch one by one. The shard
+        and its index are encoded in the task, as chunks are.
     memory_budget
         Bytes one worker may use (``"2GiB"``); bounds how many computed blocks
         the HDF5 writer holds at once. Default: as for :func:`daskstream.open`.
@@ -207,12 +213,15 @@ def store(
     if target_format(path) == "hdf5":
         if not member or not member.strip("/"):
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
+        if inner_chunks is not None:
+            raise InvalidArgumentError(f"{path}: inner_chunks (shards) are for Zarr targets; HDF5 has none")
         writer: Target = Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget, Carried.of(x))
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
         member = (member or "").strip("/") or None
-        writer = ZarrTarget(path, member, compressor, 2 if zarr_format == 2 else 3, Carried.of(x))
+        inner = None if inner_chunks is None else tuple(int(c) for c in inner_chunks)
+        writer = ZarrTarget(path, member, compressor, 2 if zarr_format == 2 else 3, Carried.of(x), inner)
     writer.check_sources([source for _, source, _ in read_layers(x)])
     # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
     finished = None if overwrite else writer.completed(x)

@@ -53,6 +53,13 @@ class ChunkWriter:
         The array's metadata file and its inode, size and modification time
         when the store began: checked before each chunk is written, so chunks
         never go into an array deleted, replaced or damaged meanwhile.
+    inner_chunks
+        For a sharded array (format 3): the shape of the chunks inside each
+        shard, which ``encoders`` and ``checksum`` then apply to; ``chunk_shape``
+        is the shard's. ``None`` for an array without shards.
+    index_checksum, index_at_start
+        How the shard's index is stored: followed by a crc32c checksum, and
+        before the chunks rather than after them.
     """
 
     array_dir: str
@@ -65,6 +72,9 @@ class ChunkWriter:
     checksum: bool
     metadata_file: str = ""
     metadata_stamp: tuple[int, ...] = ()
+    inner_chunks: tuple[int, ...] | None = None
+    index_checksum: bool = True
+    index_at_start: bool = False
 
     def path(self, index: tuple[int, ...]) -> str:
         parts = [self.key_root] if self.key_root else []
@@ -74,6 +84,36 @@ class ChunkWriter:
     def encode(self, block: np.ndarray) -> bytes | memoryview | None:
         """The chunk file's bytes for ``block`` (the chunk's part inside the array); ``None`` for a fill-value chunk."""
         chunk = whole_chunk(block, self.chunk_shape, self.dtype, self.fill_value)
+        if self.inner_chunks is not None:
+            return self._encode_shard(chunk, self.inner_chunks)
+        return self._encode_chunk(chunk)
+
+    def _encode_shard(self, shard: np.ndarray, inner: tuple[int, ...]) -> bytes | None:
+        """A shard as zarr's sharding codec lays it out: its chunks that are not all fill value, in Morton
+        order, and an index of (offset, length) per chunk in C order (``2**64 - 1`` twice for a missing one)."""
+        from zarr.core.indexing import morton_order_iter
+
+        per_shard = tuple(s // c for s, c in zip(self.chunk_shape, inner))
+        index = np.full((*per_shard, 2), _MISSING, dtype="<u8")
+        pieces: list[bytes | memoryview] = []
+        offset = 0
+        for position in morton_order_iter(per_shard):
+            encoded = self._encode_chunk(shard[tuple(slice(p * c, (p + 1) * c) for p, c in zip(position, inner))])
+            if encoded is None:
+                continue
+            index[position] = (offset, len(encoded))
+            pieces.append(encoded)
+            offset += len(encoded)
+        if not pieces:
+            return None
+        if self.index_at_start:
+            index_size = index.nbytes + (4 if self.index_checksum else 0)
+            index[index[..., 0] != _MISSING, 0] += index_size
+        raw = index.tobytes()
+        index_bytes = raw + _crc32c(raw) if self.index_checksum else raw
+        return b"".join([index_bytes, *pieces] if self.index_at_start else [*pieces, index_bytes])
+
+    def _encode_chunk(self, chunk: np.ndarray) -> bytes | memoryview | None:
         if _all_fill(chunk, self.fill_value):
             return None
         data: Any = np.ascontiguousarray(chunk)
@@ -85,7 +125,7 @@ class ChunkWriter:
         # The encoders' output as it is (no copy): bytes, or the chunk's own memory when nothing encodes.
         encoded = memoryview(data).cast("B")
         if self.checksum:
-            return b"".join((encoded, int(google_crc32c.value(np.frombuffer(encoded, np.uint8))).to_bytes(4, "little")))
+            return b"".join((encoded, _crc32c(encoded)))
         return data if isinstance(data, bytes) else encoded
 
     def write(self, index: tuple[int, ...], block: np.ndarray) -> None:
@@ -131,6 +171,15 @@ def whole_chunk(block: np.ndarray, chunk_shape: tuple[int, ...], dtype: np.dtype
     return padded
 
 
+# A shard index's entry for a chunk it does not hold.
+_MISSING = 2**64 - 1
+
+
+def _crc32c(data: bytes | memoryview) -> bytes:
+    """Zarr's crc32c codec: the checksum of the bytes, four bytes little-endian."""
+    return int(google_crc32c.value(np.frombuffer(data, np.uint8))).to_bytes(4, "little")
+
+
 class MetadataChangedError(ValueError):
     """The array being written is no longer the one the store created (as zarr's errors, a ValueError)."""
 
@@ -156,10 +205,9 @@ def _all_fill(chunk: np.ndarray, fill_value: Any) -> bool:
 def chunk_writer_for(array_dir: str, array: Any) -> ChunkWriter | None:
     """The writer for the zarr ``array`` stored at ``array_dir``, or ``None`` where zarr must write it."""
     metadata = array.metadata
-    if array.shards is not None:
-        return None
-    shape = tuple(int(c) for c in array.chunks)
+    shape = tuple(int(c) for c in (array.shards if array.shards is not None else array.chunks))
     fill = metadata.fill_value
+    sharding: dict[str, Any] = {}
     try:
         if metadata.zarr_format == 2:
             if metadata.filters or metadata.order != "C":
@@ -169,10 +217,14 @@ def chunk_writer_for(array_dir: str, array: Any) -> ChunkWriter | None:
             checksum = False
             root, separator = "", metadata.dimension_separator
         else:
-            found = _v3_encoders(metadata.codecs, metadata)
+            if array.shards is not None:
+                found = _shard_layout(metadata)
+            else:
+                plain = _v3_encoders(metadata.codecs, metadata)
+                found = None if plain is None else (*plain, {})
             if found is None:
                 return None
-            dtype, encoders, checksum = found
+            dtype, encoders, checksum, sharding = found
             encoding = metadata.chunk_key_encoding
             separator = encoding.separator
             root = "c" if type(encoding).__name__ == "DefaultChunkKeyEncoding" else ""
@@ -183,11 +235,40 @@ def chunk_writer_for(array_dir: str, array: Any) -> ChunkWriter | None:
         stamp = _stamp(metadata_file)
     except OSError:
         return None
-    writer = ChunkWriter(array_dir, root, separator, shape, dtype, fill, encoders, checksum, metadata_file, stamp)
+    writer = ChunkWriter(
+        array_dir, root, separator, shape, dtype, fill, encoders, checksum, metadata_file, stamp, **sharding
+    )
     # The chunk keys must be zarr's own; one that differs (another encoding) leaves the writing to zarr.
     sample = tuple(range(1, len(shape) + 1))
     expected = os.path.join(array_dir, *metadata.encode_chunk_key(sample).split("/"))
     return writer if writer.path(sample) == expected else None
+
+
+def _shard_layout(metadata: Any) -> tuple[np.dtype, tuple[Any, ...], bool, dict[str, Any]] | None:
+    """The inner chunks' encoding and the index's layout of a sharded array, or ``None`` where zarr must
+    write it (the sharding codec not alone, or an index encoded otherwise than as bytes and a checksum)."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    if len(metadata.codecs) != 1 or not isinstance(metadata.codecs[0], ShardingCodec):
+        return None
+    sharding = metadata.codecs[0]
+    index_codecs = list(sharding.index_codecs)
+    little = isinstance(index_codecs[0], BytesCodec) and (
+        index_codecs[0].endian is None or index_codecs[0].endian.value == "little"
+    )
+    if not little or not (
+        len(index_codecs) == 1 or (len(index_codecs) == 2 and isinstance(index_codecs[1], Crc32cCodec))
+    ):
+        return None
+    inner = _v3_encoders(sharding.codecs, metadata)
+    if inner is None:
+        return None
+    layout = {
+        "inner_chunks": tuple(int(c) for c in sharding.chunk_shape),
+        "index_checksum": len(index_codecs) == 2,
+        "index_at_start": sharding.index_location.value == "start",
+    }
+    return (*inner, layout)
 
 
 def _v3_encoders(codecs: Any, metadata: Any) -> tuple[np.dtype, tuple[Any, ...], bool] | None:

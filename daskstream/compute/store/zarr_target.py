@@ -67,6 +67,19 @@ ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
 ZARR_NODE_ERRORS = (ValueError, KeyError, TypeError)
 
 
+def _inner_chunks(name: str, inner: tuple[int, ...], shard: tuple[int, ...], zarr_format: int) -> tuple[int, ...]:
+    """``inner`` checked as the chunks inside shards of ``shard``: format 3, one size per axis, dividing it."""
+    if zarr_format != 3:
+        raise InvalidArgumentError(f"{name}: shards are a Zarr format 3 feature; pass zarr_format=3 with inner_chunks")
+    sizes = tuple(min(int(c), s) for c, s in zip(inner, shard))
+    if len(inner) != len(shard) or any(c < 1 or s % c for c, s in zip(sizes, shard)):
+        raise InvalidArgumentError(
+            f"{name}: inner_chunks={tuple(inner)} must give one size per axis dividing the shard (block) shape "
+            f"{shard}; rechunk the array or pick sizes that divide it"
+        )
+    return sizes
+
+
 class ZarrTarget(Target):
     def __init__(
         self,
@@ -75,11 +88,13 @@ class ZarrTarget(Target):
         compressor: Any,
         zarr_format: Literal[2, 3],
         carried: Carried | None = None,
+        inner_chunks: tuple[int, ...] | None = None,
     ) -> None:
         self.path = os.path.abspath(path)
         self.member = member
         self.compressor = compressor
         self.zarr_format = zarr_format
+        self.inner_chunks = inner_chunks
         self.carried = carried or Carried()
         self.array_dir = os.path.join(self.path, *(member.split("/") if member else ()))
         self.progress_dir = os.path.join(self.array_dir, PROGRESS_DIR)
@@ -288,9 +303,13 @@ class ZarrTarget(Target):
         compressors = self._compressors()
         # Zarr chunk sides must be >= 1 even along an empty axis.
         chunks = tuple(max(1, c) for c in chunk_shape(x))
+        named: dict[str, Any] = {}
+        if self.inner_chunks is not None:
+            # Each block one shard, holding chunks of the inner shape.
+            named["shards"] = chunks
+            chunks = _inner_chunks(self.name, self.inner_chunks, chunks, self.zarr_format)
         attributes = json_ready(dict(self.carried.attrs))
         dims = self.carried.dims
-        named: dict[str, Any] = {}
         if dims is not None and self.zarr_format == 3:
             named["dimension_names"] = dims
         elif dims is not None and all(dims):
