@@ -340,7 +340,7 @@ def _cut(boxes: da.Array, grid: tuple[tuple[int, ...], ...], name: str) -> da.Ar
     (Not dask's ``rechunk``: a source read followed by one is read again in the
     new chunks when the graph is optimized, which would split storage chunks.)
     """
-    box_shape = tuple(sizes[0] for sizes in boxes.chunks)
+    box_shape = tuple(max(1, sizes[0]) for sizes in boxes.chunks)  # an empty axis has one block of 0
     layer: dict[Any, Any] = {}
     for index in itertools.product(*(range(len(sizes)) for sizes in grid)):
         inside = block_slices(grid, index)

@@ -131,6 +131,14 @@ def test_a_second_pass_that_cannot_see_the_first_passs_chunks_says_the_folder_mu
         dask.get({**graph, **written}, y.__dask_keys__()[0][0])
 
 
+@pytest.mark.parametrize(("shape", "chunks"), [((0, 5), (1, 1)), ((3, 0, 4), (3, 1, 1)), ((), ())])
+def test_empty_and_zero_dimensional_arrays_rechunk_to_themselves(shape, chunks):
+    x = da.zeros(shape, chunks=2) if shape else da.from_array(np.array(5.0))
+    y = ds.rechunk(x, chunks, memory_budget="1KiB")
+    assert y.shape == x.shape
+    np.testing.assert_array_equal(y.compute(), x.compute())
+
+
 def test_python_objects_cannot_take_two_passes():
     x = da.from_array(np.array([["a"] * 64] * 64, dtype=object), chunks=(1, 64))
     with pytest.raises(UnsupportedDtypeError, match="Python objects"):
