@@ -41,6 +41,7 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.graph.layers import (
+    COMPUTED_ONCE,
     RECHUNK_ANNOTATION,
     RechunkRecord,
     budget_of,
@@ -243,6 +244,10 @@ def _through_intermediate(boxes: da.Array, plan: RechunkPlan, folder: str) -> da
         name=f"daskstream-rechunk-write-{token}",
         meta=np.empty((0,) * boxes.ndim, dtype=bool),
     )
+    written.dask.layers[written.name].collection_annotations = {
+        **(written.dask.layers[written.name].collection_annotations or {}),
+        COMPUTED_ONCE: True,
+    }
     name = f"daskstream-rechunk-read-{token}"
     write_grid = regular_grid(boxes.shape, plan.write_chunks)
     layer: dict[Any, Any] = {}
@@ -288,6 +293,8 @@ def _write_box(block: np.ndarray, *, folder: str, chunk_shape: tuple[int, ...], 
     """Pass 1: ``block`` written as its intermediate chunks, one after another, in one file put in place whole."""
     location = block_info[0]["array-location"]
     box = tuple(slice(start, stop) for start, stop in location)
+    # Made again if a store this array fed removed it: the array can be computed again.
+    os.makedirs(folder, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=folder, suffix=".partial", delete=False) as f:
         try:
             for piece, _ in _pieces(box, chunk_shape):

@@ -43,6 +43,10 @@ SIBLINGS_ANNOTATION = "daskstream-siblings"
 #: On a rechunked array's layer: its :class:`RechunkRecord`.
 RECHUNK_ANNOTATION = "daskstream-rechunk"
 
+#: On a layer whose tasks write what later tasks read back (a rechunk's first pass): writers that
+#: compute an array in batches run it once, first, rather than once per batch.
+COMPUTED_ONCE = "daskstream-computed-once"
+
 # Output keys sampled per layer whose block dependencies are not known from its structure.
 _SAMPLED_KEYS = 3
 
@@ -412,6 +416,7 @@ def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...
 
 
 __all__ = [
+    "COMPUTED_ONCE",
     "PLANNED_FOR",
     "RECHUNK_ANNOTATION",
     "REGIONS_ANNOTATION",

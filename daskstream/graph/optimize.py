@@ -29,7 +29,15 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
 
 from daskstream import config
-from daskstream.graph.layers import describe, layer_array, layer_names, needed_layers, planned_resources, reads_sources
+from daskstream.graph.layers import (
+    COMPUTED_ONCE,
+    describe,
+    layer_array,
+    layer_names,
+    needed_layers,
+    planned_resources,
+    reads_sources,
+)
 from daskstream.graph.projection import project
 from daskstream.graph.rewrites import fuse_siblings, reread_rechunks, rewrite, variance_in_pieces
 from daskstream.planning.computation import ComputePlan
@@ -106,22 +114,30 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
     graph = x.__dask_graph__()
     keys = list(flatten(x.__dask_keys__()))
     graph = reread_rechunks(graph, needed_layers(graph, keys))
+    # Layers that say so (a rechunk's first pass, writing what its second reads) also run once, first.
+    frontier = [
+        name
+        for name in needed_layers(graph, keys)
+        if (graph.layers[name].collection_annotations or {}).get(COMPUTED_ONCE)
+    ]
     described = describe(graph, needed_layers(graph, keys))
     planned = planned_resources(graph) or resources
     plan = plan_passes(described.facts, hold_limit=planned.per_task_bytes)
-    if plan.passes <= 1:
-        return x
-    takers: dict[str, list[str]] = {f.name: [] for f in described.facts}
-    for f in described.facts:
-        for name, _ in f.inputs:
-            takers[name].append(f.name)
-    # Computed once and taken whole by work that streams: what enters a pass as a constant.
-    streaming = {f.name for f in described.facts if f.kind != "constant" and f.name not in plan.shared}
-    frontier = [
-        f.name
-        for f in described.facts
-        if f.kind == "compute" and f.name in plan.shared and any(t in streaming for t in takers[f.name])
-    ]
+    if plan.passes > 1:
+        takers: dict[str, list[str]] = {f.name: [] for f in described.facts}
+        for f in described.facts:
+            for name, _ in f.inputs:
+                takers[name].append(f.name)
+        # Computed once and taken whole by work that streams: what enters a pass as a constant.
+        streaming = {f.name for f in described.facts if f.kind != "constant" and f.name not in plan.shared}
+        frontier += [
+            f.name
+            for f in described.facts
+            if f.kind == "compute"
+            and f.name in plan.shared
+            and any(t in streaming for t in takers[f.name])
+            and f.name not in frontier
+        ]
     arrays = [layer_array(graph, name) for name in frontier]
     if not frontier or any(a is None for a in arrays):
         return x

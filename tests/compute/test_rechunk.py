@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from dask.callbacks import Callback
 
 import daskstream as ds
 from daskstream.compute.rechunk import rechunk_plan_of
@@ -120,6 +121,30 @@ def test_a_store_of_a_rechunk_resumes_with_another_budget_and_removes_its_interm
     calls = []
     ds.store(again, out, progress=lambda done, total: calls.append((done, total)))
     assert calls[-1] == (64, 64)
+
+
+class _CountFirstPass(Callback):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def _posttask(self, key, result, dsk, state, id):
+        self.count += isinstance(key, tuple) and key[0].startswith("daskstream-rechunk-write")
+
+
+def test_an_hdf5_store_runs_the_first_pass_once_though_it_computes_in_batches(rows, tmp_path):
+    path, data = rows
+    y = ds.rechunk(ds.open(path, memory_budget="2MiB"), (1024, 16), intermediate=tmp_path / "work")
+    counter = _CountFirstPass()
+    with counter:
+        ds.store(y, f"{tmp_path}/cols.h5::/x", memory_budget="2MiB")
+    assert counter.count == len(y.dask.layers[next(n for n in y.dask.layers if "rechunk-write" in n)])
+    ds.close_files()
+    with h5py.File(tmp_path / "cols.h5", "r") as f:
+        np.testing.assert_array_equal(f["x"][...], data)
+    # The store removed the intermediate it was fed from; the lazy array still computes.
+    assert _intermediates(tmp_path / "work") == []
+    np.testing.assert_array_equal(y.compute(), data)
 
 
 def test_a_second_pass_that_cannot_see_the_first_passs_chunks_says_the_folder_must_be_shared(rows, tmp_path):
