@@ -712,6 +712,7 @@ class _StoreTally:
 
     def __init__(self, bar: BlockProgress | None) -> None:
         self.bar = bar
+        self.shows = bar is not None  # store then shows a rechunk's first pass too
         self.total = 0
         self.done_before: int | None = None
         self.started = time.perf_counter()

@@ -18,12 +18,14 @@ builds them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import dask
 import dask.config
 import numpy as np
 from dask.array.optimization import optimize as dask_optimize
+from dask.callbacks import Callback
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
@@ -114,37 +116,59 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
     graph = x.__dask_graph__()
     keys = list(flatten(x.__dask_keys__()))
     graph = reread_rechunks(graph, needed_layers(graph, keys))
-    # Layers that say so (a rechunk's first pass, writing what its second reads) also run once, first.
-    frontier = [
-        name
-        for name in needed_layers(graph, keys)
-        if (graph.layers[name].collection_annotations or {}).get(COMPUTED_ONCE)
-    ]
     described = describe(graph, needed_layers(graph, keys))
     planned = planned_resources(graph) or resources
     plan = plan_passes(described.facts, hold_limit=planned.per_task_bytes)
-    if plan.passes > 1:
-        takers: dict[str, list[str]] = {f.name: [] for f in described.facts}
-        for f in described.facts:
-            for name, _ in f.inputs:
-                takers[name].append(f.name)
-        # Computed once and taken whole by work that streams: what enters a pass as a constant.
-        streaming = {f.name for f in described.facts if f.kind != "constant" and f.name not in plan.shared}
-        frontier += [
-            f.name
-            for f in described.facts
-            if f.kind == "compute"
-            and f.name in plan.shared
-            and any(t in streaming for t in takers[f.name])
-            and f.name not in frontier
-        ]
-    arrays = [layer_array(graph, name) for name in frontier]
-    if not frontier or any(a is None for a in arrays):
+    if plan.passes <= 1:
         return x
-    values = dask.compute(*arrays)
+    takers: dict[str, list[str]] = {f.name: [] for f in described.facts}
+    for f in described.facts:
+        for name, _ in f.inputs:
+            takers[name].append(f.name)
+    # Computed once and taken whole by work that streams: what enters a pass as a constant.
+    streaming = {f.name for f in described.facts if f.kind != "constant" and f.name not in plan.shared}
+    frontier = [
+        f.name
+        for f in described.facts
+        if f.kind == "compute" and f.name in plan.shared and any(t in streaming for t in takers[f.name])
+    ]
+    return with_layers_computed(x, frontier, graph=graph)
+
+
+def computed_once_layers(x: Any) -> list[str]:
+    """The layers ``x`` needs that ask to be computed once, first (:data:`COMPUTED_ONCE`: a rechunk's first pass)."""
+    graph = x.__dask_graph__()
+    needed = needed_layers(graph, list(flatten(x.__dask_keys__())))
+    return [name for name in needed if (graph.layers[name].collection_annotations or {}).get(COMPUTED_ONCE)]
+
+
+def with_layers_computed(
+    x: Any, names: list[str], *, graph: Any = None, on_task: Callable[[int, int], None] | None = None
+) -> Any:
+    """``x`` over a graph whose layers ``names`` are computed now and held as data.
+
+    ``on_task(done, total)`` is called as their tasks finish (local schedulers).
+    ``x`` itself when there is nothing to compute (or a layer cannot be made an array).
+    """
+    graph = x.__dask_graph__() if graph is None else graph
+    keys = list(flatten(x.__dask_keys__()))
+    arrays = [layer_array(graph, name) for name in names]
+    if not names or any(a is None for a in arrays):
+        return x
+    wanted = {key for array in arrays for key in flatten(array.__dask_keys__())}
+    done = 0
+
+    def count(key: Any, *_: Any) -> None:
+        nonlocal done
+        if on_task is not None and key in wanted:
+            done += 1
+            on_task(done, len(wanted))
+
+    with Callback(posttask=count):
+        values = dask.compute(*arrays)
     layers = dict(graph.layers)
     dependencies = {name: set(deps) for name, deps in graph.dependencies.items()}
-    for name, array, value in zip(frontier, arrays, values):
+    for name, array, value in zip(names, arrays, values):
         layers[name] = MaterializedLayer(
             {
                 (name, *index): np.asarray(value)[block_slices(array.chunks, index)]
@@ -153,10 +177,10 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
             collection_annotations=dict(graph.layers[name].collection_annotations or {}),
         )
         dependencies[name] = set()
-    done = HighLevelGraph(layers, dependencies)
-    kept = needed_layers(done, keys)
-    done = HighLevelGraph({n: layers[n] for n in kept}, {n: dependencies[n] for n in kept})
-    return type(x)(done, x.name, x.chunks, meta=x._meta)
+    computed = HighLevelGraph(layers, dependencies)
+    kept = needed_layers(computed, keys)
+    computed = HighLevelGraph({n: layers[n] for n in kept}, {n: dependencies[n] for n in kept})
+    return type(x)(computed, x.name, x.chunks, meta=x._meta)
 
 
-__all__ = ["optimize", "plan_graph", "with_aggregates_computed"]
+__all__ = ["computed_once_layers", "optimize", "plan_graph", "with_aggregates_computed", "with_layers_computed"]

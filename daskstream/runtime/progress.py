@@ -51,6 +51,9 @@ class BlockProgress:
     4000
     """
 
+    #: It draws a bar: work before the blocks (a rechunk's first pass) shows a bar of its own beside it.
+    shows = True
+
     def __init__(self, label: str, nbytes: int) -> None:
         self.label = label
         self.nbytes = int(nbytes)

@@ -41,6 +41,7 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.graph.layers import budget_of, read_layers, rechunk_records
+from daskstream.graph.optimize import computed_once_layers, with_layers_computed
 from daskstream.graph.reads import source_array
 from daskstream.planning.grid import regular_chunk_shape, regular_grid
 from daskstream.runtime.progress import BlockProgress
@@ -240,6 +241,12 @@ def store(
         if report:
             report(total, total)
     else:
+        first = computed_once_layers(x)
+        if first:
+            # A rechunk's first pass, run once and first (an HDF5 writer computes in batches), with a bar of
+            # its own: no block of the target is done before it is.
+            bar = BlockProgress(f"rechunk {os.fspath(target)}: pass 1 of 2", int(x.nbytes)) if _shows(report) else None
+            x = with_layers_computed(x, first, on_task=bar)
         writer.write(x, identity, resume=resume, overwrite=overwrite, report=report)
     # The target is complete: the intermediate arrays of rechunks feeding it have served.
     for record in rechunk_records(x):
@@ -320,6 +327,11 @@ def _regular(x: da.Array) -> da.Array:
 
     # The largest chunk per axis keeps the number of blocks lowest without splitting any task's input.
     return x.rechunk(regular_grid(x.shape, tuple(max(sizes) for sizes in x.chunks)))
+
+
+def _shows(report: ProgressCallback | None) -> bool:
+    """Whether ``report`` draws a bar (``BlockProgress``, or a callable that says it does with ``shows``)."""
+    return bool(getattr(report, "shows", False))
 
 
 def _progress_reporter(progress: bool | ProgressCallback | None, target: Any, x: da.Array) -> ProgressCallback | None:
