@@ -189,7 +189,7 @@ def rechunk_plan_of(x: da.Array) -> RechunkPlan | None:
 
 
 def _target_chunks(x: da.Array, chunks: Any) -> tuple[int, ...]:
-    hint = "give one size per axis (-1 or None for a whole axis) or a dict {axis: size}"
+    hint = "give one positive size per axis (-1 or None for a whole axis) or a dict {axis: size}"
     if isinstance(chunks, Mapping):
         for axis in chunks:
             if not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
@@ -201,7 +201,7 @@ def _target_chunks(x: da.Array, chunks: Any) -> tuple[int, ...]:
     for size in chunks:
         valid = size is None or (isinstance(size, int | np.integer) and not isinstance(size, bool) and size >= -1)
         if not valid or size == 0:
-            raise InvalidChunksError(f"chunks={chunks!r}: {size!r} is not a chunk size; {hint}")
+            raise InvalidChunksError(f"chunks={chunks!r}: {size!r} is not a positive size; {hint}")
     whole = tuple(n if size in (None, -1) else int(size) for size, n in zip(chunks, x.shape))
     grid = normalize_chunks(tuple(max(1, min(c, n)) if n else 1 for c, n in zip(whole, x.shape)), x.shape)
     shape = regular_chunk_shape(grid)

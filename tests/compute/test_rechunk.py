@@ -174,7 +174,7 @@ def test_python_objects_cannot_take_two_passes():
     ("chunks", "error", "match"),
     [
         ((10,), InvalidChunksError, "2 axes"),
-        ((0, 10), InvalidChunksError, "not a chunk size"),
+        ((0, 10), InvalidChunksError, "not a positive size"),
         ({5: 10}, InvalidChunksError, "out of range"),
         ((1024, 1024), MemoryBudgetError, "one target chunk"),
     ],

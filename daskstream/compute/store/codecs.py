@@ -44,6 +44,7 @@ from daskstream.display import columns_table
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers, rechunk_records
 from daskstream.planning.budget import format_size
+from daskstream.runtime.resources import resolve_resources
 from daskstream.runtime.tune_cache import TuneCache, machine_fingerprint
 
 #: What a choice can optimize for; see the module's description.
@@ -205,10 +206,10 @@ class CodecChoice:
 
     def why(self) -> str:
         source = "remembered from an earlier measurement" if self.remembered else "measured now"
+        disk = f"disk {self.disk_rate / 1e9:.2f} GB/s" if math.isfinite(self.disk_rate) else "disk not measured"
         return (
             f"{self.chosen.label}: best for {self.optimize!r} ({_OBJECTIVE_WORDS[self.optimize]}), {source} on "
-            f"{format_size(self.sample_bytes)} of the data, {self.threads} thread(s), disk "
-            f"{self.disk_rate / 1e9:.2f} GB/s"
+            f"{format_size(self.sample_bytes)} of the data, {self.threads} thread(s), {disk}"
         )
 
     def rows(self) -> list[dict[str, Any]]:
@@ -233,7 +234,7 @@ class CodecChoice:
             "target_format": self.target_format,
             "remembered": self.remembered,
             "threads": self.threads,
-            "disk_GBps": self.disk_rate / 1e9,
+            "disk_GBps": self.disk_rate / 1e9 if math.isfinite(self.disk_rate) else None,
             "sample_bytes": self.sample_bytes,
             "candidates": self.rows(),
         }
@@ -301,7 +302,7 @@ def choose_codec(
     folder
         Where the target will be, to time its disk (default: the temporary folder).
     threads
-        Threads that will encode (default: dask's ``num_workers``, else the CPUs).
+        Threads that will encode (default: those of the place work runs, as ``open`` plans for).
     sample_bytes
         Bytes of ``x`` computed and encoded (whole blocks spread over it, at
         least one).
@@ -325,7 +326,7 @@ def choose_codec(
         raise InvalidArgumentError(f"optimize={optimize!r}: give one of {', '.join(map(repr, OBJECTIVES))}")
     if target_format not in ("zarr", "hdf5"):
         raise InvalidArgumentError(f"target_format={target_format!r}: give 'zarr' or 'hdf5'")
-    threads = threads or int(dask.config.get("num_workers", None) or len(os.sched_getaffinity(0)))
+    threads = threads or resolve_resources().threads
     block_bytes = int(x.dtype.itemsize * math.prod(max(sizes, default=1) for sizes in x.chunks))
     key = {
         "kind": "codec",
@@ -355,13 +356,14 @@ def choose_codec(
 
 
 def _data_kind(x: da.Array) -> str:
-    """The source's format and storage when ``x`` reads one file as it is, else ``"computed"``."""
+    """What decides how well ``x`` compresses, as far as a key can say: the one file it reads, or "computed"."""
     x = _cheaply_sampled(x)
     reads = read_layers(x)
-    if len(reads) == 1 and reads[0][0] == x.name:
-        source = reads[0][1]
-        return f"{source.format}: {source.describe_storage()}"
-    return "computed"
+    if len(reads) != 1:
+        return "computed"
+    name, source, _ = reads[0]
+    kind = f"{source.format}: {source.describe_storage()}"
+    return kind if name == x.name else f"computed from {kind}"
 
 
 def _candidates(target_format: str) -> tuple[Candidate, ...]:
@@ -400,19 +402,29 @@ def _samples(x: da.Array, sample_bytes: int, piece: tuple[int, ...]) -> list[np.
 
 
 def _disk_rate(folder: str | os.PathLike[str] | None) -> float:
-    """Bytes per second this folder's disk takes a synced write at (a probe file, removed)."""
-    where = os.fspath(folder) if folder is not None and os.path.isdir(folder) else tempfile.gettempdir()
-    data = os.urandom(2**20) * (_DISK_PROBE_BYTES // 2**20)
-    fd, path = tempfile.mkstemp(dir=where, prefix=".daskstream-disk-probe-")
-    try:
-        start = time.perf_counter()
-        os.write(fd, data)
-        os.fsync(fd)
-        return len(data) / max(time.perf_counter() - start, 1e-9)
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    """Bytes per second this folder's disk takes a synced write at (a probe file, removed); the temporary
+    folder's where this one cannot be written, and no limit where neither can."""
+    places = [os.fspath(folder)] if folder is not None and os.path.isdir(folder) else []
+    data = memoryview(os.urandom(2**20) * (_DISK_PROBE_BYTES // 2**20))
+    for where in [*places, tempfile.gettempdir()]:
+        try:
+            fd, path = tempfile.mkstemp(dir=where, prefix=".daskstream-disk-probe-")
+        except OSError:
+            continue
+        try:
+            start = time.perf_counter()
+            written = 0
+            while written < len(data):  # a write may take less than it is given
+                written += os.write(fd, data[written:])
+            os.fsync(fd)
+            return len(data) / max(time.perf_counter() - start, 1e-9)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return math.inf
 
 
 def _codec_pair(candidate: Candidate, target_format: str, sample: np.ndarray) -> tuple[Any, Any]:
@@ -478,7 +490,8 @@ def _remembered(entry: dict[str, Any] | None, key: dict[str, Any], target_format
         saved = tuned["codec_choice"]
         chosen = next(m.candidate for m in measured if m.candidate.name == saved["chosen"])
         return CodecChoice(chosen, saved["optimize"], target_format, measured, int(saved["threads"]),
-                           float(saved["disk_GBps"]) * 1e9, int(saved["sample_bytes"]), remembered=True,
+                           math.inf if saved["disk_GBps"] is None else float(saved["disk_GBps"]) * 1e9,
+                           int(saved["sample_bytes"]), remembered=True,
                            key=key)  # fmt: skip
     except (KeyError, TypeError, ValueError, StopIteration):
         return None

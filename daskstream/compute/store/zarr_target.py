@@ -1,4 +1,8 @@
-"""Zarr targets: each task writes its own block into a local directory store and marks it done."""
+"""Zarr targets: each task writes its own block into a local directory store and marks it done.
+
+(A little longer than most modules: as with the HDF5 target, the states -- recorded, created, blocks
+marked, finished -- and the task that writes a block are one protocol over one store.)
+"""
 
 from __future__ import annotations
 
