@@ -698,7 +698,7 @@ def store(
             dataset=target_dataset,
             resume=resume,
             overwrite=overwrite,
-            compressor=None if compressor == "none" else compressor,
+            codec=None if compressor == "none" else compressor,
             optimize=optimize,
             zarr_format=int(zarr_format),
             inner_chunks=_sizes(inner_chunks, "--inner-chunks"),
@@ -871,7 +871,7 @@ def convert(
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
-        ds.store(x, target, overwrite=overwrite, compressor=compressor, optimize=optimize, progress=tally,
+        ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
                  inner_chunks=_sizes(inner_chunks, "--inner-chunks"))  # fmt: skip
     _print_store_summary(tally, x, source, target, None, as_json, choice)
 

@@ -1,4 +1,4 @@
-"""``compressor="auto"``: codecs measured on the data itself, chosen for what the output is for, remembered."""
+"""``codec="auto"``: codecs measured on the data itself, chosen for what the output is for, remembered."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def test_the_table_shows_the_chosen_codec_as_text_json_and_html():
 def test_store_auto_writes_with_the_chosen_codec_and_a_resumed_store_measures_nothing(tmp_path):
     x = da.from_array(_field(), chunks=(64, 512))
     out = tmp_path / "out.zarr"
-    ds.store(x, out, compressor="auto", optimize="size")
+    ds.store(x, out, codec="auto", optimize="size")
     choice = ds.choose_codec(x, optimize="size", folder=tmp_path)
     assert choice.remembered
     stored = zarr.open_array(out, mode="r")
@@ -117,9 +117,19 @@ def test_store_auto_writes_with_the_chosen_codec_and_a_resumed_store_measures_no
     np.testing.assert_array_equal(stored[...], x.compute())
     counter = _CountTasks()
     with counter, dask.config.set({"daskstream.tune.cache": str(tmp_path / "other-cache.json")}):
-        ds.store(x, out, compressor="auto", optimize="write")  # finished: nothing measured, nothing written
+        # The earlier name of codec; the store is finished: nothing measured, nothing written.
+        ds.store(x, out, compressor="auto", optimize="write")
     assert counter.count == 0
     assert not (tmp_path / "other-cache.json").exists()
+
+
+def test_codec_and_its_earlier_name_compressor_together_are_refused(tmp_path):
+    x = da.from_array(_field(), chunks=(64, 512))
+    with pytest.raises(InvalidArgumentError, match="codec='auto' and compressor=None: give one"):
+        ds.store(x, tmp_path / "out.zarr", codec="auto", compressor=None)
+    assert not (tmp_path / "out.zarr").exists()
+    ds.store(x, tmp_path / "plain.zarr", compressor=None)  # None is a value: no compression
+    assert zarr.open_array(tmp_path / "plain.zarr", mode="r").compressors == ()
 
 
 def test_an_unknown_objective_is_refused_by_name():

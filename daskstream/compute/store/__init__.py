@@ -52,6 +52,9 @@ from daskstream.sources.base import checked_path
 from daskstream.sources.detect import split_dataset
 from daskstream.sources.hdf5 import import_h5py
 
+# Marks the ``compressor`` keyword as not given: None is a value it takes (no compression).
+_UNSET: Any = object()
+
 
 def store(
     x: da.Array,
@@ -60,12 +63,13 @@ def store(
     dataset: str | None = None,
     resume: bool = True,
     overwrite: bool = False,
-    compressor: Any = "default",
+    codec: Any = "default",
     optimize: str = "balanced",
     progress: bool | ProgressCallback | None = None,
     zarr_format: int = 3,
     inner_chunks: tuple[int, ...] | None = None,
     memory_budget: int | str | None = None,
+    compressor: Any = _UNSET,
 ) -> da.Array:
     """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
 
@@ -99,7 +103,7 @@ def store(
         folders that are not arrays are never deleted. An unfinished store of
         the same computation is still resumed when ``resume`` is true: its
         result would be the same.
-    compressor
+    codec
         ``"default"``: zstd level 3 for Zarr (``zarr.codecs.ZstdCodec``,
         ``numcodecs.Zstd`` for format 2), gzip level 1 with shuffle for HDF5
         (every HDF5 reader has gzip). ``None``: no compression. For Zarr, any
@@ -110,7 +114,7 @@ def store(
         with :func:`choose_codec` (remembered per kind of data), for a new
         array only (a resumed store keeps its array's codec).
     optimize
-        What ``compressor="auto"`` chooses for: ``"write"`` (the fastest
+        What ``codec="auto"`` chooses for: ``"write"`` (the fastest
         store), ``"read"`` (the fastest reads afterwards), ``"size"`` (the
         smallest output) or ``"balanced"`` (store and one read together).
     progress
@@ -130,6 +134,8 @@ def store(
     memory_budget
         Bytes one worker may use (``"2GiB"``); bounds how many computed blocks
         the HDF5 writer holds at once. Default: as for :func:`daskstream.open`.
+    compressor
+        The earlier name of ``codec``, still taken; give one or the other.
 
     Returns
     -------
@@ -205,6 +211,10 @@ def store(
     >>> int(z.sum().compute())
     90
     """
+    if compressor is not _UNSET:
+        if not (isinstance(codec, str) and codec == "default"):
+            raise InvalidArgumentError(f"codec={codec!r} and compressor={compressor!r}: give one, codec")
+        codec = compressor
     x = _regular(_check_array(x))
     report = _progress_reporter(progress, target, x)
     path, member = split_dataset(checked_path(target, "target"), dataset)
@@ -216,17 +226,17 @@ def store(
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
         if inner_chunks is not None:
             raise InvalidArgumentError(f"{path}: inner_chunks (shards) are for Zarr targets; HDF5 has none")
-        writer: Target = Hdf5Target(path, "/" + member.strip("/"), compressor, memory_budget, Carried.of(x))
+        writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, memory_budget, Carried.of(x))
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
         member = (member or "").strip("/") or None
         inner = None if inner_chunks is None else tuple(int(c) for c in inner_chunks)
-        writer = ZarrTarget(path, member, compressor, 2 if zarr_format == 2 else 3, Carried.of(x), inner)
+        writer = ZarrTarget(path, member, codec, 2 if zarr_format == 2 else 3, Carried.of(x), inner)
     writer.check_sources([source for _, source, _ in read_layers(x)])
     # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
     finished = None if overwrite else writer.completed(x)
-    if isinstance(compressor, str) and compressor == "auto":
+    if isinstance(codec, str) and codec == "auto":
         # Measured only for an array still to be made: a resumed or finished store keeps the codec it has.
         creating = overwrite or (finished is None and writer.recorded() is None)
         target_kind = "hdf5" if isinstance(writer, Hdf5Target) else "zarr"

@@ -4,7 +4,7 @@ How fast a codec encodes and how small it makes the data depend on the data
 (a smooth field, noise, integers with runs of zeros), on this machine's CPU
 and on the disk behind the target: on one noisy float32 field zstd level 3
 encoded at a tenth of blosc-lz4's speed for a ratio 1.6 times higher. So
-``store(..., compressor="auto")`` computes a few blocks spread over the array
+``store(..., codec="auto")`` computes a few blocks spread over the array
 (``sample_bytes`` in all, at most a sixteenth of it), encodes and decodes them with every candidate in
 one thread, times a write to the target's folder, and picks the candidate
 that best serves what the user says the output is for:
