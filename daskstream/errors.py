@@ -29,6 +29,8 @@ __all__ = [
     "NotARegularFileError",
     "NotAZarrStoreError",
     "NotAnArrayError",
+    "ObjectStoreCredentialsError",
+    "ObjectStoreUnreachableError",
     "OutsideFileError",
     "SourceChangedError",
     "SourceNotFoundError",
@@ -192,6 +194,14 @@ class IntermediateNotSharedError(DaskstreamError, FileNotFoundError):
 
 class MissingDependencyError(DaskstreamError, ImportError):
     """An optional package that a feature needs is not installed (or not in a version that works)."""
+
+
+class ObjectStoreUnreachableError(DaskstreamError, ConnectionError):
+    """The object store's endpoint did not answer (wrong address, network down) within the bounded time."""
+
+
+class ObjectStoreCredentialsError(DaskstreamError, PermissionError):
+    """No credentials for the object store were found, or the store refused those given."""
 
 
 class ClusterConnectionError(DaskstreamError, ConnectionError):

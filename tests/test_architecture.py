@@ -36,6 +36,7 @@ DEFERRED = {
     "numba",
     "numcodecs",
     "pandas",
+    "s3fs",
     "scipy",
     "torch",
     "zarr",

@@ -20,11 +20,13 @@ from daskstream.errors import (
     MemberNotFoundError,
     MissingDependencyError,
     NotAnArrayError,
+    SourceChangedError,
     SourceNotFoundError,
     UnsupportedDtypeError,
 )
 from daskstream.files import open_regular
 from daskstream.sources.base import (
+    REREAD_ADVICE,
     Region,
     Source,
     checked_shape,
@@ -35,13 +37,11 @@ from daskstream.sources.base import (
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.metadata import plain, zarr_attrs, zarr_dims
+from daskstream.sources.objects import Place, is_url, public_options
 from daskstream.sources.tokens import source_token
-from daskstream.sources.zarr_chunks import check_chunk_files, chunk_reader_for
+from daskstream.sources.zarr_chunks import ChunkObjects, check_chunk_files, chunk_reader_for
 
 ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
-
-# Keys of fsspec's info() that change when an object is rewritten (S3, GCS, Azure, HTTP, local, memory).
-_VERSION_STAMP_KEYS = ("ETag", "etag", "LastModified", "last_modified", "generation", "updated", "mtime", "created")
 
 # Larger metadata documents are not Zarr metadata anyone wrote by hand or by a library.
 _MAX_METADATA_BYTES = 64 * 2**20
@@ -49,15 +49,6 @@ _MAX_METADATA_BYTES = 64 * 2**20
 # What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
 # ImportError: a codec whose package is missing (some numcodecs releases say so on creating it).
 _ZARR_READ_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, OSError, ImportError)
-
-
-def is_url(path: str) -> bool:
-    """Whether ``path`` is a URL for fsspec (``s3://...``); a ``file://`` URL is a local path.
-
-    >>> is_url("s3://bucket/a.zarr"), is_url("file:///data/a.zarr"), is_url("/data/a.zarr")
-    (True, False, False)
-    """
-    return "://" in path and not path.startswith("file://")
 
 
 def local_path(path: str) -> str:
@@ -81,13 +72,20 @@ class ZarrSource(Source):
         The array's path inside the store when the root is a group; may be
         omitted when the store holds exactly one array.
     storage_options
-        Passed to fsspec for URLs (credentials, endpoints...).
+        Passed to fsspec for URLs (credentials, endpoints...). Secrets among
+        them stay in this process: see :mod:`daskstream.sources.objects`.
 
     Notes
     -----
     ``storage_chunks`` is the shard grid for sharded arrays (the unit one task
     can read without another task touching the same object), the chunk grid
     otherwise. Missing chunks read as the fill value, as the format says.
+
+    On an object store, opening lists the array's objects with their versions
+    (ETags: one listing request per thousand objects). The token is made from
+    that listing, so a rewritten chunk gives the array a new name, and every
+    read compares the version each GET returns with the listed one: an object
+    rewritten, deleted or added since is a :class:`SourceChangedError`.
     """
 
     format = "zarr"
@@ -103,8 +101,11 @@ class ZarrSource(Source):
         path = local_path(os.fspath(path))
         self.path = path if is_url(path) else os.path.abspath(path)
         self.storage_options = dict(storage_options or {})
-        if not is_url(self.path):
+        self.place = Place(self.path, self.storage_options) if is_url(self.path) else None
+        if self.place is None:
             file_stamp(self.path)  # our not-found / permission errors rather than zarr's
+        else:
+            self.place.check_reachable()  # endpoint, credentials and bucket: one clear line, before zarr
         self.opened_ns = now_ns()
         if not is_url(self.path) and os.path.isdir(self.path):
             _check_metadata_files(self.path, (dataset or "").strip("/"))
@@ -135,10 +136,36 @@ class ZarrSource(Source):
         self.fill_value = plain(array.fill_value)
         self.codecs = _codec_names(array)
         self.layout = "chunked"
-        tree = () if is_url(self.path) or not os.path.isdir(self.path) else (_tree_digest(self.path, self.dataset),)
+        self._objects: dict[str, str] | None = None
+        if self.place is not None:
+            self._objects = self._array_place().listing()
+            tree: tuple[str, ...] = (_listing_digest(self._objects),)
+        else:
+            tree = () if not os.path.isdir(self.path) else (_tree_digest(self.path, self.dataset),)
+        self.objects_digest = tree[0] if self.place is not None else None
         self.token = source_token(self.format, self.path, *stamp, *tree, dataset=self.dataset)
         # Checked by every read, for local stores (a remote one would cost a request per task).
         self.stamp = None if is_url(self.path) else stamp
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Secrets stay here, and so does the listing of a remote store (a process that reads lists it again).
+        return {**self.__dict__, "storage_options": public_options(self.storage_options), "_objects": None}
+
+    def _array_place(self) -> Place:
+        assert self.place is not None
+        return self.place.child(self.dataset) if self.dataset else self.place
+
+    def _object_versions(self) -> dict[str, str]:
+        """The remote array's objects and versions as listed when opened (listed again in another process)."""
+        if self._objects is None:
+            listed = self._array_place().listing()
+            if _listing_digest(listed) != self.objects_digest:
+                raise SourceChangedError(
+                    f"{self.name}: the store's objects changed after it was opened (listed again by a worker, "
+                    f"they differ); {REREAD_ADVICE}"
+                )
+            self._objects = listed
+        return self._objects
 
     def _store(self) -> Any:
         import zarr
@@ -280,21 +307,15 @@ class ZarrSource(Source):
         return tuple(stamps)
 
     def _remote_metadata_digest(self, dataset: str | None) -> str:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
-        member = posixpath.join(root, (dataset or "").strip("/"))
+        assert self.place is not None
+        member = self.place.child(dataset) if dataset else self.place
         for name in ZARR_METADATA_FILES:
-            key = posixpath.join(member, name)
-            try:
-                digest = hashlib.sha1(fs.cat_file(key), usedforsecurity=False)
-                info = fs.info(key)
-            except FileNotFoundError:
+            got = member.get(name)
+            if got.data is None:
                 continue
-            # Rewritten data often leaves identical metadata bytes; the object's version stamp does not.
-            digest.update(repr([(k, info[k]) for k in _VERSION_STAMP_KEYS if k in info]).encode())
-            return digest.hexdigest()
-        raise SourceNotFoundError(f"{self.path}: no Zarr metadata found at {member}; check the URL and dataset")
+            # Rewritten data often leaves identical metadata bytes; the object's version does not.
+            return hashlib.sha1(got.data + repr(got.version).encode(), usedforsecurity=False).hexdigest()
+        raise SourceNotFoundError(f"{member.url}: no Zarr metadata found there; check the URL and dataset")
 
     def _array(self) -> Any:
         import zarr
@@ -306,8 +327,10 @@ class ZarrSource(Source):
 
     def _chunk_reader(self) -> Any:
         # False (not None, which the cache reads as "not opened yet") when zarr must read this array.
+        objects = None if self.place is None else ChunkObjects(self._array_place(), self._object_versions)
         return cached_handle(
-            ("zarr-chunks", self.path, self.dataset, self.token), lambda: chunk_reader_for(self._array()) or False
+            ("zarr-chunks", self.path, self.dataset, self.token),
+            lambda: chunk_reader_for(self._array(), objects) or False,
         )
 
     def _read_box(self, box: Region) -> np.ndarray:
@@ -397,6 +420,11 @@ def _arrays_among(keys: list[tuple[str, str]], read: Any) -> list[str]:
             if _node_type(raw) == "array":
                 arrays.append(parent)
     return sorted(arrays)
+
+
+def _listing_digest(objects: dict[str, str]) -> str:
+    """A digest of an object listing: every key and its version."""
+    return hashlib.sha1(repr(sorted(objects.items())).encode(), usedforsecurity=False).hexdigest()
 
 
 def _tree_digest(root: str, member: str | None) -> str:

@@ -10,13 +10,16 @@ numcodecs in its own thread. numcodecs releases the GIL while
 it decompresses, so two tasks decode on two cores, and nothing else spawns
 threads.
 
-Any other store (zip, fsspec URLs) or codec goes through zarr.
+Arrays on object stores are read the same way, their chunk objects fetched
+concurrently (see :mod:`daskstream.sources.objects`). Any other store (zip)
+or codec goes through zarr.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import posixpath
 import stat
 import time
 from collections.abc import Callable
@@ -25,7 +28,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError
+from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError, SourceRemovedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
@@ -34,11 +37,16 @@ from daskstream.sources.chunk_cache import active, keep, kept, on_surface
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
 
 
-def chunk_reader_for(array: Any) -> ZarrChunkReader | None:
-    """A reader for ``array`` when its store is a local directory and its codecs are decoded here, else ``None``."""
+def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChunkReader | None:
+    """A reader for ``array`` when its codecs are decoded here and its chunks are local files (or ``objects``).
+
+    ``objects``: the array's chunk objects on an object store, for an array
+    zarr opened through fsspec; without it only local directories are read here.
+    """
     from zarr.storage import LocalStore
 
-    if not isinstance(array.store, LocalStore):
+    local = isinstance(array.store, LocalStore)
+    if not local and objects is None:
         return None
     metadata = array.metadata
     try:
@@ -51,11 +59,99 @@ def chunk_reader_for(array: Any) -> ZarrChunkReader | None:
             decode = _v3_decoder(metadata.codecs, storage_chunks, metadata)
     except _NotDecodedHere:
         return None
-    root = os.path.join(str(array.store.root), array.path or "")
+    fetch = LocalChunkFiles(os.path.join(str(array.store.root), array.path or "")) if local else objects
     fill = array.fill_value if array.fill_value is not None else 0
     # A shard decodes only the inner chunks a box needs: only whole chunks are worth keeping for halos.
     whole = tuple(array.chunks) == storage_chunks
-    return ZarrChunkReader(root, metadata.encode_chunk_key, storage_chunks, decode, fill, keepable=whole)
+    return ZarrChunkReader(fetch, metadata.encode_chunk_key, storage_chunks, decode, fill, keepable=whole)  # type: ignore[arg-type]
+
+
+class LocalChunkFiles:
+    """Chunk files in an array's directory, each read with one system call.
+
+    A file changed after the source was opened, or one missing where its
+    folder changed since then (deleted, in a format 3 store whose nested
+    ``c/i/j`` folders no stamp covers), raises :class:`SourceChangedError`.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def fetch(self, keys: list[str], name: str, written_before_ns: int | None) -> list[bytes | None]:
+        found: list[bytes | None] = []
+        for key in keys:
+            try:
+                with open_regular(os.path.join(self.root, key)) as f:
+                    if written_before_ns is not None and _written_since(os.fstat(f.fileno()), written_before_ns):
+                        raise _written_error(name, key)
+                    found.append(f.read())
+            except (FileNotFoundError, NotADirectoryError):
+                if written_before_ns is not None and self._folder_changed(key, written_before_ns):
+                    raise SourceRemovedError(
+                        f"{name}: chunk {key!r} is missing and its folder changed after the store was opened "
+                        f"(a chunk deleted or replaced meanwhile); {REREAD_ADVICE}"
+                    ) from None
+                found.append(None)  # Zarr: a chunk never written is the fill value
+            except IsADirectoryError:
+                raise CorruptSourceError(
+                    f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
+                ) from None
+        return found
+
+    def _folder_changed(self, key: str, since_ns: int) -> bool:
+        """Whether the nearest existing folder of a missing chunk file changed after ``since_ns``."""
+        folder = posixpath.dirname(key)
+        while True:
+            try:
+                st = os.stat(os.path.join(self.root, folder))
+            except (FileNotFoundError, NotADirectoryError):
+                if not folder:
+                    return True  # the array's folder itself is gone
+                folder = posixpath.dirname(folder)
+                continue
+            return _written_since(st, since_ns)
+
+
+class ChunkObjects:
+    """Chunk (or shard) objects of an array on an object store, fetched concurrently with their versions.
+
+    Parameters
+    ----------
+    place
+        The array's prefix (:class:`~daskstream.sources.objects.Place`).
+    versions
+        ``versions()`` returns each object's version when the source was
+        listed (key relative to the array -> version). A read object whose
+        version differs, one missing that was listed, or one listed nowhere,
+        raises :class:`SourceChangedError`.
+    """
+
+    def __init__(self, place: Any, versions: Callable[[], dict[str, str]]) -> None:
+        self.place = place
+        self.versions = versions
+        self.root = place.url
+
+    def fetch(self, keys: list[str], name: str, written_before_ns: int | None) -> list[bytes | None]:
+        listed = self.versions()
+        found: list[bytes | None] = []
+        for key, got in zip(keys, self.place.get_many(keys)):
+            expected = listed.get(key)
+            if got.data is None and expected is not None:
+                raise SourceRemovedError(
+                    f"{name}: chunk object {key!r} was deleted after the store was opened; {REREAD_ADVICE}"
+                )
+            if got.data is not None and (expected is None or (got.version is not None and got.version != expected)):
+                raise SourceChangedError(
+                    f"{name}: chunk object {key!r} was "
+                    + (
+                        "written"
+                        if expected is None
+                        else f"rewritten (version {expected} when opened, {got.version} now)"
+                    )
+                    + f" after the store was opened, so this computation would mix old and new data; {REREAD_ADVICE}"
+                )
+            found.append(got.data)
+        return found
 
 
 class _NotDecodedHere(Exception):
@@ -67,8 +163,9 @@ class ZarrChunkReader:
 
     Parameters
     ----------
-    root
-        The array's directory.
+    chunks
+        Where the chunk files or objects are (:class:`LocalChunkFiles`,
+        :class:`ChunkObjects`): what fetches a box's chunks, all at once.
     chunk_key
         Maps a position in the storage grid to the file's key ("c/0/1", "0.1").
     storage_chunks
@@ -84,14 +181,15 @@ class ZarrChunkReader:
 
     def __init__(
         self,
-        root: str,
+        chunks: LocalChunkFiles | ChunkObjects,
         chunk_key: Callable[[tuple[int, ...]], str],
         storage_chunks: tuple[int, ...],
         decode: Callable[[bytes, Region, Any], np.ndarray],
         fill_value: Any,
         keepable: bool = False,
     ) -> None:
-        self.root = root
+        self.chunks = chunks
+        self.root = chunks.root
         self.chunk_key = chunk_key
         self.storage_chunks = storage_chunks
         self.decode = decode
@@ -108,6 +206,7 @@ class ZarrChunkReader:
         """
         first = tuple(s.start // c for s, c in zip(box, self.storage_chunks))
         last = tuple((s.stop - 1) // c for s, c in zip(box, self.storage_chunks))
+        wanted = []  # (key, kept key or None, part inside the chunk, where it goes)
         for grid, inside, target in storage_pieces(box, self.storage_chunks):
             key = self.chunk_key(grid)
             kept_key = (self.root, key, written_before_ns)
@@ -115,21 +214,16 @@ class ZarrChunkReader:
             chunk = kept(kept_key) if keeping else None
             if chunk is not None:
                 out[target] = chunk[inside]
-                continue
-            try:
-                with open_regular(os.path.join(self.root, key)) as f:
-                    if written_before_ns is not None and _written_since(os.fstat(f.fileno()), written_before_ns):
-                        raise _written_error(name, key)
-                    data = f.read()
-            except (FileNotFoundError, NotADirectoryError):
+            else:
+                wanted.append((key, kept_key if keeping else None, inside, target))
+        # Fetched together: an object store serves a task's chunks concurrently.
+        fetched = self.chunks.fetch([key for key, *_ in wanted], name, written_before_ns)
+        for (key, kept_key, inside, target), data in zip(wanted, fetched):
+            if data is None:
                 out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
                 continue
-            except IsADirectoryError:
-                raise CorruptSourceError(
-                    f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
-                ) from None
             try:
-                if keeping:
+                if kept_key is not None:
                     chunk = self.decode(data, self._whole, self.fill_value)
                     keep(kept_key, chunk)
                     out[target] = chunk[inside]

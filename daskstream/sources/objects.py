@@ -1,0 +1,479 @@
+"""Object stores (S3, GCS, Azure, HTTP, memory...) through fsspec: one place for requests and their errors.
+
+A :class:`Place` is a URL and its fsspec options. It travels in task graphs
+without its secrets: keys, tokens and passwords stay in the process that was
+given them, and a process that unpickles a place builds its filesystem from
+the options that are left, so workers find credentials in their own
+environment (``AWS_ACCESS_KEY_ID``..., a profile named with
+``profile=``), as the cloud libraries look for them anyway.
+
+Reads come back with the version the store gave the object (S3's ETag, from
+the GET response itself: no HEAD per GET), so a reader can tell an object
+rewritten since it was listed. A task's objects are fetched concurrently on
+fsspec's event loop, a bounded number in flight
+(``daskstream.objects.requests-per-task``), over the connections the
+filesystem keeps. Every failure leaves here as one :class:`DaskstreamError`
+that names the URL and says what to do: unreachable endpoint, missing or
+refused credentials, missing bucket or object, denied access.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import posixpath
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from daskstream import config
+from daskstream.errors import (
+    DaskstreamError,
+    MissingDependencyError,
+    ObjectStoreCredentialsError,
+    ObjectStoreUnreachableError,
+    SourceNotFoundError,
+    SourcePermissionError,
+)
+from daskstream.sources.handles import cached_handle
+
+# Option names that hold secrets, at any depth (client_kwargs, config...): never pickled.
+SECRET_OPTIONS = frozenset(
+    {
+        "key",
+        "secret",
+        "token",
+        "password",
+        "access_key",
+        "secret_key",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "session_token",
+        "account_key",
+        "sas_token",
+        "connection_string",
+        "credential",
+        "credentials",
+        "client_secret",
+    }
+)
+
+# Exception class names (of botocore, aiohttp, google-auth, azure) that mean "no usable credentials".
+_CREDENTIAL_ERRORS = (
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "CredentialRetrievalError",
+    "ProfileNotFound",
+    "DefaultCredentialsError",
+    "ClientAuthenticationError",
+)
+# ...and those that mean the endpoint could not be reached at all.
+_UNREACHABLE_ERRORS = (
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ConnectionClosedError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ServerTimeoutError",
+    "ConnectionRefusedError",
+    "ConnectionResetError",
+    "TimeoutError",
+    "gaierror",
+)
+# Error codes of S3-compatible stores, as s3fs and botocore report them.
+_CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefresh")
+_MISSING_BUCKET_CODES = ("NoSuchBucket",)
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL for fsspec (``s3://...``); a ``file://`` URL is a local path.
+
+    >>> is_url("s3://bucket/a.zarr"), is_url("file:///data/a.zarr"), is_url("/data/a.zarr")
+    (True, False, False)
+    """
+    return "://" in path and not path.startswith("file://")
+
+
+def public_options(options: Any) -> Any:
+    """``options`` without the values of secret-named keys, at any depth.
+
+    >>> public_options({"key": "AKIA", "client_kwargs": {"endpoint_url": "http://s3", "aws_secret_access_key": "x"}})
+    {'client_kwargs': {'endpoint_url': 'http://s3'}}
+    """
+    if isinstance(options, dict):
+        return {k: public_options(v) for k, v in options.items() if str(k).lower() not in SECRET_OPTIONS}
+    if isinstance(options, list | tuple):
+        return type(options)(public_options(v) for v in options)
+    return options
+
+
+def has_secrets(options: Any) -> bool:
+    """Whether ``options`` hold a secret anywhere (so a process that unpickles them gets less)."""
+    return public_options(options) != options
+
+
+@dataclass(frozen=True)
+class Got:
+    """One object (or a range of it) read: its bytes (``None`` when there is no such object), the version
+    the store gave and the whole object's size where the response said it."""
+
+    data: bytes | None
+    version: str | None
+    size: int | None = None
+
+
+class Place:
+    """A URL on an object store (a bucket, a prefix, or one object) and the fsspec options to reach it.
+
+    Parameters
+    ----------
+    url
+        ``s3://bucket/prefix``, ``gs://...``, ``az://...``, ``http(s)://...``,
+        ``memory://...`` or any URL fsspec knows.
+    storage_options
+        fsspec options (``endpoint_url`` in ``client_kwargs``, ``anon``,
+        ``profile``, credentials...). Secret ones stay in this process.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.protocol = url.split("://", 1)[0].lower()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Credentials never travel: a worker uses its own environment, profile or role.
+        return {**self.__dict__, "storage_options": public_options(self.storage_options)}
+
+    def __repr__(self) -> str:
+        return f"Place({self.url!r})"
+
+    @property
+    def fs(self) -> Any:
+        """This process's fsspec filesystem for the place, made once per set of options."""
+        options = _with_defaults(self.protocol, self.storage_options)
+        digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()
+        return cached_handle(("fsspec", self.protocol, digest), lambda: self._filesystem(options))
+
+    def _filesystem(self, options: dict[str, Any]) -> Any:
+        import fsspec
+
+        try:
+            cls = fsspec.get_filesystem_class(self.protocol)
+        except (ImportError, ValueError) as exc:
+            raise MissingDependencyError(
+                f"{self.url}: reading {self.protocol}:// URLs needs a package that is not installed ({exc}); "
+                + (
+                    "pip install 'daskstream[s3]'"
+                    if self.protocol in ("s3", "s3a")
+                    else "install fsspec's backend for it"
+                )
+            ) from None
+        with self.errors("connect"):
+            fs = cls(**options)
+        if self.protocol in ("s3", "s3a"):
+            # s3fs retries failed requests itself on top of botocore: bound both.
+            fs.retries = max(1, int(config.setting("objects.retries")))
+        return fs
+
+    @property
+    def root(self) -> str:
+        """The place's path as its filesystem names it (``bucket/prefix``)."""
+        return self.fs._strip_protocol(self.url).rstrip("/")
+
+    def path(self, key: str) -> str:
+        """The filesystem path of ``key`` below the place."""
+        return posixpath.join(self.root, key) if key else self.root
+
+    def child(self, key: str) -> Place:
+        """The place ``key`` below this one, with the same options."""
+        return Place(f"{self.url}/{key.strip('/')}", self.storage_options)
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def get(self, key: str = "") -> Got:
+        """The object at ``key`` (``data`` is ``None`` when there is none)."""
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[str], *, what: str = "read") -> list[Got]:
+        """The objects at ``keys``, fetched concurrently; a missing one reads as ``Got(None, None)``."""
+        if not keys:
+            return []
+        fs = self.fs
+        limit = max(1, int(config.setting("objects.requests-per-task")))
+        requests = [(self.path(key), None, None) for key in keys]
+        with self.errors(what):
+            if hasattr(fs, "_call_s3"):
+                return _run(fs, _s3_get_many(fs, requests, limit))
+            if getattr(fs, "async_impl", False):
+                return _run(fs, _async_get_many(fs, requests, limit))
+            return [Got(_cat_or_none(fs, *request), None) for request in requests]
+
+    def get_range(self, key: str, start: int, stop: int) -> Got:
+        """Bytes ``start:stop`` of the object at ``key`` (one ranged GET), with its version and size."""
+        return self.get_ranges(key, [(start, stop)])[0]
+
+    def get_head(self, key: str, n: int) -> Got:
+        """The first ``n`` bytes of the object at ``key`` (all of it when shorter), with its version and size.
+
+        One ranged GET. An empty object, which no range fits (S3 answers 416),
+        is read whole instead.
+        """
+        try:
+            return self.get_range(key, 0, n)
+        except OSError as exc:
+            if isinstance(exc, DaskstreamError) or exc.errno != errno.EINVAL:
+                raise
+        return self.get(key)
+
+    def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]], *, what: str = "read") -> list[Got]:
+        """Bytes ``start:stop`` of the object at ``key`` for each range, fetched concurrently.
+
+        Each :class:`Got` carries the version the response gave (S3's ETag)
+        and the object's whole size (from ``Content-Range``), so a caller can
+        tell an object rewritten since it was opened without another
+        request. A missing object reads as ``Got(None, None)``.
+        """
+        if not ranges:
+            return []
+        fs = self.fs
+        limit = max(1, int(config.setting("objects.requests-per-task")))
+        path = self.path(key)
+        requests = [(path, int(start), int(stop)) for start, stop in ranges]
+        with self.errors(what):
+            if hasattr(fs, "_call_s3"):
+                return _run(fs, _s3_get_many(fs, requests, limit))
+            if getattr(fs, "async_impl", False):
+                return _run(fs, _async_get_many(fs, requests, limit))
+            return [Got(_cat_or_none(fs, *request), None) for request in requests]
+
+    def put(self, key: str, data: bytes) -> None:
+        """Put ``data`` as the object at ``key``, whole: object stores make a PUT atomic."""
+        with self.errors("write"):
+            self.fs.pipe_file(self.path(key), bytes(data))
+
+    def put_many(self, items: dict[str, bytes]) -> None:
+        """Put several objects at once, concurrently."""
+        if items:
+            with self.errors("write"):
+                self.fs.pipe({self.path(key): bytes(data) for key, data in items.items()})
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Remove the objects at ``keys`` (missing ones are fine)."""
+        if keys:
+            with self.errors("delete"), contextlib.suppress(FileNotFoundError):
+                self.fs.rm([self.path(key) for key in keys])
+
+    def delete_tree(self, key: str = "") -> None:
+        """Remove every object below ``key``."""
+        with self.errors("delete"), contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(key), recursive=True)
+
+    def listing(self, key: str = "") -> dict[str, str]:
+        """Every object below ``key`` (relative to the place) and its version, from the listing alone."""
+        fs = self.fs
+        base = self.path(key)
+        with self.errors("list"):
+            with contextlib.suppress(AttributeError):
+                fs.invalidate_cache()
+            try:
+                found = fs.find(base, detail=True)
+            except FileNotFoundError:
+                return {}
+        return {posixpath.relpath(path, self.root): version_of(info) for path, info in found.items()}
+
+    def get_prefix(self, key: str, limit: int) -> bytes | None:
+        """At most the first ``limit`` bytes of the object at ``key`` (one ranged GET), ``None`` if there is none."""
+        return self.get_range(key, 0, limit).data
+
+    def sizes(self, key: str = "") -> dict[str, int]:
+        """Every object below ``key`` (relative to the place) and its size in bytes, from the listing alone."""
+        fs = self.fs
+        with self.errors("list"):
+            with contextlib.suppress(AttributeError):
+                fs.invalidate_cache()
+            try:
+                found = fs.find(self.path(key), detail=True)
+            except FileNotFoundError:
+                return {}
+        return {posixpath.relpath(path, self.root): int(info.get("size") or 0) for path, info in found.items()}
+
+    def check_reachable(self) -> None:
+        """Raise one clear error now when the place cannot be reached or read (endpoint, credentials, bucket)."""
+        fs = self.fs
+        bucket, _, prefix = self.root.partition("/")
+        with self.errors("open"):
+            with contextlib.suppress(AttributeError):
+                fs.invalidate_cache()
+            if self.protocol in ("s3", "s3a"):
+                # A listing of at most one key, not a HEAD: its error body names what is wrong (a HEAD's
+                # 403 cannot tell refused credentials from denied access).
+                try:
+                    _run(fs, fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1))
+                except FileNotFoundError:
+                    raise SourceNotFoundError(
+                        f"{self._where()}: the bucket {bucket!r} does not exist; check the URL"
+                    ) from None
+            else:
+                fs.exists(self.root)
+
+    @contextlib.contextmanager
+    def errors(self, doing: str) -> Iterator[None]:
+        """Turn what fsspec and its backends raise into one-line :class:`DaskstreamError` s."""
+        try:
+            yield
+        except DaskstreamError:
+            raise
+        except Exception as exc:
+            translated = self._translate(exc, doing)
+            if translated is None:
+                raise
+            raise translated from exc
+
+    def _where(self) -> str:
+        endpoint = _endpoint(self.storage_options)
+        return f"{self.url}" + (f" (endpoint {endpoint})" if endpoint else "")
+
+    def _translate(self, exc: BaseException, doing: str) -> Exception | None:
+        names = {type(e).__name__ for e in _chain(exc)}
+        text = " ".join(str(e) for e in _chain(exc))
+        where = self._where()
+        if names & set(_CREDENTIAL_ERRORS) or any(code in text for code in _CREDENTIAL_CODES):
+            return ObjectStoreCredentialsError(
+                f"{where}: no valid credentials to {doing} it ({_first_line(exc)}); give them in the "
+                "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), as "
+                "storage_options / --storage-option, or anon=True for a public bucket. Workers of a cluster "
+                "use their own environment: storage_options' secrets are not sent to them"
+            )
+        if names & set(_UNREACHABLE_ERRORS):
+            return ObjectStoreUnreachableError(
+                f"{where}: the object store could not be reached to {doing} it ({_first_line(exc)}); check "
+                "the endpoint (client_kwargs.endpoint_url) and the network; daskstream waits "
+                f"{config.setting('objects.connect-timeout')} s per connection and tries "
+                f"{config.setting('objects.retries')} time(s) (daskstream.objects.connect-timeout, .retries)"
+            )
+        if any(code in text for code in _MISSING_BUCKET_CODES) or "bucket does not exist" in text.lower():
+            bucket = self.root.split("/", 1)[0]
+            return SourceNotFoundError(f"{where}: the bucket {bucket!r} does not exist; check the URL")
+        if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+            return SourcePermissionError(
+                f"{where}: access denied to {doing} it ({_first_line(exc)}); check the credentials' permissions "
+                "on this bucket and prefix"
+            )
+        if isinstance(exc, FileNotFoundError):
+            return SourceNotFoundError(f"{where}: no such object or prefix; check the URL")
+        return None
+
+
+def version_of(info: dict[str, Any]) -> str:
+    """The version of an object as its listing or response states it: ETag, else generation, else time and size."""
+    for name in ("ETag", "etag", "VersionId", "generation", "md5Hash", "content_md5"):
+        if info.get(name):
+            return str(info[name]).strip('"')
+    stamp = [str(info.get(name)) for name in ("LastModified", "last_modified", "updated", "mtime", "created")]
+    return f"{info.get('size')}@{'|'.join(stamp)}"
+
+
+def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The user's options, with bounded connection time and retries where the user set none (S3)."""
+    if protocol not in ("s3", "s3a"):
+        return options
+    config_kwargs = dict(options.get("config_kwargs") or {})
+    config_kwargs.setdefault("connect_timeout", float(config.setting("objects.connect-timeout")))
+    config_kwargs.setdefault("retries", {"max_attempts": int(config.setting("objects.retries")), "mode": "standard"})
+    return {**options, "config_kwargs": config_kwargs}
+
+
+def _run(fs: Any, coroutine: Any) -> Any:
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, lambda: coroutine)
+
+
+# One request: an object's path, and the byte range wanted (``None, None``: all of it).
+Request = tuple[str, int | None, int | None]
+
+
+async def _s3_get_many(fs: Any, requests: list[Request], limit: int) -> list[Got]:
+    """GET each object or range, at most ``limit`` at a time; version and size come from each response."""
+    from s3fs.core import _error_wrapper
+
+    gate = asyncio.Semaphore(limit)
+
+    async def get(path: str, start: int | None, stop: int | None) -> Got:
+        bucket, key, version = fs.split_path(path)
+        extra: dict[str, Any] = {"VersionId": version} if version else {}
+        if start is not None and stop is not None:
+            if stop <= start:
+                return Got(b"", None)
+            extra["Range"] = f"bytes={start}-{stop - 1}"
+
+        async def call_and_read() -> Got:
+            response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra, **fs.req_kw)
+            try:
+                data = await response["Body"].read()
+            finally:
+                response["Body"].close()
+            return Got(data, str(response.get("ETag", "")).strip('"') or None, _whole_size(response, len(data)))
+
+        async with gate:
+            try:
+                return await _error_wrapper(call_and_read, retries=fs.retries)
+            except FileNotFoundError as exc:
+                # s3fs gives a missing bucket and a missing key the same class; the code it keeps tells them apart.
+                if any(code in str(exc.__cause__) for code in _MISSING_BUCKET_CODES):
+                    raise
+                return Got(None, None)
+
+    return list(await asyncio.gather(*(get(*request) for request in requests)))
+
+
+def _whole_size(response: dict[str, Any], received: int) -> int | None:
+    """The object's whole size: after the slash of ``Content-Range`` for a ranged GET, else what came."""
+    content_range = str(response.get("ContentRange") or "")
+    if "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        return int(total) if total.isdigit() else None
+    return received
+
+
+async def _async_get_many(fs: Any, requests: list[Request], limit: int) -> list[Got]:
+    """GET each object or range of an asynchronous filesystem (GCS, Azure, HTTP...) without a HEAD first."""
+    gate = asyncio.Semaphore(limit)
+
+    async def get(path: str, start: int | None, stop: int | None) -> Got:
+        async with gate:
+            try:
+                return Got(await fs._cat_file(path, start=start, end=stop), None)
+            except FileNotFoundError:
+                return Got(None, None)
+
+    return list(await asyncio.gather(*(get(*request) for request in requests)))
+
+
+def _cat_or_none(fs: Any, path: str, start: int | None = None, stop: int | None = None) -> bytes | None:
+    try:
+        return fs.cat_file(path, start=start, end=stop)
+    except FileNotFoundError:
+        return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _endpoint(options: dict[str, Any]) -> str | None:
+    client = options.get("client_kwargs") or {}
+    return options.get("endpoint_url") or client.get("endpoint_url")
