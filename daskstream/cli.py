@@ -34,6 +34,7 @@ from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.progress import BlockProgress
 from daskstream.sources.detect import split_dataset
 from daskstream.sources.hdf5 import import_h5py
+from daskstream.sources.objects import is_url
 from daskstream.tuning import TuneCache, tune
 
 # The largest value a numpy index holds: no axis, chunk or count can be longer.
@@ -156,6 +157,60 @@ def _sentence_start(message: str) -> str:
     if len(message) > 1 and message[0].isupper() and message[1].islower():
         return message[0].lower() + message[1:]
     return message
+
+
+def _parse_storage_options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as fsspec options: dotted keys nest (``client_kwargs.endpoint_url=...``), values are
+    JSON where they read as JSON (``anon=true``, ``retries=3``) and text otherwise."""
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise click.BadParameter(
+                f"{item!r} is not KEY=VALUE (like client_kwargs.endpoint_url=http://127.0.0.1:9000 or profile=NAME)",
+                param_hint=f"'--{param.name.replace('_', '-')}'" if param.name else None,
+            )
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        level = options
+        for part in parts[:-1]:
+            nested = level.setdefault(part, {})
+            if not isinstance(nested, dict):
+                raise click.BadParameter(f"{key!r} sets a key inside {part!r}, which was given a value")
+            level = nested
+        level[parts[-1]] = value
+    return options
+
+
+def _storage_option(fn: Any) -> Any:
+    return click.option(
+        "--storage-option",
+        "storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_parse_storage_options,
+        help="fsspec option for a URL (s3://, gs://...), repeatable: profile=NAME, anon=true, "
+        "client_kwargs.endpoint_url=http://host:9000. Credentials come from the environment otherwise.",
+    )(fn)
+
+
+def _target_storage_option(fn: Any) -> Any:
+    return click.option(
+        "--target-storage-option",
+        "target_storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=_parse_storage_options,
+        help="fsspec option for a TARGET URL, as --storage-option (which TARGET takes too when this is not given).",
+    )(fn)
+
+
+def _url_options(options: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """``options`` for ``path`` when it is a URL; ``None`` for a local path (which takes none)."""
+    return options if is_url(path.partition("::")[0]) else None
 
 
 def _budget_option(fn: Any) -> Any:
@@ -332,7 +387,8 @@ def _make_folder(folder: str, option: str) -> None:
 @click.option(
     "--versions", is_flag=True, help="Print the versions of daskstream's dependencies (for bug reports) instead."
 )
-def info(path: str | None, dataset: str | None, as_json: bool, versions: bool) -> None:
+@_storage_option
+def info(path: str | None, dataset: str | None, as_json: bool, versions: bool, storage_options: dict[str, Any]) -> None:
     """Show a source's format, shape, dtype, storage chunks, layout, size and codecs.
 
     With --versions (and no PATH): the versions of daskstream's dependencies and which optional
@@ -346,7 +402,7 @@ def info(path: str | None, dataset: str | None, as_json: bool, versions: bool) -
         return
     if path is None:
         raise click.UsageError("give the PATH of a file to describe, or --versions")
-    source = ds.open_source(path, dataset=dataset)
+    source = ds.open_source(path, dataset=dataset, storage_options=_url_options(storage_options, path))
     facts = {**_source_facts(source), "nbytes": source.nbytes, "storage": source.describe_storage()}
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -388,6 +444,7 @@ def _versions_facts() -> dict[str, Any]:
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_storage_option
 def reduce_command(
     path: str,
     op: str,
@@ -402,6 +459,7 @@ def reduce_command(
     memory_budget: str | None,
     quiet: bool,
     as_json: bool,
+    storage_options: dict[str, Any],
 ) -> None:
     """Reduce a source with one operation and print the result.
 
@@ -418,7 +476,7 @@ def reduce_command(
         options.update(bins=10 if bins is None else bins, range=bin_range)
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         # Opened inside the session, so the chunks are planned for its workers.
-        x = ds.open(path, dataset=dataset)
+        x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
         result = ds.reduce(x, op, axis=axis or None, **options)
         passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
         start = time.perf_counter()
@@ -450,6 +508,7 @@ def reduce_command(
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_storage_option
 def describe_command(
     path: str,
     axis: tuple[int, ...],
@@ -461,11 +520,12 @@ def describe_command(
     memory_budget: str | None,
     quiet: bool,
     as_json: bool,
+    storage_options: dict[str, Any],
 ) -> None:
     """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass."""
 
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
-        x = ds.open(path, dataset=dataset)
+        x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
         description = s.compute(ds.describe(x, axis=axis or None, bins=bins, range=bin_range))
     if as_json:
         click.echo(json.dumps({key: _plain(value) for key, value in description.items()}))
@@ -512,6 +572,7 @@ def _plain(value: Any) -> Any:
 )
 @_where_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_storage_option
 def plan(
     path: str,
     dataset: str | None,
@@ -521,6 +582,7 @@ def plan(
     scheduler: str | None,
     cluster_file: str | None,
     as_json: bool,
+    storage_options: dict[str, Any],
 ) -> None:
     """Show a source's shape, storage and the chunk plan for it, with the reasons.
 
@@ -529,7 +591,7 @@ def plan(
     and --workers override what was found.
     """
 
-    source = ds.open_source(path, dataset=dataset)
+    source = ds.open_source(path, dataset=dataset, storage_options=_url_options(storage_options, path))
     with _session_if_asked(scheduler, cluster_file, None):
         chunk_plan = ds.plan(source, memory_budget=memory_budget, threads=threads, workers=workers)
     if not as_json:
@@ -661,6 +723,8 @@ def _optimize_option(command: Any) -> Any:
 @_inner_chunks_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_storage_option
+@_target_storage_option
 def store(
     source: str,
     target: str,
@@ -677,6 +741,8 @@ def store(
     memory_budget: str | None,
     quiet: bool,
     as_json: bool,
+    storage_options: dict[str, Any],
+    target_storage_options: dict[str, Any],
 ) -> None:
     """Copy SOURCE (.npy, HDF5 or Zarr) to TARGET (Zarr or HDF5) out of core; run it again to resume.
 
@@ -685,7 +751,8 @@ def store(
     """
 
     with _session(scheduler, cluster_file, memory_budget, quiet):
-        x = ds.open(source, dataset=dataset)
+        x = ds.open(source, dataset=dataset, storage_options=_url_options(storage_options, source))
+        target_options = _url_options(target_storage_options or storage_options, target)
         choice = None
         if compressor == "auto":
             compressor, choice = _auto_codec(
@@ -703,8 +770,9 @@ def store(
             zarr_format=int(zarr_format),
             inner_chunks=_sizes(inner_chunks, "--inner-chunks"),
             progress=tally,
+            storage_options=target_options,
         )
-    _print_store_summary(tally, x, source, target, target_dataset, as_json, choice)
+    _print_store_summary(tally, x, source, target, target_dataset, as_json, choice, target_options)
 
 
 class _StoreTally:
@@ -739,8 +807,8 @@ def _auto_codec(
     where an array is already there (a resumed store keeps its codec; another is refused)."""
     path, member = split_dataset(target, dataset)
     kind = target_format(path)
-    if not overwrite and _array_exists(path, member, kind):
-        return "auto", None
+    if kind == "zarr-url" or (not overwrite and _array_exists(path, member, kind)):
+        return "auto", None  # store measures for a new array on an object store itself
     choice = ds.choose_codec(x, kind, optimize=optimize, folder=os.path.dirname(os.path.abspath(path)))
     if not quiet and not as_json:
         click.echo(str(choice), err=True)
@@ -765,11 +833,12 @@ def _print_store_summary(
     target_dataset: str | None,
     as_json: bool,
     choice: CodecChoice | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> None:
     seconds = time.perf_counter() - tally.started
     before = tally.done_before or 0
     written = tally.total - before
-    on_disk = stored_bytes(target, dataset=target_dataset)
+    on_disk = stored_bytes(target, dataset=target_dataset, storage_options=storage_options)
     summary = {
         "source": source,
         "target": target,
@@ -832,6 +901,8 @@ def _print_store_summary(
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_storage_option
+@_target_storage_option
 def convert(
     source: str,
     target: str,
@@ -848,6 +919,8 @@ def convert(
     memory_budget: str | None,
     quiet: bool,
     as_json: bool,
+    storage_options: dict[str, Any],
+    target_storage_options: dict[str, Any],
 ) -> None:
     """Re-encode SOURCE into a Zarr store or an HDF5 dataset (TARGET::/name) with new chunks and codec.
 
@@ -861,19 +934,22 @@ def convert(
         if codec == "auto"
         else _compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     )
+    source_options = _url_options(storage_options, source)
+    target_options = _url_options(target_storage_options or storage_options, target)
     with _session(scheduler, cluster_file, memory_budget, quiet):
         if isinstance(spec, tuple):
             # Other chunks than the planner's: rechunked out of core, each stored chunk decoded once.
-            x = ds.rechunk(ds.open(source, dataset=dataset), spec, intermediate=intermediate)
+            x = ds.rechunk(ds.open(source, dataset=dataset, storage_options=source_options), spec,
+                           intermediate=intermediate)  # fmt: skip
         else:
-            x = ds.open(source, dataset=dataset, chunks=spec)
+            x = ds.open(source, dataset=dataset, chunks=spec, storage_options=source_options)
         choice = None
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
         ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
-                 inner_chunks=_sizes(inner_chunks, "--inner-chunks"))  # fmt: skip
-    _print_store_summary(tally, x, source, target, None, as_json, choice)
+                 inner_chunks=_sizes(inner_chunks, "--inner-chunks"), storage_options=target_options)  # fmt: skip
+    _print_store_summary(tally, x, source, target, None, as_json, choice, target_options)
 
 
 def _chunk_spec(chunks: str) -> str | tuple[int, ...]:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from typing import Any
+from typing import Any, Literal
 
 import dask.array as da
 
 from daskstream.compute.store.codecs import choose_codec
 from daskstream.compute.store.hdf5_target import Hdf5Target
+from daskstream.compute.store.object_target import ObjectZarrTarget
 from daskstream.compute.store.record import StoreIdentity
 from daskstream.compute.store.target import Carried, ProgressCallback, Target, target_format
 from daskstream.compute.store.zarr_target import ZarrTarget
@@ -69,6 +70,7 @@ def store(
     zarr_format: int = 3,
     inner_chunks: tuple[int, ...] | None = None,
     memory_budget: int | str | None = None,
+    storage_options: dict[str, Any] | None = None,
     compressor: Any = _UNSET,
 ) -> da.Array:
     """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
@@ -80,10 +82,11 @@ def store(
         grid (each axis cut at its largest chunk), because one block must be
         one storage chunk.
     target
-        A Zarr directory (``"out.zarr"``, ``"out.zarr::group/array"``) or an
-        HDF5 dataset (``"out.h5::/entry/data"``). HDF5 is chosen by the file's
-        signature when it exists, else by its extension (``.h5``, ``.hdf5``,
-        ``.nc``...); anything else is a Zarr store.
+        A Zarr directory (``"out.zarr"``, ``"out.zarr::group/array"``), a
+        Zarr store on an object store (``"s3://bucket/out.zarr"``, any fsspec
+        URL) or an HDF5 dataset (``"out.h5::/entry/data"``). HDF5 is chosen by
+        the file's signature when it exists, else by its extension (``.h5``,
+        ``.hdf5``, ``.nc``...); anything else is a Zarr store.
     dataset
         The array inside the target, instead of writing it after ``::``.
         Required for HDF5.
@@ -133,7 +136,13 @@ def store(
         and its index are encoded in the task, as chunks are.
     memory_budget
         Bytes one worker may use (``"2GiB"``); bounds how many computed blocks
-        the HDF5 writer holds at once. Default: as for :func:`daskstream.open`.
+        the HDF5 writer holds at once, and the threads writing to an object
+        store. Default: as for :func:`daskstream.open`.
+    storage_options
+        fsspec options for a target URL (``s3://bucket/out.zarr``): endpoint
+        (``{"client_kwargs": {"endpoint_url": ...}}``), ``profile``, ``anon``,
+        credentials. Secrets among them are used by this process only, never
+        sent to workers: those use their own environment or profile.
     compressor
         The earlier name of ``codec``, still taken; give one or the other.
 
@@ -221,7 +230,10 @@ def store(
     if member is not None:
         member = checked_path(member, "dataset")
     identity = StoreIdentity.of(x)
-    if target_format(path) == "hdf5":
+    kind = target_format(path)
+    if storage_options is not None and kind != "zarr-url":
+        raise InvalidArgumentError(f"{path}: storage_options are for targets on object stores (URLs), not local paths")
+    if kind == "hdf5":
         if not member or not member.strip("/"):
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
         if inner_chunks is not None:
@@ -232,7 +244,11 @@ def store(
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
         member = (member or "").strip("/") or None
         inner = None if inner_chunks is None else tuple(int(c) for c in inner_chunks)
-        writer = ZarrTarget(path, member, codec, 2 if zarr_format == 2 else 3, Carried.of(x), inner)
+        version: Literal[2, 3] = 2 if zarr_format == 2 else 3
+        if kind == "zarr-url":
+            writer = ObjectZarrTarget(path, member, codec, version, Carried.of(x), inner, storage_options)
+        else:
+            writer = ZarrTarget(path, member, codec, version, Carried.of(x), inner)
     writer.check_sources([source for _, source, _ in read_layers(x)])
     # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
     finished = None if overwrite else writer.completed(x)
@@ -240,7 +256,7 @@ def store(
         # Measured only for an array still to be made: a resumed or finished store keeps the codec it has.
         creating = overwrite or (finished is None and writer.recorded() is None)
         target_kind = "hdf5" if isinstance(writer, Hdf5Target) else "zarr"
-        folder = os.path.dirname(os.path.abspath(path))
+        folder = None if kind == "zarr-url" else os.path.dirname(os.path.abspath(path))
         choice = choose_codec(x, target_kind, optimize=optimize, folder=folder) if creating else None
         writer.compressor = "default" if choice is None else choice.compressor(zarr_format)
     if resume and not overwrite:
@@ -263,11 +279,14 @@ def store(
         if record.folder is not None:
             shutil.rmtree(record.folder, ignore_errors=True)
 
-    return source_array(open_source(writer.path, dataset=writer.member), "auto", resolve_settings())
+    written = open_source(writer.path, dataset=writer.member, storage_options=storage_options)
+    return source_array(written, "auto", resolve_settings())
 
 
-def stored_bytes(target: str | os.PathLike[str], *, dataset: str | None = None) -> int:
-    """Bytes the array at ``target`` takes on disk: its chunk files (Zarr) or its dataset's storage (HDF5).
+def stored_bytes(
+    target: str | os.PathLike[str], *, dataset: str | None = None, storage_options: dict[str, Any] | None = None
+) -> int:
+    """Bytes the array at ``target`` takes on disk: its chunk files or objects (Zarr) or its dataset's storage (HDF5).
 
     Examples
     --------
@@ -278,9 +297,14 @@ def stored_bytes(target: str | os.PathLike[str], *, dataset: str | None = None) 
     True
     """
     path, member = split_dataset(checked_path(target, "target"), dataset)
-    if target_format(path) == "hdf5":
+    kind = target_format(path)
+    if kind == "hdf5":
         with import_h5py().File(path, "r") as f:
             return int(f[member or "/"].id.get_storage_size())
+    if kind == "zarr-url":
+        return ObjectZarrTarget(
+            path, (member or "").strip("/") or None, None, 3, None, None, storage_options
+        ).stored_bytes()
     return ZarrTarget(path, (member or "").strip("/") or None, None, 3).stored_bytes()
 
 

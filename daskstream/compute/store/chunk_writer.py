@@ -60,6 +60,12 @@ class ChunkWriter:
     index_checksum, index_at_start
         How the shard's index is stored: followed by a crc32c checksum, and
         before the chunks rather than after them.
+    place
+        For an array on an object store: its prefix there
+        (:class:`~daskstream.sources.objects.Place`, which travels without
+        its secrets). Each chunk is then one PUT of its whole object, which
+        object stores make atomic; ``array_dir`` and the metadata stamp are
+        unused (the target checks its metadata's version when it finishes).
     """
 
     array_dir: str
@@ -75,11 +81,15 @@ class ChunkWriter:
     inner_chunks: tuple[int, ...] | None = None
     index_checksum: bool = True
     index_at_start: bool = False
+    place: Any = None
+
+    def key(self, index: tuple[int, ...]) -> str:
+        """The chunk's key inside the array, as zarr names it (``"c/1/2"``, ``"1.2"``)."""
+        parts = [self.key_root] if self.key_root else []
+        return self.separator.join([*parts, *map(str, index)]) or "0"  # a 0-d array's one chunk
 
     def path(self, index: tuple[int, ...]) -> str:
-        parts = [self.key_root] if self.key_root else []
-        key = self.separator.join([*parts, *map(str, index)]) or "0"  # a 0-d array's one chunk
-        return os.path.join(self.array_dir, *key.split("/"))
+        return os.path.join(self.array_dir, *self.key(index).split("/"))
 
     def encode(self, block: np.ndarray) -> bytes | memoryview | None:
         """The chunk file's bytes for ``block`` (the chunk's part inside the array); ``None`` for a fill-value chunk."""
@@ -136,6 +146,13 @@ class ChunkWriter:
         MetadataChangedError
             The array's metadata is not the one the store began with.
         """
+        if self.place is not None:
+            encoded = self.encode(block)
+            if encoded is None:
+                self.place.delete([self.key(index)])  # a chunk of fill value is no object, as zarr leaves it
+            else:
+                self.place.put(self.key(index), encoded)
+            return
         if self.metadata_file:
             try:
                 now = _stamp(self.metadata_file)
@@ -202,8 +219,9 @@ def _all_fill(chunk: np.ndarray, fill_value: Any) -> bool:
     return bool((chunk == fill_value).all())
 
 
-def chunk_writer_for(array_dir: str, array: Any) -> ChunkWriter | None:
-    """The writer for the zarr ``array`` stored at ``array_dir``, or ``None`` where zarr must write it."""
+def chunk_writer_for(array_dir: str, array: Any, place: Any = None) -> ChunkWriter | None:
+    """The writer for the zarr ``array`` stored at ``array_dir`` (or at ``place`` on an object store),
+    or ``None`` where zarr must write it."""
     metadata = array.metadata
     shape = tuple(int(c) for c in (array.shards if array.shards is not None else array.chunks))
     fill = metadata.fill_value
@@ -230,18 +248,31 @@ def chunk_writer_for(array_dir: str, array: Any) -> ChunkWriter | None:
             root = "c" if type(encoding).__name__ == "DefaultChunkKeyEncoding" else ""
     except (AttributeError, TypeError, ValueError):
         return None  # metadata of a kind not foreseen here: zarr knows it
-    metadata_file = os.path.join(array_dir, ".zarray" if metadata.zarr_format == 2 else "zarr.json")
-    try:
-        stamp = _stamp(metadata_file)
-    except OSError:
-        return None
+    if place is not None:
+        metadata_file, stamp = "", ()
+    else:
+        metadata_file = os.path.join(array_dir, ".zarray" if metadata.zarr_format == 2 else "zarr.json")
+        try:
+            stamp = _stamp(metadata_file)
+        except OSError:
+            return None
     writer = ChunkWriter(
-        array_dir, root, separator, shape, dtype, fill, encoders, checksum, metadata_file, stamp, **sharding
+        array_dir,
+        root,
+        separator,
+        shape,
+        dtype,
+        fill,
+        encoders,
+        checksum,
+        metadata_file,
+        stamp,
+        **sharding,
+        place=place,
     )
     # The chunk keys must be zarr's own; one that differs (another encoding) leaves the writing to zarr.
     sample = tuple(range(1, len(shape) + 1))
-    expected = os.path.join(array_dir, *metadata.encode_chunk_key(sample).split("/"))
-    return writer if writer.path(sample) == expected else None
+    return writer if writer.key(sample) == metadata.encode_chunk_key(sample) else None
 
 
 def _shard_layout(metadata: Any) -> tuple[np.dtype, tuple[Any, ...], bool, dict[str, Any]] | None:

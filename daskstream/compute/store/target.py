@@ -96,16 +96,22 @@ HDF5_SUFFIXES = tuple(ext for ext, fmt in EXTENSIONS.items() if fmt == "hdf5")
 
 
 def target_format(path: str) -> str:
-    """``"hdf5"`` for an existing HDF5 file or an HDF5 file name, else ``"zarr"``; URLs are refused."""
+    """``"hdf5"`` for an existing HDF5 file or an HDF5 file name, ``"zarr-url"`` for a URL, else ``"zarr"``."""
     if not path.strip():
         raise InvalidArgumentError(
             "store needs a target: an empty path would write into the current folder; give a Zarr folder "
             "(out.zarr) or an HDF5 file and dataset (out.h5::/data)"
         )
-    if is_url(path) or path.startswith("file://"):
-        raise InvalidArgumentError(
-            f"{path}: store writes local Zarr directories and HDF5 files; write locally and copy, or give a local path"
-        )
+    if path.startswith("file://"):
+        raise InvalidArgumentError(f"{path}: give a local target as a path, without file://")
+    if is_url(path):
+        if path.lower().rstrip("/").endswith((*HDF5_SUFFIXES, ".zip")):
+            raise InvalidArgumentError(
+                f"{path}: store writes Zarr to object stores (each chunk one object, put whole); an HDF5 or zip "
+                "file is one object that cannot be written chunk by chunk there. Store to a .zarr URL, or to a "
+                "local file and copy it"
+            )
+        return "zarr-url"
     if os.path.lexists(path) and not os.path.isfile(path) and not os.path.isdir(path):
         if os.path.islink(path):
             raise TargetExistsError(

@@ -48,6 +48,7 @@ from daskstream.compute.store.target import (
     write_error,
 )
 from daskstream.errors import (
+    DaskstreamError,
     DaskstreamWarning,
     InvalidArgumentError,
     TargetDamagedError,
@@ -181,21 +182,28 @@ class ZarrTarget(Target):
                     self._check_identity(recorded, identity)
                 raise self._refuse_existing("a Zarr array")
             self._delete()
-        parts = self.member.split("/") if self.member else []
-        folders = [os.path.join(self.path, *parts[:depth]) for depth in range(len(parts) + 1)]
-        missing = [folder for folder in folders if not os.path.exists(folder)]
+        missing = self._missing_folders()
         self._record(identity)
         try:
             self._create(x)
         except (InvalidArgumentError, UnsupportedDtypeError):
-            # Nothing was written: leave no unfinished store behind for arguments that can never work,
-            # nor the folders made for it (only while empty: zarr may have put a group there).
-            shutil.rmtree(self.progress_dir, ignore_errors=True)
-            for folder in reversed(missing if self.array_dir in missing else [*missing, self.array_dir]):
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)
+            # Nothing was written: leave no unfinished store behind for arguments that can never work.
+            self._undo_record(missing)
             raise
         return set()
+
+    def _missing_folders(self) -> list[str]:
+        parts = self.member.split("/") if self.member else []
+        folders = [os.path.join(self.path, *parts[:depth]) for depth in range(len(parts) + 1)]
+        return [folder for folder in folders if not os.path.exists(folder)]
+
+    def _undo_record(self, missing: list[str]) -> None:
+        """Remove the progress record, and the folders made for it (only while empty: zarr may have put a
+        group there)."""
+        shutil.rmtree(self.progress_dir, ignore_errors=True)
+        for folder in reversed(missing if self.array_dir in missing else [*missing, self.array_dir]):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
     def _check_parents(self) -> None:
         """Refuse a member inside an array: only groups hold other nodes, and nothing may be written there."""
@@ -256,11 +264,17 @@ class ZarrTarget(Target):
     def _recorded_identity(self) -> StoreIdentity | None:
         return self._read_record(IDENTITY_FILE)
 
-    def _read_record(self, filename: str) -> StoreIdentity | None:
+    def _record_bytes(self, filename: str) -> bytes | None:
+        """The bytes of a progress record's file (at most one more than a record may have), ``None`` if absent."""
         try:
             with open_regular(os.path.join(self.progress_dir, filename)) as f:
-                text = f.read(MAX_RECORD_BYTES + 1)
+                return f.read(MAX_RECORD_BYTES + 1)
         except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def _read_record(self, filename: str) -> StoreIdentity | None:
+        text = self._record_bytes(filename)
+        if text is None:
             return None
         if len(text) > MAX_RECORD_BYTES:
             raise TargetMismatchError(
@@ -414,13 +428,12 @@ class ZarrTarget(Target):
         return {index for index in found if index is not None}
 
     def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
-
         writes = da.map_blocks(
             _write_zarr_block,
             x,
-            self.path,
+            self._task_store(),
             self.member,
-            self.done_dir,
+            self._task_done_dir(),
             self.name,
             self._chunk_writer(),
             chunks=tuple((1,) * n for n in x.numblocks),
@@ -431,36 +444,58 @@ class ZarrTarget(Target):
         # One optimized graph for all blocks, then only the pending ones: read and write fuse into one task.
         delayed = writes.to_delayed(optimize_graph=True)
         tasks = [delayed[index] for index in pending]
+        by_key = {task.key: index for task, index in zip(tasks, pending)}
         done = total - len(pending)
-        client = active_client()
-        if client is not None:
-            from distributed import as_completed
 
-            futures = client.compute(tasks)
-            try:
-                for future in as_completed(futures):
-                    future.result()
-                    done += 1
-                    if report:
-                        report(done, total)
-            except BaseException:
-                client.cancel(futures)
-                raise
-            return
-        if report is None:
-            dask.compute(*tasks)
-            return
-
-        keys = {t.key for t in tasks}
-
-        def count(key: Any, *_: Any) -> None:
+        def finished(index: tuple[int, ...]) -> None:
             nonlocal done
-            if key in keys:
-                done += 1
+            done += 1
+            self._block_written(index)
+            if report:
                 report(done, total)
 
-        with Callback(posttask=count):
-            dask.compute(*tasks)
+        try:
+            client = active_client()
+            if client is not None:
+                from distributed import as_completed
+
+                futures = client.compute(tasks)
+                at = {future.key: index for future, index in zip(futures, pending)}
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                        finished(at[future.key])
+                except BaseException:
+                    client.cancel(futures)
+                    raise
+                return
+
+            def count(key: Any, *_: Any) -> None:
+                if key in by_key:
+                    finished(by_key[key])
+
+            with Callback(posttask=count):
+                dask.compute(*tasks, **self._compute_options(x))
+        finally:
+            # Blocks written before a failure or an interruption stay recorded: a resumed store skips them.
+            self._flush_written()
+
+    # Where a task finds the store and records its block; an object store's target records blocks itself.
+    def _task_store(self) -> Any:
+        return self.path
+
+    def _task_done_dir(self) -> str | None:
+        return self.done_dir
+
+    def _block_written(self, index: tuple[int, ...]) -> None:
+        """A block's task finished (its chunk and its marker are in place)."""
+
+    def _flush_written(self) -> None:
+        """Record the blocks written and not yet recorded (the tasks' own markers did, here)."""
+
+    def _compute_options(self, x: da.Array) -> dict[str, Any]:
+        """Keywords for ``dask.compute`` of the block tasks: none for a local store."""
+        return {}
 
     def _chunk_writer(self) -> ChunkWriter | None:
         """The writer that encodes chunks in the tasks, when this array's codecs allow (else zarr writes)."""
@@ -508,31 +543,42 @@ def zarr_node_kind(folder: str) -> str | None:
 
 def _write_zarr_block(
     block: np.ndarray,
-    store_path: str,
+    store_at: Any,
     member: str | None,
-    done_dir: str,
+    done_dir: str | None,
     target_name: str,
     writer: ChunkWriter | None,
     block_info: dict | None = None,
 ) -> np.ndarray:
-    """Write one block into its chunk and mark it done; runs inside a task, in any process."""
+    """Write one block into its chunk and mark it done; runs inside a task, in any process.
+
+    ``store_at``: the local store's path, or the :class:`Place` of a store on an
+    object store (whose blocks the calling process records: ``done_dir`` is ``None``).
+    """
     import zarr
 
     info = block_info[0]  # type: ignore[index]
     region = tuple(slice(start, stop) for start, stop in info["array-location"])
     name = block_name(tuple(info["chunk-location"]))
-    marker = os.path.join(done_dir, name)
     try:
         if writer is not None:
             # A block is one chunk: encoded here, in this task's thread, and put in place whole.
             writer.write(tuple(info["chunk-location"]), block)
         else:
-            # Opened by path here, in whichever process runs the task: no handle travels in the graph.
-            array = zarr.open_array(store=zarr.storage.LocalStore(store_path), path=member or "", mode="r+")
-            array[region] = block
-        # Only after the chunk is in place: an empty file appears whole or not at all.
-        with open(marker, "wb"):
-            pass
+            # Opened here, in whichever process runs the task: no handle travels in the graph.
+            if isinstance(store_at, str):
+                zarr_store = zarr.storage.LocalStore(store_at)
+            else:
+                zarr_store = zarr.storage.FsspecStore.from_url(store_at.url, storage_options=store_at.storage_options)
+            array = zarr.open_array(store=zarr_store, path=member or "", mode="r+")
+            with store_at.errors("write") if not isinstance(store_at, str) else contextlib.nullcontext():
+                array[region] = block
+        if done_dir is not None:
+            # Only after the chunk is in place: an empty file appears whole or not at all.
+            with open(os.path.join(done_dir, name), "wb"):
+                pass
+    except DaskstreamError:
+        raise  # already says what failed (an object store refusing the write, say)
     except ZARR_NODE_ERRORS as exc:
         if writer is not None and not isinstance(exc, MetadataChangedError):
             raise  # the chunk writer reads no metadata: anything else is not the target's doing
