@@ -334,6 +334,13 @@ class ZarrSource(Source):
         )
 
     def _read_box(self, box: Region) -> np.ndarray:
+        if self.place is None:
+            return self._read_box_from(box)
+        # A worker opening the array reaches the store for the first time: its failures are one line too.
+        with self.place.errors("read"):
+            return self._read_box_from(box)
+
+    def _read_box_from(self, box: Region) -> np.ndarray:
         reader = self._chunk_reader()
         if reader:
             out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)

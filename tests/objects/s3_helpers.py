@@ -19,12 +19,18 @@ class S3:
         self.endpoint = endpoint
         # No credentials here: they come from the environment, as on a worker.
         self.options = {"client_kwargs": {"endpoint_url": endpoint}}
+        self._fs = None
 
     @property
     def fs(self):
+        """An s3fs filesystem for the server, its listings not cached (one for all: a filesystem let go closes
+        its connections only when collected, which aiohttp warns of)."""
         import s3fs
 
-        return s3fs.S3FileSystem(skip_instance_cache=True, **self.options)
+        if self._fs is None:
+            self._fs = s3fs.S3FileSystem(**self.options)
+        self._fs.invalidate_cache()
+        return self._fs
 
     def bucket(self) -> str:
         """A new, empty bucket; its name."""

@@ -93,7 +93,7 @@ def test_missing_credentials_say_where_to_put_them(s3, stored, monkeypatch):
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     with pytest.raises(ObjectStoreCredentialsError, match=r"AWS_ACCESS_KEY_ID.*storage_options / --storage-option"):
         # Options of their own: this process's filesystem for the usual ones holds the earlier credentials.
-        ds.open(f"s3://{stored}/a.zarr", storage_options={**s3.options, "skip_instance_cache": True})
+        ds.open(f"s3://{stored}/a.zarr", storage_options={**s3.options, "config_kwargs": {"user_agent_extra": "none"}})
 
 
 def test_a_url_with_nothing_there_is_not_found(s3, stored):
