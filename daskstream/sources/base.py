@@ -8,6 +8,7 @@ would otherwise be imported from each other in circles.)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -39,6 +40,7 @@ from daskstream.planning.budget import format_size
 from daskstream.planning.chunks import plan_chunks
 from daskstream.planning.plan import ChunkPlan
 from daskstream.planning.settings import PlanSettings
+from daskstream.sources.objects import is_url
 from daskstream.sources.reads import record_read
 
 Region = tuple[slice, ...]
@@ -233,6 +235,8 @@ class Source(ABC):
                 f"{self.name}: Source.plan takes resolved PlanSettings; "
                 f"plan with daskstream.plan(source, {keywords}) instead"
             )
+        if is_url(self.path) and settings.object_store_task_bytes > settings.target_chunk_bytes:
+            settings = dataclasses.replace(settings, target_chunk_bytes=settings.object_store_task_bytes)
         return plan_chunks(
             self.shape,
             self.dtype,

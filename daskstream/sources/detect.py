@@ -1,22 +1,31 @@
-"""Which reader a path needs: magic bytes first, the file extension as a fallback."""
+"""Which reader a path needs: magic bytes first, the file extension as a fallback.
+
+A URL is told the same way, from the object's first bytes (one ranged GET,
+whose bytes the reader then starts from); no object there means a prefix,
+which is a Zarr store.
+"""
 
 from __future__ import annotations
 
 import os
 import zipfile
+from typing import Any
 
 from daskstream.errors import (
     CorruptSourceError,
     InvalidArgumentError,
     NotAZarrStoreError,
+    SourceNotFoundError,
     SourcePermissionError,
     UnknownFormatError,
 )
 from daskstream.files import open_regular
 from daskstream.sources.base import file_stamp
+from daskstream.sources.contiguous import HEAD_BYTES
 from daskstream.sources.hdf5 import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
-from daskstream.sources.zarr_ import ZARR_METADATA_FILES, is_url, local_path
+from daskstream.sources.objects import Got, Place, is_url
+from daskstream.sources.zarr_ import ZARR_METADATA_FILES, local_path
 
 ZIP_MAGIC = b"PK\x03\x04"
 EXTENSIONS = {
@@ -32,6 +41,8 @@ EXTENSIONS = {
 }
 # HDF5 allows a user block before the superblock: the signature may sit at 0, 512, 1024, 2048...
 _HDF5_SIGNATURE_OFFSETS = (0, *(512 * 2**k for k in range(20)))
+# Object stores whose URLs name a bucket (or container) first: a URL of the bucket alone is a prefix.
+_BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
 
 
 def split_dataset(path: str, dataset: str | None) -> tuple[str, str | None]:
@@ -52,8 +63,11 @@ def split_dataset(path: str, dataset: str | None) -> tuple[str, str | None]:
     return path, dataset
 
 
-def guess_format(path: str) -> str:
+def guess_format(path: str, storage_options: dict[str, Any] | None = None) -> str:
     """``"npy"``, ``"hdf5"`` or ``"zarr"`` for a local path or URL.
+
+    A URL's object is read for its first bytes (see :func:`probe_url`), with
+    ``storage_options`` for fsspec.
 
     Raises
     ------
@@ -67,7 +81,7 @@ def guess_format(path: str) -> str:
         For anything else.
     """
     if is_url(path):
-        return "zarr"
+        return probe_url(path, storage_options)[0]
     path = local_path(path)
     size = file_stamp(path)[0]
     if os.path.isdir(path):
@@ -112,3 +126,69 @@ def _zip_holds_zarr(path: str) -> bool:
             return any(os.path.basename(n) in ZARR_METADATA_FILES for n in z.namelist())
     except zipfile.BadZipFile:
         return False
+
+
+def probe_url(url: str, storage_options: dict[str, Any] | None = None) -> tuple[str, Got | None]:
+    """The format at ``url`` and the first bytes fetched of its object (``None`` for a prefix).
+
+    One ranged GET of the object's first bytes, after checking the store can
+    be reached; an HDF5 file with a user block larger than those bytes takes
+    one more round of 8-byte ranged GETs, at the offsets HDF5 looks at. No
+    object at the URL: a prefix, read as a Zarr store (unless its name ends
+    like a .npy or HDF5 file's). An object whose bytes no reader recognises
+    is a Zarr store only when Zarr metadata lies below it.
+
+    Raises
+    ------
+    ObjectStoreUnreachableError, ObjectStoreCredentialsError, SourceNotFoundError, SourcePermissionError
+        When the store, its credentials or its bucket do not let it be read,
+        or nothing is at a URL named like a .npy or HDF5 file.
+    UnknownFormatError
+        For a zip file (read only from local disk) and for unrecognised bytes.
+    CorruptSourceError
+        For an empty object, or one whose name claims a format its bytes do not match.
+    """
+    place = Place(url, storage_options)
+    place.check_reachable()
+    if url.endswith("/") or (place.protocol in _BUCKET_PROTOCOLS and "/" not in place.root.strip("/")):
+        return "zarr", None  # a bucket or a folder: no object to look at
+    head = place.get_head("", HEAD_BYTES)
+    name = url.rsplit("/", 1)[-1]
+    ext = os.path.splitext(name)[1].lower()
+    if head.data is None:
+        if EXTENSIONS.get(ext, "zarr") != "zarr":
+            raise SourceNotFoundError(f"{url}: no such object; check the URL")
+        return "zarr", None
+    data = head.data
+    if data.startswith(NPY_MAGIC):
+        return "npy", head
+    if any(data[o : o + 8] == HDF5_MAGIC for o in _HDF5_SIGNATURE_OFFSETS) or _hdf5_after(place, head):
+        return "hdf5", head
+    if data.startswith(ZIP_MAGIC):
+        raise UnknownFormatError(
+            f"{url}: a zip file; daskstream reads zipped Zarr stores from local disk only. Copy it to a local "
+            "path and open that, or unzip it into a prefix of the bucket and open the prefix"
+        )
+    if any(got.data is not None for got in place.get_many(list(ZARR_METADATA_FILES))):
+        return "zarr", None  # an object in the place of a store's prefix (a folder marker, an index page)
+    if not data:
+        raise CorruptSourceError(f"{url}: the object is empty; upload it again")
+    if ext in EXTENSIONS:
+        raise CorruptSourceError(
+            f"{url}: named like a {EXTENSIONS[ext]} file but its bytes are not one (no {EXTENSIONS[ext]} "
+            "signature); the object is damaged or mis-named"
+        )
+    raise UnknownFormatError(
+        f"{url}: not a .npy, HDF5 or Zarr object (unrecognised first bytes {data[:8]!r}); "
+        "daskstream reads .npy files, HDF5 files and Zarr stores"
+    )
+
+
+def _hdf5_after(place: Place, head: Got) -> bool:
+    """Whether the HDF5 signature sits past the first bytes fetched, behind a user block larger than them."""
+    assert head.data is not None
+    size = head.size if head.size is not None else len(head.data)
+    offsets = [o for o in _HDF5_SIGNATURE_OFFSETS if o >= len(head.data) and o + 8 <= size]
+    if not offsets or len(head.data) < HEAD_BYTES:
+        return False
+    return any(got.data == HDF5_MAGIC for got in place.get_ranges("", [(o, o + 8) for o in offsets]))

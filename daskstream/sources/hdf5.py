@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import json
 import os
+import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,13 +16,14 @@ import numpy as np
 from daskstream.dependencies import installed_version, optional_import
 from daskstream.errors import (
     CorruptSourceError,
+    DaskstreamError,
     MemberNotFoundError,
     MissingDependencyError,
     NotAnArrayError,
     UnsupportedDtypeError,
 )
 from daskstream.sources.base import Region, Source, checked_element, file_stamp, listing, native, now_ns
-from daskstream.sources.contiguous import read_contiguous_box
+from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, ObjectFile, read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
 from daskstream.sources.linked import (
@@ -27,8 +32,10 @@ from daskstream.sources.linked import (
     check_linked_files,
     external_prefix,
     linked_files,
+    refuse_links_out_of_object,
 )
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, hdf5_scales
+from daskstream.sources.objects import Got, Place, is_url, public_options
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
@@ -105,16 +112,63 @@ def import_h5py() -> Any:
     return h5py
 
 
+class _ObjectHdf5:
+    """An HDF5 file on an object store, open in this process: h5py reading through an :class:`ObjectFile`."""
+
+    def __init__(self, data: ObjectBytes, head: bytes) -> None:
+        self.raw = ObjectFile(data, head)
+        try:
+            self.h5 = import_h5py().File(self.raw, "r")
+        except OSError:
+            failure = self.take_failure()  # the object changed or vanished: say that, not what HDF5 made of it
+            if failure is not None:
+                raise failure from None
+            raise
+        _open_object_files.add(self)
+
+    def take_failure(self) -> BaseException | None:
+        """The error a read through the file raised inside h5py, once (h5py may report it as its own)."""
+        failure, self.raw.failure = self.raw.failure, None
+        return failure
+
+    def close(self) -> None:
+        # h5py's file first: it may still write back to (flush through) the object file.
+        self.h5.close()
+        self.raw.close()
+
+
+# h5py crashes the interpreter at exit when a file opened on a Python file object is still open
+# then (its driver calls back into objects already torn down): they are closed first.
+_open_object_files: weakref.WeakSet[_ObjectHdf5] = weakref.WeakSet()
+
+
+def _close_object_files() -> None:
+    for opened in list(_open_object_files):
+        with contextlib.suppress(Exception):  # closing at exit: nothing is left to report it to
+            opened.close()
+
+
+atexit.register(_close_object_files)
+# A forked child must not close its parent's files at its own exit.
+os.register_at_fork(after_in_child=_open_object_files.clear)
+
+
 class Hdf5Source(Source):
     """One dataset of an HDF5 file: chunked, contiguous or compact.
 
     Parameters
     ----------
     path
-        The HDF5 file.
+        The HDF5 file, or an fsspec URL of one (``s3://bucket/scan.h5``).
     dataset
         Path of the dataset inside the file; may be omitted when the file holds
         exactly one.
+    storage_options
+        fsspec options for a URL (endpoint, credentials...). Secrets among
+        them stay in this process: see :mod:`daskstream.sources.objects`.
+    head
+        The object's first bytes as :func:`daskstream.sources.detect.probe_url`
+        fetched them, which saves opening a URL one request.
 
     Notes
     -----
@@ -125,14 +179,38 @@ class Hdf5Source(Source):
     without h5py's global lock; so are chunked ones whose filters are among
     deflate, shuffle, Fletcher-32, zstd and blosc, decoded in parallel (see
     :mod:`daskstream.sources.hdf5_chunks`).
+
+    On an object store (``path`` an fsspec URL), the file is opened with
+    h5py reading through an :class:`~daskstream.sources.contiguous.ObjectFile`:
+    its metadata costs a few ranged GETs of 256 KiB blocks, the first bytes
+    already fetched to tell the format among them. Chunks decoded here are
+    fetched directly, all those of a box at once by concurrent ranged GETs,
+    and so are contiguous datasets; anything else is read through h5py. Every
+    response's version (ETag) is compared with the one seen at open, and the
+    token holds it. A dataset whose data another file holds (external links,
+    external storage, virtual datasets) is refused: those name local paths.
     """
 
     format = "hdf5"
     dataset: str  # found in the file even when not given: every HDF5 dataset has a path
+    linked_files: tuple[LinkedFile, ...]
+    external_prefix: str | None
 
-    def __init__(self, path: str | os.PathLike[str], dataset: str | None = None) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dataset: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        head: Got | None = None,
+    ) -> None:
         self.opened_ns = now_ns()
+        self.object: ObjectBytes | None = None
+        self._head = b""
+        if is_url(os.fspath(path)):
+            self._open_object(os.fspath(path), dataset, storage_options, head)
+            return
+        self.path = os.path.abspath(os.fspath(path))
         own_stamp = file_stamp(self.path)
         h5py = import_h5py()
         try:
@@ -156,8 +234,73 @@ class Hdf5Source(Source):
             )
         check_linked_files(self.name, self.path, self.linked_files)
         self.external_prefix = external_prefix(self.linked_files)
-        self.stamp = self.current_stamp() if self.linked_files else own_stamp
+        self.stamp = self._file_stamps() if self.linked_files else own_stamp
         self.token = source_token(self.format, self.path, *self.stamp, dataset=self.dataset)
+
+    def _open_object(
+        self, url: str, dataset: str | None, storage_options: dict[str, Any] | None, head: Got | None
+    ) -> None:
+        self.path = url
+        self.object, self._head = ObjectBytes.open(Place(url, storage_options), url, head)
+        h5py = import_h5py()
+        try:
+            f = self._object_file().h5
+        except OSError as exc:
+            if isinstance(exc, DaskstreamError):
+                raise
+            raise CorruptSourceError(
+                f"{url}: HDF5 could not open the object ({_first_line(exc)}); it may be truncated or "
+                "damaged: re-create or re-copy it"
+            ) from None
+        with self._h5py_failures("read the file's metadata"):
+            # HDF5 would open the files such links name from this machine's disk.
+            refuse_links_out_of_object(f, f"{url}::{dataset}" if dataset else url, dataset, None, h5py)
+            dset = _find_dataset(f, url, dataset, h5py)
+            self.dataset = dset.name
+            refuse_links_out_of_object(f, self.name, dataset, dset, h5py)
+            self._describe(dset, h5py, in_this_file=True)
+        self.linked_files = ()
+        self.external_prefix = None
+        # No stamp to check per read: every ranged GET's version is compared with the one seen now.
+        self.token = source_token(self.format, url, self.object.size, self.object.version, dataset=self.dataset)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The first bytes are not sent with every task: a process that opens the file fetches its own.
+        return {**self.__dict__, "_head": b""}
+
+    def _object_file(self) -> _ObjectHdf5:
+        """This process's h5py file over the object, opened once per version of it."""
+        data = self.object
+        assert data is not None  # only for sources on an object store
+        # The same URL on another endpoint is another object: the options (without secrets) are part of the key.
+        reached = json.dumps(public_options(data.place.storage_options), sort_keys=True, default=repr)
+        key = ("hdf5-object", self.path, reached, data.size, data.version)
+        return cached_handle(key, lambda: _ObjectHdf5(data, self._head))
+
+    @contextlib.contextmanager
+    def _h5py_failures(self, doing: str) -> Iterator[None]:
+        """Errors of the object's reads (changed, removed...) as themselves, and HDF5's own as damage."""
+        try:
+            yield
+        except OSError as exc:
+            if isinstance(exc, DaskstreamError):
+                raise
+            failure = self._read_failure(exc)
+            if failure is not None:
+                raise failure from None
+            raise CorruptSourceError(
+                f"{self.path}: HDF5 could not {doing} "
+                f"({_first_line(exc)}); it may be truncated or damaged: re-create or re-copy it"
+            ) from None
+
+    def _read_failure(self, exc: OSError) -> BaseException | None:
+        """What a read of the object raised inside h5py, when that is why h5py failed with ``exc``."""
+        if self.object is None or isinstance(exc, DaskstreamError):
+            return None
+        try:
+            return self._object_file().take_failure()
+        except OSError:  # the file did not open in this process: nothing was read through it
+            return None
 
     def _describe(self, dset: Any, h5py: Any, in_this_file: bool) -> None:
         if dset.shape is None:
@@ -230,6 +373,8 @@ class Hdf5Source(Source):
 
     def _dataset(self) -> Any:
         h5py = import_h5py()
+        if self.object is not None:
+            return self._object_file().h5[self.dataset]
 
         def open_file() -> Any:
             return h5py.File(self.path, "r")
@@ -251,25 +396,35 @@ class Hdf5Source(Source):
             try:
                 index = ChunkIndex.of(self._dataset(), chunks)
             except OSError as exc:
+                failure = self._read_failure(exc)
+                if failure is not None:
+                    raise failure from None
                 raise CorruptSourceError(
                     f"{self.name}: HDF5 could not list the dataset's chunks ({_first_line(exc)}); the file may be "
                     "damaged: re-create or re-copy it"
                 ) from None
             decoder = ChunkDecoder(self.pipeline, self.file_dtype, chunks)
-            return ChunkedReader(self.path, self.name, index, decoder, self.fill_value, token=self.token)
+            data = self.object if self.object is not None else FileBytes(self.path, self.name)
+            return ChunkedReader(data, self.name, index, decoder, self.fill_value, token=self.token)
 
         return cached_handle(("hdf5-chunks", self.path, self.token, self.dataset), build)
 
-    def current_stamp(self) -> tuple[Any, ...]:
+    def current_stamp(self) -> tuple[Any, ...] | None:
         """The file's stamp, and those of the files its data comes from (external storage, links, virtual sources)."""
+        if self.object is not None:
+            return None  # every ranged GET checks the object's version instead
+        return self._file_stamps()
+
+    def _file_stamps(self) -> tuple[Any, ...]:
         stamps: list[Any] = list(file_stamp(self.path))
         for linked in self.linked_files:
             stamps.extend((linked.path, *file_stamp(linked.path)))
         return tuple(stamps)
 
     def _read_box(self, box: Region) -> np.ndarray:
+        where = self.object if self.object is not None else self.path
         if self.raw_offset is not None:
-            return read_contiguous_box(self.path, self.raw_offset, self.file_dtype, self.shape, False, box)
+            return read_contiguous_box(where, self.raw_offset, self.file_dtype, self.shape, False, box)
         out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
         if self.raw_chunks:
             self._chunk_reader().read_box(box, out)
@@ -285,6 +440,9 @@ class Hdf5Source(Source):
             else:
                 dset.read_direct(out, source_sel=box)
         except OSError as exc:
+            failure = self._read_failure(exc)
+            if failure is not None:
+                raise failure from None
             missing = _missing_filter(self.name, self.pipeline, self.filters, import_h5py())
             if missing is not None:
                 raise missing from None
@@ -296,9 +454,12 @@ class Hdf5Source(Source):
 
     @property
     def decode_bytes(self) -> int:
-        """A filtered chunk is held as stored, decoded and (shuffle) reordered while it is read."""
+        """A filtered chunk is held as stored, decoded and (shuffle) reordered while it is read.
+
+        Contiguous data on an object store holds the parts in flight while they are copied into the block.
+        """
         if self.storage_chunks is None:
-            return 0
+            return 0 if self.object is None else min(READ_BATCH_BYTES, self.nbytes)
         return (3 if self.pipeline else 1) * self.storage_chunk_bytes()
 
     def plan(

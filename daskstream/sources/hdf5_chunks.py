@@ -3,10 +3,12 @@
 h5py serialises every call on one lock, decompression included, so threads
 reading a gzip dataset through it take turns. Here h5py is asked once per
 process for where each chunk lies (its byte offset, size and filter mask);
-after that a task reads its chunks' raw bytes with ``os.preadv`` and undoes
-the filters itself: libdeflate (or zlib) for deflate, numpy for shuffle,
-numcodecs for the Fletcher-32 checksum, zstd and blosc. All of these release
-the GIL, so two threads decode two chunks at once.
+after that a task reads its chunks' raw bytes with ``os.preadv`` (or, for a
+file on an object store, fetches all the chunks of its box at once with
+concurrent ranged GETs) and undoes the filters itself: libdeflate (or zlib)
+for deflate, numpy for shuffle, numcodecs for the Fletcher-32 checksum, zstd
+and blosc. All of these release the GIL, so two threads decode two chunks at
+once.
 
 Only pipelines made of those filters take this path; any other filter
 (szip, n-bit, scale-offset, LZF, LZ4...) and datasets outside the file
@@ -15,7 +17,6 @@ Only pipelines made of those filters take this path; any other filter
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, zlib_decode, zstd_decode
 from daskstream.sources.chunk_cache import keep, kept, on_surface
-from daskstream.sources.contiguous import pread_into
+from daskstream.sources.contiguous import FileBytes, ObjectBytes
 
 # HDF5's filter identifiers: the library's own, and the registered plugin ids.
 DEFLATE, SHUFFLE, FLETCHER32 = 1, 2, 3
@@ -132,8 +133,12 @@ class ChunkedReader:
 
     Parameters
     ----------
-    path
-        The HDF5 file.
+    data
+        The file's bytes: a local file (:class:`~daskstream.sources.contiguous.FileBytes`,
+        one ``preadv`` per chunk as it is decoded) or an object
+        (:class:`~daskstream.sources.contiguous.ObjectBytes`: every chunk a box
+        needs fetched at once, by concurrent ranged GETs, chunks next to each
+        other in the file in one).
     name
         ``path::dataset``, for error messages.
     index
@@ -148,42 +153,69 @@ class ChunkedReader:
     """
 
     def __init__(
-        self, path: str, name: str, index: ChunkIndex, decoder: ChunkDecoder, fill_value: Any, token: str = ""
+        self,
+        data: FileBytes | ObjectBytes,
+        name: str,
+        index: ChunkIndex,
+        decoder: ChunkDecoder,
+        fill_value: Any,
+        token: str = "",
     ) -> None:
+        self.data = data
         self.name = name
         self.token = token
         self.index = index
         self.decoder = decoder
         self.fill_value = fill_value
-        self._fd: int | None = os.open(path, os.O_RDONLY)
 
     def close(self) -> None:
         """Close the file (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def _open_fd(self) -> int:
-        # forget_handles may close a reader that a task still holds: say so, not os.preadv's TypeError on None.
-        if self._fd is None:
-            raise ValueError(f"the reader of {self.name} is closed")
-        return self._fd
+        self.data.close()
 
     def read_box(self, box: Region, out: np.ndarray) -> None:
         """Fill ``out`` (native byte order, the box's shape) with ``box`` of the dataset."""
         shape = self.decoder.chunk_shape
         first = tuple(s.start // c for s, c in zip(box, shape))
         last = tuple((s.stop - 1) // c for s, c in zip(box, shape))
-        for grid, inside, target in storage_pieces(box, shape):
+        pieces = list(storage_pieces(box, shape))
+        fetched = self._fetch_all(pieces, first, last) if self.data.concurrent else {}
+        for grid, inside, target in pieces:
             stored = self.index.chunks.get(grid)
             if stored is None:
                 out[target] = self.fill_value
                 continue
             destination = out[target]
+            raw = fetched.get(grid)
             if self._reads_straight_into(destination, stored):
-                self._read_raw_into(grid, stored, destination)
+                if raw is None:
+                    self._read_raw_into(grid, stored, destination)
+                else:
+                    destination.reshape(-1).view(np.uint8)[...] = np.frombuffer(raw, dtype=np.uint8)
                 continue
-            destination[...] = self._chunk(grid, stored, keep_it=on_surface(grid, first, last))[inside]
+            destination[...] = self._chunk(grid, stored, on_surface(grid, first, last), raw)[inside]
+
+    def _fetch_all(
+        self, pieces: list[tuple[tuple[int, ...], Region, Region]], first: tuple[int, ...], last: tuple[int, ...]
+    ) -> dict[tuple[int, ...], Any]:
+        """The stored bytes of every chunk of the box not already kept decoded, fetched together.
+
+        On an object store each request waits a round trip: asked for one
+        after another, a box of many chunks would wait for each in turn.
+        """
+        wanted: dict[tuple[int, ...], StoredChunk] = {}
+        for grid, _, _ in pieces:
+            stored = self.index.chunks.get(grid)
+            if stored is None or (on_surface(grid, first, last) and kept(self._kept_key(stored)) is not None):
+                continue
+            wanted[grid] = stored
+        runs = [(s.byte_offset, s.byte_offset + s.size) for s in wanted.values()]
+        try:
+            return dict(zip(wanted, self.data.read_runs(runs)))
+        except EOFError as exc:
+            raise CorruptSourceError(
+                f"{self.name}: a chunk lies beyond the end of the object ({exc}); the file is damaged or was cut "
+                "short: re-create or re-copy it"
+            ) from None
 
     def _reads_straight_into(self, destination: np.ndarray, stored: StoredChunk) -> bool:
         """Whether the chunk's stored bytes are exactly ``destination``'s: no filter applied, whole, same layout."""
@@ -198,29 +230,37 @@ class ChunkedReader:
 
     def _read_raw_into(self, grid: tuple[int, ...], stored: StoredChunk, destination: np.ndarray) -> None:
         # One copy fewer: the file's bytes land in the task's output.
-        fd = self._open_fd()
         try:
             # .data is the array's memoryview (numpy's stubs give ndarray the buffer protocol on 3.12+ only).
-            pread_into(fd, destination.reshape(-1).view(np.uint8).data, stored.byte_offset)
+            self.data.read_into(destination.reshape(-1).view(np.uint8).data, stored.byte_offset)
         except (OSError, EOFError) as exc:
+            if isinstance(exc, DaskstreamError):
+                raise
             raise self._damaged(grid, stored, exc) from None
 
-    def _chunk(self, grid: tuple[int, ...], stored: StoredChunk, keep_it: bool = False) -> np.ndarray:
+    def _kept_key(self, stored: StoredChunk) -> tuple[Any, ...]:
+        return (self.token, self.name, stored.byte_offset, stored.size)
+
+    def _chunk(self, grid: tuple[int, ...], stored: StoredChunk, keep_it: bool = False, raw: Any = None) -> np.ndarray:
         # While a kernel reads haloed regions, a chunk shared with the next block is decoded once.
         if not keep_it:
-            return self._decoded(grid, stored)
-        kept_key = (self.token, self.name, stored.byte_offset, stored.size)
+            return self._decoded(grid, stored, raw)
+        kept_key = self._kept_key(stored)
         chunk = kept(kept_key)
         if chunk is None:
-            chunk = self._decoded(grid, stored)
+            chunk = self._decoded(grid, stored, raw)
             keep(kept_key, chunk)
         return chunk
 
-    def _decoded(self, grid: tuple[int, ...], stored: StoredChunk) -> np.ndarray:
-        raw = bytearray(stored.size)
-        fd = self._open_fd()
+    def _decoded(self, grid: tuple[int, ...], stored: StoredChunk, raw: Any = None) -> np.ndarray:
+        if raw is None:
+            try:
+                raw = self.data.read_runs([(stored.byte_offset, stored.byte_offset + stored.size)])[0]
+            except (OSError, EOFError) as exc:
+                if isinstance(exc, DaskstreamError):
+                    raise
+                raise self._damaged(grid, stored, exc) from None
         try:
-            pread_into(fd, memoryview(raw), stored.byte_offset)
             return self.decoder.decode(raw, stored.filter_mask)
         except DaskstreamError:
             raise

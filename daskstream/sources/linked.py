@@ -11,7 +11,8 @@ Here every such file is found before anything is read. Each must exist, be a
 regular file, and lie inside the opened file's folder unless
 ``daskstream.sources.allow-outside-files`` is set; the source then stamps them
 all, so a change to any of them after opening is caught like a change to the
-file itself.
+file itself. A file on an object store may point nowhere else: the names it
+holds are paths on some disk, not objects (:func:`refuse_links_out_of_object`).
 """
 
 from __future__ import annotations
@@ -218,3 +219,62 @@ def _resolve_virtual(declared: str, vds_file: str) -> list[str]:
 def _env_prefixes(variable: str) -> list[str]:
     value = os.environ.get(variable, "")
     return [os.path.abspath(p) for p in value.split(os.pathsep) if p and "${ORIGIN}" not in p]
+
+
+def refuse_links_out_of_object(f: Any, name: str, dataset: str | None, dset: Any, h5py: Any) -> None:
+    """Refuse a dataset of a file on an object store whose data another file holds.
+
+    External links, external raw storage and virtual datasets name files by
+    path: on an object store HDF5 would look for them on this machine's disk.
+    External links on the way to ``dataset`` are checked before h5py follows
+    them (pass ``dset=None``); the dataset's own storage once it is found.
+
+    Raises
+    ------
+    OutsideFileError
+        Naming the file the data would come from.
+    """
+    if dset is None:
+        link = _external_link_on_the_way(f, dataset or "", h5py, hops=0)
+        if link is not None:
+            _refuse(name, "an external link", link)
+        return
+    create = dset.id.get_create_plist()
+    if create.get_external_count():
+        _refuse(name, "external raw storage", create.get_external(0)[0].decode(errors="surrogateescape"))
+    if create.get_layout() == h5py.h5d.VIRTUAL:
+        _refuse(name, "a virtual dataset mapping", create.get_virtual_filename(0))
+
+
+def _refuse(name: str, role: str, declared: str) -> None:
+    raise OutsideFileError(
+        f"{name}: its data comes through {role} from {declared!r}, a file named by path, which HDF5 would "
+        "open from this machine's disk rather than the object store; read the files from a local copy, or "
+        "copy the data into the file (h5py: f.copy, or h5repack)"
+    )
+
+
+def _external_link_on_the_way(f: Any, dataset: str, h5py: Any, hops: int) -> str | None:
+    """The file name of the first external link on the way to ``dataset`` in ``f``, soft links followed."""
+    if hops > _MAX_HOPS:
+        raise CorruptSourceError(f"{dataset}: more than {_MAX_HOPS} links in a row; they may form a loop")
+    parts = [part for part in dataset.split("/") if part]
+    group = f["/"]
+    for i, part in enumerate(parts):
+        try:
+            link = group.get(part, getlink=True)
+        except (KeyError, ValueError, OSError):
+            return None  # not there: the lookup that follows reports it with what the file holds
+        if isinstance(link, h5py.ExternalLink):
+            return link.filename
+        if isinstance(link, h5py.SoftLink):
+            target = posixpath.normpath(posixpath.join(group.name, link.path))
+            return _external_link_on_the_way(f, posixpath.join(target, *parts[i + 1 :]), h5py, hops + 1)
+        if i < len(parts) - 1:
+            try:
+                group = group[part]
+            except (KeyError, ValueError, OSError):
+                return None
+            if not isinstance(group, h5py.Group):
+                return None
+    return None

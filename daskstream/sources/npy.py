@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import ast
+import io
 import os
 import struct
 import tokenize
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from daskstream.errors import CorruptSourceError, UnsupportedDtypeError
 from daskstream.files import open_regular
 from daskstream.sources.base import Region, Source, checked_element, file_stamp, native, now_ns
-from daskstream.sources.contiguous import read_contiguous_box
+from daskstream.sources.contiguous import READ_BATCH_BYTES, ObjectBytes, read_contiguous_box
+from daskstream.sources.objects import Got, Place, is_url
 from daskstream.sources.tokens import source_token
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -22,28 +24,58 @@ _MAX_HEADER_BYTES = 10000
 
 
 class NpySource(Source):
-    """A ``.npy`` file (format versions 1, 2 and 3).
+    """A ``.npy`` file (format versions 1, 2 and 3), on disk or on an object store.
 
     Parameters
     ----------
     path
-        The file.
+        The file, or an fsspec URL of an object (``s3://bucket/a.npy``).
+    storage_options
+        fsspec options for a URL (endpoint, credentials...). Secrets among
+        them stay in this process: see :mod:`daskstream.sources.objects`.
+    head
+        The object's first bytes as :func:`daskstream.sources.detect.probe_url`
+        fetched them, which saves opening a URL one request.
 
     Notes
     -----
     Object dtypes are refused: reading them would unpickle data from the file.
     Big-endian files are read into native byte order.
+
+    On an object store, opening is one ranged GET of the object's first
+    :data:`~daskstream.sources.contiguous.HEAD_BYTES` (the header and the
+    object's size and version come with it). A read is the ranged GETs its
+    bytes need, in parallel; each response's version (ETag) is compared with
+    the one seen at open, and the token holds it, so a rewritten object is a
+    :class:`~daskstream.errors.SourceChangedError` and gets a new name when
+    opened again.
     """
 
     format = "npy"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict[str, Any] | None = None,
+        head: Got | None = None,
+    ) -> None:
+        path = os.fspath(path)
         self.dataset = None
         self.opened_ns = now_ns()
-        self.stamp = file_stamp(self.path)
-        size = self.stamp[0]
-        self.offset, file_dtype, self.fortran_order, shape = read_npy_header(self.path)
+        self.object: ObjectBytes | None = None
+        if is_url(path):
+            self.path = path
+            # The ETag seen now is what every ranged GET is compared with: no stamp to check per read.
+            self.object, first = ObjectBytes.open(Place(path, storage_options), path, head)
+            size = self.object.size
+            self.offset, file_dtype, self.fortran_order, shape = parse_npy_header(io.BytesIO(first), path)
+            stamp: tuple[Any, ...] = (size, self.object.version)
+        else:
+            self.path = os.path.abspath(path)
+            self.stamp = stamp = file_stamp(self.path)
+            size = stamp[0]
+            self.offset, file_dtype, self.fortran_order, shape = read_npy_header(self.path)
         if file_dtype.subdtype is not None and self.fortran_order and len(shape) > 1:
             # Each element's values are together, but the elements run in Fortran order: neither layout.
             raise UnsupportedDtypeError(
@@ -57,18 +89,26 @@ class NpySource(Source):
         self.storage_chunks = None
         expected = self.offset + self.nbytes
         if size < expected:
+            what = "object" if self.object is not None else "file"
             raise CorruptSourceError(
-                f"{self.path}: the .npy file is truncated: its header declares {self.shape} "
-                f"{self.dtype} ({expected} bytes with the header) but the file has {size} bytes; "
-                "re-create or re-copy the file"
+                f"{self.path}: the .npy {what} is truncated: its header declares {self.shape} "
+                f"{self.dtype} ({expected} bytes with the header) but the {what} has {size} bytes; "
+                f"re-create or re-copy the {what}"
             )
-        self.token = source_token(self.format, self.path, *self.stamp)
+        self.token = source_token(self.format, self.path, *stamp)
 
-    def current_stamp(self) -> tuple[int, ...]:
-        return file_stamp(self.path)
+    def current_stamp(self) -> tuple[int, ...] | None:
+        # An object's version is checked by every ranged GET instead: a stat here would be a request.
+        return None if self.object is not None else file_stamp(self.path)
+
+    @property
+    def decode_bytes(self) -> int:
+        """Parts of an object in flight while a read copies them into its block (nothing for a file)."""
+        return 0 if self.object is None else min(READ_BATCH_BYTES, self.nbytes)
 
     def _read_box(self, box: Region) -> np.ndarray:
-        return read_contiguous_box(self.path, self.offset, self.file_dtype, self.shape, self.fortran_order, box)
+        where = self.object if self.object is not None else self.path
+        return read_contiguous_box(where, self.offset, self.file_dtype, self.shape, self.fortran_order, box)
 
     def describe_storage(self) -> str:
         return f"contiguous {self.layout} order at byte {self.offset}"
@@ -80,36 +120,47 @@ def read_npy_header(path: str) -> tuple[int, np.dtype, bool, tuple[int, ...]]:
     Raises :class:`CorruptSourceError` for a damaged header and
     :class:`UnsupportedDtypeError` for object dtypes, without unpickling anything.
     """
-    fmt = np.lib.format
     with open_regular(path) as f:
-        try:
-            version = fmt.read_magic(f)
-            _check_header_length(f, version)
-            shape, fortran_order, dtype = _read_header(f, version)
-            # numpy's parser lets booleans through as ints, then fails on them when it reads.
-            if not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
-                raise ValueError(f"shape {shape} is not a tuple of integers")
-            if any(n < 0 for n in shape):
-                raise ValueError(f"negative dimension in shape {shape}")
-        # TokenError: numpy re-tokenizes headers it cannot parse, in case Python 2 wrote them.
-        # RecursionError, MemoryError: a header nested or repeated beyond what its parser holds.
-        except (
-            ValueError,
-            EOFError,
-            SyntaxError,
-            TypeError,
-            KeyError,
-            RecursionError,
-            MemoryError,
-            tokenize.TokenError,
-        ) as exc:
-            raise CorruptSourceError(
-                f"{path}: not a readable .npy file ({exc}); re-create it with numpy.save"
-            ) from None
-        offset = f.tell()
+        return parse_npy_header(f, path)
+
+
+def parse_npy_header(f: BinaryIO, name: str) -> tuple[int, np.dtype, bool, tuple[int, ...]]:
+    """:func:`read_npy_header` of the .npy data ``f`` reads from its start (a file, or the first bytes of an object).
+
+    ``name`` is the file's or object's, for errors.
+
+    >>> buffer = io.BytesIO()
+    >>> np.save(buffer, np.zeros((2, 3), ">f4"))
+    >>> parse_npy_header(io.BytesIO(buffer.getvalue()), "a.npy")
+    (128, dtype('>f4'), False, (2, 3))
+    """
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        _check_header_length(f, version)
+        shape, fortran_order, dtype = _read_header(f, version)
+        # numpy's parser lets booleans through as ints, then fails on them when it reads.
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+            raise ValueError(f"shape {shape} is not a tuple of integers")
+        if any(n < 0 for n in shape):
+            raise ValueError(f"negative dimension in shape {shape}")
+    # TokenError: numpy re-tokenizes headers it cannot parse, in case Python 2 wrote them.
+    # RecursionError, MemoryError: a header nested or repeated beyond what its parser holds.
+    except (
+        ValueError,
+        EOFError,
+        SyntaxError,
+        TypeError,
+        KeyError,
+        RecursionError,
+        MemoryError,
+        tokenize.TokenError,
+    ) as exc:
+        raise CorruptSourceError(f"{name}: not a readable .npy file ({exc}); re-create it with numpy.save") from None
+    offset = f.tell()
     if dtype.hasobject:
         raise UnsupportedDtypeError(
-            f"{path}: dtype {dtype} holds Python objects, which daskstream never unpickles; "
+            f"{name}: dtype {dtype} holds Python objects, which daskstream never unpickles; "
             "save the data with a fixed-width dtype (numbers, 'S'/'U' strings) instead"
         )
     return offset, dtype, bool(fortran_order), tuple(int(n) for n in shape)

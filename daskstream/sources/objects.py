@@ -25,7 +25,8 @@ import errno
 import hashlib
 import json
 import posixpath
-from collections.abc import Iterator, Sequence
+import queue
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,8 +156,7 @@ class Place:
     def fs(self) -> Any:
         """This process's fsspec filesystem for the place, made once per set of options."""
         options = _with_defaults(self.protocol, self.storage_options)
-        digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()
-        return cached_handle(("fsspec", self.protocol, digest), lambda: self._filesystem(options))
+        return cached_handle(("fsspec", self.protocol, _digest(options)), lambda: self._filesystem(options))
 
     def _filesystem(self, options: dict[str, Any]) -> Any:
         import fsspec
@@ -204,13 +204,47 @@ class Place:
             return []
         fs = self.fs
         limit = max(1, int(config.setting("objects.requests-per-task")))
-        requests = [(self.path(key), None, None) for key in keys]
+        requests: list[Request] = [(self.path(key), None, None) for key in keys]
         with self.errors(what):
             if hasattr(fs, "_call_s3"):
                 return _run(fs, _s3_get_many(fs, requests, limit))
             if getattr(fs, "async_impl", False):
                 return _run(fs, _async_get_many(fs, requests, limit))
             return [Got(_cat_or_none(fs, *request), None) for request in requests]
+
+    def get_each(self, keys: Sequence[str], *, what: str = "read") -> Iterator[tuple[int, Got]]:
+        """The objects at ``keys`` as each arrives: ``(position in keys, Got)``, fetched concurrently.
+
+        The caller works on one object (decodes it, say) while the others are
+        still on their way; leaving the loop early cancels what is left.
+        """
+        if not keys:
+            return
+        fs = self.fs
+        if not (hasattr(fs, "_call_s3") or getattr(fs, "async_impl", False)):
+            yield from enumerate(self.get_many(keys, what=what))
+            return
+        limit = max(1, int(config.setting("objects.requests-per-task")))
+        requests: list[Request] = [(self.path(key), None, None) for key in keys]
+        arrived: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        many = _s3_get_many if hasattr(fs, "_call_s3") else _async_get_many
+        running = asyncio.run_coroutine_threadsafe(many(fs, requests, limit, arrived.put), fs.loop)
+
+        def failed(done: Any) -> None:
+            # A failure ends the gather: say so to the loop below, which would otherwise wait for the rest.
+            if not done.cancelled() and done.exception() is not None:
+                arrived.put((-1, None))
+
+        running.add_done_callback(failed)
+        try:
+            with self.errors(what):
+                for _ in keys:
+                    position, got = arrived.get()
+                    if position < 0:
+                        running.result()  # raises the failure, translated
+                    yield position, got
+        finally:
+            running.cancel()
 
     def get_range(self, key: str, start: int, stop: int) -> Got:
         """Bytes ``start:stop`` of the object at ``key`` (one ranged GET), with its version and size."""
@@ -242,7 +276,7 @@ class Place:
         fs = self.fs
         limit = max(1, int(config.setting("objects.requests-per-task")))
         path = self.path(key)
-        requests = [(path, int(start), int(stop)) for start, stop in ranges]
+        requests: list[Request] = [(path, int(start), int(stop)) for start, stop in ranges]
         with self.errors(what):
             if hasattr(fs, "_call_s3"):
                 return _run(fs, _s3_get_many(fs, requests, limit))
@@ -305,6 +339,11 @@ class Place:
         """Raise one clear error now when the place cannot be reached or read (endpoint, credentials, bucket)."""
         fs = self.fs
         bucket, _, prefix = self.root.partition("/")
+        # Once per bucket and options in a process: a store opened again, or read after it was detected,
+        # costs no request more (a failure later is translated just the same).
+        reached = (self.protocol, bucket, _digest(self.storage_options))
+        if reached in _reached:
+            return
         with self.errors("open"):
             with contextlib.suppress(AttributeError):
                 fs.invalidate_cache()
@@ -319,6 +358,7 @@ class Place:
                     ) from None
             else:
                 fs.exists(self.root)
+        _reached.add(reached)
 
     @contextlib.contextmanager
     def errors(self, doing: str) -> Iterator[None]:
@@ -368,6 +408,14 @@ class Place:
         return None
 
 
+# The buckets (with the options used) this process has reached: see Place.check_reachable.
+_reached: set[tuple[str, str, str]] = set()
+
+
+def _digest(options: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 def version_of(info: dict[str, Any]) -> str:
     """The version of an object as its listing or response states it: ETag, else generation, else time and size."""
     for name in ("ETag", "etag", "VersionId", "generation", "md5Hash", "content_md5"):
@@ -397,8 +445,13 @@ def _run(fs: Any, coroutine: Any) -> Any:
 Request = tuple[str, int | None, int | None]
 
 
-async def _s3_get_many(fs: Any, requests: list[Request], limit: int) -> list[Got]:
-    """GET each object or range, at most ``limit`` at a time; version and size come from each response."""
+async def _s3_get_many(
+    fs: Any, requests: list[Request], limit: int, arrived: Callable[[tuple[int, Got]], None] | None = None
+) -> list[Got]:
+    """GET each object or range, at most ``limit`` at a time; version and size come from each response.
+
+    ``arrived`` is told ``(position, Got)`` of each as it arrives.
+    """
     from s3fs.core import _error_wrapper
 
     gate = asyncio.Semaphore(limit)
@@ -428,7 +481,19 @@ async def _s3_get_many(fs: Any, requests: list[Request], limit: int) -> list[Got
                     raise
                 return Got(None, None)
 
-    return list(await asyncio.gather(*(get(*request) for request in requests)))
+    return await _gathered([get(*request) for request in requests], arrived)
+
+
+async def _gathered(gets: list[Any], arrived: Callable[[tuple[int, Got]], None] | None) -> list[Got]:
+    """Await every GET, telling ``arrived`` of each one as it lands."""
+
+    async def told(position: int, get: Any) -> Got:
+        got = await get
+        if arrived is not None:
+            arrived((position, got))
+        return got
+
+    return list(await asyncio.gather(*(told(i, get) for i, get in enumerate(gets))))
 
 
 def _whole_size(response: dict[str, Any], received: int) -> int | None:
@@ -440,7 +505,9 @@ def _whole_size(response: dict[str, Any], received: int) -> int | None:
     return received
 
 
-async def _async_get_many(fs: Any, requests: list[Request], limit: int) -> list[Got]:
+async def _async_get_many(
+    fs: Any, requests: list[Request], limit: int, arrived: Callable[[tuple[int, Got]], None] | None = None
+) -> list[Got]:
     """GET each object or range of an asynchronous filesystem (GCS, Azure, HTTP...) without a HEAD first."""
     gate = asyncio.Semaphore(limit)
 
@@ -451,7 +518,7 @@ async def _async_get_many(fs: Any, requests: list[Request], limit: int) -> list[
             except FileNotFoundError:
                 return Got(None, None)
 
-    return list(await asyncio.gather(*(get(*request) for request in requests)))
+    return await _gathered([get(*request) for request in requests], arrived)
 
 
 def _cat_or_none(fs: Any, path: str, start: int | None = None, stop: int | None = None) -> bytes | None:

@@ -9,7 +9,7 @@ import os
 import posixpath
 import re
 import zipfile
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from daskstream.sources.base import (
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.metadata import plain, zarr_attrs, zarr_dims
-from daskstream.sources.objects import Place, is_url, public_options
+from daskstream.sources.objects import Got, Place, is_url, public_options
 from daskstream.sources.tokens import source_token
 from daskstream.sources.zarr_chunks import ChunkObjects, check_chunk_files, chunk_reader_for
 
@@ -102,6 +102,7 @@ class ZarrSource(Source):
         self.path = path if is_url(path) else os.path.abspath(path)
         self.storage_options = dict(storage_options or {})
         self.place = Place(self.path, self.storage_options) if is_url(self.path) else None
+        self._metadata_seen: dict[str, tuple[str, Got] | None] = {}
         if self.place is None:
             file_stamp(self.path)  # our not-found / permission errors rather than zarr's
         else:
@@ -149,7 +150,8 @@ class ZarrSource(Source):
 
     def __getstate__(self) -> dict[str, Any]:
         # Secrets stay here, and so does the listing of a remote store (a process that reads lists it again).
-        return {**self.__dict__, "storage_options": public_options(self.storage_options), "_objects": None}
+        state = {**self.__dict__, "storage_options": public_options(self.storage_options), "_objects": None}
+        return {**state, "_metadata_seen": {}}
 
     def _array_place(self) -> Place:
         assert self.place is not None
@@ -181,7 +183,13 @@ class ZarrSource(Source):
 
         member = (dataset or "").strip("/")
         try:
-            node = zarr.open(store=self._store(), mode="r", path=member)
+            known = self._remote_array_format(member)
+            node: Any
+            if known is not None:
+                # The metadata fetched already says what is there: zarr reads just that document again.
+                node = zarr.open_array(store=self._store(), mode="r", path=member, zarr_format=known)
+            else:
+                node = zarr.open(store=self._store(), mode="r", path=member)
         except zarr.errors.NodeNotFoundError:
             if not member and is_url(self.path):
                 raise SourceNotFoundError(f"{self.path}: no Zarr metadata found there; check the URL") from None
@@ -306,16 +314,41 @@ class ZarrSource(Source):
             stamps.append(os.stat(member_dir).st_mtime_ns)
         return tuple(stamps)
 
+    def _remote_metadata(self, dataset: str | None) -> tuple[str, Got] | None:
+        """The name and object of a remote member's metadata document (the first of ``ZARR_METADATA_FILES``
+        there), all three asked for at once and kept: the open and the stamp read the same one."""
+        member = (dataset or "").strip("/")
+        if member not in self._metadata_seen:
+            assert self.place is not None
+            place = self.place.child(member) if member else self.place
+            found = zip(ZARR_METADATA_FILES, place.get_many(list(ZARR_METADATA_FILES)))
+            self._metadata_seen[member] = next(((n, got) for n, got in found if got.data is not None), None)
+        return self._metadata_seen[member]
+
+    def _remote_array_format(self, member: str) -> Literal[2, 3] | None:
+        """2 or 3 when the remote member is an array of that format, ``None`` otherwise (or locally)."""
+        if self.place is None:
+            return None
+        found = self._remote_metadata(member)
+        if found is None or found[0] == ".zgroup":
+            return None
+        if found[0] == ".zarray":
+            return 2
+        try:
+            is_array = json.loads(found[1].data or b"").get("node_type") == "array"
+        except (ValueError, AttributeError, RecursionError):
+            return None  # zarr says what is wrong with it
+        return 3 if is_array else None
+
     def _remote_metadata_digest(self, dataset: str | None) -> str:
-        assert self.place is not None
-        member = self.place.child(dataset) if dataset else self.place
-        for name in ZARR_METADATA_FILES:
-            got = member.get(name)
-            if got.data is None:
-                continue
-            # Rewritten data often leaves identical metadata bytes; the object's version does not.
-            return hashlib.sha1(got.data + repr(got.version).encode(), usedforsecurity=False).hexdigest()
-        raise SourceNotFoundError(f"{member.url}: no Zarr metadata found there; check the URL and dataset")
+        found = self._remote_metadata(dataset)
+        if found is None:
+            assert self.place is not None
+            member = self.place.child(dataset) if dataset else self.place
+            raise SourceNotFoundError(f"{member.url}: no Zarr metadata found there; check the URL and dataset")
+        got = found[1]
+        # Rewritten data often leaves identical metadata bytes; the object's version does not.
+        return hashlib.sha1((got.data or b"") + repr(got.version).encode(), usedforsecurity=False).hexdigest()
 
     def _array(self) -> Any:
         import zarr

@@ -22,7 +22,7 @@ import os
 import posixpath
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import google_crc32c
@@ -77,26 +77,29 @@ class LocalChunkFiles:
     def __init__(self, root: str) -> None:
         self.root = root
 
-    def fetch(self, keys: list[str], name: str, written_before_ns: int | None) -> list[bytes | None]:
-        found: list[bytes | None] = []
-        for key in keys:
+    def fetch_each(
+        self, keys: list[str], name: str, written_before_ns: int | None
+    ) -> Iterator[tuple[int, bytes | None]]:
+        """Each chunk file's bytes in turn, ``(position in keys, bytes or None for a missing chunk)``: one
+        file is held at a time."""
+        for position, key in enumerate(keys):
             try:
                 with open_regular(os.path.join(self.root, key)) as f:
                     if written_before_ns is not None and _written_since(os.fstat(f.fileno()), written_before_ns):
                         raise _written_error(name, key)
-                    found.append(f.read())
+                    data = f.read()
             except (FileNotFoundError, NotADirectoryError):
                 if written_before_ns is not None and self._folder_changed(key, written_before_ns):
                     raise SourceRemovedError(
                         f"{name}: chunk {key!r} is missing and its folder changed after the store was opened "
                         f"(a chunk deleted or replaced meanwhile); {REREAD_ADVICE}"
                     ) from None
-                found.append(None)  # Zarr: a chunk never written is the fill value
+                data = None  # Zarr: a chunk never written is the fill value
             except IsADirectoryError:
                 raise CorruptSourceError(
                     f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
                 ) from None
-        return found
+            yield position, data
 
     def _folder_changed(self, key: str, since_ns: int) -> bool:
         """Whether the nearest existing folder of a missing chunk file changed after ``since_ns``."""
@@ -131,10 +134,14 @@ class ChunkObjects:
         self.versions = versions
         self.root = place.url
 
-    def fetch(self, keys: list[str], name: str, written_before_ns: int | None) -> list[bytes | None]:
+    def fetch_each(
+        self, keys: list[str], name: str, written_before_ns: int | None
+    ) -> Iterator[tuple[int, bytes | None]]:
+        """Each object's bytes as it arrives, ``(position in keys, bytes or None)``: the caller decodes one
+        while the others are on their way."""
         listed = self.versions()
-        found: list[bytes | None] = []
-        for key, got in zip(keys, self.place.get_many(keys)):
+        for position, got in self.place.get_each(keys):
+            key = keys[position]
             expected = listed.get(key)
             if got.data is None and expected is not None:
                 raise SourceRemovedError(
@@ -150,8 +157,7 @@ class ChunkObjects:
                     )
                     + f" after the store was opened, so this computation would mix old and new data; {REREAD_ADVICE}"
                 )
-            found.append(got.data)
-        return found
+            yield position, got.data
 
 
 class _NotDecodedHere(Exception):
@@ -206,7 +212,7 @@ class ZarrChunkReader:
         """
         first = tuple(s.start // c for s, c in zip(box, self.storage_chunks))
         last = tuple((s.stop - 1) // c for s, c in zip(box, self.storage_chunks))
-        wanted = []  # (key, kept key or None, part inside the chunk, where it goes)
+        wanted: list[tuple[str, Any, Region, Region]] = []  # (key, kept key or None, part in the chunk, where it goes)
         for grid, inside, target in storage_pieces(box, self.storage_chunks):
             key = self.chunk_key(grid)
             kept_key = (self.root, key, written_before_ns)
@@ -216,9 +222,9 @@ class ZarrChunkReader:
                 out[target] = chunk[inside]
             else:
                 wanted.append((key, kept_key if keeping else None, inside, target))
-        # Fetched together: an object store serves a task's chunks concurrently.
-        fetched = self.chunks.fetch([key for key, *_ in wanted], name, written_before_ns)
-        for (key, kept_key, inside, target), data in zip(wanted, fetched):
+        # Asked for together: an object store serves a task's chunks concurrently, each decoded as it arrives.
+        for position, data in self.chunks.fetch_each([key for key, *_ in wanted], name, written_before_ns):
+            key, kept_key, inside, target = wanted[position]
             if data is None:
                 out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
                 continue

@@ -73,8 +73,8 @@ def test_zarr_directory_with_any_name(tmp_path):
     assert guess_format(f"file://{path}") == "zarr"
 
 
-def test_urls_are_zarr():
-    assert guess_format("s3://bucket/field.zarr") == "zarr"
+def test_a_url_with_no_object_at_it_is_a_zarr_prefix():
+    # What an object at a URL is comes from its bytes (see tests/objects/test_formats.py, against S3).
     assert guess_format("memory://anything") == "zarr"
 
 
