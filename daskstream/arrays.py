@@ -52,7 +52,9 @@ def open(
     memory_budget
         Bytes one worker may use (``"2GiB"``), for ``chunks="auto"``.
     storage_options
-        fsspec options for Zarr URLs.
+        fsspec options for URLs (``s3://``, ``gs://``...: endpoint, ``profile``,
+        ``anon``, credentials). Secrets among them are used by this process
+        only, never put in the graph: workers use their own credentials.
 
     Returns
     -------

@@ -72,6 +72,10 @@ class PlanSettings:
         Tasks each thread gets at least, when the storage grid allows.
     max_tasks
         Plans with more tasks are refused (``None``: no ceiling).
+    object_store_task_bytes
+        Preferred chunk size, at least, for data on an object store: fewer,
+        larger tasks keep more requests in flight and decode some objects
+        while others arrive (the budget bounds them as any other).
     """
 
     resources: Resources
@@ -80,6 +84,7 @@ class PlanSettings:
     float64_copies: int = 3
     min_tasks_per_thread: int = 2
     max_tasks: int | None = None
+    object_store_task_bytes: int = 64 * 2**20
 
     @property
     def memory_budget(self) -> int:

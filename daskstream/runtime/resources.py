@@ -90,6 +90,7 @@ def resolve_settings(
         float64_copies=config.setting("planning.float64-copies"),
         min_tasks_per_thread=config.setting("planning.min-tasks-per-thread", min_tasks_per_thread),
         max_tasks=config.setting("planning.max-tasks"),
+        object_store_task_bytes=parse_budget(config.get("objects.task-bytes"), name="daskstream.objects.task-bytes"),
     )
 
 
