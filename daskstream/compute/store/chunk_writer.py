@@ -248,6 +248,7 @@ def chunk_writer_for(array_dir: str, array: Any, place: Any = None) -> ChunkWrit
             root = "c" if type(encoding).__name__ == "DefaultChunkKeyEncoding" else ""
     except (AttributeError, TypeError, ValueError):
         return None  # metadata of a kind not foreseen here: zarr knows it
+    stamp: tuple[int, ...]
     if place is not None:
         metadata_file, stamp = "", ()
     else:

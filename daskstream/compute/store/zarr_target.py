@@ -566,6 +566,7 @@ def _write_zarr_block(
             writer.write(tuple(info["chunk-location"]), block)
         else:
             # Opened here, in whichever process runs the task: no handle travels in the graph.
+            zarr_store: Any
             if isinstance(store_at, str):
                 zarr_store = zarr.storage.LocalStore(store_at)
             else:
