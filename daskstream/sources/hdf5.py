@@ -1,4 +1,9 @@
-"""HDF5 datasets, read through h5py with one cached file handle per process."""
+"""HDF5 datasets, read through h5py with one cached file handle per process.
+
+(Longer than most modules: one dataset is described the same way wherever its file lies, a local
+path or an object on an object store, and read by one of three paths -- raw bytes at an offset, raw
+chunks decoded here, h5py -- chosen from that description; splitting them would split the choice.)
+"""
 
 from __future__ import annotations
 

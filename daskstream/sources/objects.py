@@ -26,8 +26,7 @@ import hashlib
 import json
 import posixpath
 import queue
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from daskstream import config
@@ -40,6 +39,15 @@ from daskstream.errors import (
     SourcePermissionError,
 )
 from daskstream.sources.handles import cached_handle
+from daskstream.sources.object_requests import (
+    MISSING_BUCKET_CODES,
+    Got,
+    Request,
+    async_get_many,
+    cat_or_none,
+    run,
+    s3_get_many,
+)
 
 # Option names that hold secrets, at any depth (client_kwargs, config...): never pickled.
 SECRET_OPTIONS = frozenset(
@@ -87,7 +95,6 @@ _UNREACHABLE_ERRORS = (
 )
 # Error codes of S3-compatible stores, as s3fs and botocore report them.
 _CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "TokenRefresh")
-_MISSING_BUCKET_CODES = ("NoSuchBucket",)
 
 
 def is_url(path: str) -> bool:
@@ -115,16 +122,6 @@ def public_options(options: Any) -> Any:
 def has_secrets(options: Any) -> bool:
     """Whether ``options`` hold a secret anywhere (so a process that unpickles them gets less)."""
     return public_options(options) != options
-
-
-@dataclass(frozen=True)
-class Got:
-    """One object (or a range of it) read: its bytes (``None`` when there is no such object), the version
-    the store gave and the whole object's size where the response said it."""
-
-    data: bytes | None
-    version: str | None
-    size: int | None = None
 
 
 class Place:
@@ -202,15 +199,7 @@ class Place:
         """The objects at ``keys``, fetched concurrently; a missing one reads as ``Got(None, None)``."""
         if not keys:
             return []
-        fs = self.fs
-        limit = max(1, int(config.setting("objects.requests-per-task")))
-        requests: list[Request] = [(self.path(key), None, None) for key in keys]
-        with self.errors(what):
-            if hasattr(fs, "_call_s3"):
-                return _run(fs, _s3_get_many(fs, requests, limit))
-            if getattr(fs, "async_impl", False):
-                return _run(fs, _async_get_many(fs, requests, limit))
-            return [Got(_cat_or_none(fs, *request), None) for request in requests]
+        return self._fetch([(self.path(key), None, None) for key in keys], what)
 
     def get_each(self, keys: Sequence[str], *, what: str = "read") -> Iterator[tuple[int, Got]]:
         """The objects at ``keys`` as each arrives: ``(position in keys, Got)``, fetched concurrently.
@@ -227,7 +216,7 @@ class Place:
         limit = max(1, int(config.setting("objects.requests-per-task")))
         requests: list[Request] = [(self.path(key), None, None) for key in keys]
         arrived: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        many = _s3_get_many if hasattr(fs, "_call_s3") else _async_get_many
+        many = s3_get_many if hasattr(fs, "_call_s3") else async_get_many
         running = asyncio.run_coroutine_threadsafe(many(fs, requests, limit, arrived.put), fs.loop)
 
         def failed(done: Any) -> None:
@@ -273,16 +262,19 @@ class Place:
         """
         if not ranges:
             return []
+        path = self.path(key)
+        return self._fetch([(path, int(start), int(stop)) for start, stop in ranges], what)
+
+    def _fetch(self, requests: list[Request], what: str) -> list[Got]:
+        """Each request's object or range, concurrently on the filesystem's loop where it has one."""
         fs = self.fs
         limit = max(1, int(config.setting("objects.requests-per-task")))
-        path = self.path(key)
-        requests: list[Request] = [(path, int(start), int(stop)) for start, stop in ranges]
         with self.errors(what):
             if hasattr(fs, "_call_s3"):
-                return _run(fs, _s3_get_many(fs, requests, limit))
+                return run(fs, s3_get_many(fs, requests, limit))
             if getattr(fs, "async_impl", False):
-                return _run(fs, _async_get_many(fs, requests, limit))
-            return [Got(_cat_or_none(fs, *request), None) for request in requests]
+                return run(fs, async_get_many(fs, requests, limit))
+            return [Got(cat_or_none(fs, *request), None) for request in requests]
 
     def put(self, key: str, data: bytes) -> None:
         """Put ``data`` as the object at ``key``, whole: object stores make a PUT atomic."""
@@ -351,7 +343,7 @@ class Place:
                 # A listing of at most one key, not a HEAD: its error body names what is wrong (a HEAD's
                 # 403 cannot tell refused credentials from denied access).
                 try:
-                    _run(fs, fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1))
+                    run(fs, fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1))
                 except FileNotFoundError:
                     raise SourceNotFoundError(
                         f"{self._where()}: the bucket {bucket!r} does not exist; check the URL"
@@ -395,7 +387,7 @@ class Place:
                 f"{config.setting('objects.connect-timeout')} s per connection and tries "
                 f"{config.setting('objects.retries')} time(s) (daskstream.objects.connect-timeout, .retries)"
             )
-        if any(code in text for code in _MISSING_BUCKET_CODES) or "bucket does not exist" in text.lower():
+        if any(code in text for code in MISSING_BUCKET_CODES) or "bucket does not exist" in text.lower():
             bucket = self.root.split("/", 1)[0]
             return SourceNotFoundError(f"{where}: the bucket {bucket!r} does not exist; check the URL")
         if isinstance(exc, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
@@ -433,99 +425,6 @@ def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     config_kwargs.setdefault("connect_timeout", float(config.setting("objects.connect-timeout")))
     config_kwargs.setdefault("retries", {"max_attempts": int(config.setting("objects.retries")), "mode": "standard"})
     return {**options, "config_kwargs": config_kwargs}
-
-
-def _run(fs: Any, coroutine: Any) -> Any:
-    from fsspec.asyn import sync
-
-    return sync(fs.loop, lambda: coroutine)
-
-
-# One request: an object's path, and the byte range wanted (``None, None``: all of it).
-Request = tuple[str, int | None, int | None]
-
-
-async def _s3_get_many(
-    fs: Any, requests: list[Request], limit: int, arrived: Callable[[tuple[int, Got]], None] | None = None
-) -> list[Got]:
-    """GET each object or range, at most ``limit`` at a time; version and size come from each response.
-
-    ``arrived`` is told ``(position, Got)`` of each as it arrives.
-    """
-    from s3fs.core import _error_wrapper
-
-    gate = asyncio.Semaphore(limit)
-
-    async def get(path: str, start: int | None, stop: int | None) -> Got:
-        bucket, key, version = fs.split_path(path)
-        extra: dict[str, Any] = {"VersionId": version} if version else {}
-        if start is not None and stop is not None:
-            if stop <= start:
-                return Got(b"", None)
-            extra["Range"] = f"bytes={start}-{stop - 1}"
-
-        async def call_and_read() -> Got:
-            response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **extra, **fs.req_kw)
-            try:
-                data = await response["Body"].read()
-            finally:
-                response["Body"].close()
-            return Got(data, str(response.get("ETag", "")).strip('"') or None, _whole_size(response, len(data)))
-
-        async with gate:
-            try:
-                return await _error_wrapper(call_and_read, retries=fs.retries)
-            except FileNotFoundError as exc:
-                # s3fs gives a missing bucket and a missing key the same class; the code it keeps tells them apart.
-                if any(code in str(exc.__cause__) for code in _MISSING_BUCKET_CODES):
-                    raise
-                return Got(None, None)
-
-    return await _gathered([get(*request) for request in requests], arrived)
-
-
-async def _gathered(gets: list[Any], arrived: Callable[[tuple[int, Got]], None] | None) -> list[Got]:
-    """Await every GET, telling ``arrived`` of each one as it lands."""
-
-    async def told(position: int, get: Any) -> Got:
-        got = await get
-        if arrived is not None:
-            arrived((position, got))
-        return got
-
-    return list(await asyncio.gather(*(told(i, get) for i, get in enumerate(gets))))
-
-
-def _whole_size(response: dict[str, Any], received: int) -> int | None:
-    """The object's whole size: after the slash of ``Content-Range`` for a ranged GET, else what came."""
-    content_range = str(response.get("ContentRange") or "")
-    if "/" in content_range:
-        total = content_range.rsplit("/", 1)[1]
-        return int(total) if total.isdigit() else None
-    return received
-
-
-async def _async_get_many(
-    fs: Any, requests: list[Request], limit: int, arrived: Callable[[tuple[int, Got]], None] | None = None
-) -> list[Got]:
-    """GET each object or range of an asynchronous filesystem (GCS, Azure, HTTP...) without a HEAD first."""
-    gate = asyncio.Semaphore(limit)
-
-    async def get(path: str, start: int | None, stop: int | None) -> Got:
-        async with gate:
-            try:
-                return Got(await fs._cat_file(path, start=start, end=stop), None)
-            except FileNotFoundError:
-                return Got(None, None)
-
-    return await _gathered([get(*request) for request in requests], arrived)
-
-
-def _cat_or_none(fs: Any, path: str, start: int | None = None, stop: int | None = None) -> bytes | None:
-    try:
-        return fs.cat_file(path, start=start, end=stop)
-    except FileNotFoundError:
-        return None
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

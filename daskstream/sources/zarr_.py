@@ -1,4 +1,8 @@
-"""Zarr arrays (format 2 and 3) through zarr-python 3: directories, zip files and fsspec URLs."""
+"""Zarr arrays (format 2 and 3) through zarr-python 3: directories, zip files and fsspec URLs.
+
+(Longer than most modules: the three kinds of store share one source, whose opening, stamps, token
+and listing of members each differ by kind; kept together, a change to one is seen beside the others.)
+"""
 
 from __future__ import annotations
 

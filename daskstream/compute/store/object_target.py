@@ -115,20 +115,8 @@ class ObjectZarrTarget(ZarrTarget):
             if around:
                 raise self._reads_itself(source, f"and this target lies inside it, at {source.name}")
 
-    def _check_parents(self) -> None:
-        parts = self.member.split("/") if self.member else []
-        for depth in range(len(parts)):
-            place = self.place.child("/".join(parts[:depth])) if depth else self.place
-            kind = remote_node_kind(place)
-            if kind is None:
-                return  # store creates the missing groups
-            if kind == "array":
-                inner = "/".join(parts[:depth])
-                where = f"{self.path}::{inner}" if inner else self.path
-                raise TargetMismatchError(
-                    f"{self.name}: {where} is a Zarr array, not a group, so it cannot hold {self.member}; "
-                    "name an array outside it. store never writes inside an existing array"
-                )
+    def _parent_kind(self, parts: list[str]) -> str | None:
+        return remote_node_kind(self.place.child("/".join(parts)) if parts else self.place)
 
     def _check_links(self) -> None:
         """Object stores have no links to follow."""

@@ -209,16 +209,21 @@ class ZarrTarget(Target):
         """Refuse a member inside an array: only groups hold other nodes, and nothing may be written there."""
         parts = self.member.split("/") if self.member else []
         for depth in range(len(parts)):
-            folder = os.path.join(self.path, *parts[:depth])
-            if not os.path.isdir(folder):
+            kind = self._parent_kind(parts[:depth])
+            if kind is None:
                 return  # store creates the missing groups
-            if zarr_node_kind(folder) == "array":
+            if kind == "array":
                 inner = "/".join(parts[:depth])
                 where = f"{self.path}::{inner}" if inner else self.path
                 raise TargetMismatchError(
                     f"{self.name}: {where} is a Zarr array, not a group, so it cannot hold {self.member}; "
                     "name an array outside it. store never writes inside an existing array"
                 )
+
+    def _parent_kind(self, parts: list[str]) -> str | None:
+        """What the node at ``parts`` of the member's path is (see :func:`zarr_node_kind`), ``None`` if nothing."""
+        folder = os.path.join(self.path, *parts)
+        return zarr_node_kind(folder) if os.path.isdir(folder) else None
 
     def _check_links(self) -> None:
         """Refuse a target holding a symbolic link that leads outside it: chunk files would be written there."""
