@@ -624,6 +624,18 @@ def plan(
 @click.option(
     "--time-budget", default=None, help='Longest time to measure, e.g. "10s" (default: daskstream.tune.time-budget).'
 )
+@click.option(
+    "--sample-fraction",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Largest share of the array's bytes measuring may read, e.g. 0.3 (default: daskstream.tune.sample-fraction).",
+)
+@click.option(
+    "--cost-fraction",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Largest share of one full run measuring may take, e.g. 0.2 (default: daskstream.tune.cost-fraction).",
+)
 @click.option("--refresh", is_flag=True, help="Measure again even when a result is remembered.")
 @click.option("--clear", is_flag=True, help="Empty the tuning cache (and tune PATH afterwards, when given).")
 @_where_options
@@ -635,6 +647,8 @@ def tune_command(
     axis: tuple[int, ...],
     dataset: str | None,
     time_budget: str | None,
+    sample_fraction: float | None,
+    cost_fraction: float | None,
     refresh: bool,
     clear: bool,
     scheduler: str | None,
@@ -657,7 +671,12 @@ def tune_command(
         if not clear:
             raise click.UsageError("give PATH to tune, or --clear")
         return
-    with _session_if_asked(scheduler, cluster_file, memory_budget):
+    fractions = {
+        f"daskstream.tune.{name}": value
+        for name, value in (("sample-fraction", sample_fraction), ("cost-fraction", cost_fraction))
+        if value is not None
+    }
+    with dask.config.set(fractions), _session_if_asked(scheduler, cluster_file, memory_budget):
         result = tune(
             path,
             op=op,

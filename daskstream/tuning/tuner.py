@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from dask.utils import parse_timedelta
 
 from daskstream import config
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import DaskstreamWarning, InvalidArgumentError
 from daskstream.graph.layers import read_layers
 from daskstream.planning.budget import parse_budget
 from daskstream.planning.settings import PlanSettings, Resources
@@ -230,7 +231,13 @@ class Tuner:
         limits = Limits(time_budget=time_budget, sample_cap=int(fraction * self.space.nbytes), started=started)
         refusal = limits.over_sample(sampler.sample_bytes(start, first=True))
         if refusal is not None:
-            return self._result([], None, f"nothing measured: the first candidate {refusal}", started, 0)
+            share = f"{fraction:.0%}" if fraction < 1 else f"{fraction:g}x"
+            why = (
+                f"not worth tuning at this size: measuring even the planner's chunks {refusal}, the "
+                f"{share} of the array that tuning may read; the planner's chunks are used and nothing is "
+                "remembered as tuned (give --sample-fraction, or daskstream.tune.sample-fraction, to measure anyway)"
+            )
+            return self._result([], None, why, started, 0)
         sampler.fixed_overhead = scheduler_overhead(sampler.get, self.space.concurrency)
         # What a task costs the scheduler, as measured, goes into the projection of a full run; the
         # configured floor (or the measured cost, when higher) only prunes candidates.
@@ -299,6 +306,7 @@ class Tuner:
             candidates=(row,),
             speedup_vs_auto=tuned.get("speedup_vs_auto"),
             work=self.work.label,
+            operation=self.work.title,
             source=self.source.name,
             seconds=time.perf_counter() - started,
             sampled_bytes=0,
@@ -330,6 +338,7 @@ class Tuner:
             candidates=rows,
             speedup_vs_auto=speedup,
             work=self.work.label,
+            operation=self.work.title,
             source=self.source.name,
             seconds=time.perf_counter() - started,
             sampled_bytes=sampled,
@@ -377,5 +386,16 @@ class Tuner:
 
 
 def tuned_chunks(source: Source, memory_budget: int | str | None = None) -> tuple[int, ...]:
-    """The chunks ``open(path, chunks="tune")`` uses: remembered, else measured now for the default op."""
-    return tune(source, op=config.get("tune.default-op"), memory_budget=memory_budget).chunks
+    """The chunks ``open(path, chunks="tune")`` uses: remembered, else measured now for the default op.
+
+    When nothing could be measured, the planner's chunks, with a warning that says why.
+    """
+    result = tune(source, op=config.get("tune.default-op"), memory_budget=memory_budget)
+    if not result.from_cache and result.speedup_vs_auto is None:
+        warnings.warn(
+            f"{source.name}: chunks='tune' measured nothing ({result.stopped}); opened in the planner's chunks "
+            f"{result.chunks}",
+            DaskstreamWarning,
+            stacklevel=4,
+        )
+    return result.chunks

@@ -55,7 +55,11 @@ class Work:
     Attributes
     ----------
     label
-        Names the work in the tuning cache.
+        Names the work in the tuning cache (for a reduction, the dask layer
+        that does it: ``mean_chunk``).
+    title
+        Names it for people: the operation asked for (``"mean"``,
+        ``"describe"``) or the kernel's name.
     build
         For a reduction: makes the lazy result from a dask array; the sampled
         tasks are then the real graph's first work on each block (read and
@@ -67,6 +71,7 @@ class Work:
     """
 
     label: str
+    title: str = ""
     build: Callable[[da.Array], Any] | None = None
     block_fn: Callable[[np.ndarray], Any] | None = None
     halo: tuple[int, ...] = ()
@@ -145,17 +150,17 @@ def work_for(
         halo = (depth,) * ndim if isinstance(depth, int) else tuple(depth)
         if len(halo) != ndim or any(not isinstance(h, int) or h < 0 for h in halo):
             raise InvalidArgumentError(f"depth={depth!r}: give one non-negative int, or one per axis ({ndim})")
-        return Work(label=funcname(kernel), block_fn=kernel, halo=halo)
+        return Work(label=funcname(kernel), title=funcname(kernel), block_fn=kernel, halo=halo)
     if op == "describe":
         axes = tuple(builtins.range(ndim)) if axis is None else normalize_axes(axis, ndim)
-        return Work(label="describe", block_fn=_Statistics(axes, None))
+        return Work(label="describe", title="describe", block_fn=_Statistics(axes, None))
     if op not in OPERATIONS:
         choices = ", ".join(sorted({*OPERATIONS, "describe"}))
         raise UnknownOperationError(f"cannot tune for op={op!r}; choose one of: {choices}, or give kernel=")
     build = _Reduction(op, axis)
     probe = da.zeros((2,) * ndim, dtype=dtype, chunks=1)
     found = consumer_label(build(probe).__dask_graph__(), probe.name)
-    return Work(label=found[1] if found is not None else op, build=build)
+    return Work(label=found[1] if found is not None else op, title=op, build=build)
 
 
 @dataclass(frozen=True)

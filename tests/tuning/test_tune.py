@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -14,7 +15,13 @@ import pytest
 import zarr
 
 import daskstream as ds
-from daskstream.errors import InvalidArgumentError, SourceNotFoundError, TuneCacheWarning, UnknownOperationError
+from daskstream.errors import (
+    DaskstreamWarning,
+    InvalidArgumentError,
+    SourceNotFoundError,
+    TuneCacheWarning,
+    UnknownOperationError,
+)
 from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.tune_cache import key_text
 from daskstream.tuning import TuneCache
@@ -174,6 +181,45 @@ def test_the_sample_cap_limits_what_is_read(tmp_path, cache):
     assert result.chunks == result.auto_chunks
     assert "sample cap" in result.stopped
     assert cache.entries() == {}  # nothing measured, nothing remembered
+    # Said plainly, in the first line a person reads, with what to do about it.
+    assert str(result).startswith("Not tuned: sum on")
+    assert "not worth tuning at this size" in str(result)
+    assert "--sample-fraction" in str(result)
+    assert "not tuned" in result._repr_html_()
+    # Opening with chunks="tune" does not pass the planner's chunks off as tuned.
+    with (
+        dask.config.set({"daskstream.tune.sample-fraction": 0.01}),
+        pytest.warns(DaskstreamWarning, match="chunks='tune' measured nothing"),
+    ):
+        x = ds.open(path, chunks="tune", memory_budget="256MiB")
+    assert x.chunksize == result.auto_chunks
+
+
+def test_the_cli_takes_the_sample_and_cost_fractions(tmp_path, cache):
+    path = write(tmp_path, "npy")
+    env = {
+        **os.environ,
+        "DASK_DASKSTREAM__TUNE__CACHE": str(cache.path),
+        "DASK_DASKSTREAM__TUNE__MIN_BATCH_BYTES": "256KiB",
+        "DASK_DASKSTREAM__PLANNING__TARGET_CHUNK_BYTES": "512KiB",
+    }
+
+    def tune(*args):
+        run = subprocess.run(
+            [sys.executable, "-m", "daskstream", "tune", path, "--budget", "256MiB", "--json", "--refresh", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    refused = tune("--sample-fraction", "0.01")
+    assert refused["speedup_vs_auto"] is None
+    assert "not worth tuning" in refused["stopped"]
+    measured = tune("--sample-fraction", "4", "--cost-fraction", "100")
+    assert sum(c["throughput"] is not None for c in measured["candidates"]) >= 2
 
 
 def test_a_kernel_with_a_halo_and_describe_can_be_tuned(tmp_path, cache):
@@ -228,10 +274,20 @@ def test_the_result_shows_as_table_dataframe_plot_and_html(tmp_path, cache):
     frame = result.to_dataframe()
     assert len(frame) == len(result.candidates)
     assert frame["winner"].sum() == 1
-    assert {"chunks", "chunk_bytes", "tasks", "throughput", "spread", "peak_task_bytes", "pruned"} <= set(frame)
-    ax = result.plot()
+    assert {"chunks", "MiB", "tasks", "GB/s", "± %", "peak MiB", "pruned", "origin"} <= set(frame)
+    # The frame speaks the table's units: GB/s as the table prints them, sizes in MiB.
+    timed = [c for c in result.candidates if c.throughput is not None]
+    assert frame["GB/s"].dropna().tolist() == pytest.approx([c.throughput / 1e9 for c in timed])
+    assert frame["MiB"].tolist() == pytest.approx([c.chunk_bytes / 2**20 for c in result.candidates])
+    figure = result.plot()
+    (ax,) = figure.axes
     assert ax.get_xlabel() == "chunk size (MiB)"
     assert "winner" in [t.get_text() for t in ax.get_legend().get_texts()]
+    # Every measured point says which chunks it is; the title names the operation, not dask's layer.
+    labels = {t.get_text() for t in ax.texts}
+    assert {"x".join(map(str, c.chunks)) for c in timed} <= labels
+    assert "_chunk" not in ax.get_title()
+    assert "sum on" in ax.get_title()
     html = result._repr_html_()
     assert "TuneResult" in html
     assert str(result.chunks) in html
@@ -287,7 +343,8 @@ def test_cli_tune_prints_the_table_json_and_clears(tmp_path, cache):
     as_json = cli(path, "--budget", "256MiB", "--json", "--op", "mean")
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
-    assert data["work"] == "mean_chunk"
+    assert data["work"] == "mean_chunk"  # the cache's name for it
+    assert data["operation"] == "mean"
     assert data["chunks"]
     assert data["candidates"]
     cleared = cli("--clear")
