@@ -285,6 +285,11 @@ class Tuner:
         tuned = entry.get("tuned")
         if not isinstance(tuned, dict) or not isinstance(tuned.get("multiples"), list):
             return None
+        stopped = f"remembered from a tuning of {tuned.get('source', 'a source of the same kind')}"
+        overruled = self.overruled(entry, tuned)
+        if overruled is not None:
+            tuned, stopped = overruled
+            self.cache.put(self.key, tuned)
         multiples = self.space.clip(tuple(int(m) for m in tuned["multiples"]))
         if self.space.rejection(multiples, float(tuned.get("memory_factor", 1.0))) is not None:
             return None
@@ -310,12 +315,50 @@ class Tuner:
             source=self.source.name,
             seconds=time.perf_counter() - started,
             sampled_bytes=0,
-            stopped=f"remembered from a tuning of {tuned.get('source', 'a source of the same kind')}",
+            stopped=stopped,
             from_cache=True,
             key=self.key,
             shape=self.source.shape,
             storage_chunks=self.source.storage_chunks,
         )
+
+    def overruled(self, entry: dict[str, Any], tuned: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+        """The remembered winner replaced by the shape real computations ran fastest with, when they disagree.
+
+        A tuning measured on a busy machine, or on a sample unlike the whole,
+        is checked against what sessions observed since: only full runs are
+        compared with full runs, so the tuned shape must have been observed
+        too. When another observed shape ran faster than it by more than the
+        noise (the tuning's spread, twice, and at least
+        ``daskstream.tune.min-gain``), that shape becomes the remembered
+        winner; ``None`` otherwise.
+        """
+        observations = [o for o in entry.get("observations", []) if isinstance(o.get("multiples"), list)]
+        same = [o for o in observations if o["multiples"] == tuned["multiples"] and o.get("throughput")]
+        others = [o for o in observations if o["multiples"] != tuned["multiples"] and o.get("throughput")]
+        if not same or not others:
+            return None
+        held = max(float(o["throughput"]) for o in same)
+        best = max(others, key=lambda o: float(o["throughput"]))
+        margin = max(float(config.setting("tune.min-gain")), 2 * float(tuned.get("spread") or 0.0))
+        if float(best["throughput"]) <= held * (1 + margin):
+            return None
+        gain = float(best["throughput"]) / held - 1
+        replaced = {
+            **tuned,
+            "multiples": list(best["multiples"]),
+            "chunks": list(best["chunks"]),
+            "throughput": float(best["throughput"]),
+            "speedup_vs_auto": None,
+            "source": best.get("source", tuned.get("source")),
+            "overruled": list(tuned["multiples"]),
+            "tuned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        why = (
+            f"remembered, and replaced: computations observed since ran {tuple(best['chunks'])} {gain:.0%} faster "
+            f"than the tuned {tuple(tuned.get('chunks', ()))}, beyond the noise ({margin:.0%})"
+        )
+        return replaced, why
 
     def _result(
         self,

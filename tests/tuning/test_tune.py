@@ -354,3 +354,28 @@ def test_cli_tune_prints_the_table_json_and_clears(tmp_path, cache):
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
     assert "missing.h5" in bad.stderr
+
+
+def test_a_remembered_winner_that_observed_runs_contradict_is_replaced(tmp_path, cache):
+    path = write(tmp_path, "zarr")
+    first = ds.tune(path, memory_budget="256MiB")
+    tuned = tuple(first.chunks)
+    other = (tuned[0] * 2, tuned[1]) if tuned[0] * 2 <= SHAPE[0] else (tuned[0] // 2, tuned[1])
+    source = ds.open_source(path)
+
+    def observed(chunks, throughput):
+        multiples = [c // u for c, u in zip(chunks, source.storage_chunks)]
+        cache.observe(first.key, {"chunks": list(chunks), "multiples": multiples, "throughput": throughput})
+
+    # Full runs in sessions: the tuned shape slower than another, by far more than any noise.
+    observed(tuned, 1e9)
+    observed(other, 3e9)
+    again = ds.tune(path, memory_budget="256MiB")
+    assert again.from_cache
+    assert again.chunks == other
+    assert "replaced" in again.stopped
+    assert cache.get(first.key)["tuned"]["overruled"]
+    # Runs that agree within the noise leave a remembered winner as it is.
+    observed(other, 3e9)
+    observed(tuned, 3.01e9)
+    assert ds.tune(path, memory_budget="256MiB").chunks == other
