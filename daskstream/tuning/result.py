@@ -243,7 +243,9 @@ class TuneResult:
         ax.set_ylabel("projected throughput (GB/s)")
         ax.set_title(f"{self.title} on {self.source}", fontsize=9)
         ax.legend(fontsize=8)
+        ax.margins(x=0.15)  # room for the last point's label
         if made:
+            figure.tight_layout()  # the axis labels inside the picture
             plt.close(figure)
         return ax.figure
 
