@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,32 +68,53 @@ def check_external_links(f: Any, top: str, dataset: str, h5py: Any) -> tuple[Lin
 
 
 def _walk(f: Any, top: str, dataset: str, h5py: Any, hops: int) -> tuple[LinkedFile, ...]:
+    def through(link: Any, f: Any, rest: str, hops: int) -> tuple[LinkedFile, ...]:
+        where = _resolve_link_target(link.filename, os.path.dirname(f.filename))
+        linked = LinkedFile("external link", where, link.filename)
+        check_linked_files(f"{top}::{dataset}", top, (linked,))
+        try:
+            other = h5py.File(where, "r")
+        except OSError as exc:
+            raise CorruptSourceError(
+                f"{top}::{dataset}: the external link to {where} leads to a file HDF5 cannot open "
+                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); fix or remove the link"
+            ) from None
+        with other:
+            return (linked, *_walk(other, top, posixpath.join(link.path, rest), h5py, hops))
+
+    return _follow_links(f, dataset, h5py, hops, through, lambda path: f"{top}::{path}")
+
+
+def _follow_links(
+    f: Any,
+    dataset: str,
+    h5py: Any,
+    hops: int,
+    external: Callable[[Any, Any, str, int], tuple[LinkedFile, ...]],
+    name: Callable[[str], str],
+) -> tuple[LinkedFile, ...]:
+    """Walk ``dataset``'s path in ``f``, soft links followed, to its first external link.
+
+    Returns what ``external(link, f, rest of the path, hops)`` makes of that
+    link, or ``()`` when the path has none (or is not there: the lookup that
+    follows reports it with what the file holds). ``name(path)`` names the
+    dataset when the links run too long in a row to be anything but a loop.
+    """
     if hops > _MAX_HOPS:
-        raise CorruptSourceError(f"{top}::{dataset}: more than {_MAX_HOPS} links in a row; they may form a loop")
+        raise CorruptSourceError(f"{name(dataset)}: more than {_MAX_HOPS} links in a row; they may form a loop")
     parts = [part for part in dataset.split("/") if part]
     group = f["/"]
     for i, part in enumerate(parts):
         try:
             link = group.get(part, getlink=True)
         except (KeyError, ValueError, OSError):
-            return ()  # not there: the lookup that follows reports it with what the file holds
+            return ()
         rest = "/".join(parts[i + 1 :])
         if isinstance(link, h5py.SoftLink):
             target = posixpath.normpath(posixpath.join(group.name, link.path))
-            return _walk(f, top, posixpath.join(target, rest), h5py, hops + 1)
+            return _follow_links(f, posixpath.join(target, rest), h5py, hops + 1, external, name)
         if isinstance(link, h5py.ExternalLink):
-            where = _resolve_link_target(link.filename, os.path.dirname(f.filename))
-            linked = LinkedFile("external link", where, link.filename)
-            check_linked_files(f"{top}::{dataset}", top, (linked,))
-            try:
-                other = h5py.File(where, "r")
-            except OSError as exc:
-                raise CorruptSourceError(
-                    f"{top}::{dataset}: the external link to {where} leads to a file HDF5 cannot open "
-                    f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); fix or remove the link"
-                ) from None
-            with other:
-                return (linked, *_walk(other, top, posixpath.join(link.path, rest), h5py, hops + 1))
+            return external(link, f, rest, hops + 1)
         if i < len(parts) - 1:
             try:
                 group = group[part]
@@ -235,9 +257,12 @@ def refuse_links_out_of_object(f: Any, name: str, dataset: str | None, dset: Any
         Naming the file the data would come from.
     """
     if dset is None:
-        link = _external_link_on_the_way(f, dataset or "", h5py, hops=0)
-        if link is not None:
-            _refuse(name, "an external link", link)
+
+        def refuse(link: Any, *_: Any) -> tuple[LinkedFile, ...]:
+            _refuse(name, "an external link", link.filename)
+            return ()
+
+        _follow_links(f, dataset or "", h5py, 0, refuse, lambda path: path)
         return
     create = dset.id.get_create_plist()
     if create.get_external_count():
@@ -252,29 +277,3 @@ def _refuse(name: str, role: str, declared: str) -> None:
         "open from this machine's disk rather than the object store; read the files from a local copy, or "
         "copy the data into the file (h5py: f.copy, or h5repack)"
     )
-
-
-def _external_link_on_the_way(f: Any, dataset: str, h5py: Any, hops: int) -> str | None:
-    """The file name of the first external link on the way to ``dataset`` in ``f``, soft links followed."""
-    if hops > _MAX_HOPS:
-        raise CorruptSourceError(f"{dataset}: more than {_MAX_HOPS} links in a row; they may form a loop")
-    parts = [part for part in dataset.split("/") if part]
-    group = f["/"]
-    for i, part in enumerate(parts):
-        try:
-            link = group.get(part, getlink=True)
-        except (KeyError, ValueError, OSError):
-            return None  # not there: the lookup that follows reports it with what the file holds
-        if isinstance(link, h5py.ExternalLink):
-            return link.filename
-        if isinstance(link, h5py.SoftLink):
-            target = posixpath.normpath(posixpath.join(group.name, link.path))
-            return _external_link_on_the_way(f, posixpath.join(target, *parts[i + 1 :]), h5py, hops + 1)
-        if i < len(parts) - 1:
-            try:
-                group = group[part]
-            except (KeyError, ValueError, OSError):
-                return None
-            if not isinstance(group, h5py.Group):
-                return None
-    return None
