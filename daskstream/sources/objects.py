@@ -300,23 +300,14 @@ class Place:
 
     def listing(self, key: str = "") -> dict[str, str]:
         """Every object below ``key`` (relative to the place) and its version, from the listing alone."""
-        fs = self.fs
-        base = self.path(key)
-        with self.errors("list"):
-            with contextlib.suppress(AttributeError):
-                fs.invalidate_cache()
-            try:
-                found = fs.find(base, detail=True)
-            except FileNotFoundError:
-                return {}
-        return {posixpath.relpath(path, self.root): version_of(info) for path, info in found.items()}
-
-    def get_prefix(self, key: str, limit: int) -> bytes | None:
-        """At most the first ``limit`` bytes of the object at ``key`` (one ranged GET), ``None`` if there is none."""
-        return self.get_range(key, 0, limit).data
+        return {name: version_of(info) for name, info in self._listed(key).items()}
 
     def sizes(self, key: str = "") -> dict[str, int]:
         """Every object below ``key`` (relative to the place) and its size in bytes, from the listing alone."""
+        return {name: int(info.get("size") or 0) for name, info in self._listed(key).items()}
+
+    def _listed(self, key: str) -> dict[str, dict[str, Any]]:
+        """What a fresh listing says of every object below ``key``, by its key relative to the place."""
         fs = self.fs
         with self.errors("list"):
             with contextlib.suppress(AttributeError):
@@ -325,7 +316,7 @@ class Place:
                 found = fs.find(self.path(key), detail=True)
             except FileNotFoundError:
                 return {}
-        return {posixpath.relpath(path, self.root): int(info.get("size") or 0) for path, info in found.items()}
+        return {posixpath.relpath(path, self.root): info for path, info in found.items()}
 
     def check_reachable(self) -> None:
         """Raise one clear error now when the place cannot be reached or read (endpoint, credentials, bucket)."""

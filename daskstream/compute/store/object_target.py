@@ -126,7 +126,7 @@ class ObjectZarrTarget(ZarrTarget):
 
     def _record_bytes(self, filename: str) -> bytes | None:
         # One more byte than a record may have tells an oversized object from a record.
-        return self.array_place.get_prefix(f"{PROGRESS_DIR}/{filename}", _MAX_RECORD_READ)
+        return self.array_place.get_head(f"{PROGRESS_DIR}/{filename}", _MAX_RECORD_READ).data
 
     def _store(self, *, read_only: bool = False) -> Any:
         import zarr
