@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("s3fs", reason="object store tests need s3fs (in the test extra)")
 pytest.importorskip("moto.moto_server.werkzeug_app", reason="object store tests need moto[server] (in the test extra)")
 
-from s3_helpers import S3, start_s3_server
+from s3_helpers import running_s3_server
 
 
 @pytest.fixture(scope="session")
@@ -24,13 +24,10 @@ def s3():
         AWS_DEFAULT_REGION="us-east-1",
         AWS_EC2_METADATA_DISABLED="true",
     )
-    proc, endpoint = start_s3_server()
     try:
-        yield S3(endpoint)
+        with running_s3_server() as server:
+            yield server
     finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

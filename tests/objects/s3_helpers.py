@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -59,3 +60,15 @@ def start_s3_server(latency: float = 0.0) -> tuple[subprocess.Popen, str]:
         proc.stdout.close()
         raise RuntimeError(f"the S3 server did not start (it printed {port!r})")
     return proc, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def running_s3_server(latency: float = 0.0):
+    """A server (see :func:`start_s3_server`) while the block runs, stopped after it."""
+    proc, endpoint = start_s3_server(latency)
+    try:
+        yield S3(endpoint)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

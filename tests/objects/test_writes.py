@@ -15,7 +15,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
-from s3_helpers import S3, start_s3_server
+from s3_helpers import running_s3_server
 
 import daskstream as ds
 from daskstream.compute.store.object_target import ObjectZarrTarget
@@ -98,13 +98,8 @@ def test_no_secret_travels_to_the_tasks_that_write(s3):
 def slow_s3(s3):
     """A server of its own whose every request waits 20 ms, so that a store runs long enough to be killed
     (with the credentials ``s3`` puts in the environment)."""
-    proc, endpoint = start_s3_server(latency=0.02)
-    try:
-        yield S3(endpoint)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
+    with running_s3_server(latency=0.02) as server:
+        yield server
 
 
 def test_a_killed_cli_store_resumes_writing_only_what_it_had_not_recorded(slow_s3, tmp_path):
