@@ -358,7 +358,10 @@ def test_cli_tune_prints_the_table_json_and_clears(tmp_path, cache):
 
 def test_a_remembered_winner_that_observed_runs_contradict_is_replaced(tmp_path, cache):
     path = write(tmp_path, "zarr")
-    first = ds.tune(path, memory_budget="256MiB")
+    # Time enough to measure even on a busy machine: a tuning that measured nothing remembers nothing.
+    first = ds.tune(path, memory_budget="256MiB", time_budget="60s")
+    assert not first.from_cache
+    assert cache.get(first.key) is not None
     tuned = tuple(first.chunks)
     other = (tuned[0] * 2, tuned[1]) if tuned[0] * 2 <= SHAPE[0] else (tuned[0] // 2, tuned[1])
     source = ds.open_source(path)
@@ -367,9 +370,10 @@ def test_a_remembered_winner_that_observed_runs_contradict_is_replaced(tmp_path,
         multiples = [c // u for c, u in zip(chunks, source.storage_chunks)]
         cache.observe(first.key, {"chunks": list(chunks), "multiples": multiples, "throughput": throughput})
 
-    # Full runs in sessions: the tuned shape slower than another, by far more than any noise.
-    observed(tuned, 1e9)
-    observed(other, 3e9)
+    # Full runs in sessions: the tuned shape slower than another, by far more than any noise (the
+    # margin is twice the tuning's own spread, which a busy machine makes wide).
+    observed(tuned, 1e8)
+    observed(other, 1e10)
     again = ds.tune(path, memory_budget="256MiB")
     assert again.from_cache
     assert again.chunks == other
