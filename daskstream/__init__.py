@@ -7,7 +7,7 @@ True
 """
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
-from daskstream.arrays import open, plan, plan_chunks
+from daskstream.arrays import open, plan, plan_chunks, reduce
 from daskstream.compute import (
     CodecChoice,
     choose_codec,
@@ -16,7 +16,6 @@ from daskstream.compute import (
     map_blocks,
     plan_compute,
     rechunk,
-    reduce,
     store,
 )
 from daskstream.errors import DaskstreamError

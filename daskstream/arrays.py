@@ -1,4 +1,4 @@
-"""The entry points that build arrays and plans: ``open``, ``plan`` and ``plan_chunks``.
+"""The entry points that build arrays and plans: ``open``, ``plan``, ``plan_chunks``, and ``reduce``.
 
 Defaults (the memory budget, threads, workers and the planner's settings) are
 resolved here, once per call (:func:`daskstream.runtime.resources.resolve_settings`),
@@ -8,11 +8,13 @@ and passed down as one frozen value.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import dask.array as da
 from numpy.typing import DTypeLike
 
+from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
@@ -20,6 +22,7 @@ from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source, open_source
+from daskstream.tuning.adaptive import AdaptiveReduction, adaptive_reduction
 from daskstream.tuning.tuner import tuned_chunks
 
 
@@ -237,4 +240,79 @@ def plan_chunks(
     )
 
 
-__all__ = ["as_dask_array", "open", "plan", "plan_chunks"]
+def reduce(
+    x: Any,
+    op: str,
+    axis: int | Sequence[int] | None = None,
+    *,
+    adaptive: bool = False,
+    progress: bool | None = None,
+    **options: Any,
+) -> Any:
+    """Reduce ``x`` with ``op`` over ``axis``: lazily, or adaptively with ``adaptive=True``.
+
+    Without ``adaptive`` this is :func:`daskstream.compute.reduce` (every
+    option there: ``dtype``, ``ddof``, ``q``, ``bins``, ``range``, ``keepdims``,
+    ``split_every``, ``memory_budget``): a lazy dask array.
+
+    Parameters
+    ----------
+    x
+        A dask array, or with ``adaptive`` a path, :class:`Source` or an array
+        as :func:`open` returns it (adaptive runs re-plan its reads).
+    op, axis
+        The reduction (one of :data:`daskstream.compute.OPERATIONS`) and the axes it removes.
+    adaptive
+        Return an :class:`~daskstream.tuning.adaptive.AdaptiveReduction`
+        instead: its ``compute()`` tries the planner's setting (rows per task,
+        threads) and alternatives on the first rows of the array, interleaved
+        and as part of the real work, runs the rest with the fastest and
+        returns the answer; ``adaptation`` (``explain()``) says what it tried
+        and chose, and the choice is remembered for the next adaptive run of
+        this kind of data. Integer, extreme and count results equal a single
+        run's exactly, floating-point sums and moments within rounding.
+        Histograms, and argmin/argmax/median/quantile over the first axis,
+        run as planned.
+    progress
+        With ``adaptive``: a bar in bytes whose postfix names the setting
+        being tried, then the one chosen (default: as the active session shows
+        progress).
+    **options
+        As for :func:`daskstream.compute.reduce`.
+
+    Returns
+    -------
+    dask.array.Array or AdaptiveReduction
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.arange(12.0).reshape(3, 4))
+    >>> float(reduce(open(path), "sum").compute())
+    66.0
+    >>> run = reduce(path, "max", axis=1, adaptive=True)
+    >>> run.compute()
+    array([ 3.,  7., 11.])
+    >>> run.adaptation.adapted  # three rows leave no room for trials
+    False
+    """
+    if not adaptive:
+        if progress is not None:
+            raise InvalidArgumentError(
+                "progress= applies to adaptive=True; a lazy reduction shows progress when computed"
+            )
+        return reduce_lazily(x, op, axis, **options)
+    if op == "histogram":
+        raise InvalidArgumentError(
+            'adaptive=True does not apply to op="histogram": its bins come from the whole array; run it without adaptive='
+        )
+    unknown = set(options) - {"dtype", "ddof", "q", "keepdims", "memory_budget"}
+    if unknown:
+        raise InvalidArgumentError(
+            f"adaptive=True takes dtype, ddof, q, keepdims and memory_budget; not {', '.join(sorted(unknown))}"
+        )
+    return adaptive_reduction(x, op, axis, progress=progress, **options)
+
+
+__all__ = ["AdaptiveReduction", "as_dask_array", "open", "plan", "plan_chunks", "reduce"]

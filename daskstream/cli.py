@@ -442,6 +442,12 @@ def _versions_facts() -> dict[str, Any]:
 @click.option("--bins", type=int, default=None, help="Bin count for --op histogram (default 10).")
 @click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge for --op histogram.")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@click.option(
+    "--adaptive",
+    is_flag=True,
+    help="Try the planner's setting and alternatives (threads, rows per task) on the first rows, "
+    "then run the rest with the fastest; prints what it chose.",
+)
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @_storage_option
@@ -454,6 +460,7 @@ def reduce_command(
     bins: int | None,
     bin_range: tuple[float, float] | None,
     dataset: str | None,
+    adaptive: bool,
     scheduler: str | None,
     cluster_file: str | None,
     memory_budget: str | None,
@@ -466,7 +473,8 @@ def reduce_command(
     JSON keys: op, axis, result (a number or nested lists; for histogram
     [counts, edges]), seconds, bytes_read (decoded bytes the tasks read; more
     than the array's size when the operation passes over it several times),
-    passes (over the data, as planned), scheduler.
+    passes (over the data, as planned), scheduler; with --adaptive, adaptive
+    (what was tried, chosen and why).
     """
 
     options: dict[str, Any] = {"ddof": ddof}
@@ -477,11 +485,20 @@ def reduce_command(
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         # Opened inside the session, so the chunks are planned for its workers.
         x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
-        result = ds.reduce(x, op, axis=axis or None, **options)
-        passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
-        start = time.perf_counter()
-        with ReadMeter(s) as meter:
-            value = list(s.compute(*result)) if op == "histogram" else s.compute(result)
+        adaptation = None
+        if adaptive:
+            run = ds.reduce(x, op, axis=axis or None, adaptive=True, progress=not quiet, **options)
+            passes = 1
+            start = time.perf_counter()
+            with ReadMeter(s) as meter:
+                value = run.compute()
+            adaptation = run.adaptation
+        else:
+            result = ds.reduce(x, op, axis=axis or None, **options)
+            passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
+            start = time.perf_counter()
+            with ReadMeter(s) as meter:
+                value = list(s.compute(*result)) if op == "histogram" else s.compute(result)
         seconds = time.perf_counter() - start
     if as_json:
         shown = [_plain(v) for v in value] if op == "histogram" else _plain(value)
@@ -494,10 +511,14 @@ def reduce_command(
             "passes": passes,
             "scheduler": s.cluster_file or s.scheduler,
         }
+        if adaptation is not None:
+            report["adaptive"] = adaptation.to_dict()
         click.echo(json.dumps(report))
         return
     read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read in {passes} pass(es)"
     click.echo(f"{op} over {list(axis) if axis else 'all axes'} of {path}: {value} ({seconds:.2f} s{read})")
+    if adaptation is not None:
+        click.echo(adaptation.explain())
 
 
 @main.command("describe")

@@ -124,6 +124,12 @@ class TuneCache:
             kept = [o for o in entry.get("observations", []) if o.get("chunks") != observation.get("chunks")]
             entry["observations"] = [*kept, observation][-MAX_OBSERVATIONS:]
 
+    def adapted(self, key: dict[str, Any], setting: dict[str, Any]) -> None:
+        """Remember the setting an adaptive run chose for ``key`` (the next adaptive run starts from it)."""
+        with self._editing() as entries:
+            entry = entries.setdefault(key_text(key), {"key": key})
+            entry["adaptive"] = setting
+
     def clear(self) -> int:
         """Remove every entry; returns how many there were."""
         with self._editing() as entries:

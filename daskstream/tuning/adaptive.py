@@ -1,0 +1,480 @@
+"""Adaptive runs: a reduction that tries settings on its own first rows, then runs the rest with the winner.
+
+``ds.reduce(x, op, adaptive=True)`` returns an :class:`AdaptiveReduction`.
+Computing it cuts the array along its first axis into waves
+(:mod:`daskstream.tuning.waves`): the first waves try the planner's setting
+(or the one an earlier adaptive run of this kind of data chose) and a few
+alternatives — more threads on smaller tasks, larger tasks — interleaved, as
+real work whose results are part of the answer; the rest then runs with the
+fastest. Nothing is read twice. The pieces' results are joined as the
+reduction's own combine step joins chunks (:mod:`daskstream.compute.joins`).
+
+What was tried, what won and why is the :class:`Adaptation` (``explain()``,
+the progress bar's postfix while it runs), and the winner is remembered in the
+tuning cache under the same kind-of-data key :func:`daskstream.tune` uses, so
+the next adaptive run of that kind of data starts from it.
+
+Adaptation needs the threaded scheduler (threads are one of its knobs); on
+another scheduler, or an array too small for trials, the reduction runs as
+planned and the :class:`Adaptation` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from typing import Any
+
+import dask
+import numpy as np
+from dask.callbacks import Callback
+
+from daskstream import config
+from daskstream.compute.joins import PieceReduction, joinable
+from daskstream.compute.reductions import reduce
+from daskstream.errors import InvalidArgumentError
+from daskstream.graph.layers import read_layers
+from daskstream.graph.reads import source_array
+from daskstream.planning.budget import format_size
+from daskstream.planning.grid import normalize_axes
+from daskstream.planning.settings import PlanSettings
+from daskstream.runtime.progress import progress_bar
+from daskstream.runtime.resources import resolve_settings
+from daskstream.runtime.schedulers import current, scheduler_kind
+from daskstream.runtime.tune_cache import TuneCache
+from daskstream.sources import Source, open_source
+from daskstream.tuning.adaptation import Adaptation, Tried
+from daskstream.tuning.tuner import cache_key, search_space
+from daskstream.tuning.waves import (
+    Choice,
+    Setting,
+    Wave,
+    choose,
+    lay_out_trials,
+    rest_wave,
+    settings_to_try,
+    wave_rows,
+)
+from daskstream.tuning.work import work_for
+
+
+class AdaptiveReduction:
+    """A reduction computed adaptively: :meth:`compute` runs it; ``adaptation`` then tells what happened.
+
+    Made by ``daskstream.reduce(x, op, adaptive=True)``.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        op: str,
+        axis: Any,
+        *,
+        keepdims: bool,
+        dtype: Any,
+        ddof: int,
+        q: Any,
+        memory_budget: int | str | None,
+        progress: bool | None,
+    ) -> None:
+        self.source = source
+        self.op = op
+        self.axes = tuple(range(source.ndim)) if axis is None else normalize_axes(axis, source.ndim)
+        self.axis = axis
+        self.piece = PieceReduction(op, self.axes, keepdims=keepdims, dtype=dtype, ddof=ddof, q=q)
+        self.memory_budget = memory_budget
+        self.progress = progress
+        self.adaptation: Adaptation | None = None
+        # A single run's lazy result (what runs when nothing can be tried): its dtype and shape are the answer's.
+        self.single_run = reduce(
+            source_array(source, "auto", resolve_settings(memory_budget=memory_budget)),
+            op,
+            axis,
+            keepdims=keepdims,
+            dtype=dtype,
+            ddof=ddof,
+            q=q,
+        )
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.single_run.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.single_run.shape
+
+    def __repr__(self) -> str:
+        state = "not computed yet" if self.adaptation is None else f"chose {self.adaptation.chunks}"
+        return f"<daskstream AdaptiveReduction {self.op} over {self.source.name}, shape {self.shape}: {state}>"
+
+    def compute(self) -> Any:
+        """Run the reduction adaptively and return its answer (a numpy array or scalar)."""
+        result, self.adaptation = _Runner(self).run()
+        return result
+
+    def explain(self) -> str:
+        """What the run tried and chose (after :meth:`compute`), or what it will try."""
+        if self.adaptation is None:
+            return f"{self!r}: compute() tries the planner's setting and alternatives on the first waves"
+        return self.adaptation.explain()
+
+
+def adaptive_reduction(
+    x: Any,
+    op: str,
+    axis: Any = None,
+    *,
+    keepdims: bool = False,
+    dtype: Any = None,
+    ddof: int = 0,
+    q: Any = None,
+    memory_budget: int | str | None = None,
+    progress: bool | None = None,
+) -> AdaptiveReduction:
+    """``reduce(x, op, ..., adaptive=True)``: ``x`` a path, a :class:`Source` or an array made by ``daskstream.open``."""
+    source = _source_of(x)
+    return AdaptiveReduction(
+        source,
+        op,
+        axis,
+        keepdims=keepdims,
+        dtype=dtype,
+        ddof=ddof,
+        q=q,
+        memory_budget=memory_budget,
+        progress=progress,
+    )
+
+
+def _source_of(x: Any) -> Source:
+    if isinstance(x, Source):
+        return x
+    if hasattr(x, "__dask_graph__"):
+        found = read_layers(x)
+        if len(found) != 1 or getattr(x, "name", None) != found[0][0]:
+            raise InvalidArgumentError(
+                "adaptive=True re-plans the reads, so it needs the array as daskstream.open returns it "
+                "(or its path); this one is computed from it: reduce the opened array, or pass adaptive=False"
+            )
+        return found[0][1]
+    return open_source(x)
+
+
+class _WaveBar(Callback):
+    """Moves the run's bar by a wave's bytes as its tasks finish."""
+
+    def __init__(self, bar: Any, nbytes: int) -> None:
+        super().__init__()
+        self.bar, self.nbytes, self.total, self.shown = bar, nbytes, 1, 0
+
+    def _start_state(self, dsk: Any, state: Any) -> None:
+        self.total = max(1, len(dsk))
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        done = len(state["finished"])
+        target = self.nbytes * done // self.total
+        if target > self.shown:
+            self.bar.update(target - self.shown)
+            self.shown = target
+
+    def _finish(self, dsk: Any, state: Any, errored: bool) -> None:
+        if not errored and self.shown < self.nbytes:
+            self.bar.update(self.nbytes - self.shown)
+            self.shown = self.nbytes
+
+
+class _Runner:
+    """One adaptive run of an :class:`AdaptiveReduction`."""
+
+    def __init__(self, job: AdaptiveReduction) -> None:
+        self.job = job
+        self.source = job.source
+        self.settings = resolve_settings(memory_budget=job.memory_budget)
+        self.space = search_space(self.source, self.settings.resources)
+        self.row_bytes = math.prod(self.source.shape[1:]) * self.source.dtype.itemsize
+        self.work = work_for(
+            job.op if job.op != "count_nonzero" else "sum",
+            None,
+            ndim=self.source.ndim,
+            dtype=self.source.dtype,
+            axis=job.axis,
+            depth=0,
+        )
+        self.key = cache_key(self.source, self.space, self.work, self.settings.resources)
+        # Seconds each wave took, by its first row.
+        self.spent: dict[int, float] = {}
+
+    # -- what to try -------------------------------------------------------------
+
+    def _start(self) -> tuple[Setting, str]:
+        plan = self.source.plan(self.settings)
+        multiples = self.space.multiples_of(plan.chunks)
+        planner = Setting(multiples or (1,) * self.source.ndim, self.settings.resources.threads, "planner")
+        entry = TuneCache().get(self.key) or {}
+        remembered = entry.get("adaptive")
+        if isinstance(remembered, dict) and isinstance(remembered.get("multiples"), list):
+            setting = Setting(
+                self.space.clip(tuple(int(m) for m in remembered["multiples"])),
+                int(remembered.get("threads", planner.threads)),
+                "remembered",
+            )
+            if self._fits(setting):
+                return (
+                    setting,
+                    f"setting remembered from an adaptive run over {remembered.get('source', 'data of this kind')}",
+                )
+        return planner, "planner's setting"
+
+    def _fits(self, setting: Setting) -> bool:
+        factor = self.settings.working_set_factor_for(self.source.dtype)
+        in_flight = factor * self.space.chunk_bytes(setting.multiples) * setting.threads
+        return in_flight <= self.space.per_task_bytes * self.settings.resources.threads
+
+    def _settings(self, start: Setting) -> list[Setting]:
+        tried = settings_to_try(
+            self.space,
+            start.multiples,
+            start.threads,
+            memory_factor=self.settings.working_set_factor_for(self.source.dtype),
+            max_threads=int(config.setting("adaptive.max-threads")),
+            role=start.role,
+        )
+        if start.role == "remembered":
+            # The planner's own setting is tried second, so a remembered one that no longer wins is left.
+            plan = self.source.plan(self.settings)
+            multiples = self.space.multiples_of(plan.chunks)
+            planner = Setting(multiples or start.multiples, self.settings.resources.threads, "planner")
+            others = [s for s in tried[1:] if (s.multiples, s.threads) != (planner.multiples, planner.threads)]
+            if (planner.multiples, planner.threads) != (start.multiples, start.threads):
+                return [start, planner, *others]
+        return tried
+
+    # -- running -----------------------------------------------------------------
+
+    def run(self) -> tuple[Any, Adaptation]:
+        started = time.perf_counter()
+        start, started_from = self._start()
+        why_not = self._why_not()
+        settings = [start] if why_not else self._settings(start)
+        waves: list[Wave] = []
+        while why_not is None:
+            waves, why_not = lay_out_trials(
+                self.space,
+                settings,
+                rounds=int(config.setting("adaptive.rounds")),
+                tasks_per_thread=int(config.setting("adaptive.tasks-per-thread")),
+                trial_fraction=float(config.setting("adaptive.trial-fraction")),
+            )
+            if waves or len(settings) <= 2:
+                break
+            # A round of every alternative does not fit: try fewer, the last (largest waves) first.
+            settings, why_not = settings[:-1], None
+        bar = self._bar()
+        try:
+            if why_not is not None:
+                result, seconds = self._run_whole(bar)
+                choice = Choice(0, (0.0,), (0.0,), why_not)
+                return result, self._adaptation([start], [seconds], choice, [], None, started, started_from)
+            return self._adapt(settings, waves, bar, started, started_from)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _why_not(self) -> str | None:
+        """Why this run cannot adapt, or ``None``."""
+        job = self.job
+        if scheduler_kind() != "threads":
+            return (
+                f"adaptive runs choose threads, so they need the threaded scheduler; this one is {scheduler_kind()!r}"
+            )
+        if self.space.multiples_of(self.source.plan(self.settings).chunks) is None:
+            return "the planner's chunks are not whole storage chunks"
+        if self.source.ndim and self.source.storage_chunks is None and self.space.axes != (0,):
+            return "the data is stored with its last axis slowest; waves cut the first"
+        return joinable(job.op, job.axis, self.source.ndim, q=job.piece.q, dtype=job.piece.dtype)
+
+    def _adapt(
+        self, settings: list[Setting], waves: list[Wave], bar: Any, started: float, started_from: str
+    ) -> tuple[Any, Adaptation]:
+        n_rows = self.source.shape[0]
+        parts: dict[int, Any] = {}
+        measured: list[list[float]] = [[] for _ in settings]
+        seconds_of = [0.0] * len(settings)
+        ran: list[Wave] = []
+
+        def run(wave: Wave) -> None:
+            setting = settings[wave.setting]
+            if bar is not None and wave.trial is not None:
+                bar.set_postfix_str(f"trying {setting.role}", refresh=True)
+            parts[wave.start], spent = self._run_wave(setting, wave, bar)
+            self.spent[wave.start] = spent
+            if wave.trial is not None:
+                measured[wave.setting].append((wave.stop - wave.start) * self.row_bytes / max(spent, 1e-9))
+            seconds_of[wave.setting] += spent
+            ran.append(wave)
+
+        run(waves[0])
+        projected = self.space.nbytes / measured[0][0]
+        shortest = float(config.setting("adaptive.min-seconds"))
+        if projected < shortest:
+            # The whole run is about as long as the trials would be: they cannot pay for themselves.
+            why = (
+                f"the first {format_size((waves[0].stop - waves[0].start) * self.row_bytes)} project "
+                f"{projected:.2f} s for the whole array, less than daskstream.adaptive.min-seconds ({shortest:g} s): "
+                "too short for trials to pay"
+            )
+            rest = rest_wave(ran, n_rows, 0)
+            if rest is not None:
+                run(rest)
+            result = self.job.piece.join([parts[k] for k in sorted(parts)], self.job.dtype)
+            choice = Choice(0, (measured[0][0],), (0.0,), why)
+            return result, self._adaptation(settings[:1], seconds_of[:1], choice, [], None, started, started_from)
+        for wave in waves[1:]:
+            run(wave)
+        min_gain = float(config.setting("tune.min-gain"))
+        choice = choose(settings, measured, min_gain=min_gain)
+        if choice.setting != 0 and min(len(measured[0]), len(measured[choice.setting])) < 2:
+            # One trial each tells no noise: the starting setting and the challenger run once more before
+            # the rest is committed to either (the first wave also carries the run's start-up).
+            again = []
+            at = ran[-1].stop
+            for index in (0, choice.setting):
+                rows = wave_rows(self.space, settings[index], int(config.setting("adaptive.tasks-per-thread")))
+                again.append(Wave(index, at, min(at + rows, n_rows), 1))
+                at += rows
+            if at < n_rows:
+                for wave in again:
+                    run(wave)
+                choice = choose(settings, measured, min_gain=min_gain)
+        trials = list(ran)
+        winner = settings[choice.setting]
+        if bar is not None:
+            bar.set_postfix_str(f"chose {winner.role}: {winner.describe(self.space)}", refresh=True)
+        rest = rest_wave(ran, n_rows, choice.setting)
+        if rest is not None:
+            run(rest)
+        result = self.job.piece.join([parts[k] for k in sorted(parts)], self.job.dtype)
+        adaptation = self._adaptation(settings, seconds_of, choice, trials, rest, started, started_from)
+        self._remember(winner, adaptation)
+        return result, adaptation
+
+    def _bar(self) -> Any:
+        show = self.job.progress
+        if show is None:
+            active = current()
+            show = bool(active is not None and active.progress)
+        if not show:
+            return None
+        return progress_bar(
+            total=self.space.nbytes,
+            unit="B",
+            unit_scale=True,
+            desc=f"{self.job.op} {self.source.name} (adaptive)",
+        )
+
+    def _wave_settings(self, setting: Setting) -> PlanSettings:
+        resources = dataclasses.replace(
+            self.settings.resources,
+            threads=setting.threads,
+            memory_budget=self.settings.resources.memory_budget,
+        )
+        return dataclasses.replace(self.settings, resources=resources)
+
+    def _run_whole(self, bar: Any) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        with _WaveBar(bar, self.space.nbytes) if bar is not None else contextlib.nullcontext():
+            (result,) = dask.compute(self.job.single_run)
+        return result, time.perf_counter() - t0
+
+    def _run_wave(self, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float]:
+        """Rows ``[wave.start, wave.stop)`` reduced with ``setting``: the partial result and its seconds."""
+        task_rows = self.space.chunks(setting.multiples)[0]
+        along = _rows(wave.start, wave.stop, task_rows, self.source.shape[0])
+        others = tuple(
+            tuple(_rows(0, n, c, n)[1]) for n, c in zip(self.source.shape[1:], self.space.chunks(setting.multiples)[1:])
+        )
+        x = source_array(self.source, (along[0] + along[1] + along[2], *others), self._wave_settings(setting))
+        first = len(along[0])
+        piece = x.blocks[first : first + len(along[1])]
+        lazy = self.job.piece.piece(piece)
+        t0 = time.perf_counter()
+        nbytes = (wave.stop - wave.start) * self.row_bytes
+        with _WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
+            (result,) = dask.compute(lazy, scheduler="threads", num_workers=setting.threads)
+        return result, time.perf_counter() - t0
+
+    # -- the record ----------------------------------------------------------------
+
+    def _adaptation(
+        self,
+        settings: list[Setting],
+        seconds_of: list[float],
+        choice: Choice,
+        trials: list[Wave],
+        rest: Wave | None,
+        started: float,
+        started_from: str,
+    ) -> Adaptation:
+        """The record of the run; no ``trials`` means it ran as planned (``choice.reason`` says why)."""
+        adapted = bool(trials)
+        rows = []
+        for i, s in enumerate(settings):
+            mine = [w for w in trials if w.setting == i] + ([rest] if rest is not None and rest.setting == i else [])
+            rows.append(
+                Tried(
+                    role=s.role,
+                    chunks=self.space.chunks(s.multiples),
+                    chunk_bytes=self.space.chunk_bytes(s.multiples),
+                    threads=s.threads,
+                    waves=len(mine) if adapted else 1,
+                    nbytes=sum(w.stop - w.start for w in mine) * self.row_bytes if adapted else self.space.nbytes,
+                    seconds=seconds_of[i],
+                    throughput=choice.throughputs[i] or None,
+                    spread=choice.spreads[i],
+                )
+            )
+        return Adaptation(
+            source=self.source.name,
+            operation=self.job.op,
+            nbytes=self.space.nbytes,
+            tried=tuple(rows),
+            chosen=choice.setting,
+            reason=choice.reason,
+            trial_bytes=sum(w.stop - w.start for w in trials) * self.row_bytes,
+            trial_seconds=sum(self.spent.get(w.start, 0.0) for w in trials),
+            seconds=time.perf_counter() - started,
+            started_from=started_from,
+            adapted=adapted,
+        )
+
+    def _remember(self, winner: Setting, adaptation: Adaptation) -> None:
+        TuneCache().adapted(
+            self.key,
+            {
+                "multiples": list(winner.multiples),
+                "chunks": list(self.space.chunks(winner.multiples)),
+                "threads": winner.threads,
+                "role": winner.role,
+                "throughput": adaptation.tried[adaptation.chosen].throughput,
+                "source": self.source.name,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+        )
+
+
+def _rows(start: int, stop: int, step: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Chunks along an axis of length ``n`` putting ``[start, stop)`` in blocks of ``step`` from ``start``:
+    (the blocks before, the blocks of the range, the blocks after).
+
+    The blocks outside the range are never computed; they are cut no larger
+    than ``step`` too, so that the graph's memory check sees tasks of the size
+    that runs.
+    """
+
+    def cut(a: int, b: int) -> tuple[int, ...]:
+        return tuple(min(step, b - s) for s in range(a, b, step))
+
+    return cut(0, start), cut(start, stop), cut(stop, n)

@@ -1,0 +1,239 @@
+"""Adaptive runs, as pure functions: which settings to try, where each runs, and which one wins.
+
+An adaptive run cuts the array along its first axis into *waves*, each a
+contiguous run of storage-aligned rows computed as one piece with one
+*setting* (rows per task, threads). The first waves are trials: the
+planner's setting and a few alternatives, interleaved in rounds whose order
+rotates so a machine getting busier or a cache warming up does not favour
+one of them. Every trial wave is real work: its result is part of the answer,
+so trying costs no extra bytes read. The rest of the array then runs in one
+wave with the winner.
+
+Nothing here reads a file or runs a task; :mod:`daskstream.tuning.adaptive`
+runs the waves.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from daskstream.planning.budget import format_size
+from daskstream.tuning.search import Multiples, SearchSpace
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run a wave.
+
+    Attributes
+    ----------
+    multiples
+        Storage units per task along each axis (see :class:`SearchSpace`).
+    threads
+        Tasks run at once.
+    role
+        Why it is tried: ``"planner"`` (the rule's choice), ``"remembered"``
+        (an earlier run's winner), ``"more threads"`` (the same bytes in
+        flight cut into more, smaller tasks: for latency-bound reads),
+        ``"larger tasks"`` (fewer tasks: for per-task costs).
+    """
+
+    multiples: Multiples
+    threads: int
+    role: str
+
+    def describe(self, space: SearchSpace) -> str:
+        """``"(2048, 1024), 8.00 MiB x 2 threads"``."""
+        return (
+            f"{space.chunks(self.multiples)}, {format_size(space.chunk_bytes(self.multiples))} x {self.threads} threads"
+        )
+
+
+def settings_to_try(
+    space: SearchSpace,
+    start: Multiples,
+    threads: int,
+    *,
+    memory_factor: float,
+    max_threads: int,
+    role: str = "planner",
+) -> list[Setting]:
+    """The setting to start from and the alternatives an adaptive run tries beside it.
+
+    Alternatives change only the first axis (the one waves cut along) and
+    hold the memory budget: a task of ``memory_factor`` times its chunk, times
+    the threads running at once, stays within what the starting setting may
+    hold (``space.per_task_bytes`` per thread of ``threads``).
+
+    * more threads: four times the threads (at most ``max_threads``) on tasks
+      a quarter the rows, so the bytes in flight stay the same while reads
+      wait on a disk or an object store four times as often at once;
+    * larger tasks: twice the rows per task on the same threads, when the
+      budget admits it and the array has enough tasks left for every thread.
+
+    Examples
+    --------
+    >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
+    >>> [(s.multiples, s.threads, s.role) for s in settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)]
+    [((8, 1), 2, 'planner'), ((2, 1), 8, 'more threads'), ((16, 1), 2, 'larger tasks')]
+    """
+    total_bytes = space.per_task_bytes * threads
+    n_rows = space.n_units[0]
+
+    def admitted(multiples: Multiples, with_threads: int) -> bool:
+        in_flight = memory_factor * space.chunk_bytes(multiples) * with_threads
+        tasks = math.ceil(n_rows / multiples[0])
+        return in_flight <= total_bytes and tasks >= with_threads
+
+    out = [Setting(start, threads, role)]
+    more = min(max_threads, threads * 4)
+    if more > threads:
+        fewer_rows = max(1, start[0] * threads // more)
+        candidate = (fewer_rows, *start[1:])
+        if admitted(candidate, more):
+            out.append(Setting(candidate, more, "more threads"))
+    larger = (min(start[0] * 2, n_rows), *start[1:])
+    if larger != start and admitted(larger, threads):
+        out.append(Setting(larger, threads, "larger tasks"))
+    return out
+
+
+@dataclass(frozen=True)
+class Wave:
+    """Rows ``[start, stop)`` of the first axis (in elements), run with ``settings[setting]``.
+
+    ``trial`` is the round it belongs to (from 0), ``None`` for the wave that
+    runs the rest with the winner.
+    """
+
+    setting: int
+    start: int
+    stop: int
+    trial: int | None
+
+
+def wave_rows(space: SearchSpace, setting: Setting, tasks_per_thread: int) -> int:
+    """Rows (elements of the first axis) of one trial wave of ``setting``: ``tasks_per_thread`` tasks per thread."""
+    return space.unit[0] * setting.multiples[0] * setting.threads * tasks_per_thread
+
+
+def lay_out_trials(
+    space: SearchSpace,
+    settings: Sequence[Setting],
+    *,
+    rounds: int,
+    tasks_per_thread: int,
+    trial_fraction: float,
+) -> tuple[list[Wave], str | None]:
+    """The trial waves, in the order they run, and why there are none when the array is too small.
+
+    As many rounds as ``rounds`` and ``trial_fraction`` of the first axis
+    allow; fewer than one, or a single setting, means no trials (the reason
+    says which). Round ``r`` runs the settings starting from the ``r``-th, so
+    each setting runs early once and late once.
+
+    Examples
+    --------
+    >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
+    >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
+    >>> waves, why = lay_out_trials(space, settings, rounds=2, tasks_per_thread=2, trial_fraction=0.5)
+    >>> [(w.setting, w.start, w.stop, w.trial) for w in waves]
+    [(0, 0, 8192, 0), (1, 8192, 16384, 0), (2, 16384, 32768, 0)]
+    >>> why
+    """
+    n = space.shape[0]
+    if len(settings) < 2:
+        return [], "no alternative fits the memory budget and the array's tasks"
+    sizes = [wave_rows(space, s, tasks_per_thread) for s in settings]
+    one_round = sum(sizes)
+    allowed = int(n * trial_fraction)
+    fit = min(rounds, allowed // one_round)
+    if fit < 1:
+        return [], (
+            f"one round of trials ({one_round} of {n} rows along the first axis) would be more than "
+            f"{trial_fraction:.0%} of the array: too small to try alternatives"
+        )
+    waves: list[Wave] = []
+    start = 0
+    for r in range(fit):
+        for i in range(len(settings)):
+            index = (i + r) % len(settings)
+            waves.append(Wave(index, start, start + sizes[index], r))
+            start += sizes[index]
+    return waves, None
+
+
+def rest_wave(waves: Sequence[Wave], n_rows: int, setting: int) -> Wave | None:
+    """The wave running everything after ``waves`` with ``setting``, or ``None`` when nothing is left."""
+    start = max((w.stop for w in waves), default=0)
+    return Wave(setting, start, n_rows, None) if start < n_rows else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The winner of the trials and why.
+
+    Attributes
+    ----------
+    setting
+        Index of the winning setting.
+    throughputs
+        Median bytes per second of each setting's trial waves.
+    spreads
+        Half the range of each setting's throughputs over their median
+        (0 with one wave): the noise.
+    reason
+        One sentence for people.
+    """
+
+    setting: int
+    throughputs: tuple[float, ...]
+    spreads: tuple[float, ...]
+    reason: str
+
+
+def choose(settings: Sequence[Setting], measured: Sequence[Sequence[float]], *, min_gain: float) -> Choice:
+    """The setting to run the rest with: the fastest, unless it beats the first by no more than the noise.
+
+    ``measured[i]`` holds the throughputs (bytes per second) of setting
+    ``i``'s trial waves. The first setting (the planner's or the remembered
+    one) is kept unless another's median is faster by more than
+    ``min_gain`` and twice the larger of the two spreads.
+
+    Examples
+    --------
+    >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
+    >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
+    >>> choose(settings, [[1.0e9, 1.1e9], [2.0e9, 2.1e9], [0.9e9, 1.0e9]], min_gain=0.05).setting
+    1
+    >>> choose(settings, [[1.0e9, 1.1e9], [1.1e9, 1.15e9], [0.9e9, 1.0e9]], min_gain=0.05).setting
+    0
+    """
+    medians = tuple(statistics.median(m) if m else 0.0 for m in measured)
+    spreads = tuple(
+        (max(m) - min(m)) / 2 / statistics.median(m) if len(m) > 1 and medians[i] else 0.0
+        for i, m in enumerate(measured)
+    )
+    best = max(range(len(settings)), key=lambda i: medians[i])
+    first = settings[0]
+    if best == 0 or not medians[0]:
+        return Choice(0, medians, spreads, f"the {first.role}'s setting ran fastest")
+    gain = medians[best] / medians[0] - 1
+    margin = max(min_gain, 2 * max(spreads[0], spreads[best]))
+    if gain <= margin:
+        return Choice(
+            0,
+            medians,
+            spreads,
+            f"{settings[best].role} ran {gain:.0%} faster than the {first.role}'s setting, within the noise "
+            f"({margin:.0%}): kept the {first.role}'s",
+        )
+    return Choice(
+        best,
+        medians,
+        spreads,
+        f"{settings[best].role} ran {gain:.0%} faster than the {first.role}'s setting, beyond the noise ({margin:.0%})",
+    )
