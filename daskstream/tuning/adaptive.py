@@ -22,13 +22,14 @@ planned and the :class:`Adaptation` says why.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from typing import Any
 
 import dask
+import dask.array as da
 import numpy as np
+from dask.base import tokenize
 from dask.callbacks import Callback
 
 from daskstream import config
@@ -39,7 +40,6 @@ from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import source_array
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import normalize_axes
-from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.progress import progress_bar
 from daskstream.runtime.resources import resolve_settings
 from daskstream.runtime.schedulers import current, scheduler_kind
@@ -55,7 +55,7 @@ from daskstream.tuning.waves import (
     lay_out_trials,
     rest_wave,
     settings_to_try,
-    wave_rows,
+    trial_rows,
 )
 from daskstream.tuning.work import work_for
 
@@ -311,18 +311,20 @@ class _Runner:
                 bar.set_postfix_str(f"trying {setting.role}", refresh=True)
             parts[wave.start], spent = self._run_wave(setting, wave, bar)
             self.spent[wave.start] = spent
-            if wave.trial is not None:
+            if wave.trial is not None and wave.trial >= 0:
                 measured[wave.setting].append((wave.stop - wave.start) * self.row_bytes / max(spent, 1e-9))
             seconds_of[wave.setting] += spent
             ran.append(wave)
 
+        # The warm-up wave, then the starting setting's first timed one: what the whole run would take.
         run(waves[0])
+        run(waves[1])
         projected = self.space.nbytes / measured[0][0]
         shortest = float(config.setting("adaptive.min-seconds"))
         if projected < shortest:
             # The whole run is about as long as the trials would be: they cannot pay for themselves.
             why = (
-                f"the first {format_size((waves[0].stop - waves[0].start) * self.row_bytes)} project "
+                f"{format_size((waves[1].stop - waves[1].start) * self.row_bytes)} timed after a warm-up project "
                 f"{projected:.2f} s for the whole array, less than daskstream.adaptive.min-seconds ({shortest:g} s): "
                 "too short for trials to pay"
             )
@@ -332,19 +334,19 @@ class _Runner:
             result = self.job.piece.join([parts[k] for k in sorted(parts)], self.job.dtype)
             choice = Choice(0, (measured[0][0],), (0.0,), why)
             return result, self._adaptation(settings[:1], seconds_of[:1], choice, [], None, started, started_from)
-        for wave in waves[1:]:
+        for wave in waves[2:]:
             run(wave)
         min_gain = float(config.setting("tune.min-gain"))
         choice = choose(settings, measured, min_gain=min_gain)
         if choice.setting != 0 and min(len(measured[0]), len(measured[choice.setting])) < 2:
             # One trial each tells no noise: the starting setting and the challenger run once more before
-            # the rest is committed to either (the first wave also carries the run's start-up).
+            # the rest is committed to either.
             again = []
             at = ran[-1].stop
+            sizes = trial_rows(self.space, settings, int(config.setting("adaptive.tasks-per-thread")))
             for index in (0, choice.setting):
-                rows = wave_rows(self.space, settings[index], int(config.setting("adaptive.tasks-per-thread")))
-                again.append(Wave(index, at, min(at + rows, n_rows), 1))
-                at += rows
+                again.append(Wave(index, at, min(at + sizes[index], n_rows), 1))
+                at += sizes[index]
             if at < n_rows:
                 for wave in again:
                     run(wave)
@@ -375,14 +377,6 @@ class _Runner:
             desc=f"{self.job.op} {self.source.name} (adaptive)",
         )
 
-    def _wave_settings(self, setting: Setting) -> PlanSettings:
-        resources = dataclasses.replace(
-            self.settings.resources,
-            threads=setting.threads,
-            memory_budget=self.settings.resources.memory_budget,
-        )
-        return dataclasses.replace(self.settings, resources=resources)
-
     def _run_whole(self, bar: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
         with _WaveBar(bar, self.space.nbytes) if bar is not None else contextlib.nullcontext():
@@ -391,14 +385,18 @@ class _Runner:
 
     def _run_wave(self, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float]:
         """Rows ``[wave.start, wave.stop)`` reduced with ``setting``: the partial result and its seconds."""
-        task_rows = self.space.chunks(setting.multiples)[0]
-        along = _rows(wave.start, wave.stop, task_rows, self.source.shape[0])
-        others = tuple(
-            tuple(_rows(0, n, c, n)[1]) for n, c in zip(self.source.shape[1:], self.space.chunks(setting.multiples)[1:])
+        chunks = self.space.chunks(setting.multiples)
+        rows = _Rows(self.source, wave.start, wave.stop)
+        grid = tuple(_cut(0, n, c) for n, c in zip(rows.shape, chunks))
+        piece = da.from_array(
+            rows,
+            chunks=grid,
+            name=f"daskstream-wave-{tokenize(self.source.token, wave.start, wave.stop, grid)}",
+            lock=False,
+            asarray=False,
+            fancy=False,
+            meta=np.empty((0,) * self.source.ndim, dtype=self.source.dtype),
         )
-        x = source_array(self.source, (along[0] + along[1] + along[2], *others), self._wave_settings(setting))
-        first = len(along[0])
-        piece = x.blocks[first : first + len(along[1])]
         lazy = self.job.piece.piece(piece)
         t0 = time.perf_counter()
         nbytes = (wave.stop - wave.start) * self.row_bytes
@@ -465,16 +463,26 @@ class _Runner:
         )
 
 
-def _rows(start: int, stop: int, step: int, n: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """Chunks along an axis of length ``n`` putting ``[start, stop)`` in blocks of ``step`` from ``start``:
-    (the blocks before, the blocks of the range, the blocks after).
+def _cut(start: int, stop: int, step: int) -> tuple[int, ...]:
+    """Chunks of ``step`` (the last shorter) over ``[start, stop)``."""
+    return tuple(min(step, stop - s) for s in range(start, stop, step)) or (0,)
 
-    The blocks outside the range are never computed; they are cut no larger
-    than ``step`` too, so that the graph's memory check sees tasks of the size
-    that runs.
+
+class _Rows:
+    """Rows ``[start, stop)`` of a source's first axis, read through the source (so reads are counted and
+    checked as any other): the array a wave reads, one task per block, with nothing around it in the graph.
+
+    The wave's setting holds the memory budget by construction
+    (:func:`daskstream.tuning.waves.settings_to_try`), so the array is made
+    directly rather than as a planned read.
     """
 
-    def cut(a: int, b: int) -> tuple[int, ...]:
-        return tuple(min(step, b - s) for s in range(a, b, step))
+    def __init__(self, source: Source, start: int, stop: int) -> None:
+        self.source, self.start, self.stop = source, start, stop
+        self.shape = (stop - start, *source.shape[1:])
+        self.dtype = source.dtype
+        self.ndim = source.ndim
 
-    return cut(0, start), cut(start, stop), cut(stop, n)
+    def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
+        first, *rest = region
+        return self.source[(slice(self.start + first.start, self.start + first.stop), *rest)]

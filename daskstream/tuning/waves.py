@@ -68,9 +68,10 @@ def settings_to_try(
     the threads running at once, stays within what the starting setting may
     hold (``space.per_task_bytes`` per thread of ``threads``).
 
-    * more threads: four times the threads (at most ``max_threads``) on tasks
-      a quarter the rows, so the bytes in flight stay the same while reads
-      wait on a disk or an object store four times as often at once;
+    * more threads: four times the threads (at most ``max_threads``), on the
+      same tasks when the budget holds four times as many at once, else on
+      tasks cut (halving their rows) until it does: four times the reads
+      waiting at once on a disk or an object store;
     * larger tasks: twice the rows per task on the same threads, when the
       budget admits it and the array has enough tasks left for every thread.
 
@@ -78,7 +79,7 @@ def settings_to_try(
     --------
     >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
     >>> [(s.multiples, s.threads, s.role) for s in settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)]
-    [((8, 1), 2, 'planner'), ((2, 1), 8, 'more threads'), ((16, 1), 2, 'larger tasks')]
+    [((8, 1), 2, 'planner'), ((8, 1), 8, 'more threads'), ((16, 1), 2, 'larger tasks')]
     """
     total_bytes = space.per_task_bytes * threads
     n_rows = space.n_units[0]
@@ -91,8 +92,11 @@ def settings_to_try(
     out = [Setting(start, threads, role)]
     more = min(max_threads, threads * 4)
     if more > threads:
-        fewer_rows = max(1, start[0] * threads // more)
-        candidate = (fewer_rows, *start[1:])
+        # The same tasks if the budget holds them all at once, else the largest fewer rows that fit.
+        rows = start[0]
+        while rows > 1 and not admitted((rows, *start[1:]), more):
+            rows //= 2
+        candidate = (rows, *start[1:])
         if admitted(candidate, more):
             out.append(Setting(candidate, more, "more threads"))
     larger = (min(start[0] * 2, n_rows), *start[1:])
@@ -105,8 +109,9 @@ def settings_to_try(
 class Wave:
     """Rows ``[start, stop)`` of the first axis (in elements), run with ``settings[setting]``.
 
-    ``trial`` is the round it belongs to (from 0), ``None`` for the wave that
-    runs the rest with the winner.
+    ``trial`` is the round it belongs to (from 0), -1 for the warm-up wave
+    (computed, not timed), ``None`` for the wave that runs the rest with the
+    winner.
     """
 
     setting: int
@@ -116,8 +121,21 @@ class Wave:
 
 
 def wave_rows(space: SearchSpace, setting: Setting, tasks_per_thread: int) -> int:
-    """Rows (elements of the first axis) of one trial wave of ``setting``: ``tasks_per_thread`` tasks per thread."""
+    """Rows (elements of the first axis) of ``tasks_per_thread`` tasks per thread of ``setting``."""
     return space.unit[0] * setting.multiples[0] * setting.threads * tasks_per_thread
+
+
+def trial_rows(space: SearchSpace, settings: Sequence[Setting], tasks_per_thread: int) -> list[int]:
+    """Rows of one trial wave of each setting: about the same for all, and whole tasks for every thread.
+
+    Waves of equal size are compared fairly: each ends with threads idling
+    while its last tasks finish, and that costs the same share of each. The
+    size is that of the setting whose ``tasks_per_thread`` tasks per thread
+    span the most rows; the others run as many whole rounds of tasks as fit.
+    """
+    units = [wave_rows(space, s, 1) for s in settings]
+    target = max(wave_rows(space, s, tasks_per_thread) for s in settings)
+    return [u * max(1, target // u) for u in units]
 
 
 def lay_out_trials(
@@ -130,34 +148,38 @@ def lay_out_trials(
 ) -> tuple[list[Wave], str | None]:
     """The trial waves, in the order they run, and why there are none when the array is too small.
 
-    As many rounds as ``rounds`` and ``trial_fraction`` of the first axis
-    allow; fewer than one, or a single setting, means no trials (the reason
-    says which). Round ``r`` runs the settings starting from the ``r``-th, so
-    each setting runs early once and late once.
+    First a warm-up wave of the first setting (``trial == -1``: one task per
+    thread, computed but not timed, since it carries the run's start-up), then
+    as many rounds as ``rounds`` and ``trial_fraction`` of the first axis
+    allow, each wave about the same size (:func:`trial_rows`). Fewer than one
+    round, or a single setting, means no trials (the reason says which).
+    Round ``r`` runs the settings starting from the ``r``-th, so each setting
+    runs early once and late once.
 
     Examples
     --------
     >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
     >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
-    >>> waves, why = lay_out_trials(space, settings, rounds=2, tasks_per_thread=2, trial_fraction=0.5)
+    >>> waves, why = lay_out_trials(space, settings, rounds=2, tasks_per_thread=1, trial_fraction=0.9)
     >>> [(w.setting, w.start, w.stop, w.trial) for w in waves]
-    [(0, 0, 8192, 0), (1, 8192, 16384, 0), (2, 16384, 32768, 0)]
+    [(0, 0, 4096, -1), (0, 4096, 20480, 0), (1, 20480, 36864, 0), (2, 36864, 53248, 0)]
     >>> why
     """
     n = space.shape[0]
     if len(settings) < 2:
         return [], "no alternative fits the memory budget and the array's tasks"
-    sizes = [wave_rows(space, s, tasks_per_thread) for s in settings]
+    warm_up = wave_rows(space, settings[0], 1)
+    sizes = trial_rows(space, settings, tasks_per_thread)
     one_round = sum(sizes)
-    allowed = int(n * trial_fraction)
-    fit = min(rounds, allowed // one_round)
+    allowed = int(n * trial_fraction) - warm_up
+    fit = min(rounds, max(0, allowed) // one_round)
     if fit < 1:
         return [], (
-            f"one round of trials ({one_round} of {n} rows along the first axis) would be more than "
+            f"one round of trials ({warm_up + one_round} of {n} rows along the first axis) would be more than "
             f"{trial_fraction:.0%} of the array: too small to try alternatives"
         )
-    waves: list[Wave] = []
-    start = 0
+    waves = [Wave(0, 0, warm_up, -1)]
+    start = warm_up
     for r in range(fit):
         for i in range(len(settings)):
             index = (i + r) % len(settings)
