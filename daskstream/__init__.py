@@ -7,11 +7,10 @@ True
 """
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
-from daskstream.arrays import open, plan, plan_chunks, reduce
+from daskstream.arrays import describe, open, plan, plan_chunks, reduce
 from daskstream.compute import (
     CodecChoice,
     choose_codec,
-    describe,
     kernels,
     map_blocks,
     plan_compute,

@@ -14,6 +14,7 @@ from typing import Any
 import dask.array as da
 from numpy.typing import DTypeLike
 
+from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
@@ -22,7 +23,7 @@ from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source, open_source
-from daskstream.tuning.adaptive import AdaptiveReduction, adaptive_reduction
+from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction
 from daskstream.tuning.tuner import tuned_chunks
 
 
@@ -263,7 +264,7 @@ def reduce(
     op, axis
         The reduction (one of :data:`daskstream.compute.OPERATIONS`) and the axes it removes.
     adaptive
-        Return an :class:`~daskstream.tuning.adaptive.AdaptiveReduction`
+        Return an :class:`~daskstream.tuning.adaptive.AdaptiveRun`
         instead: its ``compute()`` tries the planner's setting (rows per task,
         threads) and alternatives on the first rows of the array, interleaved
         and as part of the real work, runs the rest with the fastest and
@@ -282,7 +283,7 @@ def reduce(
 
     Returns
     -------
-    dask.array.Array or AdaptiveReduction
+    dask.array.Array or AdaptiveRun
 
     Examples
     --------
@@ -315,4 +316,61 @@ def reduce(
     return adaptive_reduction(x, op, axis, progress=progress, **options)
 
 
-__all__ = ["AdaptiveReduction", "as_dask_array", "open", "plan", "plan_chunks", "reduce"]
+def describe(
+    x: Any,
+    axis: int | Sequence[int] | None = None,
+    bins: int | Sequence[float] | None = None,
+    *,
+    range: tuple[float, float] | None = None,
+    ddof: int = 0,
+    split_every: int | None = None,
+    memory_budget: int | str | None = None,
+    adaptive: bool = False,
+    progress: bool | None = None,
+) -> Any:
+    """Count, NaN count, mean, std, min and max of ``x`` (and a histogram), in one pass.
+
+    Without ``adaptive`` this is :func:`daskstream.compute.describe`: a
+    ``LazyDescription`` whose ``compute()`` gives the ``Description``.
+
+    Parameters
+    ----------
+    x, axis, bins, range, ddof, split_every, memory_budget
+        As for :func:`daskstream.compute.describe`; with ``adaptive``, ``x``
+        may also be a path or a :class:`Source`.
+    adaptive
+        Return an :class:`~daskstream.tuning.adaptive.AdaptiveRun` instead
+        (see :func:`reduce`): the same statistics, its first rows run with
+        alternative settings as trials and the rest with the fastest.
+        ``split_every`` does not apply.
+    progress
+        With ``adaptive``, as for :func:`reduce`.
+
+    Returns
+    -------
+    LazyDescription or AdaptiveRun
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> np.save(path, np.arange(12.0).reshape(3, 4))
+    >>> float(describe(path, adaptive=True).compute()["mean"])
+    5.5
+    """
+    if not adaptive:
+        if progress is not None:
+            raise InvalidArgumentError(
+                "progress= applies to adaptive=True; a lazy describe shows progress when computed"
+            )
+        return describe_lazily(
+            x, axis, bins, range=range, ddof=ddof, split_every=split_every, memory_budget=memory_budget
+        )
+    if split_every is not None:
+        raise InvalidArgumentError("adaptive=True plans each wave's merge tree itself; leave split_every out")
+    return adaptive_description(
+        x, axis, bins, bin_range=range, ddof=ddof, memory_budget=memory_budget, progress=progress
+    )
+
+
+__all__ = ["AdaptiveRun", "as_dask_array", "describe", "open", "plan", "plan_chunks", "reduce"]

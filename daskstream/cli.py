@@ -424,6 +424,14 @@ def _versions_facts() -> dict[str, Any]:
     }
 
 
+_adaptive_option = click.option(
+    "--adaptive",
+    is_flag=True,
+    help="Try the planner's setting and alternatives (threads, rows per task) on the first rows, "
+    "then run the rest with the fastest; prints what it chose.",
+)
+
+
 @main.command("reduce")
 @click.argument("path")
 @click.option(
@@ -442,12 +450,7 @@ def _versions_facts() -> dict[str, Any]:
 @click.option("--bins", type=int, default=None, help="Bin count for --op histogram (default 10).")
 @click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge for --op histogram.")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
-@click.option(
-    "--adaptive",
-    is_flag=True,
-    help="Try the planner's setting and alternatives (threads, rows per task) on the first rows, "
-    "then run the rest with the fastest; prints what it chose.",
-)
+@_adaptive_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @_storage_option
@@ -527,6 +530,7 @@ def reduce_command(
 @click.option("--bins", type=int, default=None, help="Also a histogram with this many bins (needs --range).")
 @click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge of the histogram.")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@_adaptive_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @_storage_option
@@ -536,6 +540,7 @@ def describe_command(
     bins: int | None,
     bin_range: tuple[float, float] | None,
     dataset: str | None,
+    adaptive: bool,
     scheduler: str | None,
     cluster_file: str | None,
     memory_budget: str | None,
@@ -543,15 +548,29 @@ def describe_command(
     as_json: bool,
     storage_options: dict[str, Any],
 ) -> None:
-    """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass."""
+    """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass.
 
+    JSON keys: the statistics; with --adaptive, adaptive (what was tried, chosen and why).
+    """
+
+    adaptation = None
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
-        description = s.compute(ds.describe(x, axis=axis or None, bins=bins, range=bin_range))
+        if adaptive:
+            run = ds.describe(x, axis=axis or None, bins=bins, range=bin_range, adaptive=True, progress=not quiet)
+            description = run.compute()
+            adaptation = run.adaptation
+        else:
+            description = s.compute(ds.describe(x, axis=axis or None, bins=bins, range=bin_range))
     if as_json:
-        click.echo(json.dumps({key: _plain(value) for key, value in description.items()}))
+        report = {key: _plain(value) for key, value in description.items()}
+        if adaptation is not None:
+            report["adaptive"] = adaptation.to_dict()
+        click.echo(json.dumps(report))
         return
     click.echo(repr(description))
+    if adaptation is not None:
+        click.echo(adaptation.explain())
 
 
 def _source_facts(source: Any) -> dict[str, Any]:

@@ -176,10 +176,23 @@ def describe(
     if x.dtype.kind not in "biuf":
         raise UnsupportedDtypeError(f"describe needs real numbers; dtype {x.dtype} is not supported")
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
-    edges = _edges(x.dtype, bins, range, memory_budget=memory_budget)
+    edges = histogram_edges(x.dtype, bins, range, memory_budget=memory_budget)
     fan_in = split_every or combine_fan_in(
         x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), memory_budget=memory_budget
     )
+    whole = statistics_of(x, axes, edges, fan_in)
+    finished = dask.delayed(finish, pure=True)(whole, axes, edges, ddof, x.dtype)
+    return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
+
+
+def statistics_of(x: da.Array, axes: tuple[int, ...], edges: np.ndarray | None, fan_in: int) -> Any:
+    """The merged partial statistics of ``x`` over ``axes`` (kept dims), lazily: a ``dask.delayed`` dict.
+
+    ``n``, ``nan``, ``mean``, ``m2``, ``min``, ``max`` (and ``hist`` with
+    ``edges``), each laid out over the kept axes; :func:`finish` turns them
+    into a :class:`Description`. Pieces of an array along a reduced axis merge
+    with :func:`merge_statistics`; along a kept axis they lie side by side.
+    """
     blocks = x.to_delayed(optimize_graph=True)
     kept = [a for a in builtins.range(x.ndim) if a not in axes]
     partial = dask.delayed(chunk_statistics, pure=True)
@@ -188,21 +201,17 @@ def describe(
     for index in itertools.product(*(builtins.range(n) for n in x.numblocks)):
         key = tuple(index[a] for a in kept)
         groups.setdefault(key, []).append(partial(blocks[index], axes, edges))
-    merge = dask.delayed(_merge_statistics, pure=True)
+    merge = dask.delayed(merge_statistics, pure=True)
     reduced = {key: _tree(parts, merge, axes, fan_in) for key, parts in groups.items()}
     grid = [n for a, n in enumerate(x.numblocks) if a in kept]
-    finished = dask.delayed(_finish, pure=True)(
-        [reduced[key] for key in itertools.product(*(builtins.range(n) for n in grid))],
-        grid,
-        axes,
-        edges,
-        ddof,
-        x.dtype,
+    return dask.delayed(_gather, pure=True)(
+        [reduced[key] for key in itertools.product(*(builtins.range(n) for n in grid))], grid, axes
     )
-    return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
 
 
-def _edges(dtype: np.dtype, bins: Any, bin_range: Any, *, memory_budget: int | str | None) -> np.ndarray | None:
+def histogram_edges(
+    dtype: np.dtype, bins: Any, bin_range: Any, *, memory_budget: int | str | None
+) -> np.ndarray | None:
     if bins is None:
         return None
     # Checked against the budget before numpy allocates the edges.
@@ -330,7 +339,7 @@ def _extremes(dtype: np.dtype) -> tuple[Any, Any]:
     return info.min, info.max
 
 
-def _merge_statistics(parts: list[dict[str, np.ndarray]], axes: tuple[int, ...]) -> dict[str, np.ndarray]:
+def merge_statistics(parts: list[dict[str, np.ndarray]], axes: tuple[int, ...]) -> dict[str, np.ndarray]:
     if len(parts) == 1:
         return parts[0]
     # Lay the partials side by side along the first reduced axis, then merge along it.
@@ -345,17 +354,15 @@ def _merge_statistics(parts: list[dict[str, np.ndarray]], axes: tuple[int, ...])
     return merged
 
 
-def _finish(
-    reduced: list[dict[str, np.ndarray]],
-    grid: list[int],
-    axes: tuple[int, ...],
-    edges: np.ndarray | None,
-    ddof: int,
-    dtype: np.dtype,
+def _gather(reduced: list[dict[str, np.ndarray]], grid: list[int], axes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The groups' statistics reassembled over the kept axes, in block order."""
+    return {k: _assemble([r[k] for r in reduced], grid, axes) for k in reduced[0]}
+
+
+def finish(
+    whole: dict[str, np.ndarray], axes: tuple[int, ...], edges: np.ndarray | None, ddof: int, dtype: np.dtype
 ) -> Description:
-    keys = reduced[0].keys()
-    # Reassemble the kept axes from the groups' pieces, in block order.
-    whole = {k: _assemble([r[k] for r in reduced], grid, axes) for k in keys}
+    """The :class:`Description` from merged statistics (see :func:`statistics_of`)."""
     n = whole["n"]
     empty = n == 0
     with np.errstate(invalid="ignore", divide="ignore"):

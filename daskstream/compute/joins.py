@@ -1,4 +1,4 @@
-"""A reduction computed in pieces along the first axis, and the pieces' results joined into the answer.
+"""A reduction (or ``describe``) computed in pieces along the first axis, and the pieces joined into the answer.
 
 An adaptive run (:mod:`daskstream.tuning.adaptive`) computes consecutive row
 ranges of an array one after the other, each with its own chunks and threads.
@@ -29,6 +29,8 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.compute.describe import Description, finish, histogram_edges, merge_statistics, statistics_of
+from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.reductions import (
     _moments_chunk,
     _moments_combine,
@@ -89,7 +91,7 @@ class PieceReduction:
         # Means and variances: each piece's count, mean and squared deviations (Chan's merge joins them).
         return _moment_partials(x, self.axes, skipna=self.op.startswith("nan"))
 
-    def join(self, parts: Sequence[Any], like: np.dtype) -> Any:
+    def join(self, parts: Sequence[Any], like: np.dtype | None) -> Any:
         """The answer from the pieces' computed results, in row order; ``like`` is a single run's dtype."""
         if not self.reduces_first_axis:
             # The first axis is kept: it is the answer's first axis, after a quantile's own leading axis.
@@ -125,8 +127,56 @@ class PieceReduction:
         variance = variance_from(merged, self.ddof, self.axes, self.keepdims)
         return np.sqrt(variance) if self.op.endswith("std") else variance
 
+    def why_not(self, ndim: int) -> str | None:
+        """Why this reduction cannot be cut into pieces along the first axis, or ``None``."""
+        return joinable(self.op, self.axes, ndim, q=self.q, dtype=self.dtype)
+
     def _accumulation(self, x: da.Array) -> Any:
         return accumulation_dtype(x.dtype, self.dtype) if self.op in ("sum", "nansum", "prod") else None
+
+
+@dataclass(frozen=True)
+class PieceDescription:
+    """``describe(x, axis, ...)`` as pieces along the first axis: each piece's merged statistics, then
+    merged (first axis reduced) or laid side by side (kept), then finished as a single run finishes them.
+
+    Attributes
+    ----------
+    axes, edges, ddof, dtype
+        As :func:`daskstream.compute.describe.describe` resolves them.
+    fan_in
+        The merge tree's fan-in within a piece.
+    """
+
+    axes: tuple[int, ...]
+    edges: np.ndarray | None
+    ddof: int
+    dtype: np.dtype
+    fan_in: int
+
+    @classmethod
+    def of(
+        cls, x: da.Array, axis: Any, *, bins: Any, bin_range: Any, ddof: int, memory_budget: int | str | None
+    ) -> PieceDescription:
+        """The pieces of ``describe(x, axis, bins, range=bin_range, ddof=ddof)``, checked as it checks them."""
+        axes = tuple(range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
+        edges = histogram_edges(x.dtype, bins, bin_range, memory_budget=memory_budget)
+        width = 8 * (5 + (0 if edges is None else len(edges)))
+        fan_in = combine_fan_in(x, axes, partial_itemsize=width, memory_budget=memory_budget)
+        return cls(axes, edges, ddof, x.dtype, fan_in)
+
+    def piece(self, x: da.Array) -> Any:
+        return statistics_of(x, self.axes, self.edges, self.fan_in)
+
+    def join(self, parts: Sequence[dict[str, np.ndarray]], like: Any = None) -> Description:
+        if 0 in self.axes:
+            whole = merge_statistics(list(parts), (0,))
+        else:
+            whole = {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
+        return finish(whole, self.axes, self.edges, self.ddof, self.dtype)
+
+    def why_not(self, ndim: int) -> str | None:
+        return None if ndim else "a 0-d array has no first axis to cut"
 
 
 def joinable(op: str, axis: Any, ndim: int, *, q: Any = None, dtype: Any = None) -> str | None:

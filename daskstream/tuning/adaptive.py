@@ -1,6 +1,7 @@
 """Adaptive runs: a reduction that tries settings on its own first rows, then runs the rest with the winner.
 
-``ds.reduce(x, op, adaptive=True)`` returns an :class:`AdaptiveReduction`.
+``ds.reduce(x, op, adaptive=True)`` and ``ds.describe(x, adaptive=True)``
+return an :class:`AdaptiveRun`.
 Computing it cuts the array along its first axis into waves
 (:mod:`daskstream.tuning.waves`): the first waves try the planner's setting
 (or the one an earlier adaptive run of this kind of data chose) and a few
@@ -33,7 +34,8 @@ from dask.base import tokenize
 from dask.callbacks import Callback
 
 from daskstream import config
-from daskstream.compute.joins import PieceReduction, joinable
+from daskstream.compute.describe import describe
+from daskstream.compute.joins import PieceDescription, PieceReduction
 from daskstream.compute.reductions import reduce
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers
@@ -60,58 +62,60 @@ from daskstream.tuning.waves import (
 from daskstream.tuning.work import work_for
 
 
-class AdaptiveReduction:
-    """A reduction computed adaptively: :meth:`compute` runs it; ``adaptation`` then tells what happened.
+class AdaptiveRun:
+    """A reduction or ``describe`` computed adaptively: :meth:`compute` runs it; ``adaptation`` then tells
+    what happened.
 
-    Made by ``daskstream.reduce(x, op, adaptive=True)``.
+    Made by ``daskstream.reduce(x, op, adaptive=True)`` and
+    ``daskstream.describe(x, adaptive=True)``.
+
+    Attributes
+    ----------
+    source
+        What is read.
+    operation
+        The reduction's name, or ``"describe"``.
+    adaptation
+        The :class:`~daskstream.tuning.adaptation.Adaptation`, once computed.
     """
 
     def __init__(
         self,
         source: Source,
-        op: str,
+        operation: str,
         axis: Any,
+        pieces: PieceReduction | PieceDescription,
+        single_run: Any,
         *,
-        keepdims: bool,
-        dtype: Any,
-        ddof: int,
-        q: Any,
         memory_budget: int | str | None,
         progress: bool | None,
     ) -> None:
         self.source = source
-        self.op = op
-        self.axes = tuple(range(source.ndim)) if axis is None else normalize_axes(axis, source.ndim)
+        self.operation = operation
         self.axis = axis
-        self.piece = PieceReduction(op, self.axes, keepdims=keepdims, dtype=dtype, ddof=ddof, q=q)
+        self.pieces = pieces
+        # The computation done in one piece, as planned (what runs when nothing can be tried).
+        self.single_run = single_run
         self.memory_budget = memory_budget
         self.progress = progress
         self.adaptation: Adaptation | None = None
-        # A single run's lazy result (what runs when nothing can be tried): its dtype and shape are the answer's.
-        self.single_run = reduce(
-            source_array(source, "auto", resolve_settings(memory_budget=memory_budget)),
-            op,
-            axis,
-            keepdims=keepdims,
-            dtype=dtype,
-            ddof=ddof,
-            q=q,
-        )
 
     @property
-    def dtype(self) -> np.dtype:
-        return self.single_run.dtype
+    def dtype(self) -> np.dtype | None:
+        """The answer's dtype (reductions)."""
+        return getattr(self.single_run, "dtype", None)
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return self.single_run.shape
+    def shape(self) -> tuple[int, ...] | None:
+        """The answer's shape (reductions)."""
+        return getattr(self.single_run, "shape", None)
 
     def __repr__(self) -> str:
         state = "not computed yet" if self.adaptation is None else f"chose {self.adaptation.chunks}"
-        return f"<daskstream AdaptiveReduction {self.op} over {self.source.name}, shape {self.shape}: {state}>"
+        return f"<daskstream AdaptiveRun {self.operation} over {self.source.name}: {state}>"
 
     def compute(self) -> Any:
-        """Run the reduction adaptively and return its answer (a numpy array or scalar)."""
+        """Run it adaptively and return the answer: a numpy array or scalar, or a :class:`Description`."""
         result, self.adaptation = _Runner(self).run()
         return result
 
@@ -133,20 +137,39 @@ def adaptive_reduction(
     q: Any = None,
     memory_budget: int | str | None = None,
     progress: bool | None = None,
-) -> AdaptiveReduction:
+) -> AdaptiveRun:
     """``reduce(x, op, ..., adaptive=True)``: ``x`` a path, a :class:`Source` or an array made by ``daskstream.open``."""
     source = _source_of(x)
-    return AdaptiveReduction(
-        source,
+    axes = tuple(range(source.ndim)) if axis is None else normalize_axes(axis, source.ndim)
+    single = reduce(
+        source_array(source, "auto", resolve_settings(memory_budget=memory_budget)),
         op,
         axis,
         keepdims=keepdims,
         dtype=dtype,
         ddof=ddof,
         q=q,
-        memory_budget=memory_budget,
-        progress=progress,
     )
+    pieces = PieceReduction(op, axes, keepdims=keepdims, dtype=dtype, ddof=ddof, q=q)
+    return AdaptiveRun(source, op, axis, pieces, single, memory_budget=memory_budget, progress=progress)
+
+
+def adaptive_description(
+    x: Any,
+    axis: Any = None,
+    bins: Any = None,
+    *,
+    bin_range: Any = None,
+    ddof: int = 0,
+    memory_budget: int | str | None = None,
+    progress: bool | None = None,
+) -> AdaptiveRun:
+    """``describe(x, ..., adaptive=True)``: ``x`` as for :func:`adaptive_reduction`."""
+    source = _source_of(x)
+    planned = source_array(source, "auto", resolve_settings(memory_budget=memory_budget))
+    single = describe(planned, axis, bins, range=bin_range, ddof=ddof, memory_budget=memory_budget)
+    pieces = PieceDescription.of(planned, axis, bins=bins, bin_range=bin_range, ddof=ddof, memory_budget=memory_budget)
+    return AdaptiveRun(source, "describe", axis, pieces, single, memory_budget=memory_budget, progress=progress)
 
 
 def _source_of(x: Any) -> Source:
@@ -187,16 +210,16 @@ class _WaveBar(Callback):
 
 
 class _Runner:
-    """One adaptive run of an :class:`AdaptiveReduction`."""
+    """One adaptive run of an :class:`AdaptiveRun`."""
 
-    def __init__(self, job: AdaptiveReduction) -> None:
+    def __init__(self, job: AdaptiveRun) -> None:
         self.job = job
         self.source = job.source
         self.settings = resolve_settings(memory_budget=job.memory_budget)
         self.space = search_space(self.source, self.settings.resources)
         self.row_bytes = math.prod(self.source.shape[1:]) * self.source.dtype.itemsize
         self.work = work_for(
-            job.op if job.op != "count_nonzero" else "sum",
+            job.operation if job.operation != "count_nonzero" else "sum",
             None,
             ndim=self.source.ndim,
             dtype=self.source.dtype,
@@ -294,7 +317,7 @@ class _Runner:
             return "the planner's chunks are not whole storage chunks"
         if self.source.ndim and self.source.storage_chunks is None and self.space.axes != (0,):
             return "the data is stored with its last axis slowest; waves cut the first"
-        return joinable(job.op, job.axis, self.source.ndim, q=job.piece.q, dtype=job.piece.dtype)
+        return job.pieces.why_not(self.source.ndim)
 
     def _adapt(
         self, settings: list[Setting], waves: list[Wave], bar: Any, started: float, started_from: str
@@ -331,7 +354,7 @@ class _Runner:
             rest = rest_wave(ran, n_rows, 0)
             if rest is not None:
                 run(rest)
-            result = self.job.piece.join([parts[k] for k in sorted(parts)], self.job.dtype)
+            result = self.job.pieces.join([parts[k] for k in sorted(parts)], self.job.dtype)
             choice = Choice(0, (measured[0][0],), (0.0,), why)
             return result, self._adaptation(settings[:1], seconds_of[:1], choice, [], None, started, started_from)
         for wave in waves[2:]:
@@ -358,7 +381,7 @@ class _Runner:
         rest = rest_wave(ran, n_rows, choice.setting)
         if rest is not None:
             run(rest)
-        result = self.job.piece.join([parts[k] for k in sorted(parts)], self.job.dtype)
+        result = self.job.pieces.join([parts[k] for k in sorted(parts)], self.job.dtype)
         adaptation = self._adaptation(settings, seconds_of, choice, trials, rest, started, started_from)
         self._remember(winner, adaptation)
         return result, adaptation
@@ -374,7 +397,7 @@ class _Runner:
             total=self.space.nbytes,
             unit="B",
             unit_scale=True,
-            desc=f"{self.job.op} {self.source.name} (adaptive)",
+            desc=f"{self.job.operation} {self.source.name} (adaptive)",
         )
 
     def _run_whole(self, bar: Any) -> tuple[Any, float]:
@@ -397,7 +420,7 @@ class _Runner:
             fancy=False,
             meta=np.empty((0,) * self.source.ndim, dtype=self.source.dtype),
         )
-        lazy = self.job.piece.piece(piece)
+        lazy = self.job.pieces.piece(piece)
         t0 = time.perf_counter()
         nbytes = (wave.stop - wave.start) * self.row_bytes
         with _WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
@@ -436,7 +459,7 @@ class _Runner:
             )
         return Adaptation(
             source=self.source.name,
-            operation=self.job.op,
+            operation=self.job.operation,
             nbytes=self.space.nbytes,
             tried=tuple(rows),
             chosen=choice.setting,

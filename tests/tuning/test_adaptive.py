@@ -245,6 +245,17 @@ def test_the_command_line_prints_the_choice(tmp_path, adaptive):
     assert report["result"] == pytest.approx(float(values.max()))
     assert report["bytes_read"] == values.nbytes
     assert report["adaptive"]["adapted"]
+    described = subprocess.run(
+        [sys.executable, "-m", "daskstream", "describe", path, "--adaptive", "--quiet", "--json", "--budget", "64MiB"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert described.returncode == 0, described.stderr
+    statistics = json.loads(described.stdout)
+    assert statistics["max"] == pytest.approx(float(values.max()))
+    assert statistics["adaptive"]["operation"] == "describe"
     # The first command's choice was remembered: the second starts from it.
     assert report["adaptive"]["tried"][0]["role"] == "remembered"
     assert "remembered" in report["adaptive"]["started_from"]
@@ -316,3 +327,35 @@ def test_the_starting_setting_is_kept_unless_beaten_beyond_the_noise():
     noisy = choose(tried, [[0.6e9, 1.4e9], [1.3e9, 1.35e9], [0.9e9, 0.95e9]], min_gain=0.05)
     assert noisy.setting == 0
     assert "within the noise" in noisy.reason
+
+
+@pytest.mark.parametrize("kind", ["npy", "zarr"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_an_adaptive_describe_gives_a_single_runs_statistics(tmp_path, adaptive, kind, axis):
+    values = data()
+    values[5, 7] = np.nan
+    path = write(tmp_path, kind, values)
+    run = ds.describe(path, axis=axis, bins=16, range=(9000, 11000), adaptive=True)
+    with ReadMeter() as meter:
+        got = run.compute()
+    assert meter.bytes_read == values.nbytes
+    assert run.adaptation.adapted, run.adaptation.explain()
+    assert run.adaptation.operation == "describe"
+    single = ds.describe(ds.open(path), axis=axis, bins=16, range=(9000, 11000)).compute()
+    assert set(got) == set(single)
+    for key in ("count", "nan_count", "min", "max", "histogram", "bin_edges"):
+        np.testing.assert_array_equal(got[key], single[key], err_msg=key)
+    for key in ("mean", "std"):
+        np.testing.assert_allclose(got[key], single[key], rtol=1e-10, err_msg=key)
+    finite = np.where(np.isnan(values), np.nan, values.astype("f8"))
+    np.testing.assert_allclose(got["mean"], np.nanmean(finite, axis=axis), rtol=1e-9)
+    np.testing.assert_array_equal(got["max"], np.nanmax(values, axis=axis))
+    assert int(np.sum(got["histogram"])) == int(np.sum((values >= 9000) & (values <= 11000)))
+
+
+def test_describe_refuses_what_does_not_apply_to_adaptive_runs(tmp_path, adaptive):
+    path = write(tmp_path, "npy", data())
+    with pytest.raises(InvalidArgumentError, match="split_every"):
+        ds.describe(path, adaptive=True, split_every=4)
+    with pytest.raises(InvalidArgumentError, match="progress= applies to adaptive=True"):
+        ds.describe(ds.open(path), progress=True)
