@@ -9,7 +9,7 @@ before every run, needs root), full sums are timed for:
 * ``adaptive``: ``ds.reduce(path, "sum", adaptive=True).compute()`` with
   nothing remembered (a private tuning cache, emptied before each run): what a
   first adaptive run costs, trials included;
-* every setting of the sweep: tasks of 2 to 32 MiB (aligned, powers of two of
+* every setting of the sweep: tasks of 4 to 32 MiB (aligned, powers of two of
   the storage unit) on 2 or 8 threads; the fastest is the sweep's best.
 
 Contenders alternate in rounds (A B C ..., the order rotated each round) after
@@ -41,7 +41,7 @@ from dask.utils import parse_bytes
 import daskstream as ds
 from benchmarks.samples import LAYOUTS, ensure
 
-SETTING_BYTES = [2 * 2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20, 32 * 2**20]
+SETTING_BYTES = [4 * 2**20, 8 * 2**20, 16 * 2**20, 32 * 2**20]
 SETTING_THREADS = [2, 8]
 
 

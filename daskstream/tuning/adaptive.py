@@ -57,7 +57,7 @@ from daskstream.tuning.waves import (
     lay_out_trials,
     rest_wave,
     settings_to_try,
-    trial_rows,
+    wave_rows,
 )
 from daskstream.tuning.work import work_for
 
@@ -209,6 +209,26 @@ class _WaveBar(Callback):
             self.shown = self.nbytes
 
 
+class _BusyClock(Callback):
+    """Seconds from the first task's start to the last task's end of one computation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        self.last = time.perf_counter()
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.first is None or self.last is None else self.last - self.first
+
+
 class _Runner:
     """One adaptive run of an :class:`AdaptiveRun`."""
 
@@ -332,10 +352,10 @@ class _Runner:
             setting = settings[wave.setting]
             if bar is not None and wave.trial is not None:
                 bar.set_postfix_str(f"trying {setting.role}", refresh=True)
-            parts[wave.start], spent = self._run_wave(setting, wave, bar)
+            parts[wave.start], spent, busy = self._run_wave(setting, wave, bar)
             self.spent[wave.start] = spent
             if wave.trial is not None and wave.trial >= 0:
-                measured[wave.setting].append((wave.stop - wave.start) * self.row_bytes / max(spent, 1e-9))
+                measured[wave.setting].append((wave.stop - wave.start) * self.row_bytes / max(busy, 1e-9))
             seconds_of[wave.setting] += spent
             ran.append(wave)
 
@@ -366,10 +386,11 @@ class _Runner:
             # the rest is committed to either.
             again = []
             at = ran[-1].stop
-            sizes = trial_rows(self.space, settings, int(config.setting("adaptive.tasks-per-thread")))
+            per_thread = int(config.setting("adaptive.tasks-per-thread"))
             for index in (0, choice.setting):
-                again.append(Wave(index, at, min(at + sizes[index], n_rows), 1))
-                at += sizes[index]
+                rows = wave_rows(self.space, settings[index], per_thread)
+                again.append(Wave(index, at, min(at + rows, n_rows), 1))
+                at += rows
             if at < n_rows:
                 for wave in again:
                     run(wave)
@@ -406,8 +427,10 @@ class _Runner:
             (result,) = dask.compute(self.job.single_run)
         return result, time.perf_counter() - t0
 
-    def _run_wave(self, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float]:
-        """Rows ``[wave.start, wave.stop)`` reduced with ``setting``: the partial result and its seconds."""
+    def _run_wave(self, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float, float]:
+        """Rows ``[wave.start, wave.stop)`` reduced with ``setting``: the partial result, its seconds, and
+        the seconds from its first task's start to its last task's end (what trials compare: building
+        and optimizing the graph costs every setting the same)."""
         chunks = self.space.chunks(setting.multiples)
         rows = _Rows(self.source, wave.start, wave.stop)
         grid = tuple(_cut(0, n, c) for n, c in zip(rows.shape, chunks))
@@ -423,9 +446,11 @@ class _Runner:
         lazy = self.job.pieces.piece(piece)
         t0 = time.perf_counter()
         nbytes = (wave.stop - wave.start) * self.row_bytes
-        with _WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
+        clock = _BusyClock()
+        with clock, _WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
             (result,) = dask.compute(lazy, scheduler="threads", num_workers=setting.threads)
-        return result, time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        return result, wall, clock.seconds or wall
 
     # -- the record ----------------------------------------------------------------
 

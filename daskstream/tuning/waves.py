@@ -125,19 +125,6 @@ def wave_rows(space: SearchSpace, setting: Setting, tasks_per_thread: int) -> in
     return space.unit[0] * setting.multiples[0] * setting.threads * tasks_per_thread
 
 
-def trial_rows(space: SearchSpace, settings: Sequence[Setting], tasks_per_thread: int) -> list[int]:
-    """Rows of one trial wave of each setting: about the same for all, and whole tasks for every thread.
-
-    Waves of equal size are compared fairly: each ends with threads idling
-    while its last tasks finish, and that costs the same share of each. The
-    size is that of the setting whose ``tasks_per_thread`` tasks per thread
-    span the most rows; the others run as many whole rounds of tasks as fit.
-    """
-    units = [wave_rows(space, s, 1) for s in settings]
-    target = max(wave_rows(space, s, tasks_per_thread) for s in settings)
-    return [u * max(1, target // u) for u in units]
-
-
 def lay_out_trials(
     space: SearchSpace,
     settings: Sequence[Setting],
@@ -151,7 +138,9 @@ def lay_out_trials(
     First a warm-up wave of the first setting (``trial == -1``: one task per
     thread, computed but not timed, since it carries the run's start-up), then
     as many rounds as ``rounds`` and ``trial_fraction`` of the first axis
-    allow, each wave about the same size (:func:`trial_rows`). Fewer than one
+    allow, each wave ``tasks_per_thread`` tasks per thread of its setting (so
+    each ends with the same share of its time spent finishing its last
+    tasks while other threads idle). Fewer than one
     round, or a single setting, means no trials (the reason says which).
     Round ``r`` runs the settings starting from the ``r``-th, so each setting
     runs early once and late once.
@@ -162,14 +151,14 @@ def lay_out_trials(
     >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
     >>> waves, why = lay_out_trials(space, settings, rounds=2, tasks_per_thread=1, trial_fraction=0.9)
     >>> [(w.setting, w.start, w.stop, w.trial) for w in waves]
-    [(0, 0, 4096, -1), (0, 4096, 20480, 0), (1, 20480, 36864, 0), (2, 36864, 53248, 0)]
+    [(0, 0, 4096, -1), (0, 4096, 8192, 0), (1, 8192, 24576, 0), (2, 24576, 32768, 0)]
     >>> why
     """
     n = space.shape[0]
     if len(settings) < 2:
         return [], "no alternative fits the memory budget and the array's tasks"
     warm_up = wave_rows(space, settings[0], 1)
-    sizes = trial_rows(space, settings, tasks_per_thread)
+    sizes = [wave_rows(space, s, tasks_per_thread) for s in settings]
     one_round = sum(sizes)
     allowed = int(n * trial_fraction) - warm_up
     fit = min(rounds, max(0, allowed) // one_round)
@@ -223,7 +212,7 @@ def choose(settings: Sequence[Setting], measured: Sequence[Sequence[float]], *, 
     ``measured[i]`` holds the throughputs (bytes per second) of setting
     ``i``'s trial waves. The first setting (the planner's or the remembered
     one) is kept unless another's median is faster by more than
-    ``min_gain`` and twice the larger of the two spreads.
+    ``min_gain`` and the two settings' spreads together.
 
     Examples
     --------
@@ -231,7 +220,7 @@ def choose(settings: Sequence[Setting], measured: Sequence[Sequence[float]], *, 
     >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
     >>> choose(settings, [[1.0e9, 1.1e9], [2.0e9, 2.1e9], [0.9e9, 1.0e9]], min_gain=0.05).setting
     1
-    >>> choose(settings, [[1.0e9, 1.1e9], [1.1e9, 1.15e9], [0.9e9, 1.0e9]], min_gain=0.05).setting
+    >>> choose(settings, [[1.0e9, 1.1e9], [1.08e9, 1.1e9], [0.9e9, 1.0e9]], min_gain=0.05).setting
     0
     """
     medians = tuple(statistics.median(m) if m else 0.0 for m in measured)
@@ -244,7 +233,7 @@ def choose(settings: Sequence[Setting], measured: Sequence[Sequence[float]], *, 
     if best == 0 or not medians[0]:
         return Choice(0, medians, spreads, f"the {first.role}'s setting ran fastest")
     gain = medians[best] / medians[0] - 1
-    margin = max(min_gain, 2 * max(spreads[0], spreads[best]))
+    margin = max(min_gain, spreads[0] + spreads[best])
     if gain <= margin:
         return Choice(
             0,
