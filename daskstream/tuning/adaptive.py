@@ -247,8 +247,9 @@ class _Runner:
             depth=0,
         )
         self.key = cache_key(self.source, self.space, self.work, self.settings.resources)
-        # Seconds each wave took, by its first row.
+        # Seconds each wave took (wall, and first task to last), by its first row.
         self.spent: dict[int, float] = {}
+        self.busy: dict[int, float] = {}
 
     # -- what to try -------------------------------------------------------------
 
@@ -353,21 +354,26 @@ class _Runner:
             if bar is not None and wave.trial is not None:
                 bar.set_postfix_str(f"trying {setting.role}", refresh=True)
             parts[wave.start], spent, busy = self._run_wave(setting, wave, bar)
-            self.spent[wave.start] = spent
+            self.spent[wave.start], self.busy[wave.start] = spent, busy
             if wave.trial is not None and wave.trial >= 0:
                 measured[wave.setting].append((wave.stop - wave.start) * self.row_bytes / max(busy, 1e-9))
             seconds_of[wave.setting] += spent
             ran.append(wave)
 
-        # The warm-up wave, then the starting setting's first timed one: what the whole run would take.
-        run(waves[0])
-        run(waves[1])
-        projected = self.space.nbytes / measured[0][0]
+        # The warm-up wave (whose start-up makes it the slowest: if even it projects a short run, the run
+        # is short), then the starting setting's first timed one: what the whole run would take.
         shortest = float(config.setting("adaptive.min-seconds"))
+        run(waves[0])
+        warm_up_bytes = (waves[0].stop - waves[0].start) * self.row_bytes
+        projected = self.space.nbytes * self.busy[waves[0].start] / max(warm_up_bytes, 1)
+        if projected >= shortest:
+            run(waves[1])
+            projected = self.space.nbytes / measured[0][0]
         if projected < shortest:
             # The whole run is about as long as the trials would be: they cannot pay for themselves.
+            timed = ran[-1]
             why = (
-                f"{format_size((waves[1].stop - waves[1].start) * self.row_bytes)} timed after a warm-up project "
+                f"its first {format_size((timed.stop - timed.start) * self.row_bytes)} project "
                 f"{projected:.2f} s for the whole array, less than daskstream.adaptive.min-seconds ({shortest:g} s): "
                 "too short for trials to pay"
             )
@@ -375,7 +381,7 @@ class _Runner:
             if rest is not None:
                 run(rest)
             result = self.job.pieces.join([parts[k] for k in sorted(parts)], self.job.dtype)
-            choice = Choice(0, (measured[0][0],), (0.0,), why)
+            choice = Choice(0, (measured[0][0] if measured[0] else 0.0,), (0.0,), why)
             return result, self._adaptation(settings[:1], seconds_of[:1], choice, [], None, started, started_from)
         for wave in waves[2:]:
             run(wave)
