@@ -28,10 +28,7 @@ import time
 from typing import Any
 
 import dask
-import dask.array as da
 import numpy as np
-from dask.base import tokenize
-from dask.callbacks import Callback
 
 from daskstream import config
 from daskstream.compute.describe import describe
@@ -49,6 +46,7 @@ from daskstream.runtime.tune_cache import TuneCache
 from daskstream.sources import Source, open_source
 from daskstream.tuning.adaptation import Adaptation, Tried
 from daskstream.tuning.tuner import cache_key, search_space
+from daskstream.tuning.wave_reads import WaveBar, compute_wave, rows_array
 from daskstream.tuning.waves import (
     Choice,
     Setting,
@@ -184,49 +182,6 @@ def _source_of(x: Any) -> Source:
             )
         return found[0][1]
     return open_source(x)
-
-
-class _WaveBar(Callback):
-    """Moves the run's bar by a wave's bytes as its tasks finish."""
-
-    def __init__(self, bar: Any, nbytes: int) -> None:
-        super().__init__()
-        self.bar, self.nbytes, self.total, self.shown = bar, nbytes, 1, 0
-
-    def _start_state(self, dsk: Any, state: Any) -> None:
-        self.total = max(1, len(dsk))
-
-    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
-        done = len(state["finished"])
-        target = self.nbytes * done // self.total
-        if target > self.shown:
-            self.bar.update(target - self.shown)
-            self.shown = target
-
-    def _finish(self, dsk: Any, state: Any, errored: bool) -> None:
-        if not errored and self.shown < self.nbytes:
-            self.bar.update(self.nbytes - self.shown)
-            self.shown = self.nbytes
-
-
-class _BusyClock(Callback):
-    """Seconds from the first task's start to the last task's end of one computation."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first: float | None = None
-        self.last: float | None = None
-
-    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
-        if self.first is None:
-            self.first = time.perf_counter()
-
-    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
-        self.last = time.perf_counter()
-
-    @property
-    def seconds(self) -> float | None:
-        return None if self.first is None or self.last is None else self.last - self.first
 
 
 class _Runner:
@@ -429,34 +384,16 @@ class _Runner:
 
     def _run_whole(self, bar: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        with _WaveBar(bar, self.space.nbytes) if bar is not None else contextlib.nullcontext():
+        with WaveBar(bar, self.space.nbytes) if bar is not None else contextlib.nullcontext():
             (result,) = dask.compute(self.job.single_run)
         return result, time.perf_counter() - t0
 
     def _run_wave(self, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float, float]:
         """Rows ``[wave.start, wave.stop)`` reduced with ``setting``: the partial result, its seconds, and
-        the seconds from its first task's start to its last task's end (what trials compare: building
-        and optimizing the graph costs every setting the same)."""
-        chunks = self.space.chunks(setting.multiples)
-        rows = _Rows(self.source, wave.start, wave.stop)
-        grid = tuple(_cut(0, n, c) for n, c in zip(rows.shape, chunks))
-        piece = da.from_array(
-            rows,
-            chunks=grid,
-            name=f"daskstream-wave-{tokenize(self.source.token, wave.start, wave.stop, grid)}",
-            lock=False,
-            asarray=False,
-            fancy=False,
-            meta=np.empty((0,) * self.source.ndim, dtype=self.source.dtype),
-        )
-        lazy = self.job.pieces.piece(piece)
-        t0 = time.perf_counter()
+        the seconds from its first task's start to its last task's end (see :func:`compute_wave`)."""
+        piece = rows_array(self.source, wave.start, wave.stop, self.space.chunks(setting.multiples))
         nbytes = (wave.stop - wave.start) * self.row_bytes
-        clock = _BusyClock()
-        with clock, _WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
-            (result,) = dask.compute(lazy, scheduler="threads", num_workers=setting.threads)
-        wall = time.perf_counter() - t0
-        return result, wall, clock.seconds or wall
+        return compute_wave(self.job.pieces.piece(piece), setting.threads, bar, nbytes)
 
     # -- the record ----------------------------------------------------------------
 
@@ -515,28 +452,3 @@ class _Runner:
                 "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             },
         )
-
-
-def _cut(start: int, stop: int, step: int) -> tuple[int, ...]:
-    """Chunks of ``step`` (the last shorter) over ``[start, stop)``."""
-    return tuple(min(step, stop - s) for s in range(start, stop, step)) or (0,)
-
-
-class _Rows:
-    """Rows ``[start, stop)`` of a source's first axis, read through the source (so reads are counted and
-    checked as any other): the array a wave reads, one task per block, with nothing around it in the graph.
-
-    The wave's setting holds the memory budget by construction
-    (:func:`daskstream.tuning.waves.settings_to_try`), so the array is made
-    directly rather than as a planned read.
-    """
-
-    def __init__(self, source: Source, start: int, stop: int) -> None:
-        self.source, self.start, self.stop = source, start, stop
-        self.shape = (stop - start, *source.shape[1:])
-        self.dtype = source.dtype
-        self.ndim = source.ndim
-
-    def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
-        first, *rest = region
-        return self.source[(slice(self.start + first.start, self.start + first.stop), *rest)]

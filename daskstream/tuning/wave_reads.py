@@ -1,0 +1,111 @@
+"""What one wave of an adaptive run reads and how it is timed: rows of a source as their own dask array,
+the run's progress bar moved by the wave's bytes, and the clock of its tasks."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from dask.callbacks import Callback
+
+from daskstream.sources import Source
+
+
+def rows_array(source: Source, start: int, stop: int, chunks: tuple[int, ...]) -> da.Array:
+    """Rows ``[start, stop)`` of ``source``'s first axis as a dask array in ``chunks``, one task per block."""
+    rows = Rows(source, start, stop)
+    grid = tuple(_cut(0, n, c) for n, c in zip(rows.shape, chunks))
+    return da.from_array(
+        rows,
+        chunks=grid,
+        name=f"daskstream-wave-{tokenize(source.token, start, stop, grid)}",
+        lock=False,
+        asarray=False,
+        fancy=False,
+        meta=np.empty((0,) * source.ndim, dtype=source.dtype),
+    )
+
+
+def compute_wave(lazy: Any, threads: int, bar: Any, nbytes: int) -> tuple[Any, float, float]:
+    """Compute ``lazy`` on ``threads`` threads: its result, the wall seconds, and the seconds from its first
+    task's start to its last task's end (what trials compare: building and optimizing the graph costs
+    every setting the same)."""
+    t0 = time.perf_counter()
+    clock = BusyClock()
+    with clock, WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
+        (result,) = dask.compute(lazy, scheduler="threads", num_workers=threads)
+    wall = time.perf_counter() - t0
+    return result, wall, clock.seconds or wall
+
+
+class WaveBar(Callback):
+    """Moves the run's bar by a wave's bytes as its tasks finish."""
+
+    def __init__(self, bar: Any, nbytes: int) -> None:
+        super().__init__()
+        self.bar, self.nbytes, self.total, self.shown = bar, nbytes, 1, 0
+
+    def _start_state(self, dsk: Any, state: Any) -> None:
+        self.total = max(1, len(dsk))
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        done = len(state["finished"])
+        target = self.nbytes * done // self.total
+        if target > self.shown:
+            self.bar.update(target - self.shown)
+            self.shown = target
+
+    def _finish(self, dsk: Any, state: Any, errored: bool) -> None:
+        if not errored and self.shown < self.nbytes:
+            self.bar.update(self.nbytes - self.shown)
+            self.shown = self.nbytes
+
+
+class BusyClock(Callback):
+    """Seconds from the first task's start to the last task's end of one computation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        self.last = time.perf_counter()
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.first is None or self.last is None else self.last - self.first
+
+
+def _cut(start: int, stop: int, step: int) -> tuple[int, ...]:
+    """Chunks of ``step`` (the last shorter) over ``[start, stop)``."""
+    return tuple(min(step, stop - s) for s in range(start, stop, step)) or (0,)
+
+
+class Rows:
+    """Rows ``[start, stop)`` of a source's first axis, read through the source (so reads are counted and
+    checked as any other): the array a wave reads, one task per block, with nothing around it in the graph.
+
+    The wave's setting holds the memory budget by construction
+    (:func:`daskstream.tuning.waves.settings_to_try`), so the array is made
+    directly rather than as a planned read.
+    """
+
+    def __init__(self, source: Source, start: int, stop: int) -> None:
+        self.source, self.start, self.stop = source, start, stop
+        self.shape = (stop - start, *source.shape[1:])
+        self.dtype = source.dtype
+        self.ndim = source.ndim
+
+    def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
+        first, *rest = region
+        return self.source[(slice(self.start + first.start, self.start + first.stop), *rest)]
