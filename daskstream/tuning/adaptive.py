@@ -5,7 +5,7 @@ return an :class:`AdaptiveRun`.
 Computing it cuts the array along its first axis into waves
 (:mod:`daskstream.tuning.waves`): the first waves try the planner's setting
 (or the one an earlier adaptive run of this kind of data chose) and a few
-alternatives — more threads on smaller tasks, larger tasks — interleaved, as
+alternatives — more threads, larger tasks — interleaved, as
 real work whose results are part of the answer; the rest then runs with the
 fastest. Nothing is read twice. The pieces' results are joined as the
 reduction's own combine step joins chunks (:mod:`daskstream.compute.joins`).

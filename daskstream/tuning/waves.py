@@ -36,8 +36,8 @@ class Setting:
         Tasks run at once.
     role
         Why it is tried: ``"planner"`` (the rule's choice), ``"remembered"``
-        (an earlier run's winner), ``"more threads"`` (the same bytes in
-        flight cut into more, smaller tasks: for latency-bound reads),
+        (an earlier run's winner), ``"more threads"`` (more reads waiting
+        at once, on tasks as large as the budget allows: for latency-bound reads),
         ``"larger tasks"`` (fewer tasks: for per-task costs).
     """
 
