@@ -52,6 +52,7 @@ from daskstream.tuning.waves import (
     Setting,
     Wave,
     choose,
+    in_budget,
     lay_out_trials,
     rest_wave,
     settings_to_try,
@@ -202,6 +203,14 @@ class _Runner:
             depth=0,
         )
         self.key = cache_key(self.source, self.space, self.work, self.settings.resources)
+        # The planner's chunks as whole storage units (None when they are not: then nothing is tried).
+        self.planned_multiples = self.space.multiples_of(self.source.plan(self.settings).chunks)
+        self.planner = Setting(
+            self.planned_multiples or (1,) * self.source.ndim, self.settings.resources.threads, "planner"
+        )
+        self.memory_factor = self.settings.working_set_factor_for(self.source.dtype)
+        # What one worker's tasks may hold at once.
+        self.budget = self.space.per_task_bytes * self.settings.resources.threads
         # Seconds each wave took (wall, and first task to last), by its first row.
         self.spent: dict[int, float] = {}
         self.busy: dict[int, float] = {}
@@ -209,46 +218,41 @@ class _Runner:
     # -- what to try -------------------------------------------------------------
 
     def _start(self) -> tuple[Setting, str]:
-        plan = self.source.plan(self.settings)
-        multiples = self.space.multiples_of(plan.chunks)
-        planner = Setting(multiples or (1,) * self.source.ndim, self.settings.resources.threads, "planner")
         entry = TuneCache().get(self.key) or {}
         remembered = entry.get("adaptive")
         if isinstance(remembered, dict) and isinstance(remembered.get("multiples"), list):
             setting = Setting(
                 self.space.clip(tuple(int(m) for m in remembered["multiples"])),
-                int(remembered.get("threads", planner.threads)),
+                int(remembered.get("threads", self.planner.threads)),
                 "remembered",
             )
-            if self._fits(setting):
+            if self._in_budget(setting):
                 return (
                     setting,
                     f"setting remembered from an adaptive run over {remembered.get('source', 'data of this kind')}",
                 )
-        return planner, "planner's setting"
+        return self.planner, "planner's setting"
 
-    def _fits(self, setting: Setting) -> bool:
-        factor = self.settings.working_set_factor_for(self.source.dtype)
-        in_flight = factor * self.space.chunk_bytes(setting.multiples) * setting.threads
-        return in_flight <= self.space.per_task_bytes * self.settings.resources.threads
+    def _in_budget(self, setting: Setting) -> bool:
+        return in_budget(
+            self.space, setting.multiples, setting.threads, memory_factor=self.memory_factor, budget_bytes=self.budget
+        )
 
     def _settings(self, start: Setting) -> list[Setting]:
         tried = settings_to_try(
             self.space,
             start.multiples,
             start.threads,
-            memory_factor=self.settings.working_set_factor_for(self.source.dtype),
+            memory_factor=self.memory_factor,
             max_threads=int(config.setting("adaptive.max-threads")),
+            budget_bytes=self.budget,
             role=start.role,
         )
-        if start.role == "remembered":
+        planner = self.planner
+        if start.role == "remembered" and (planner.multiples, planner.threads) != (start.multiples, start.threads):
             # The planner's own setting is tried second, so a remembered one that no longer wins is left.
-            plan = self.source.plan(self.settings)
-            multiples = self.space.multiples_of(plan.chunks)
-            planner = Setting(multiples or start.multiples, self.settings.resources.threads, "planner")
             others = [s for s in tried[1:] if (s.multiples, s.threads) != (planner.multiples, planner.threads)]
-            if (planner.multiples, planner.threads) != (start.multiples, start.threads):
-                return [start, planner, *others]
+            return [start, planner, *others]
         return tried
 
     # -- running -----------------------------------------------------------------
@@ -289,7 +293,7 @@ class _Runner:
             return (
                 f"adaptive runs choose threads, so they need the threaded scheduler; this one is {scheduler_kind()!r}"
             )
-        if self.space.multiples_of(self.source.plan(self.settings).chunks) is None:
+        if self.planned_multiples is None:
             return "the planner's chunks are not whole storage chunks"
         if self.source.ndim and self.source.storage_chunks is None and self.space.axes != (0,):
             return "the data is stored with its last axis slowest; waves cut the first"

@@ -59,14 +59,14 @@ def settings_to_try(
     *,
     memory_factor: float,
     max_threads: int,
+    budget_bytes: int,
     role: str = "planner",
 ) -> list[Setting]:
     """The setting to start from and the alternatives an adaptive run tries beside it.
 
     Alternatives change only the first axis (the one waves cut along) and
-    hold the memory budget: a task of ``memory_factor`` times its chunk, times
-    the threads running at once, stays within what the starting setting may
-    hold (``space.per_task_bytes`` per thread of ``threads``).
+    hold the memory budget (:func:`in_budget`: ``budget_bytes``, what one
+    worker's tasks may hold at once).
 
     * more threads: four times the threads (at most ``max_threads``), on the
       same tasks when the budget holds four times as many at once, else on
@@ -78,16 +78,16 @@ def settings_to_try(
     Examples
     --------
     >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
-    >>> [(s.multiples, s.threads, s.role) for s in settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)]
+    >>> tried = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16, budget_bytes=2**28)
+    >>> [(s.multiples, s.threads, s.role) for s in tried]
     [((8, 1), 2, 'planner'), ((8, 1), 8, 'more threads'), ((16, 1), 2, 'larger tasks')]
     """
-    total_bytes = space.per_task_bytes * threads
     n_rows = space.n_units[0]
 
     def admitted(multiples: Multiples, with_threads: int) -> bool:
-        in_flight = memory_factor * space.chunk_bytes(multiples) * with_threads
         tasks = math.ceil(n_rows / multiples[0])
-        return in_flight <= total_bytes and tasks >= with_threads
+        in_memory = in_budget(space, multiples, with_threads, memory_factor=memory_factor, budget_bytes=budget_bytes)
+        return in_memory and tasks >= with_threads
 
     out = [Setting(start, threads, role)]
     more = min(max_threads, threads * 4)
@@ -103,6 +103,18 @@ def settings_to_try(
     if larger != start and admitted(larger, threads):
         out.append(Setting(larger, threads, "larger tasks"))
     return out
+
+
+def in_budget(
+    space: SearchSpace, multiples: Multiples, threads: int, *, memory_factor: float, budget_bytes: int
+) -> bool:
+    """Whether ``threads`` tasks of ``multiples`` at once, each ``memory_factor`` times its chunk, fit ``budget_bytes``.
+
+    >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
+    >>> in_budget(space, (8, 1), 8, memory_factor=2.0, budget_bytes=2**28), in_budget(space, (64, 1), 8, memory_factor=2.0, budget_bytes=2**28)
+    (True, False)
+    """
+    return memory_factor * space.chunk_bytes(multiples) * threads <= budget_bytes
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,7 @@ def lay_out_trials(
     Examples
     --------
     >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
-    >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
+    >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16, budget_bytes=2**28)
     >>> waves, why = lay_out_trials(space, settings, rounds=2, tasks_per_thread=1, trial_fraction=0.9)
     >>> [(w.setting, w.start, w.stop, w.trial) for w in waves]
     [(0, 0, 4096, -1), (0, 4096, 8192, 0), (1, 8192, 24576, 0), (2, 24576, 32768, 0)]
@@ -217,7 +229,7 @@ def choose(settings: Sequence[Setting], measured: Sequence[Sequence[float]], *, 
     Examples
     --------
     >>> space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
-    >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
+    >>> settings = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16, budget_bytes=2**28)
     >>> choose(settings, [[1.0e9, 1.1e9], [2.0e9, 2.1e9], [0.9e9, 1.0e9]], min_gain=0.05).setting
     1
     >>> choose(settings, [[1.0e9, 1.1e9], [1.08e9, 1.1e9], [0.9e9, 1.0e9]], min_gain=0.05).setting

@@ -277,17 +277,25 @@ spaces = st.builds(
 
 
 @settings(max_examples=200, deadline=None)
-@given(space=spaces, multiple=st.integers(1, 64), factor=st.floats(1.0, 6.0), fraction=st.floats(0.05, 0.9))
-def test_trials_tile_the_first_rows_and_hold_the_budget(space, multiple, factor, fraction):
+@given(
+    space=spaces,
+    multiple=st.integers(1, 64),
+    factor=st.floats(1.0, 6.0),
+    fraction=st.floats(0.05, 0.9),
+    remembered_threads=st.one_of(st.none(), st.integers(1, 16)),
+)
+def test_trials_tile_the_first_rows_and_hold_the_budget(space, multiple, factor, fraction, remembered_threads):
     start = (min(multiple, space.n_units[0]), 1)
-    threads = space.concurrency
-    tried = settings_to_try(space, start, threads, memory_factor=factor, max_threads=16)
+    # The planner's threads, or those a remembered setting starts from: the budget is the worker's either way.
+    threads = space.concurrency if remembered_threads is None else remembered_threads
+    budget = space.per_task_bytes * space.concurrency
+    tried = settings_to_try(space, start, threads, memory_factor=factor, max_threads=16, budget_bytes=budget)
     assert tried[0].multiples == start
     assert tried[0].threads == threads
     for setting in tried[1:]:
-        # No alternative holds more bytes at once than the starting setting may.
+        # No alternative holds more bytes at once than the worker's budget.
         held = factor * space.chunk_bytes(setting.multiples) * setting.threads
-        assert held <= space.per_task_bytes * threads
+        assert held <= budget
         assert setting.threads <= 16
     waves, why = lay_out_trials(space, tried, rounds=2, tasks_per_thread=1, trial_fraction=fraction)
     if not waves:
@@ -320,7 +328,7 @@ def test_trials_tile_the_first_rows_and_hold_the_budget(space, multiple, factor,
 
 def test_the_starting_setting_is_kept_unless_beaten_beyond_the_noise():
     space = SearchSpace((65536, 1024), 4, (256, 1024), (0, 1), 2**27, 2)
-    tried = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16)
+    tried = settings_to_try(space, (8, 1), 2, memory_factor=2.0, max_threads=16, budget_bytes=2**28)
     clear = choose(tried, [[1e9, 1.02e9], [1.6e9, 1.62e9], [0.9e9, 0.95e9]], min_gain=0.05)
     assert clear.setting == 1
     assert "beyond the noise" in clear.reason
