@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,14 +38,11 @@ import dask
 from dask.utils import parse_bytes
 
 import daskstream as ds
+from benchmarks.run import drop_page_cache
 from benchmarks.samples import LAYOUTS, ensure
 
 SETTING_BYTES = [4 * 2**20, 8 * 2**20, 16 * 2**20, 32 * 2**20]
 SETTING_THREADS = [2, 8]
-
-
-def drop_caches() -> None:
-    subprocess.run("sync; echo 3 > /proc/sys/vm/drop_caches", shell=True, check=True)
 
 
 def contenders(where: str, cache: Path) -> dict[str, Callable[[], Any]]:
@@ -89,8 +85,8 @@ def time_interleaved(runs: dict[str, Callable[[], Any]], repeats: int, cold: boo
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            if cold:
-                drop_caches()
+            if cold and not drop_page_cache():
+                raise SystemExit("could not drop the page cache (it needs root); pass --states warm")
             start = time.perf_counter()
             runs[name]()
             seconds[name].append(time.perf_counter() - start)
