@@ -34,8 +34,6 @@ from daskstream import config
 from daskstream.compute.describe import describe
 from daskstream.compute.joins import PieceDescription, PieceReduction
 from daskstream.compute.reductions import reduce
-from daskstream.errors import InvalidArgumentError
-from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import source_array
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import normalize_axes
@@ -43,9 +41,9 @@ from daskstream.runtime.progress import progress_bar
 from daskstream.runtime.resources import resolve_settings
 from daskstream.runtime.schedulers import current, scheduler_kind
 from daskstream.runtime.tune_cache import TuneCache
-from daskstream.sources import Source, open_source
+from daskstream.sources import Source
 from daskstream.tuning.adaptation import Adaptation, Tried
-from daskstream.tuning.tuner import cache_key, search_space
+from daskstream.tuning.tuner import cache_key, search_space, source_of
 from daskstream.tuning.wave_reads import WaveBar, compute_wave, rows_array
 from daskstream.tuning.waves import (
     Choice,
@@ -138,7 +136,7 @@ def adaptive_reduction(
     progress: bool | None = None,
 ) -> AdaptiveRun:
     """``reduce(x, op, ..., adaptive=True)``: ``x`` a path, a :class:`Source` or an array made by ``daskstream.open``."""
-    source = _source_of(x)
+    source = source_of(x, as_opened=True)
     axes = tuple(range(source.ndim)) if axis is None else normalize_axes(axis, source.ndim)
     single = reduce(
         source_array(source, "auto", resolve_settings(memory_budget=memory_budget)),
@@ -164,25 +162,11 @@ def adaptive_description(
     progress: bool | None = None,
 ) -> AdaptiveRun:
     """``describe(x, ..., adaptive=True)``: ``x`` as for :func:`adaptive_reduction`."""
-    source = _source_of(x)
+    source = source_of(x, as_opened=True)
     planned = source_array(source, "auto", resolve_settings(memory_budget=memory_budget))
     single = describe(planned, axis, bins, range=bin_range, ddof=ddof, memory_budget=memory_budget)
     pieces = PieceDescription.of(planned, axis, bins=bins, bin_range=bin_range, ddof=ddof, memory_budget=memory_budget)
     return AdaptiveRun(source, "describe", axis, pieces, single, memory_budget=memory_budget, progress=progress)
-
-
-def _source_of(x: Any) -> Source:
-    if isinstance(x, Source):
-        return x
-    if hasattr(x, "__dask_graph__"):
-        found = read_layers(x)
-        if len(found) != 1 or getattr(x, "name", None) != found[0][0]:
-            raise InvalidArgumentError(
-                "adaptive=True re-plans the reads, so it needs the array as daskstream.open returns it "
-                "(or its path); this one is computed from it: reduce the opened array, or pass adaptive=False"
-            )
-        return found[0][1]
-    return open_source(x)
 
 
 class _Runner:

@@ -99,7 +99,7 @@ def tune(
     (256, 256)
     """
     started = time.perf_counter()
-    resolved = _as_source(source, dataset)
+    resolved = source_of(source, dataset)
     if scheduler is not None:
         with session(scheduler, memory_budget=memory_budget, progress=False):
             return tune(
@@ -122,18 +122,30 @@ def tune(
     return tuner.run(seconds, refresh=refresh, started=started)
 
 
-def _as_source(source: Any, dataset: str | None) -> Source:
-    if isinstance(source, Source):
-        return source
-    if hasattr(source, "__dask_graph__"):
-        found = {s.token: s for _, s, _ in read_layers(source)}
+def source_of(x: Any, dataset: str | None = None, *, as_opened: bool = False) -> Source:
+    """The :class:`Source` ``x`` is, names or reads: a Source, a path, or a dask array reading one source.
+
+    ``as_opened``: the array must be the read itself, as :func:`daskstream.open`
+    returns it (adaptive runs re-plan its reads, which would drop whatever was
+    computed from it).
+    """
+    if isinstance(x, Source):
+        return x
+    if hasattr(x, "__dask_graph__"):
+        layers = read_layers(x)
+        if as_opened and (len(layers) != 1 or getattr(x, "name", None) != layers[0][0]):
+            raise InvalidArgumentError(
+                "adaptive=True re-plans the reads, so it needs the array as daskstream.open returns it "
+                "(or its path); this one is computed from it: reduce the opened array, or pass adaptive=False"
+            )
+        found = {s.token: s for _, s, _ in layers}
         if len(found) != 1:
             raise InvalidArgumentError(
                 f"tune needs an array read from one source (made by daskstream.open); this one reads {len(found)}. "
                 "Pass the path or the Source instead"
             )
         return next(iter(found.values()))
-    return open_source(source, dataset=dataset)
+    return open_source(x, dataset=dataset)
 
 
 def _seconds(value: str | float) -> float:
