@@ -1,4 +1,4 @@
-"""The entry points that build arrays and plans: ``open``, ``plan``, ``plan_chunks``, and ``reduce``.
+"""The entry points that build arrays and plans: ``open``, ``plan``, ``plan_chunks``, ``reduce`` and ``describe``.
 
 Defaults (the memory budget, threads, workers and the planner's settings) are
 resolved here, once per call (:func:`daskstream.runtime.resources.resolve_settings`),
@@ -272,8 +272,8 @@ def reduce(
         and chose, and the choice is remembered for the next adaptive run of
         this kind of data. Integer, extreme and count results equal a single
         run's exactly, floating-point sums and moments within rounding.
-        Histograms, and argmin/argmax/median/quantile over the first axis,
-        run as planned.
+        Histograms are refused; argmin/argmax/median/quantile over the first
+        axis run as planned.
     progress
         With ``adaptive``: a bar in bytes whose postfix names the setting
         being tried, then the one chosen (default: as the active session shows

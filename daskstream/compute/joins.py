@@ -14,7 +14,7 @@ What each piece computes, and how the pieces join, depends on the operation:
   any other choice of chunks gives.
 
 Argmin/argmax, median, quantiles and histograms over the first axis are not
-split into pieces (:func:`joinable` says why): their partials need positions,
+split into pieces (:meth:`PieceReduction.why_not` says why): their partials need positions,
 several passes or a range known in advance.
 """
 
@@ -128,8 +128,23 @@ class PieceReduction:
         return np.sqrt(variance) if self.op.endswith("std") else variance
 
     def why_not(self, ndim: int) -> str | None:
-        """Why this reduction cannot be cut into pieces along the first axis, or ``None``."""
-        return joinable(self.op, self.axes, ndim, q=self.q, dtype=self.dtype)
+        """Why this reduction cannot be cut into pieces along the first axis, or ``None`` when it can."""
+        op = self.op
+        if ndim == 0:
+            return "a 0-d array has no first axis to cut"
+        if op == "histogram":
+            return "a histogram's bins come from the whole array's range"
+        if not self.reduces_first_axis:
+            return None
+        if op in ("argmin", "argmax"):
+            return f"{op} over the first axis needs every piece's positions"
+        if op in ("median", "quantile"):
+            return f"an exact {op} over the first axis takes passes over the whole array"
+        if op in ("mean", "nanmean") and self.dtype is not None:
+            return f"{op} with dtype={self.dtype!r} accumulates as a single run does only in one piece"
+        if op in _MERGED_BY or op in _MOMENT_OPS or op in ("count_nonzero", "ptp"):
+            return None
+        return f"{op} has no piecewise form"
 
     def _accumulation(self, x: da.Array) -> Any:
         return accumulation_dtype(x.dtype, self.dtype) if self.op in ("sum", "nansum", "prod") else None
@@ -177,26 +192,6 @@ class PieceDescription:
 
     def why_not(self, ndim: int) -> str | None:
         return None if ndim else "a 0-d array has no first axis to cut"
-
-
-def joinable(op: str, axis: Any, ndim: int, *, q: Any = None, dtype: Any = None) -> str | None:
-    """Why ``reduce(x, op, axis)`` cannot be computed in pieces along the first axis, or ``None`` when it can."""
-    axes = tuple(range(ndim)) if axis is None else normalize_axes(axis, ndim)
-    if ndim == 0:
-        return "a 0-d array has no first axis to cut"
-    if op == "histogram":
-        return "a histogram's bins come from the whole array's range"
-    if 0 not in axes:
-        return None
-    if op in ("argmin", "argmax"):
-        return f"{op} over the first axis needs every piece's positions"
-    if op in ("median", "quantile"):
-        return f"an exact {op} over the first axis takes passes over the whole array"
-    if op in ("mean", "nanmean") and dtype is not None:
-        return f"{op} with dtype={dtype!r} accumulates as a single run does only in one piece"
-    if op in _MERGED_BY or op in _MOMENT_OPS or op in ("count_nonzero", "ptp"):
-        return None
-    return f"{op} has no piecewise form"
 
 
 def _moment_partials(x: da.Array, axes: tuple[int, ...], *, skipna: bool) -> da.Array:
