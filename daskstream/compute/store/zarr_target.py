@@ -22,10 +22,8 @@ import dask.local
 import dask.multiprocessing
 import dask.threaded
 import numpy as np
-from dask.base import tokenize
-from dask.callbacks import Callback
 
-from daskstream.compute.store.chunk_writer import ChunkWriter, MetadataChangedError, chunk_writer_for
+from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
 from daskstream.compute.store.record import (
     COMPLETE_FILE,
     DONE_DIR,
@@ -33,7 +31,6 @@ from daskstream.compute.store.record import (
     MAX_RECORD_BYTES,
     PROGRESS_DIR,
     StoreIdentity,
-    block_name,
     chunk_shape,
     parse_block_name,
     write_atomically,
@@ -43,12 +40,10 @@ from daskstream.compute.store.target import (
     ProgressCallback,
     Target,
     data_locations,
-    first_line,
     lies_within,
-    write_error,
 )
+from daskstream.compute.store.zarr_writes import PendingWrites, block_runner
 from daskstream.errors import (
-    DaskstreamError,
     DaskstreamWarning,
     InvalidArgumentError,
     TargetDamagedError,
@@ -58,18 +53,11 @@ from daskstream.errors import (
     UnsupportedDtypeError,
 )
 from daskstream.files import open_regular
-from daskstream.runtime.schedulers import active_client
 from daskstream.sources.base import Source
 from daskstream.sources.metadata import ZARR_V2_DIMENSIONS, json_ready
 
 # The temporary files zarr's LocalStore writes before renaming them into place.
 ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
-
-
-# What zarr raises when the array it opens is gone or its metadata is damaged: its own errors
-# (zarr.errors.BaseZarrError, a ValueError), the ValueError of unreadable JSON, the KeyError of
-# metadata missing a field and the TypeError of a field of the wrong type.
-ZARR_NODE_ERRORS = (ValueError, KeyError, TypeError)
 
 
 def _inner_chunks(name: str, inner: tuple[int, ...], shard: tuple[int, ...], zarr_format: int) -> tuple[int, ...]:
@@ -433,54 +421,13 @@ class ZarrTarget(Target):
         return {index for index in found if index is not None}
 
     def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
-        writes = da.map_blocks(
-            _write_zarr_block,
-            x,
-            self._task_store(),
-            self.member,
-            self._task_done_dir(),
-            self.name,
-            self._chunk_writer(),
-            chunks=tuple((1,) * n for n in x.numblocks),
-            dtype=bool,
-            meta=np.empty((0,) * x.ndim, dtype=bool),
-            name=f"daskstream-store-{tokenize(x.name, self.path, self.member)}",
-        )
-        # One optimized graph for all blocks, then only the pending ones: read and write fuse into one task.
-        delayed = writes.to_delayed(optimize_graph=True)
-        tasks = [delayed[index] for index in pending]
-        by_key = {task.key: index for task, index in zip(tasks, pending)}
-        done = total - len(pending)
-
-        def finished(index: tuple[int, ...]) -> None:
-            nonlocal done
-            done += 1
-            self._block_written(index)
-            if report:
-                report(done, total)
-
+        writes = PendingWrites(self, x, pending, total, report)
+        runner = block_runner()
         try:
-            client = active_client()
-            if client is not None:
-                from distributed import as_completed
-
-                futures = client.compute(tasks)
-                at = {future.key: index for future, index in zip(futures, pending)}
-                try:
-                    for future in as_completed(futures):
-                        future.result()
-                        finished(at[future.key])
-                except BaseException:
-                    client.cancel(futures)
-                    raise
-                return
-
-            def count(key: Any, *_: Any) -> None:
-                if key in by_key:
-                    finished(by_key[key])
-
-            with Callback(posttask=count):
-                dask.compute(*tasks, **self._compute_options(x))
+            if runner is None:
+                writes.write(x, pending)
+            else:
+                runner(writes)
         finally:
             # Blocks written before a failure or an interruption stay recorded: a resumed store skips them.
             self._flush_written()
@@ -544,57 +491,3 @@ def zarr_node_kind(folder: str) -> str | None:
         return "group"
     leftovers = set(os.listdir(folder)) - {PROGRESS_DIR}
     return "other" if leftovers else None
-
-
-def _write_zarr_block(
-    block: np.ndarray,
-    store_at: Any,
-    member: str | None,
-    done_dir: str | None,
-    target_name: str,
-    writer: ChunkWriter | None,
-    block_info: dict | None = None,
-) -> np.ndarray:
-    """Write one block into its chunk and mark it done; runs inside a task, in any process.
-
-    ``store_at``: the local store's path, or the :class:`Place` of a store on an
-    object store (whose blocks the calling process records: ``done_dir`` is ``None``).
-    """
-    import zarr
-
-    info = block_info[0]  # type: ignore[index]
-    region = tuple(slice(start, stop) for start, stop in info["array-location"])
-    name = block_name(tuple(info["chunk-location"]))
-    try:
-        if writer is not None:
-            # A block is one chunk: encoded here, in this task's thread, and put in place whole.
-            writer.write(tuple(info["chunk-location"]), block)
-        else:
-            # Opened here, in whichever process runs the task: no handle travels in the graph.
-            zarr_store: Any
-            if isinstance(store_at, str):
-                zarr_store = zarr.storage.LocalStore(store_at)
-            else:
-                zarr_store = zarr.storage.FsspecStore.from_url(store_at.url, storage_options=store_at.storage_options)
-            array = zarr.open_array(store=zarr_store, path=member or "", mode="r+")
-            with store_at.errors("write") if not isinstance(store_at, str) else contextlib.nullcontext():
-                array[region] = block
-        if done_dir is not None:
-            # Only after the chunk is in place: an empty file appears whole or not at all.
-            with open(os.path.join(done_dir, name), "wb"):
-                pass
-    except DaskstreamError:
-        raise  # already says what failed (an object store refusing the write, say)
-    except ZARR_NODE_ERRORS as exc:
-        if writer is not None and not isinstance(exc, MetadataChangedError):
-            raise  # the chunk writer reads no metadata: anything else is not the target's doing
-        # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to blame.
-        # The array was deleted, replaced or damaged while store wrote it: what was recorded no longer holds.
-        raise TargetMismatchError(
-            f"{target_name}: could not write block {name}: zarr could not open or write the array "
-            f"({type(exc).__name__}: {first_line(exc)}); it was deleted, replaced or damaged while store "
-            "was writing it. Pass overwrite=True to store it again"
-        ) from exc
-    except OSError as exc:
-        raise write_error(target_name, exc, f"write block {name}") from exc
-    return np.ones((1,) * block.ndim, dtype=bool)
