@@ -7,7 +7,7 @@ True
 """
 
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
-from daskstream.arrays import describe, open, plan, plan_chunks, reduce
+from daskstream.arrays import describe, open, plan, plan_chunks, reduce, store
 from daskstream.compute import (
     CodecChoice,
     choose_codec,
@@ -15,7 +15,6 @@ from daskstream.compute import (
     map_blocks,
     plan_compute,
     rechunk,
-    store,
 )
 from daskstream.errors import DaskstreamError
 from daskstream.planning import ChunkPlan

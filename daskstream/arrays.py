@@ -1,4 +1,4 @@
-"""The entry points that build arrays and plans: ``open``, ``plan``, ``plan_chunks``, ``reduce`` and ``describe``.
+"""The entry points that build arrays and plans: ``open``, ``plan``, ``plan_chunks``, ``reduce``, ``describe``, ``store``.
 
 Defaults (the memory budget, threads, workers and the planner's settings) are
 resolved here, once per call (:func:`daskstream.runtime.resources.resolve_settings`),
@@ -16,6 +16,7 @@ from numpy.typing import DTypeLike
 
 from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.reductions import reduce as reduce_lazily
+from daskstream.compute.store import store as store_as_planned
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
@@ -24,6 +25,7 @@ from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source, open_source
 from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction
+from daskstream.tuning.adaptive_store import adaptive_store
 from daskstream.tuning.tuner import tuned_chunks
 
 
@@ -259,8 +261,11 @@ def reduce(
     Parameters
     ----------
     x
-        A dask array, or with ``adaptive`` a path, :class:`Source` or an array
-        as :func:`open` returns it (adaptive runs re-plan its reads).
+        A dask array, or with ``adaptive`` a path, :class:`Source`, an array
+        as :func:`open` returns it or one computed from it region by region
+        (:func:`daskstream.map_blocks` kernels, element-wise expressions such as
+        ``x - x.mean()``): adaptive runs cut its reads anew. Another array runs
+        as planned, and ``adaptation`` says why.
     op, axis
         The reduction (one of :data:`daskstream.compute.OPERATIONS`) and the axes it removes.
     adaptive
@@ -374,3 +379,65 @@ def describe(
 
 
 __all__ = ["AdaptiveRun", "as_dask_array", "describe", "open", "plan", "plan_chunks", "reduce"]
+
+
+def store(
+    x: da.Array,
+    target: str | os.PathLike[str],
+    *,
+    adaptive: bool = False,
+    progress: Any = None,
+    **options: Any,
+) -> da.Array:
+    """Write ``x`` to a Zarr store or an HDF5 dataset, out of core and resumably; adaptively with ``adaptive=True``.
+
+    Without ``adaptive`` this is :func:`daskstream.compute.store` (every
+    option there: ``dataset``, ``resume``, ``overwrite``, ``codec``,
+    ``zarr_format``, ``inner_chunks``, ``memory_budget``, ``storage_options``...).
+
+    Parameters
+    ----------
+    x
+        The array to write.
+    target
+        Where: ``"out.zarr"``, ``"out.h5::/data"``, an object-store URL.
+    adaptive
+        Write a Zarr target in waves along the first axis: the first waves
+        try the planner's way of writing (one chunk per task, the planner's
+        threads) and alternatives (more threads; several chunks per task,
+        computed from one read of their sources and written one by one), as
+        part of the real store, and the rest is written with the fastest. The
+        target and its chunks are the same as without ``adaptive``. The
+        returned array's ``adaptation`` attribute
+        (:class:`~daskstream.tuning.adaptation.Adaptation`, ``explain()``)
+        says what was tried and chosen; the choice is remembered for the next
+        adaptive store of this kind of data. It needs ``x`` computed region by
+        region from its sources (``open``, ``map_blocks`` kernels and
+        element-wise expressions over them) and the threaded scheduler; an
+        HDF5 target, a resumed store or another array is written as planned,
+        and ``adaptation`` says why.
+    progress
+        As for :func:`daskstream.compute.store`; with ``adaptive``, ``True``
+        shows the adaptive run's bar, whose postfix names the setting tried.
+    **options
+        As for :func:`daskstream.compute.store`.
+
+    Returns
+    -------
+    dask.array.Array
+        The stored array, read back from the target.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os
+    >>> folder = tempfile.mkdtemp()
+    >>> np.save(os.path.join(folder, "a.npy"), np.arange(12.0).reshape(3, 4))
+    >>> y = store(open(os.path.join(folder, "a.npy")) * 2, os.path.join(folder, "b.zarr"), adaptive=True)
+    >>> y.compute()[2].tolist()
+    [16.0, 18.0, 20.0, 22.0]
+    >>> y.adaptation.adapted  # three rows leave no room for trials
+    False
+    """
+    if adaptive:
+        return adaptive_store(x, target, progress=progress, **options)
+    return store_as_planned(x, target, progress=progress, **options)

@@ -430,6 +430,12 @@ _adaptive_option = click.option(
     help="Try the planner's setting and alternatives (threads, rows per task) on the first rows, "
     "then run the rest with the fastest; prints what it chose.",
 )
+_adaptive_store_option = click.option(
+    "--adaptive",
+    is_flag=True,
+    help="Zarr targets: try the planner's way of writing and alternatives (threads, chunks written per task) "
+    "on the first rows, then write the rest with the fastest; the target is the same. Prints what it chose.",
+)
 
 
 @main.command("reduce")
@@ -780,6 +786,7 @@ def _optimize_option(command: Any) -> Any:
     "--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Format of a new Zarr array."
 )
 @_inner_chunks_option
+@_adaptive_store_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_storage_option
@@ -795,6 +802,7 @@ def store(
     optimize: str,
     zarr_format: str,
     inner_chunks: str | None,
+    adaptive: bool,
     scheduler: str | None,
     cluster_file: str | None,
     memory_budget: str | None,
@@ -818,7 +826,7 @@ def store(
                 x, target, target_dataset, overwrite, optimize, int(zarr_format), quiet, as_json
             )
         tally = _StoreTally(None if quiet else BlockProgress(f"store {target}", int(x.nbytes)))
-        ds.store(
+        stored = ds.store(
             x,
             target,
             dataset=target_dataset,
@@ -830,8 +838,10 @@ def store(
             inner_chunks=_sizes(inner_chunks, "--inner-chunks"),
             progress=tally,
             storage_options=target_options,
+            adaptive=adaptive,
         )
-    _print_store_summary(tally, x, source, target, target_dataset, as_json, choice, target_options)
+    adaptation = getattr(stored, "adaptation", None)
+    _print_store_summary(tally, x, source, target, target_dataset, as_json, choice, target_options, adaptation)
 
 
 class _StoreTally:
@@ -893,6 +903,7 @@ def _print_store_summary(
     as_json: bool,
     choice: CodecChoice | None = None,
     storage_options: dict[str, Any] | None = None,
+    adaptation: Any = None,
 ) -> None:
     seconds = time.perf_counter() - tally.started
     before = tally.done_before or 0
@@ -911,6 +922,8 @@ def _print_store_summary(
     }
     if choice is not None:
         summary["codec"] = choice.to_dict()
+    if adaptation is not None:
+        summary["adaptive"] = adaptation.to_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     elif summary["already_complete"]:
@@ -922,6 +935,8 @@ def _print_store_summary(
             f"{source} -> {target}: {written} of {tally.total} blocks written{resumed}, "
             f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s"
         )
+    if adaptation is not None and not as_json and not summary["already_complete"]:
+        click.echo(adaptation.explain())
 
 
 @main.command()
@@ -958,6 +973,7 @@ def _print_store_summary(
 @_inner_chunks_option
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
+@_adaptive_store_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_storage_option
@@ -973,6 +989,7 @@ def convert(
     inner_chunks: str | None,
     dataset: str | None,
     overwrite: bool,
+    adaptive: bool,
     scheduler: str | None,
     cluster_file: str | None,
     memory_budget: str | None,
@@ -1006,9 +1023,11 @@ def convert(
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
-        ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
-                 inner_chunks=_sizes(inner_chunks, "--inner-chunks"), storage_options=target_options)  # fmt: skip
-    _print_store_summary(tally, x, source, target, None, as_json, choice, target_options)
+        stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
+                          inner_chunks=_sizes(inner_chunks, "--inner-chunks"), storage_options=target_options,
+                          adaptive=adaptive)  # fmt: skip
+    adaptation = getattr(stored, "adaptation", None)
+    _print_store_summary(tally, x, source, target, None, as_json, choice, target_options, adaptation)
 
 
 def _chunk_spec(chunks: str) -> str | tuple[int, ...]:

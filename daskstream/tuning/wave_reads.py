@@ -1,5 +1,6 @@
-"""What one wave of an adaptive run reads and how it is timed: rows of a source as their own dask array,
-the run's progress bar moved by the wave's bytes, and the clock of its tasks."""
+"""What one wave of an adaptive run reads and how it is timed: rows of a source (or of regions computed
+from sources) as their own dask array, the run's progress bar moved by the wave's bytes, and the clock of
+its tasks."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import numpy as np
 from dask.base import tokenize
 from dask.callbacks import Callback
 
+from daskstream.compute.computation import plan_compute
+from daskstream.graph.regions import Readable, Regions, region_array, regions_of
+from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source
+from daskstream.sources.base import Region
 
 
 def rows_array(source: Source, start: int, stop: int, chunks: tuple[int, ...]) -> da.Array:
@@ -29,6 +34,52 @@ def rows_array(source: Source, start: int, stop: int, chunks: tuple[int, ...]) -
         fancy=False,
         meta=np.empty((0,) * source.ndim, dtype=source.dtype),
     )
+
+
+def readable_for_waves(x: da.Array, planned: Any, memory_budget: int | str | None) -> tuple[Readable | None, str]:
+    """What ``x``'s blocks are computed from region by region, for waves of an adaptive run; ``None`` and why
+    not when they are not, or when waves would read more than ``planned`` (the computation as planned).
+
+    Aggregates up to an eighth of a task's share go whole into every task, as kernels take them; waves
+    compute them once, first, which reads the data twice where the planned computation holds what it
+    reads for them within the budget and reads it once.
+    """
+    share = resolve_settings(memory_budget=memory_budget).resources.per_task_bytes
+    readable = regions_of(x, constant_limit=share // 8)
+    if readable is None:
+        return None, (
+            "the array is not computed region by region from its sources (a rechunk or a reduction is on the "
+            "way), so its waves cannot be cut anew"
+        )
+    if readable.constants and plan_compute(planned).passes == 1:
+        return None, (
+            "the planned computation reads the data once, holding it for its aggregates within the memory "
+            "budget; waves would read it twice"
+        )
+    return readable, ""
+
+
+class RegionWaves:
+    """Rows of what a :class:`Readable` computes, wave by wave, as region arrays; the aggregates it is
+    computed with (``x - x.mean()``) computed once, when the first wave needs them, and handed to every
+    wave's tasks as the small arrays they are."""
+
+    def __init__(self, readable: Readable, memory_budget: int | str | None) -> None:
+        self.readable = readable
+        self.resources = resolve_settings(memory_budget=memory_budget).resources
+        self.computed = not readable.constants
+
+    def rows(self, start: int, stop: int, chunks: tuple[int, ...]) -> da.Array:
+        """Rows ``[start, stop)`` of the first axis in ``chunks``: each task reads its own region, halos from
+        the neighbouring rows included."""
+        if not self.computed:
+            names = list(self.readable.constants)
+            values = dask.compute(*(self.readable.constants[n] for n in names))
+            arrays = {n: da.from_array(np.asarray(v), name=n) for n, v in zip(names, values)}
+            self.readable, self.computed = Readable(self.readable.regions, arrays), True
+        rows = RegionRows(self.readable.regions, start, stop)
+        grid = tuple(_cut(0, n, c) for n, c in zip(rows.shape, chunks))
+        return region_array(Readable(rows, self.readable.constants), grid, self.resources)
 
 
 def compute_wave(lazy: Any, threads: int, bar: Any, nbytes: int) -> tuple[Any, float, float]:
@@ -109,3 +160,35 @@ class Rows:
     def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
         first, *rest = region
         return self.source[(slice(self.start + first.start, self.start + first.stop), *rest)]
+
+
+class RegionRows(Regions):
+    """Rows ``[start, stop)`` of the first axis of other regions: a region of these is that region shifted
+    (so a kernel's halo at the rows' edges comes from the rows beyond them, not from a boundary rule)."""
+
+    def __init__(self, regions: Regions, start: int, stop: int) -> None:
+        self.regions, self.start, self.stop = regions, start, stop
+        self.shape = (stop - start, *regions.shape[1:])
+        self.dtype = regions.dtype
+
+    def read(self, box: Region) -> np.ndarray:
+        first, *rest = box
+        return self.regions.read((slice(self.start + first.start, self.start + first.stop), *rest))
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return self.regions.sources
+
+    @property
+    def label(self) -> str:
+        return self.regions.label
+
+    @property
+    def constants(self) -> tuple[str, ...]:
+        return self.regions.constants
+
+    def bind(self, values: dict[str, np.ndarray]) -> Regions:
+        return RegionRows(self.regions.bind(values), self.start, self.stop)
+
+    def __dask_tokenize__(self) -> Any:
+        return ("daskstream-region-rows", self.regions, self.start, self.stop)

@@ -169,3 +169,33 @@ def test_the_cli_stores_to_s3_with_storage_options_and_reads_it_back(s3, tmp_pat
     )
     assert total.returncode == 0, total.stderr
     assert json.loads(total.stdout)["result"] == int(data.sum())
+
+
+def test_an_adaptive_store_to_s3_puts_each_chunk_once_and_starts_from_the_targets_threads(s3, tmp_path):
+    values = np.random.default_rng(5).standard_normal((8192, 256)).astype("f4")
+    np.save(tmp_path / "a.npy", values)
+    url = f"s3://{s3.bucket()}/adaptive.zarr"
+    with dask.config.set(
+        {
+            "daskstream.tune.cache": str(tmp_path / "tune.json"),
+            "daskstream.adaptive.min-seconds": 0,
+            "daskstream.adaptive.trial-fraction": 0.5,
+            "daskstream.memory-budget": "64MiB",
+            "daskstream.planning.target-chunk-bytes": "64KiB",
+            "daskstream.objects.task-bytes": "64KiB",
+            "daskstream.objects.write-threads": 4,
+            "daskstream.adaptive.tasks-per-thread": 1,
+            "scheduler": "threads",
+        }
+    ):
+        x = ds.open(str(tmp_path / "a.npy"))
+        chunks = -(-values.shape[0] // x.chunks[0][0])
+        s3.reset()
+        stored = ds.store(x * 2, url, storage_options=s3.options, adaptive=True)
+    adaptation = stored.adaptation
+    assert adaptation.adapted, adaptation.explain()
+    # The planner's setting writes with the threads the object-store target writes with (more than the cores).
+    assert adaptation.tried[0].threads > 2
+    puts = s3.requests().get("PUT", 0)
+    assert chunks <= puts <= chunks + 8, puts
+    np.testing.assert_array_equal(_zarr_at(s3, url)[...], values * 2)

@@ -1,0 +1,24 @@
+"""Fixtures of the tuning tests."""
+
+from __future__ import annotations
+
+import dask.config
+import pytest
+
+from daskstream.runtime.tune_cache import TuneCache
+
+
+@pytest.fixture
+def adaptive(tmp_path):
+    """A private tuning cache, and trials allowed on arrays of a few MiB (the defaults want runs of seconds)."""
+    with dask.config.set(
+        {
+            "daskstream.tune.cache": str(tmp_path / "tune.json"),
+            "daskstream.adaptive.min-seconds": 0,
+            "daskstream.adaptive.trial-fraction": 0.5,
+            "daskstream.memory-budget": "64MiB",
+            "daskstream.planning.target-chunk-bytes": "256KiB",
+            "scheduler": "threads",
+        }
+    ):
+        yield TuneCache(tmp_path / "tune.json")
