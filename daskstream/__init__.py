@@ -1,7 +1,7 @@
 """daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
 
 >>> import daskstream as ds
->>> x = ds.open  # ds.open, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
+>>> x = ds.open  # ds.open, ds.list, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
 >>> all(hasattr(ds, name) for name in ds.__all__)
 True
 """
@@ -21,6 +21,8 @@ from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
+from daskstream.sources.listing import Listing
+from daskstream.sources.listing import list_file as list
 from daskstream.streaming import Stream, stream
 from daskstream.tuning import TuneResult, tune
 
@@ -30,6 +32,7 @@ __all__ = [
     "ChunkPlan",
     "CodecChoice",
     "DaskstreamError",
+    "Listing",
     "Session",
     "Source",
     "Stream",
@@ -39,6 +42,7 @@ __all__ = [
     "close_files",
     "describe",
     "kernels",
+    "list",
     "map_blocks",
     "open",
     "open_source",

@@ -391,6 +391,9 @@ def _make_folder(folder: str, option: str) -> None:
 def info(path: str | None, dataset: str | None, as_json: bool, versions: bool, storage_options: dict[str, Any]) -> None:
     """Show a source's format, shape, dtype, storage chunks, layout, size and codecs.
 
+    For a file or store of several arrays (and no --dataset): its tree of groups and arrays, each with
+    its shape, dtype, chunks, codecs, size, dimension names and first attributes.
+
     With --versions (and no PATH): the versions of daskstream's dependencies and which optional
     features are usable.
     """
@@ -402,6 +405,12 @@ def info(path: str | None, dataset: str | None, as_json: bool, versions: bool, s
         return
     if path is None:
         raise click.UsageError("give the PATH of a file to describe, or --versions")
+    if dataset is None and "::" not in path and not is_url(path):
+        tree = ds.list(path)
+        if len(tree.arrays) != 1:
+            # A file of several arrays (or none): its tree, each array with what ds.open(path, dataset=...) takes.
+            click.echo(json.dumps(tree.to_dict(), indent=2) if as_json else tree.text())
+            return
     source = ds.open_source(path, dataset=dataset, storage_options=_url_options(storage_options, path))
     facts = {**_source_facts(source), "nbytes": source.nbytes, "storage": source.describe_storage()}
     if as_json:

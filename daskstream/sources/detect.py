@@ -44,6 +44,9 @@ _HDF5_SIGNATURE_OFFSETS = (0, *(512 * 2**k for k in range(20)))
 # Object stores whose URLs name a bucket (or container) first: a URL of the bucket alone is a prefix.
 _BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
 
+# The first bytes of netCDF-3 files: classic, 64-bit offset and 64-bit data (CDF-5).
+NETCDF3_MAGIC = {b"CDF\x01": "classic", b"CDF\x02": "64-bit offset", b"CDF\x05": "64-bit data, CDF-5"}
+
 
 def split_dataset(path: str, dataset: str | None) -> tuple[str, str | None]:
     """Split ``"file.h5::/entry/data"`` into the path and the dataset.
@@ -106,6 +109,14 @@ def guess_format(path: str, storage_options: dict[str, Any] | None = None) -> st
         raise SourcePermissionError(f"{path}: permission denied; check the file's permissions") from None
     if head.startswith(ZIP_MAGIC) and _zip_holds_zarr(path):
         return "zarr"
+    classic = NETCDF3_MAGIC.get(head[:4])
+    if classic is not None:
+        # Not damaged: a netCDF file of the classic kind, which is no HDF5 file (netCDF-4 files are).
+        raise UnknownFormatError(
+            f"{path}: a netCDF-3 file ({classic} format), which daskstream does not read (it reads netCDF-4, "
+            "which is HDF5); convert it with `nccopy -k netCDF-4 in.nc out.nc`, or open it with xarray "
+            "(engine='scipy' or 'netcdf4')"
+        )
     ext = os.path.splitext(path)[1].lower()
     if size == 0:
         raise CorruptSourceError(f"{path}: the file is empty; re-create or re-copy it")

@@ -139,7 +139,7 @@ class ZarrSource(Source):
         self.attrs = zarr_attrs(array)
         self.dims = zarr_dims(array)
         self.fill_value = plain(array.fill_value)
-        self.codecs = _codec_names(array)
+        self.codecs = codec_names(array)
         self.layout = "chunked"
         self._objects: dict[str, str] | None = None
         if self.place is not None:
@@ -519,7 +519,7 @@ def _node_type(raw: bytes) -> str | None:
         return None
 
 
-def _codec_names(array: Any) -> tuple[str, ...]:
+def codec_names(array: Any) -> tuple[str, ...]:
     meta = array.metadata
     if meta.zarr_format == 2:
         parts = [*(meta.filters or ()), meta.compressor]
