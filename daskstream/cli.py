@@ -602,9 +602,16 @@ def _source_facts(source: Any) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars and arrays as JSON-ready numbers and nested lists."""
+    """numpy scalars and arrays as JSON-ready numbers and nested lists: complex numbers as ``[real, imag]``,
+    dates and durations as numpy writes them (``"2026-12-01"``, ``"3 days"``), NaN and infinities as JSON's
+    nearest (``NaN``, ``Infinity``, which Python's json reads back)."""
 
-    return np.asarray(value).tolist()
+    array = np.asarray(value)
+    if array.dtype.kind == "c":
+        return np.stack([array.real, array.imag], axis=-1).tolist()
+    if array.dtype.kind in "mM":
+        return np.vectorize(str, otypes=[object])(array).tolist() if array.ndim else str(array[()])
+    return array.tolist()
 
 
 @main.command()

@@ -106,6 +106,8 @@ def reduce(
     memory_budget = budget_of(x, memory_budget)
     if op not in OPERATIONS:
         raise UnknownOperationError(f"unknown reduction {op!r}; choose one of: {', '.join(sorted(OPERATIONS))}")
+    if op != "histogram":  # (a histogram says what it counts itself)
+        refuse_unreducible(op, x.dtype)
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     if op == "histogram":
         if axis is not None:
@@ -189,6 +191,36 @@ OPERATIONS = frozenset(
     }
 )
 """The reductions :func:`reduce` knows."""
+
+
+# Beside numbers, which reductions numpy defines for durations and dates (they compare; durations add up).
+_ON_DURATIONS = frozenset({"sum", "nansum", "mean", "nanmean", "min", "max", "nanmin", "nanmax", "ptp", "argmin",
+                           "argmax", "count_nonzero", "any", "all", "median", "quantile"})  # fmt: skip
+_ON_DATES = frozenset({"min", "max", "nanmin", "nanmax", "ptp", "argmin", "argmax", "count_nonzero", "any", "all"})
+_KIND_NAMES = {"S": "byte strings", "U": "strings", "V": "records (compound data)", "O": "Python objects",
+               "M": "dates", "m": "durations", "T": "strings"}  # fmt: skip
+
+
+def refuse_unreducible(op: str, dtype: np.dtype) -> None:
+    """Refuse ``op`` over data of ``dtype`` it is not defined for (strings, records...), naming both.
+
+    >>> refuse_unreducible("sum", np.dtype("f4"))
+    >>> refuse_unreducible("max", np.dtype("S4"))
+    Traceback (most recent call last):
+    ...
+    daskstream.errors.UnsupportedDtypeError: max of byte strings (dtype |S4) is not defined: reduce numbers
+    """
+    kind = dtype.kind
+    if kind in "biufc" or (kind == "m" and op in _ON_DURATIONS) or (kind == "M" and op in _ON_DATES):
+        return
+    if kind in "SUT" and op in ("count_nonzero", "any", "all"):
+        return  # numpy takes a string's truth: not empty
+    advice = "reduce numbers"
+    if kind == "V" and dtype.names:
+        advice = f"reduce one field of the records, e.g. x[{dtype.names[0]!r}]"
+    raise UnsupportedDtypeError(
+        f"{op} of {_KIND_NAMES.get(kind, f'data of kind {kind!r}')} (dtype {dtype}) is not defined: {advice}"
+    )
 
 
 def accumulation_dtype(dtype: np.dtype, requested: Any = None) -> np.dtype | None:

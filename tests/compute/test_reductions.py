@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import warnings
 
 import dask
@@ -464,3 +467,56 @@ def test_a_histogram_of_what_is_not_numbers_is_refused(values):
     with pytest.raises(UnsupportedDtypeError, match=re.escape(f"dtype {values.dtype} is not supported")) as caught:
         ds.reduce(da.from_array(values), "histogram", bins=3, range=(0, 2))
     assert isinstance(caught.value, TypeError)
+
+
+@pytest.mark.parametrize(
+    ("values", "what"),
+    [
+        (np.array([b"ab", b"cd"] * 20), "byte strings"),
+        (np.array(["ab", "cd"] * 20), "strings"),
+        (np.zeros(40, dtype=[("a", "f4"), ("b", "i2")]), "records"),
+        (np.arange(40).astype("M8[D]"), "dates"),
+    ],
+)
+@pytest.mark.parametrize("op", ["sum", "mean", "prod", "any", "max", "std", "median", "nanmean"])
+def test_reductions_numpy_does_not_define_for_the_data_are_refused_clearly(tmp_path, values, what, op):
+    path = tmp_path / "a.npy"
+    np.save(path, values)
+    x = ds.open(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = getattr(np, op)(values)
+    except (TypeError, ValueError):
+        want = None
+    if want is not None:  # numpy defines it (the max of dates): the same answer
+        assert ds.reduce(x, op).compute() == want
+        return
+    with pytest.raises(UnsupportedDtypeError, match=f"{op} of {what}") as caught:
+        ds.reduce(x, op)
+    assert str(values.dtype) in str(caught.value)
+    if values.dtype.names:
+        assert "x['a']" in str(caught.value)
+
+
+def test_the_cli_reduces_complex_numbers_and_dates_to_json_and_refuses_strings_in_one_line(tmp_path):
+    np.save(tmp_path / "z.npy", (np.arange(100) + 1j).astype("c8"))
+    np.save(tmp_path / "d.npy", np.arange(10).astype("M8[D]"))
+    np.save(tmp_path / "s.npy", np.array([b"ab"] * 10))
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "daskstream", "reduce", *args, "--quiet"], capture_output=True, text=True
+        )
+
+    summed = cli(str(tmp_path / "z.npy"), "--op", "sum", "--json")
+    assert summed.returncode == 0, summed.stderr
+    assert json.loads(summed.stdout)["result"] == [4950.0, 100.0]
+    latest = cli(str(tmp_path / "d.npy"), "--op", "max", "--json")
+    assert latest.returncode == 0, latest.stderr
+    assert json.loads(latest.stdout)["result"] == "1970-01-10"
+    refused = cli(str(tmp_path / "s.npy"), "--op", "max")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "daskstream: error: max of byte strings (dtype |S2) is not defined: reduce numbers"
+    ]
