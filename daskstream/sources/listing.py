@@ -167,7 +167,7 @@ class Listing:
         rows = []
         for entry in self.entries:
             pad = 1.2 * max(entry.depth - 1, 0) if entry.path not in ("/", "") else 0
-            name = html.escape(entry.name + ("/" if entry.kind == "group" else ""))
+            name = html.escape(entry.name + ("/" if entry.kind == "group" and entry.name != "/" else ""))
             if entry.kind == "link":
                 name += f" &rarr; {html.escape(str(entry.target))}"
             attrs = ", ".join(
