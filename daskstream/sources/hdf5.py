@@ -27,7 +27,7 @@ from daskstream.errors import (
     NotAnArrayError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, checked_element, file_stamp, listing, native, now_ns
+from daskstream.sources.base import Region, Source, checked_element, file_stamp, first_line, listing, native, now_ns
 from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, ObjectFile, read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
@@ -106,6 +106,14 @@ def _first_chunk_filtered_by_missing(dset: Any, pipeline: tuple, h5py: Any) -> b
     except (OSError, RuntimeError):  # a chunk index h5py cannot walk: the read that needs it will say so
         return False
     return any(not h5py.h5z.filter_avail(code) and not mask & (1 << i) for i, (code, _) in enumerate(pipeline))
+
+
+def filter_names(dcpl: Any) -> tuple[str, ...]:
+    """The names of the filters in a dataset's creation properties, in the order HDF5 applies them on write."""
+    # Plugin filters register long names ("HDF5 zstd filter; see https://..."): keep the name part.
+    return tuple(
+        dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0].strip() for i in range(dcpl.get_nfilters())
+    )
 
 
 def import_h5py() -> Any:
@@ -222,7 +230,7 @@ class Hdf5Source(Source):
             f = h5py.File(self.path, "r")
         except OSError as exc:
             raise CorruptSourceError(
-                f"{self.path}: HDF5 could not open the file ({_first_line(exc)}); it may be "
+                f"{self.path}: HDF5 could not open the file ({first_line(exc)}); it may be "
                 "truncated or damaged: re-create or re-copy it"
             ) from None
         with f:
@@ -254,7 +262,7 @@ class Hdf5Source(Source):
             if isinstance(exc, DaskstreamError):
                 raise
             raise CorruptSourceError(
-                f"{url}: HDF5 could not open the object ({_first_line(exc)}); it may be truncated or "
+                f"{url}: HDF5 could not open the object ({first_line(exc)}); it may be truncated or "
                 "damaged: re-create or re-copy it"
             ) from None
         with self._h5py_failures("read the file's metadata"):
@@ -295,7 +303,7 @@ class Hdf5Source(Source):
                 raise failure from None
             raise CorruptSourceError(
                 f"{self.path}: HDF5 could not {doing} "
-                f"({_first_line(exc)}); it may be truncated or damaged: re-create or re-copy it"
+                f"({first_line(exc)}); it may be truncated or damaged: re-create or re-copy it"
             ) from None
 
     def _read_failure(self, exc: OSError) -> BaseException | None:
@@ -326,10 +334,7 @@ class Hdf5Source(Source):
         self.dtype = native(element_dtype)
         dcpl = dset.id.get_create_plist()
         kind = dcpl.get_layout()
-        # Plugin filters register long names ("HDF5 zstd filter; see https://..."): keep the name part.
-        self.filters = tuple(
-            dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0].strip() for i in range(dcpl.get_nfilters())
-        )
+        self.filters = filter_names(dcpl)
         # An element's axes are stored whole in every chunk.
         element_shape = self.shape[len(dset.shape) :]
         self.storage_chunks = tuple(int(c) for c in (*dset.chunks, *element_shape)) if dset.chunks else None
@@ -405,7 +410,7 @@ class Hdf5Source(Source):
                 if failure is not None:
                     raise failure from None
                 raise CorruptSourceError(
-                    f"{self.name}: HDF5 could not list the dataset's chunks ({_first_line(exc)}); the file may be "
+                    f"{self.name}: HDF5 could not list the dataset's chunks ({first_line(exc)}); the file may be "
                     "damaged: re-create or re-copy it"
                 ) from None
             decoder = ChunkDecoder(self.pipeline, self.file_dtype, chunks)
@@ -452,7 +457,7 @@ class Hdf5Source(Source):
             if missing is not None:
                 raise missing from None
             raise CorruptSourceError(
-                f"{self.name}: HDF5 could not read region {_box_text(box)} ({_first_line(exc)}); "
+                f"{self.name}: HDF5 could not read region {_box_text(box)} ({first_line(exc)}); "
                 "the file may be damaged: re-create or re-copy it"
             ) from None
         return out
@@ -531,10 +536,6 @@ def _list_datasets(group: Any, h5py: Any) -> list[str]:
 
     group.visititems(visit)
     return names
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _box_text(box: Region) -> str:

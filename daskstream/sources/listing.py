@@ -10,7 +10,6 @@ followed), Zarr stores with zarr, a ``.npy`` file is one array.
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 from collections.abc import Iterator
@@ -21,11 +20,12 @@ import numpy as np
 
 from daskstream.errors import CorruptSourceError
 from daskstream.planning.budget import format_size
+from daskstream.sources.base import first_line
 from daskstream.sources.detect import guess_format
-from daskstream.sources.hdf5 import import_h5py
+from daskstream.sources.hdf5 import filter_names, import_h5py
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, json_ready, zarr_attrs, zarr_dims
 from daskstream.sources.npy import NpySource
-from daskstream.sources.zarr_ import codec_names, local_path
+from daskstream.sources.zarr_ import codec_names, folder_node_type, local_path
 
 #: Attributes shown per entry in the tree's text (all are kept in ``attrs``).
 SHOWN_ATTRS = 4
@@ -260,10 +260,7 @@ def _hdf5_dataset(where: str, dset: Any, h5py: Any) -> Entry:
         itemsize = dtype.itemsize
     except (TypeError, ValueError):  # an HDF5 type numpy has no equivalent for (time, quad precision...)
         text, itemsize = f"HDF5 type {dset.id.get_type().get_class()} (not readable as numpy)", None
-    dcpl = dset.id.get_create_plist()
-    filters = tuple(
-        dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0].strip() for i in range(dcpl.get_nfilters())
-    )
+    filters = filter_names(dset.id.get_create_plist())
     nbytes = None if shape is None or itemsize is None else math.prod(shape) * itemsize
     dims = hdf5_dims(dset, len(shape or ()))
     return Entry(where, "array", shape, text, dset.chunks, filters, nbytes, dims, hdf5_attrs(dset))
@@ -293,51 +290,31 @@ def _zarr_entries(path: str) -> Iterator[Entry]:
                 else [("", root)]
             )
         except Exception as exc:  # zarr raises many kinds for metadata it cannot read
-            raise CorruptSourceError(f"{path}: zarr could not list the store ({_first_line(exc)})") from None
+            raise CorruptSourceError(f"{path}: zarr could not list the store ({first_line(exc)})") from None
         for name, node in nodes:
             yield _zarr_node("/" + name, node, zarr)
         return
     # A directory: walked here, so that one node zarr cannot open is listed as such instead of ending the walk.
-    for folder, subfolders, files in os.walk(path):
+    for folder, subfolders, _ in os.walk(path):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-        kind = _zarr_node_kind(folder, files)
-        if kind is None:
+        kind = folder_node_type(folder)
+        if kind not in ("array", "group"):
             continue
         where = "/" + os.path.relpath(folder, path).replace(os.sep, "/").removeprefix(".").strip("/")
         try:
             node = zarr.open_array(folder, mode="r") if kind == "array" else zarr.open_group(folder, mode="r")
         except Exception as exc:  # zarr raises many kinds for metadata it cannot read
-            yield Entry(where, kind, dtype=f"not readable by zarr ({_first_line(exc)})" if kind == "array" else None)
+            yield Entry(where, kind, dtype=f"not readable by zarr ({first_line(exc)})" if kind == "array" else None)
             continue
         yield _zarr_node(where, node, zarr)
         if kind == "array":
             subfolders[:] = []  # an array's folders hold its chunks
 
 
-def _zarr_node_kind(folder: str, files: list[str]) -> str | None:
-    """``"array"`` or ``"group"`` from a folder's metadata files, ``None`` for a folder that is neither."""
-    if ".zarray" in files:
-        return "array"
-    if ".zgroup" in files:
-        return "group"
-    if "zarr.json" in files:
-        try:
-            with open(os.path.join(folder, "zarr.json"), "rb") as f:
-                node_type = json.load(f).get("node_type")
-        except (OSError, ValueError, AttributeError, RecursionError):
-            return None
-        return "array" if node_type == "array" else "group"
-    return None
-
-
 def _zarr_node(where: str, node: Any, zarr: Any) -> Entry:
     if isinstance(node, zarr.Array):
         return _zarr_array(where, node)
     return Entry(where, "group", attrs=zarr_attrs(node))
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _zarr_array(where: str, array: Any) -> Entry:

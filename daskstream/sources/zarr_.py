@@ -512,6 +512,24 @@ def _member_name(array: Any) -> str | None:
     return name or None
 
 
+def folder_node_type(folder: str) -> str | None:
+    """What a folder's Zarr metadata files make it: ``"array"``, ``"group"``, ``"damaged"`` (a ``zarr.json``
+    that does not read as JSON) or ``None`` (no Zarr metadata)."""
+    meta = os.path.join(folder, "zarr.json")
+    if os.path.exists(meta):
+        try:
+            with open_regular(meta) as f:
+                node_type = json.load(f).get("node_type")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return "damaged"
+        return "array" if node_type == "array" else "group"
+    if os.path.exists(os.path.join(folder, ".zarray")):
+        return "array"
+    if os.path.exists(os.path.join(folder, ".zgroup")):
+        return "group"
+    return None
+
+
 def _node_type(raw: bytes) -> str | None:
     try:
         return json.loads(raw).get("node_type")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,13 +191,18 @@ class Computed:
     chunks: tuple[int, ...]
 
 
-def _as_run(x: Any, memory_budget: int | str | None, planned: Any) -> tuple[Source, Any, Computed | None]:
-    """The source read, the array as planned and, for an array computed from a source, what it computes."""
+def _as_run(
+    x: Any, memory_budget: int | str | None, planned: Callable[[Any], Any]
+) -> tuple[Source, Any, Any, Computed | None]:
+    """The source read, the array as planned, ``planned`` of it (the computation as one run) and, for an
+    array computed from a source, what it computes."""
     opened = hasattr(x, "__dask_graph__") and any(name == x.name for name, _, _ in read_layers(x))
     if not hasattr(x, "__dask_graph__") or opened:
         source = source_of(x, as_opened=True)
-        return source, source_array(source, "auto", resolve_settings(memory_budget=memory_budget)), None
-    readable, why = readable_for_waves(x, planned(x), memory_budget)
+        array = source_array(source, "auto", resolve_settings(memory_budget=memory_budget))
+        return source, array, planned(array), None
+    single = planned(x)
+    readable, why = readable_for_waves(x, single, memory_budget)
     sources = list(readable.regions.sources) if readable is not None else [s for _, s, _ in read_layers(x)]
     if not sources:
         raise InvalidArgumentError(
@@ -213,7 +219,7 @@ def _as_run(x: Any, memory_budget: int | str | None, planned: Any) -> tuple[Sour
         np.dtype(x.dtype),
         tuple(c[0] if c else 0 for c in x.chunks),
     )
-    return source, x, computed
+    return source, x, single, computed
 
 
 def adaptive_reduction(
@@ -232,9 +238,8 @@ def adaptive_reduction(
     ``daskstream.open`` or one computed from it region by region (``map_blocks`` kernels, element-wise
     expressions)."""
     options = {"keepdims": keepdims, "dtype": dtype, "ddof": ddof, "q": q}
-    source, planned, computed = _as_run(x, memory_budget, lambda a: reduce(a, op, axis, **options))
+    source, _, single, computed = _as_run(x, memory_budget, lambda a: reduce(a, op, axis, **options))
     axes = tuple(range(source.ndim)) if axis is None else normalize_axes(axis, source.ndim)
-    single = reduce(planned, op, axis, **options)
     pieces = PieceReduction(op, axes, keepdims=keepdims, dtype=dtype, ddof=ddof, q=q)
     return AdaptiveRun(
         source, op, axis, pieces, single, memory_budget=memory_budget, progress=progress, computed=computed
@@ -256,8 +261,7 @@ def adaptive_description(
     def described(a: Any) -> Any:
         return describe(a, axis, bins, range=bin_range, ddof=ddof, memory_budget=memory_budget)
 
-    source, planned, computed = _as_run(x, memory_budget, described)
-    single = described(planned)
+    source, planned, single, computed = _as_run(x, memory_budget, described)
     pieces = PieceDescription.of(planned, axis, bins=bins, bin_range=bin_range, ddof=ddof, memory_budget=memory_budget)
     return AdaptiveRun(
         source, "describe", axis, pieces, single, memory_budget=memory_budget, progress=progress, computed=computed

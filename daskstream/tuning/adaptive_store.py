@@ -36,8 +36,8 @@ from daskstream.sources.detect import split_dataset
 from daskstream.tuning.adaptation import Adaptation, Tried
 from daskstream.tuning.search import Multiples, SearchSpace
 from daskstream.tuning.tuner import cache_key
-from daskstream.tuning.wave_reads import BusyClock, RegionWaves, WaveBar, readable_for_waves
-from daskstream.tuning.wave_runner import AdaptiveJob, WaveRunner
+from daskstream.tuning.wave_reads import RegionWaves, WaveBar, clocked, readable_for_waves
+from daskstream.tuning.wave_runner import AdaptiveJob, WaveRunner, row_bytes
 from daskstream.tuning.waves import Setting, Wave
 from daskstream.tuning.work import Work
 
@@ -186,13 +186,13 @@ class StoreJob(AdaptiveJob):
         chunks = (per_task, *(c[0] for c in writes.x.chunks[1:]))
         tasks = self.waves.rows(wave.start, wave.stop, chunks)
         blocks = [b for b in writes.pending if wave.start <= b[0] * rows < wave.stop]
-        nbytes = (wave.stop - wave.start) * math.prod(space.shape[1:]) * space.itemsize
-        clock = BusyClock()
-        t0 = time.perf_counter()
-        callbacks = [clock, *([WaveBar(bar, nbytes)] if bar is not None else [])]
-        writes.write(tasks, blocks, first_row=wave.start, threads=setting.threads, callbacks=callbacks)
-        wall = time.perf_counter() - t0
-        return None, wall, clock.seconds or wall
+        nbytes = (wave.stop - wave.start) * row_bytes(space)
+
+        def run(callbacks: list[Any]) -> None:
+            writes.write(tasks, blocks, first_row=wave.start, threads=setting.threads, callbacks=callbacks)
+
+        wall, busy = clocked(run, bar, nbytes)
+        return None, wall, busy
 
     def run_whole(self, bar: Any) -> tuple[Any, float]:
         writes = self._writes

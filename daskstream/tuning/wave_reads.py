@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import dask
@@ -83,15 +84,28 @@ class RegionWaves:
 
 
 def compute_wave(lazy: Any, threads: int, bar: Any, nbytes: int) -> tuple[Any, float, float]:
-    """Compute ``lazy`` on ``threads`` threads: its result, the wall seconds, and the seconds from its first
-    task's start to its last task's end (what trials compare: building and optimizing the graph costs
-    every setting the same)."""
-    t0 = time.perf_counter()
+    """Compute ``lazy`` on ``threads`` threads: its result, and its seconds as :func:`clocked` gives them."""
+    found: list[Any] = []
+
+    def run(callbacks: list[Callback]) -> None:
+        with contextlib.ExitStack() as stack:
+            for callback in callbacks:
+                stack.enter_context(callback)
+            found.extend(dask.compute(lazy, scheduler="threads", num_workers=threads))
+
+    wall, busy = clocked(run, bar, nbytes)
+    return found[0], wall, busy
+
+
+def clocked(run: Callable[[list[Callback]], None], bar: Any, nbytes: int) -> tuple[float, float]:
+    """Run one wave, ``run(callbacks)`` computing it with those dask callbacks around it: its wall seconds,
+    and the seconds from its first task's start to its last task's end (what trials compare: building and
+    optimizing the graph costs every setting the same). ``bar`` (if any) moves by the wave's ``nbytes``."""
     clock = BusyClock()
-    with clock, WaveBar(bar, nbytes) if bar is not None else contextlib.nullcontext():
-        (result,) = dask.compute(lazy, scheduler="threads", num_workers=threads)
+    t0 = time.perf_counter()
+    run([clock, *([WaveBar(bar, nbytes)] if bar is not None else [])])
     wall = time.perf_counter() - t0
-    return result, wall, clock.seconds or wall
+    return wall, clock.seconds or wall
 
 
 class WaveBar(Callback):

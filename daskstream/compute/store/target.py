@@ -25,7 +25,7 @@ from daskstream.errors import (
 )
 from daskstream.graph.layers import read_layers
 from daskstream.runtime.schedulers import scheduler_kind
-from daskstream.sources.base import Source, file_stamp, native
+from daskstream.sources.base import Source, file_stamp, first_line, native
 from daskstream.sources.detect import EXTENSIONS, guess_format
 from daskstream.sources.hdf5 import import_h5py
 from daskstream.sources.zarr_ import is_url
@@ -294,7 +294,3 @@ def write_error(
 def in_process_scheduler() -> bool:
     """Whether tasks run in this process (threads or synchronous), where HDF5 shares one open file."""
     return scheduler_kind() in ("threads", "sync")
-
-
-def first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

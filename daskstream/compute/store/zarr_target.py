@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import posixpath
 import re
@@ -55,6 +54,7 @@ from daskstream.errors import (
 from daskstream.files import open_regular
 from daskstream.sources.base import Source
 from daskstream.sources.metadata import ZARR_V2_DIMENSIONS, json_ready
+from daskstream.sources.zarr_ import folder_node_type
 
 # The temporary files zarr's LocalStore writes before renaming them into place.
 ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
@@ -477,17 +477,8 @@ def zarr_node_kind(folder: str) -> str | None:
         return None
     if not os.path.isdir(folder):
         return "other"
-    meta = os.path.join(folder, "zarr.json")
-    if os.path.exists(meta):
-        try:
-            with open_regular(meta) as f:
-                node_type = json.load(f).get("node_type")
-        except (OSError, ValueError, AttributeError, RecursionError):
-            return "other"
-        return "array" if node_type == "array" else "group"
-    if os.path.exists(os.path.join(folder, ".zarray")):
-        return "array"
-    if os.path.exists(os.path.join(folder, ".zgroup")):
-        return "group"
+    kind = folder_node_type(folder)
+    if kind is not None:
+        return "other" if kind == "damaged" else kind
     leftovers = set(os.listdir(folder)) - {PROGRESS_DIR}
     return "other" if leftovers else None

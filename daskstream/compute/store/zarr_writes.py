@@ -83,7 +83,6 @@ class PendingWrites:
         self.total = total
         self.report = report
         self.done = total - len(self.pending)
-        self._counted: set[Index] = set()
 
     def write(
         self,
@@ -146,10 +145,8 @@ class PendingWrites:
 
         def finished(task: Index) -> None:
             for block in covering[task]:
-                if block not in self._counted:
-                    self._counted.add(block)
-                    self.done += 1
-                    target._block_written(block)
+                self.done += 1
+                target._block_written(block)
             if self.report:
                 self.report(self.done, self.total)
 
