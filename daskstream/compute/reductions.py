@@ -130,14 +130,18 @@ def reduce(
         kwargs["keepdims"] = keepdims
     if op in _ACCUMULATING:
         kwargs["dtype"] = accumulation_dtype(x.dtype, dtype)
-    if op == "ptp":
-        return da.max(x, **kwargs) - da.min(x, **kwargs)
     if op in ("argmin", "argmax"):
         return _arg_reduction(x, op, axes, keepdims, fan_in)
     if op == "count_nonzero":
         counted = da.count_nonzero(x, axis=axes)
         return da.expand_dims(counted, axis=axes) if keepdims and axes else counted
-    return getattr(da, op)(x, **kwargs)
+    squeeze = x.dtype.kind in "mM" and not keepdims
+    if squeeze:
+        # Older dask builds the scalar result of a date's extreme from an empty array's
+        # sum, which dates do not have; kept axes and a squeeze avoid that step.
+        kwargs["keepdims"] = True
+    result = da.max(x, **kwargs) - da.min(x, **kwargs) if op == "ptp" else getattr(da, op)(x, **kwargs)
+    return result.squeeze(axis=axes) if squeeze else result
 
 
 def _reduce_empty(x: da.Array, op: str, axes: tuple[int, ...], **kwargs: Any) -> da.Array:
@@ -211,16 +215,32 @@ def refuse_unreducible(op: str, dtype: np.dtype) -> None:
     daskstream.errors.UnsupportedDtypeError: max of byte strings (dtype |S4) is not defined: reduce numbers
     """
     kind = dtype.kind
-    if kind in "biufc" or (kind == "m" and op in _ON_DURATIONS) or (kind == "M" and op in _ON_DATES):
+    if kind in "biufc":
         return
-    if kind in "SUT" and op in ("count_nonzero", "any", "all"):
-        return  # numpy takes a string's truth: not empty
+    handled = (kind == "m" and op in _ON_DURATIONS) or (kind == "M" and op in _ON_DATES)
+    # numpy takes a string's truth (not empty) from version 2 on: whether this numpy defines it decides.
+    handled = handled or (kind in "SUT" and op in ("count_nonzero", "any", "all"))
+    if handled and _numpy_defines(op, dtype):
+        return
     advice = "reduce numbers"
     if kind == "V" and dtype.names:
         advice = f"reduce one field of the records, e.g. x[{dtype.names[0]!r}]"
     raise UnsupportedDtypeError(
         f"{op} of {_KIND_NAMES.get(kind, f'data of kind {kind!r}')} (dtype {dtype}) is not defined: {advice}"
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _numpy_defines(op: str, dtype: np.dtype) -> bool:
+    """Whether this numpy computes ``op`` over ``dtype`` (its answer on a few zeros tells)."""
+    probe = np.zeros(3, dtype=dtype)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            np.quantile(probe, 0.5) if op == "quantile" else getattr(np, op)(probe)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def accumulation_dtype(dtype: np.dtype, requested: Any = None) -> np.dtype | None:
