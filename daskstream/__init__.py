@@ -1,7 +1,7 @@
 """daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
 
 >>> import daskstream as ds
->>> x = ds.open  # ds.open, ds.list, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
+>>> x = ds.open  # ds.open, ds.open_dataset, ds.list, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
 >>> all(hasattr(ds, name) for name in ds.__all__)
 True
 """
@@ -17,6 +17,7 @@ from daskstream.compute import (
     rechunk,
 )
 from daskstream.errors import DaskstreamError
+from daskstream.labelled import open_dataset
 from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
@@ -45,6 +46,7 @@ __all__ = [
     "list",
     "map_blocks",
     "open",
+    "open_dataset",
     "open_source",
     "plan",
     "plan_chunks",

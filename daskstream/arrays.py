@@ -2,12 +2,17 @@
 
 Defaults (the memory budget, threads, workers and the planner's settings) are
 resolved here, once per call (:func:`daskstream.runtime.resources.resolve_settings`),
-and passed down as one frozen value.
+and passed down as one frozen value. It is longer than most modules because
+every public entry point lives here, so that there is one place where defaults
+are resolved and arguments checked; the work itself is below, in ``compute``,
+``tuning``, ``graph`` and ``sources``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,27 +20,32 @@ import dask.array as da
 from numpy.typing import DTypeLike
 
 from daskstream.compute.describe import describe as describe_lazily
+from daskstream.compute.labels import axes_by_name, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import InvalidArgumentError, MemoryBudgetError, PackedDataWarning
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source, open_source
+from daskstream.sources.many import check_family, expand_paths, names_many
+from daskstream.sources.metadata import cf_encoding, plain_scalar
 from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction
 from daskstream.tuning.adaptive_store import adaptive_store
 from daskstream.tuning.tuner import tuned_chunks
 
 
 def open(
-    path: str | os.PathLike[str] | Source,
+    path: str | os.PathLike[str] | Source | Sequence[str | os.PathLike[str] | Source],
     *,
     dataset: str | None = None,
     chunks: ChunksSpec = "auto",
     memory_budget: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
+    axis: int = 0,
+    stack: bool = False,
 ) -> da.Array:
     """Open an array on disk as a lazy ``dask.array.Array``.
 
@@ -43,9 +53,14 @@ def open(
     ----------
     path
         A ``.npy`` file, HDF5 file or Zarr store (``"scan.h5::/entry/data"``
-        names the dataset inline), or an open :class:`Source`.
+        names the dataset inline), or an open :class:`Source`. A list of them,
+        or a pattern (``"runs/day-*.h5"``, expanded in natural order: ``day-2``
+        before ``day-10``), opens many files of one dtype and shape as one
+        array, joined along ``axis`` (each file's own chunks planned alike and
+        aligned to its storage; no task reads from two files).
     dataset
-        HDF5 dataset or Zarr member, when the file holds more than one.
+        HDF5 dataset or Zarr member, when the file holds more than one (for
+        many files: in every one).
     chunks
         ``"auto"`` (default): the planner's choice, aligned to storage and
         sized to ``memory_budget`` and the workers. ``"tune"``: the chunks
@@ -61,6 +76,10 @@ def open(
         fsspec options for URLs (``s3://``, ``gs://``...: endpoint, ``profile``,
         ``anon``, credentials). Secrets among them are used by this process
         only, never put in the graph: workers use their own credentials.
+    axis, stack
+        For many files: the axis they are joined along (their lengths along it
+        may differ), or with ``stack=True`` the new axis they are stacked
+        along (their shapes must agree).
 
     Returns
     -------
@@ -68,6 +87,11 @@ def open(
         Its graph holds only the source's description (path, dataset, dtype,
         regions), never a file handle or the data; the same unchanged file
         gives the same name every time it is opened.
+
+    Raises
+    ------
+    FileFamilyError
+        For many files, naming the first whose dtype or shape differs, and how.
 
     Examples
     --------
@@ -78,6 +102,11 @@ def open(
     >>> float(x.sum().compute())
     66.0
     """
+    if names_many(path):
+        return _open_many(
+            path, dataset=dataset, chunks=chunks, memory_budget=memory_budget,
+            storage_options=storage_options, axis=axis, stack=stack,
+        )  # fmt: skip
     if isinstance(path, Source):
         if dataset is not None or storage_options is not None:
             raise InvalidArgumentError(
@@ -86,8 +115,55 @@ def open(
             )
         source = path
     else:
-        source = open_source(path, dataset=dataset, storage_options=storage_options)
+        source = open_source(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
+    _warn_if_packed(source, stacklevel=3)
     return as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
+
+
+def _warn_if_packed(source: Source, *, stacklevel: int) -> None:
+    """Say so when the file marks the numbers as packed or filled (CF), which ``open`` gives as stored."""
+    encoding = cf_encoding(source.attrs, source.dtype)
+    if not encoding:
+        return
+    said = ", ".join(f"{name} {plain_scalar(value)!r}" for name, value in encoding.items())
+    warnings.warn(
+        f"{source.name} holds its numbers encoded ({said}): this array is the numbers as stored, "
+        "so means and extremes include the fill value and packed units; open it with "
+        "daskstream.open_dataset(path) to decode them as xarray does",
+        PackedDataWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def _open_many(
+    paths: Any, *, dataset: str | None, chunks: ChunksSpec, memory_budget: int | str | None,
+    storage_options: dict[str, Any] | None, axis: int, stack: bool,
+) -> da.Array:  # fmt: skip
+    """Many files as one array: each opened and planned on its own, then joined (see :func:`open`)."""
+    sources = [
+        item if isinstance(item, Source) else open_source(item, dataset=dataset, storage_options=storage_options)
+        for item in expand_paths(paths, storage_options)
+    ]
+    axis = check_family(sources, axis=axis, stack=stack)
+    _warn_if_packed(sources[0], stacklevel=4)
+    settings = resolve_settings(memory_budget=memory_budget)
+    if isinstance(chunks, str) and chunks == "auto":
+        # The parallelism a plan asks for is the whole array's: each file supplies its share of the tasks.
+        share = -(-settings.min_tasks_per_thread // len(sources))
+        settings = dataclasses.replace(settings, min_tasks_per_thread=max(1, share))
+    arrays = []
+    for source in sources:
+        if isinstance(chunks, str) and chunks == "tune":
+            arrays.append(as_dask_array(source, chunks="tune", memory_budget=memory_budget))
+        else:
+            arrays.append(source_array(source, chunks, settings))
+    joined = da.stack(arrays, axis=axis) if stack else da.concatenate(arrays, axis=axis)
+    if settings.max_tasks is not None and joined.npartitions > settings.max_tasks:
+        raise MemoryBudgetError(
+            f"{len(sources)} files in {joined.npartitions} tasks, more than daskstream.planning.max-tasks "
+            f"({settings.max_tasks}): raise the memory budget or the setting, or open fewer files at once"
+        )
+    return joined
 
 
 def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget: int | str | None = None) -> da.Array:
@@ -261,13 +337,16 @@ def reduce(
     Parameters
     ----------
     x
-        A dask array, or with ``adaptive`` a path, :class:`Source`, an array
-        as :func:`open` returns it or one computed from it region by region
-        (:func:`daskstream.map_blocks` kernels, element-wise expressions such as
-        ``x - x.mean()``): adaptive runs cut its reads anew. Another array runs
-        as planned, and ``adaptation`` says why.
+        A dask array or an ``xarray.DataArray`` (whose result is then a
+        DataArray with the dimensions and coordinates that remain, see
+        :mod:`daskstream.compute.labels`), or with ``adaptive`` a path,
+        :class:`Source`, an array as :func:`open` returns it or one computed
+        from it region by region (:func:`daskstream.map_blocks` kernels,
+        element-wise expressions such as ``x - x.mean()``): adaptive runs cut
+        its reads anew. Another array runs as planned, and ``adaptation`` says why.
     op, axis
-        The reduction (one of :data:`daskstream.compute.OPERATIONS`) and the axes it removes.
+        The reduction (one of :data:`daskstream.compute.OPERATIONS`) and the
+        axes it removes (for a DataArray, by position or dimension name).
     adaptive
         Return an :class:`~daskstream.tuning.adaptive.AdaptiveRun`
         instead: its ``compute()`` tries the planner's setting (rows per task,
@@ -303,12 +382,17 @@ def reduce(
     >>> run.adaptation.adapted  # three rows leave no room for trials
     False
     """
+    labelled, axis = x if is_labelled(x) else None, axes_by_name(x, axis)
+    x = unlabelled(x)
     if not adaptive:
         if progress is not None:
             raise InvalidArgumentError(
                 "progress= applies to adaptive=True; a lazy reduction shows progress when computed"
             )
-        return reduce_lazily(x, op, axis, **options)
+        result = reduce_lazily(x, op, axis, **options)
+        if labelled is None or op == "histogram":
+            return result
+        return reduced(labelled, result, op, axis, keepdims=options.get("keepdims", False), q=options.get("q"))
     if op == "histogram":
         raise InvalidArgumentError(
             'adaptive=True does not apply to op="histogram": its bins come from the whole array; run it without adaptive='
@@ -363,6 +447,7 @@ def describe(
     >>> float(describe(path, adaptive=True).compute()["mean"])
     5.5
     """
+    axis, x = axes_by_name(x, axis), unlabelled(x)
     if not adaptive:
         if progress is not None:
             raise InvalidArgumentError(
@@ -439,5 +524,5 @@ def store(
     False
     """
     if adaptive:
-        return adaptive_store(x, target, progress=progress, **options)
-    return store_as_planned(x, target, progress=progress, **options)
+        return adaptive_store(unlabelled(x), target, progress=progress, **options)
+    return store_as_planned(unlabelled(x), target, progress=progress, **options)

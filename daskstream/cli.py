@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import click
@@ -27,7 +28,7 @@ from daskstream import dependencies
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
 from daskstream.demo import FORMATS, run_demo
-from daskstream.errors import DaskstreamError
+from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.runtime.clusters import check_cluster_config
 from daskstream.runtime.metering import ReadMeter
@@ -307,6 +308,20 @@ def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) ->
 )
 def main() -> None:
     """Out-of-core arrays from .npy, HDF5 and Zarr files, with storage-aligned chunks."""
+    warnings.showwarning = _one_line_warning
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """daskstream's warnings as one line on stderr (what to know, not where in daskstream it was said)."""
+    if issubclass(category, DaskstreamWarning):
+        click.echo(f"warning: {message}", err=True)
+        return
+    _python_showwarning(message, category, filename, lineno, file, line)
 
 
 @main.command()

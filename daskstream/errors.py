@@ -15,6 +15,7 @@ __all__ = [
     "CorruptSourceError",
     "DaskstreamError",
     "DaskstreamWarning",
+    "FileFamilyError",
     "IntermediateNotSharedError",
     "InvalidArgumentError",
     "InvalidAxisError",
@@ -32,6 +33,7 @@ __all__ = [
     "ObjectStoreCredentialsError",
     "ObjectStoreUnreachableError",
     "OutsideFileError",
+    "PackedDataWarning",
     "SourceChangedError",
     "SourceNotFoundError",
     "SourcePermissionError",
@@ -132,6 +134,10 @@ class ChunkSplitWarning(DaskstreamWarning):
     """Chunks split storage chunks, so some are read more than once."""
 
 
+class PackedDataWarning(DaskstreamWarning):
+    """The file says its numbers are packed or hold a fill value (CF conventions), and they are given as stored."""
+
+
 class TuneCacheWarning(DaskstreamWarning):
     """The tuning cache file could not be read; it is treated as empty."""
 
@@ -146,6 +152,10 @@ class SourcePermissionError(DaskstreamError, PermissionError):
 
 class InvalidArgumentError(DaskstreamError, ValueError):
     """Arguments that contradict each other or cannot be used together."""
+
+
+class FileFamilyError(DaskstreamError, ValueError):
+    """Files opened as one array differ in dtype or shape where they must agree."""
 
 
 class InvalidIndexError(DaskstreamError, IndexError):

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.compute.labels import axes_by_name, unlabelled
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, SourceChangedError
 from daskstream.graph.layers import opened_budget, read_layers
@@ -200,6 +201,9 @@ def stream(
         Iterate it once per epoch (``for batch in s``); ``len(s)`` is the
         number of batches this consumer yields each epoch.
     """
+    # A DataArray streams its data (its labels name axes the batches do not keep).
+    axis = axes_by_name(x[0] if isinstance(x, tuple) else x, axis)
+    x = tuple(unlabelled(one) for one in x) if isinstance(x, tuple) else unlabelled(x)
     return Stream(
         x, axis=axis, batch_size=batch_size, prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last,
         memory_budget=memory_budget, rank=rank, world_size=world_size, shuffle_blocks=shuffle_blocks,

@@ -27,6 +27,7 @@ DEFERRED = {
     "distributed",
     "fcntl",
     "fsspec",
+    "h5netcdf",
     "h5py",
     "hdf5plugin",
     "IPython",
@@ -39,6 +40,7 @@ DEFERRED = {
     "s3fs",
     "scipy",
     "torch",
+    "xarray",
     "zarr",
 }
 

@@ -117,3 +117,30 @@ def test_streaming_example_runs(repo_root, tmp_path, monkeypatch):
     exec(compile(example, "README.md", "exec"), scope)
     x, y = scope["x"], scope["y"]
     np.testing.assert_array_equal(x, features[y])
+
+
+def test_labelled_data_example_runs(repo_root, tmp_path, monkeypatch):
+    import pytest
+
+    xr = pytest.importorskip("xarray")
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("### Labelled data and many files", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    rng = np.random.default_rng(3)
+    chl = rng.random((6, 10, 12))
+    coords = {"time": np.arange(6), "lat": np.linspace(-60, 60, 10), "lon": np.arange(12.0)}
+    xr.Dataset({"chl": (("time", "lat", "lon"), chl, {"units": "mg m-3"})}, coords=coords).to_netcdf(
+        "ocean.nc", engine="h5netcdf"
+    )
+    (tmp_path / "runs").mkdir()
+    for day in (1, 2, 10):
+        with h5py.File(f"runs/day-{day}.h5", "w") as f:
+            f["t"] = np.full((4, 3), day, dtype="f4")
+        part = xr.Dataset({"v": ("time", np.full(2, day))}, coords={"time": [2 * day, 2 * day + 1]})
+        part.to_netcdf(f"runs/day-{day}.nc", engine="h5netcdf")
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    np.testing.assert_allclose(scope["mean"].values, chl.mean(axis=0))
+    assert scope["mean"].attrs["units"] == "mg m-3"
+    np.testing.assert_array_equal(scope["days"].compute()[:, 0], np.repeat([1, 2, 10], 4))

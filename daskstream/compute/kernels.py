@@ -35,6 +35,7 @@ from dask.base import tokenize
 from dask.graph_manipulation import bind
 from dask.utils import funcname, has_keyword
 
+from daskstream.compute.labels import is_labelled, relabelled, unlabelled
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.graph.layers import budget_of
@@ -76,7 +77,9 @@ def map_blocks(
         when ``depth`` is set).
     *arrays
         Dask arrays (e.g. from :func:`daskstream.open`) or numpy arrays, all of
-        the same shape: nothing is broadcast. When their chunks differ, all
+        the same shape: nothing is broadcast. ``xarray.DataArray`` inputs are
+        computed on their data, and a result of their shape comes back as a
+        DataArray with their dimensions and coordinates. When their chunks differ, all
         are re-chunked onto one grid: the planner's chunks
         (:func:`daskstream.plan_chunks`) for the first array, aligned to its
         current chunk grid when that grid is regular, so the first array's
@@ -160,6 +163,13 @@ def map_blocks(
         )
     if not arrays:
         raise InvalidArgumentError("map_blocks needs at least one array after the function: map_blocks(fn, x, ...)")
+    template = next((a for a in arrays if is_labelled(a)), None)
+    if template is not None:  # DataArrays: the kernel runs on their data; its result gets their labels
+        result = map_blocks(
+            fn, *(unlabelled(a) for a in arrays), depth=depth, boundary=boundary, dtype=dtype,
+            drop_axis=drop_axis, new_axis=new_axis, chunks=chunks, **kwargs,
+        )  # fmt: skip
+        return relabelled(template, result)
     inputs = [_as_dask_array(a, position) for position, a in enumerate(arrays)]
     shape = inputs[0].shape
     for position, other in enumerate(inputs[1:], start=1):

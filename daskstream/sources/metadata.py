@@ -56,6 +56,17 @@ def plain(value: Any) -> Any:
     return value
 
 
+def plain_scalar(value: Any) -> Any:
+    """A one-element attribute (HDF5 stores them as arrays) as its single value.
+
+    >>> plain_scalar(np.array([0.01])), plain_scalar(np.array([1, 2])).tolist()
+    (0.01, [1, 2])
+    """
+    if isinstance(value, np.ndarray | np.generic) and np.size(value) == 1:
+        return plain(np.asarray(value).reshape(()).item())
+    return value
+
+
 def json_ready(value: Any) -> Any:
     """``value`` as JSON holds it (Zarr attributes): arrays as lists, numpy scalars as Python ones.
 
@@ -156,3 +167,31 @@ def zarr_dims(array: Any) -> tuple[str | None, ...] | None:
         return None
     found = tuple(str(n) if n is not None else None for n in names)
     return found if any(found) else None
+
+
+# The CF attributes that change what the stored numbers mean: packing, and values that mark missing data.
+CF_ENCODING_ATTRIBUTES = ("scale_factor", "add_offset", "_FillValue", "missing_value")
+
+
+def cf_encoding(attrs: Any, dtype: np.dtype) -> dict[str, Any]:
+    """The CF packing and missing-value attributes in ``attrs`` that make stored numbers mean something else.
+
+    A NaN fill value of floating-point data is left out: the stored NaN already
+    says "missing".
+
+    >>> cf_encoding({"scale_factor": 0.01, "units": "K", "_FillValue": -32767}, np.dtype("i2"))
+    {'scale_factor': 0.01, '_FillValue': -32767}
+    >>> cf_encoding({"_FillValue": float("nan")}, np.dtype("f4"))
+    {}
+    """
+    found = {}
+    for name in CF_ENCODING_ATTRIBUTES:
+        if name not in attrs:
+            continue
+        value = attrs[name]
+        if name in ("_FillValue", "missing_value") and dtype.kind == "f":
+            with contextlib.suppress(TypeError, ValueError):
+                if np.all(np.isnan(np.asarray(value, dtype="f8"))):
+                    continue
+        found[name] = value
+    return found

@@ -1,0 +1,282 @@
+"""``open_dataset``: a file's variables as an ``xarray.Dataset`` of daskstream-planned dask arrays.
+
+The labels come from xarray's own readers, so they are what
+``xr.open_dataset(path, engine="h5netcdf")`` or ``engine="zarr"`` gives: the
+dimension names (NetCDF4 dimension scales, Zarr's ``dimension_names`` or
+``_ARRAY_DIMENSIONS``), the attributes, the coordinates, the fill values.
+The numbers come from daskstream: each variable is opened as :func:`daskstream.open`
+opens it, with chunks aligned to its storage and sized to the memory budget,
+read without HDF5's global lock where daskstream decodes the filters itself.
+Then xarray's decoders (``xarray.decode_cf``) apply ``scale_factor``,
+``add_offset``, ``_FillValue`` and time units, lazily, chunk by chunk.
+
+A variable daskstream does not read (variable-length strings, say) keeps the
+reader xarray would have used, so no variable is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from daskstream.arrays import as_dask_array
+from daskstream.dependencies import optional_import
+from daskstream.errors import DaskstreamError, InvalidArgumentError, MemberNotFoundError, UnknownFormatError
+from daskstream.graph.reads import ChunksSpec
+from daskstream.sources import Source, open_source
+from daskstream.sources.detect import guess_format, is_url, local_path
+from daskstream.sources.many import expand_paths, names_many
+
+# Dimension coordinates up to this size are read when the dataset is opened, as xarray reads its
+# indexes: .sel and plots need them at once, and one read beats a graph per lookup.
+EAGER_COORDINATE_BYTES = 64 * 2**20
+
+# The decoding options of xarray.decode_cf, all on with decode_cf=True and all off without it.
+DECODERS = ("mask_and_scale", "decode_times", "concat_characters", "decode_coords", "decode_timedelta")
+
+
+def xarray_module() -> Any:
+    """xarray, or a :class:`~daskstream.errors.MissingDependencyError` saying how to install it."""
+    return optional_import("xarray", package="xarray", needed_for="open_dataset", extra="xarray")
+
+
+def open_dataset(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    group: str | None = None,
+    memory_budget: int | str | None = None,
+    chunks: ChunksSpec = "auto",
+    decode_cf: bool = True,
+    drop_variables: str | Iterable[str] | None = None,
+    concat_dim: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    **decoders: Any,
+) -> Any:
+    """Open a NetCDF4/HDF5 file or Zarr store as an ``xarray.Dataset`` planned by daskstream.
+
+    Parameters
+    ----------
+    path
+        A NetCDF4 or HDF5 file, a Zarr store (a folder or a URL), or a
+        ``.npy`` file (one variable named after the file, axes ``dim_0``...).
+        A list of them, or a pattern (``"runs/day-*.nc"``, in natural order),
+        opens each and combines them as ``xarray.open_mfdataset`` does: by
+        their coordinates, or along ``concat_dim`` when given. Variables
+        without the joined dimension are taken from the first file, and
+        attributes that differ between files are dropped.
+    group
+        The HDF5 or Zarr group whose variables to open (default: the root).
+    memory_budget
+        Bytes one worker may use: each variable's chunks are planned for it.
+    chunks
+        As for :func:`daskstream.open`, for every variable: ``"auto"`` (the
+        planner's choice, aligned to storage), ``"storage"``, ``"tune"``...
+    decode_cf
+        Decode as xarray does (``scale_factor``/``add_offset``, ``_FillValue``
+        to NaN, times to datetimes, the ``coordinates`` attribute); ``False``
+        gives the numbers as stored.
+    drop_variables
+        Variables to leave out.
+    concat_dim
+        For many files: the dimension to join them along (default: combine
+        by coordinates).
+    storage_options
+        fsspec options for a Zarr URL.
+    **decoders
+        xarray's finer switches, each defaulting to ``decode_cf``:
+        ``mask_and_scale``, ``decode_times``, ``concat_characters``,
+        ``decode_coords``, ``decode_timedelta``; and ``use_cftime``.
+
+    Returns
+    -------
+    xarray.Dataset
+        Attributes, dimension names and coordinates as the file has them;
+        each variable a dask array with daskstream's chunks (its
+        ``encoding["preferred_chunks"]`` says them too); dimension
+        coordinates up to 64 MiB loaded.
+
+    Raises
+    ------
+    MissingDependencyError
+        Without xarray (``pip install 'daskstream[xarray]'``; NetCDF4/HDF5
+        files also need h5netcdf, which that extra installs).
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile, os, xarray as xr
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.zarr")
+    >>> xr.Dataset({"t": ("time", np.arange(4.0), {"units": "K"})}, coords={"time": [10, 20, 30, 40]}).to_zarr(path)
+    <xarray.backends.zarr.ZarrStore object at ...>
+    >>> ds = open_dataset(path)
+    >>> ds.t.attrs["units"], float(ds.t.sel(time=30))
+    ('K', 2.0)
+    """
+    xr = xarray_module()
+    unknown = set(decoders) - {*DECODERS, "use_cftime"}
+    if unknown:
+        raise InvalidArgumentError(
+            f"open_dataset takes no option {sorted(unknown)[0]!r}; its decoding switches are "
+            f"{', '.join(DECODERS)} and use_cftime"
+        )
+    options = {name: decoders.get(name, decode_cf) for name in DECODERS}
+    options["use_cftime"] = decoders.get("use_cftime")
+    if names_many(path):
+        datasets = [
+            open_dataset(
+                one,
+                group=group,
+                memory_budget=memory_budget,
+                chunks=chunks,
+                decode_cf=decode_cf,
+                drop_variables=drop_variables,
+                storage_options=storage_options,
+                **decoders,
+            )
+            for one in expand_paths(path, storage_options)  # type: ignore[arg-type]
+        ]
+        # Only what varies along the joined dimension is joined; the rest is taken from the first file
+        # (the stations of a time series are not repeated per day), and coordinates must agree exactly.
+        combine = {"data_vars": "minimal", "coords": "minimal", "compat": "override", "join": "exact",
+                   "combine_attrs": "drop_conflicts"}  # fmt: skip
+        if concat_dim is not None:
+            return xr.combine_nested(datasets, concat_dim=concat_dim, **combine)
+        return xr.combine_by_coords(datasets, **combine)
+    variables, attrs, close = labelled_variables(
+        path,  # type: ignore[arg-type]
+        group=group, storage_options=storage_options,
+        data_of=lambda source, coordinate: planned_data(source, chunks, memory_budget, eager=coordinate),
+    )  # fmt: skip
+    dataset = decoded(xr, variables, attrs, drop_variables=drop_variables, **options)
+    dataset.set_close(close)
+    return dataset
+
+
+def planned_data(
+    source: Source, chunks: ChunksSpec, memory_budget: int | str | None, *, eager: bool
+) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+    """``source``'s data as daskstream plans it, and its chunks; read now when ``eager`` and small
+    (a dimension coordinate)."""
+    data = as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
+    if eager and source.nbytes <= EAGER_COORDINATE_BYTES:
+        return data.compute(), data.chunks  # read now, as xarray reads its indexes
+    return data, data.chunks
+
+
+def labelled_variables(
+    path: str | os.PathLike[str], *, group: str | None, storage_options: dict[str, Any] | None,
+    data_of: Callable[[Source, bool], tuple[Any, tuple[tuple[int, ...], ...]]],
+) -> tuple[dict[str, Any], dict[str, Any], Callable[[], None]]:  # fmt: skip
+    """The undecoded variables of ``group`` in ``path``, their attributes and how to close the file.
+
+    Dimensions, attributes and encodings are xarray's reader's; each variable's
+    data and chunks are ``data_of(source, is_dimension_coordinate)`` for the
+    daskstream source of the same array, or xarray's reader's own data where
+    daskstream does not read it.
+    """
+    xr = xarray_module()
+    location = str(path) if is_url(str(path)) else local_path(os.fspath(path))
+    fmt = guess_format(location, storage_options)
+    if group and group.strip("/"):
+        _check_group(location, fmt, group, storage_options)
+    labels = _labels_reader(location, fmt, group, storage_options)
+    if labels is None:  # a .npy file: one array, named after the file
+        array = open_source(location)
+        name = posixpath.splitext(posixpath.basename(location.rstrip("/")))[0]
+        dims = tuple(f"dim_{axis}" for axis in range(array.ndim))
+        return {name: _variable(xr, *data_of(array, False), dims, {}, {})}, {}, lambda: None
+    variables = {}
+    for name, raw in labels.get_variables().items():
+        member = posixpath.join("/", group or "", name)
+        source: Source | None
+        try:
+            source = open_source(location, dataset=member, storage_options=storage_options)
+        except DaskstreamError:
+            source = None  # variable-length strings, types numpy has no equivalent of...: xarray's reader reads them
+        if source is None or source.shape != raw.shape:  # (a reader presenting another shape, as of characters)
+            variables[name] = raw
+            continue
+        data, chunks = data_of(source, raw.dims == (name,))
+        variables[name] = _variable(xr, data, chunks, raw.dims, raw.attrs, raw.encoding)
+    return variables, dict(labels.get_attrs()), labels.close
+
+
+def decoded(xr: Any, variables: Mapping[str, Any], attrs: Mapping[str, Any], **options: Any) -> Any:
+    """A Dataset of ``variables`` decoded by xarray's own decoders, as ``xarray.decode_cf`` decodes a store."""
+    variables, attrs, coord_names = xr.conventions.decode_cf_variables(variables, attrs, **options)
+    dataset = xr.Dataset(variables, attrs=attrs)
+    return dataset.set_coords(set(coord_names).intersection(variables))
+
+
+def _variable(
+    xr: Any, data: Any, chunks: tuple[tuple[int, ...], ...], dims: tuple[str, ...], attrs: Mapping[str, Any],
+    encoding: Mapping[str, Any],
+) -> Any:  # fmt: skip
+    """An xarray Variable of ``data``, its encoding naming the ``chunks`` daskstream plans for it."""
+    preferred = {dim: sizes[0] if sizes else 0 for dim, sizes in zip(dims, chunks, strict=True)}
+    return xr.Variable(dims, data, dict(attrs), {**encoding, "preferred_chunks": preferred})
+
+
+def _labels_reader(location: str, fmt: str, group: str | None, storage_options: dict[str, Any] | None) -> Any:
+    """xarray's own store for the file's labels (``None`` for a .npy file, which has none)."""
+    xr = xarray_module()
+    if fmt == "npy":
+        if group:
+            raise InvalidArgumentError(f"{location}: a .npy file holds one array and no groups; open it without group=")
+        return None
+    if fmt == "hdf5":
+        if is_url(location):
+            raise InvalidArgumentError(
+                f"{location}: open_dataset reads NetCDF4/HDF5 files on this machine's file system; "
+                "for an object store, open its arrays with daskstream.open"
+            )
+        optional_import("h5netcdf", package="h5netcdf", needed_for="open_dataset of NetCDF4/HDF5 files", extra="xarray")
+        # phony_dims="sort": axes of plain HDF5 data without dimension scales get names as NetCDF-C gives them.
+        return _translated(
+            location, lambda: xr.backends.H5NetCDFStore.open(location, mode="r", group=group, phony_dims="sort")
+        )
+    if fmt == "zarr":
+        return _translated(
+            location,
+            lambda: xr.backends.ZarrStore.open_group(
+                location, mode="r", group=group, consolidated=None, storage_options=storage_options
+            ),
+        )
+    raise UnknownFormatError(f"{location}: not a NetCDF4/HDF5 file, Zarr store or .npy file")
+
+
+def _check_group(location: str, fmt: str, group: str, storage_options: dict[str, Any] | None) -> None:
+    """Refuse a ``group`` that is not a group of the file, naming the groups it has."""
+    if fmt == "npy":
+        return  # (refused by _labels_reader, saying why)
+    if fmt == "hdf5":
+        import h5py
+
+        with h5py.File(location, "r") as f:
+            node = f.get(group, getlink=False)
+            if isinstance(node, h5py.Group):
+                return
+            found = sorted(name for name, item in f.items() if isinstance(item, h5py.Group))
+    else:
+        import zarr
+
+        root = zarr.open_group(location, mode="r", storage_options=storage_options)
+        try:
+            if isinstance(root[group.strip("/")], zarr.Group):
+                return
+        except KeyError:
+            pass
+        found = sorted(name for name, _ in root.groups())
+    has = f"its groups are: {', '.join(found)}" if found else "it has no groups below the root"
+    raise MemberNotFoundError(f"{location}: no such group {group!r}; {has} (daskstream.list shows the tree)")
+
+
+def _translated(location: str, opener: Any) -> Any:
+    """``opener()``, its failures told as daskstream's errors naming ``location``."""
+    try:
+        return opener()
+    except DaskstreamError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise UnknownFormatError(f"{location}: xarray cannot read its labels: {exc}") from None

@@ -1,0 +1,247 @@
+"""ds.open_dataset and xarray's engine="daskstream" against xarray's own engines (h5netcdf, zarr) on real files."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import warnings
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+import daskstream as ds
+from daskstream.errors import InvalidAxisError
+from daskstream.labelled.backend import DaskstreamBackendEntrypoint
+
+xr = pytest.importorskip("xarray")
+netCDF4 = pytest.importorskip("netCDF4")
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (NaN means of all-fill columns)
+
+
+def write_netcdf(path, days=20, first_day=0):
+    """A NetCDF4 file as the NetCDF-C library writes it: time, lat, lon, a packed 81%-fill variable, strings, a group.
+
+    Returns the chlorophyll as netCDF4 itself decodes it (scaled, fill masked), the oracle.
+    """
+    rng = np.random.default_rng(first_day)
+    with netCDF4.Dataset(path, "w") as f:
+        f.title = "ocean colour"
+        f.createDimension("time", None)
+        f.createDimension("lat", 30)
+        f.createDimension("lon", 40)
+        time = f.createVariable("time", "f8", ("time",))
+        time.units, time.calendar = "days since 2000-01-01", "standard"
+        time[:] = np.arange(first_day, first_day + days)
+        lat = f.createVariable("lat", "f4", ("lat",))
+        lat.units = "degrees_north"
+        lat[:] = np.linspace(-60, 60, 30)
+        f.createVariable("lon", "f4", ("lon",))[:] = np.linspace(0, 350, 40)
+        chl = f.createVariable(
+            "chl", "i2", ("time", "lat", "lon"), fill_value=-32767, chunksizes=(5, 30, 40), zlib=True
+        )
+        chl.scale_factor, chl.add_offset, chl.units = 0.01, 50.0, "mg m-3"
+        values = rng.uniform(0, 100, (days, 30, 40))
+        chl[:] = np.ma.masked_array(values, values > 19)  # 81% fill, as in the file users met
+        f.createVariable("station", str, ("lat",))[:] = np.array([f"st-{i}" for i in range(30)], dtype=object)
+        sub = f.createGroup("instrument")
+        sub.createDimension("band", 3)
+        sub.createVariable("wavelength", "f8", ("band",))[:] = [443.0, 555.0, 670.0]
+    with netCDF4.Dataset(path) as f:
+        return np.ma.filled(f["chl"][:].astype("f8"), np.nan)
+
+
+def opened(path, dataset):
+    """``ds.open`` of a packed variable, as stored (its warning is tested on its own)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ds.errors.PackedDataWarning)
+        return ds.open(path, dataset=dataset)
+
+
+@pytest.fixture
+def netcdf(tmp_path):
+    path = tmp_path / "ocean.nc"
+    return path, write_netcdf(path)
+
+
+def test_a_netcdf4_file_opens_as_xarray_opens_it_decoded_with_daskstreams_chunks(netcdf):
+    path, chlorophyll = netcdf
+    ours = ds.open_dataset(path)
+    xr.testing.assert_identical(ours, xr.open_dataset(path, engine="h5netcdf"))
+    # The packed, mostly-fill variable is decoded: fill is NaN, the numbers scaled.
+    np.testing.assert_allclose(ours.chl.values, chlorophyll)
+    assert float(ours.chl.mean()) == pytest.approx(float(np.nanmean(chlorophyll)))
+    assert float(ours.chl.min()) >= 0.0  # never the fill value -32767 (nor its scaled -277.67)
+    # Each variable is a dask array daskstream planned: whole storage chunks (5 times) per task.
+    assert isinstance(ours.chl.data, type(opened(path, "chl")))
+    assert all(size % 5 == 0 for size in ours.chl.data.chunks[0][:-1])
+    assert ours.chl.data.chunks == opened(path, "chl").chunks
+    assert ours.chl.encoding["preferred_chunks"]["time"] == ours.chl.data.chunks[0][0]
+    # Variable-length strings are read by xarray's reader, as xarray reads them; no variable is lost.
+    assert list(ours.station.values[:2]) == ["st-0", "st-1"]
+    assert ours.time.dtype.kind == "M"
+    assert str(ours.time.values[3])[:10] == "2000-01-04"
+
+
+def test_groups_undecoded_data_and_a_small_memory_budget(netcdf):
+    path, _ = netcdf
+    sub = ds.open_dataset(path, group="instrument")
+    xr.testing.assert_identical(sub, xr.open_dataset(path, engine="h5netcdf", group="instrument"))
+    raw = ds.open_dataset(path, decode_cf=False)
+    xr.testing.assert_identical(raw, xr.open_dataset(path, engine="h5netcdf", decode_cf=False))
+    assert raw.chl.dtype == np.int16
+    assert int(raw.chl.min()) == -32767
+    times = ds.open_dataset(path, decode_times=False)
+    assert times.time.dtype == np.float64
+    assert times.chl.dtype == np.float64
+    small = ds.open_dataset(path, memory_budget="256KiB")
+    assert max(small.chl.data.chunks[0]) < max(ds.open_dataset(path).chl.data.chunks[0])
+    with pytest.raises(KeyError, match="no such group 'nowhere'; its groups are: instrument"):
+        ds.open_dataset(path, group="nowhere")
+    with pytest.raises(ds.DaskstreamError, match="takes no option 'decode_time'"):
+        ds.open_dataset(path, decode_time=False)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_zarr_store_xarray_wrote_opens_as_xarrays_zarr_engine_opens_it(tmp_path, zarr_format):
+    rng = np.random.default_rng(1)
+    values = rng.random((12, 20, 30)).astype("f4")
+    values[values > 0.9] = np.nan
+    written = xr.Dataset(
+        {
+            "t": (("time", "y", "x"), values, {"units": "K"}),
+            "count": (("y", "x"), rng.integers(0, 100, (20, 30)).astype("i4")),
+        },
+        coords={
+            "time": pd.date_range("2020-01-01", periods=12),
+            "y": np.arange(20.0),
+            "x": np.arange(30.0),
+            "lat": (("y", "x"), rng.random((20, 30))),
+        },
+        attrs={"source": "model run 7"},
+    )
+    written["t"].encoding = {"chunks": (4, 10, 10)}
+    path = tmp_path / "field.zarr"
+    written.to_zarr(path, zarr_format=zarr_format, consolidated=zarr_format == 2)
+    ours = ds.open_dataset(path)
+    xr.testing.assert_identical(ours, xr.open_dataset(path, engine="zarr"))
+    xr.testing.assert_identical(ours, written)
+    assert "lat" in ours.coords
+    assert ours.t.attrs == {"units": "K"}
+    assert all(size % 4 == 0 for size in ours.t.data.chunks[0][:-1])
+    assert all(size % 10 == 0 for axis in ours.t.data.chunks[1:] for size in axis[:-1])
+    raw = ds.open_dataset(path, decode_cf=False)
+    xr.testing.assert_identical(raw, xr.open_dataset(path, engine="zarr", decode_cf=False))
+    with pytest.raises(KeyError, match="no such group 't'; it has no groups below the root"):
+        ds.open_dataset(path, group="t")
+
+
+def test_xarrays_open_dataset_and_open_mfdataset_take_the_daskstream_engine(tmp_path):
+    paths = [tmp_path / f"day-{first}.nc" for first in (0, 10, 20)]
+    for first, path in zip((0, 10, 20), paths, strict=True):
+        write_netcdf(path, days=10, first_day=first)
+    engine = DaskstreamBackendEntrypoint
+    one = xr.open_dataset(paths[0], engine=engine, chunks={})
+    xr.testing.assert_identical(one, xr.open_dataset(paths[0], engine="h5netcdf"))
+    assert one.chl.chunks == opened(paths[0], "chl").chunks  # chunks={}: daskstream's plan
+    lazy = xr.open_dataset(paths[0], engine=engine)  # xarray's default: lazily loaded
+    xr.testing.assert_identical(lazy.load(), xr.open_dataset(paths[0], engine="h5netcdf").load())
+    # Variables without a time axis (the stations) are taken from the first file, not repeated per file.
+    combine = {"data_vars": "minimal", "coords": "minimal", "compat": "override", "join": "exact"}
+    many = xr.open_mfdataset(paths, engine=engine, **combine)
+    want = xr.open_mfdataset(paths, engine="h5netcdf", **combine, combine_attrs="drop_conflicts")
+    xr.testing.assert_identical(many.drop_attrs(), want.drop_attrs())
+    assert many.chl.shape == (30, 30, 40)
+    # ds.open_dataset of a pattern combines the files by their coordinates, as open_mfdataset does.
+    xr.testing.assert_identical(ds.open_dataset(str(tmp_path / "day-*.nc")), want)
+    joined = ds.open_dataset(paths[::-1], concat_dim="time")
+    assert list(joined.time.values) == list(
+        np.concatenate([want.time.values[20:], want.time.values[10:20], want.time.values[:10]])
+    )
+
+
+def test_the_engine_is_registered_with_xarray_by_name(netcdf):
+    path, _ = netcdf
+    if "daskstream" not in xr.backends.list_engines():
+        pytest.fail("daskstream's xarray.backends entry point is not installed: pip install the package")
+    xr.testing.assert_identical(
+        xr.open_dataset(path, engine="daskstream", chunks={}), xr.open_dataset(path, engine="h5netcdf")
+    )
+
+
+def test_plain_hdf5_and_npy_files_open_with_made_up_dimension_names(tmp_path):
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("image", data=np.arange(600, dtype="u2").reshape(20, 30), chunks=(5, 30))
+        f["image"].attrs["exposure"] = 0.5
+    ours = ds.open_dataset(path)
+    xr.testing.assert_identical(ours, xr.open_dataset(path, engine="h5netcdf", phony_dims="sort"))
+    np.save(tmp_path / "cube.npy", np.ones((4, 5, 6), "f4"))
+    cube = ds.open_dataset(tmp_path / "cube.npy")
+    assert cube.cube.dims == ("dim_0", "dim_1", "dim_2")
+    assert float(cube.cube.sum()) == 120.0
+
+
+def test_reductions_kernels_and_streams_take_data_arrays_and_keep_their_labels(netcdf):
+    path, chlorophyll = netcdf
+    chl = ds.open_dataset(path).chl
+    mean = ds.reduce(chl, "nanmean", axis="time")
+    assert isinstance(mean, xr.DataArray)
+    assert mean.dims == ("lat", "lon")
+    assert mean.attrs["units"] == "mg m-3"
+    assert list(mean.coords) == ["lat", "lon"]
+    xr.testing.assert_allclose(mean, chl.mean("time"))
+    np.testing.assert_allclose(mean.sel(lat=60.0).values, np.nanmean(chlorophyll[:, -1], axis=0))
+    quartiles = ds.reduce(chl.fillna(0), "quantile", axis=("lat", "lon"), q=[0.25, 0.75])
+    assert quartiles.dims == ("quantile", "time")
+    assert list(quartiles["quantile"].values) == [0.25, 0.75]
+    np.testing.assert_allclose(
+        quartiles.values, np.quantile(np.nan_to_num(chlorophyll, nan=0.0), [0.25, 0.75], axis=(1, 2))
+    )
+    assert ds.reduce(chl, "count_nonzero", axis=0).attrs == {}  # a count is not in mg m-3
+    assert ds.reduce(chl, "nanmax", axis=0, keepdims=True).dims == ("time", "lat", "lon")
+    doubled = ds.map_blocks(lambda block: block * 2, chl)
+    assert isinstance(doubled, xr.DataArray)
+    assert doubled.dims == chl.dims
+    np.testing.assert_allclose(doubled.sel(lat=-60.0).values, 2 * chlorophyll[:, 0])
+    described = ds.describe(chl.fillna(0), axis="time").compute()
+    np.testing.assert_allclose(described["max"], np.nan_to_num(chlorophyll, nan=0.0).max(axis=0))
+    batches = list(itertools.islice(ds.stream(chl, batch_size=4, axis="time"), 2))
+    np.testing.assert_allclose(np.concatenate(batches), chlorophyll[:8])
+    with pytest.raises(InvalidAxisError, match="chl has no dimension 'depth'; its dimensions are time, lat, lon"):
+        ds.reduce(chl, "mean", axis="depth")
+
+
+def test_without_xarray_open_dataset_says_what_to_install(netcdf):
+    path, _ = netcdf
+    code = f"import sys; sys.modules['xarray'] = None; import daskstream as ds; ds.open_dataset({str(path)!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "MissingDependencyError: open_dataset needs xarray" in done.stderr
+    assert "pip install 'daskstream[xarray]'" in done.stderr
+
+
+def test_ds_open_of_a_packed_variable_warns_that_its_numbers_are_as_stored(netcdf):
+    path, _ = netcdf
+    with pytest.warns(
+        ds.errors.PackedDataWarning, match=r"scale_factor 0\.01, add_offset 50\.0, _FillValue -32767"
+    ) as seen:
+        stored = ds.open(path, dataset="chl")
+    assert "daskstream.open_dataset(path) to decode" in str(seen[0].message)
+    assert seen[0].filename == __file__  # the user's line, not daskstream's
+    assert int(stored.min().compute()) == -32767  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds.open(path, dataset="lat")  # nothing encoded, nothing said
+    done = subprocess.run(
+        [sys.executable, "-m", "daskstream", "reduce", f"{path}::chl", "--op", "min", "--quiet"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("warning: ")
+    assert done.stderr.count("\n") == 1
+    assert "-32767" in done.stdout
