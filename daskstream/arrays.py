@@ -23,13 +23,14 @@ from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.labels import axes_by_name, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
-from daskstream.errors import InvalidArgumentError, MemoryBudgetError, PackedDataWarning
+from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source, open_source
+from daskstream.sources.detect import is_matlab_73
 from daskstream.sources.many import check_family, expand_paths, names_many
 from daskstream.sources.metadata import cf_encoding, plain_scalar
 from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction
@@ -117,6 +118,7 @@ def open(
     else:
         source = open_source(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
     _warn_if_packed(source, stacklevel=3)
+    _warn_if_matlab(source, stacklevel=3)
     return as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
 
 
@@ -146,6 +148,7 @@ def _open_many(
     ]
     axis = check_family(sources, axis=axis, stack=stack)
     _warn_if_packed(sources[0], stacklevel=4)
+    _warn_if_matlab(sources[0], stacklevel=4)
     settings = resolve_settings(memory_budget=memory_budget)
     if isinstance(chunks, str) and chunks == "auto":
         # The parallelism a plan asks for is the whole array's: each file supplies its share of the tasks.
@@ -164,6 +167,21 @@ def _open_many(
             f"({settings.max_tasks}): raise the memory budget or the setting, or open fewer files at once"
         )
     return joined
+
+
+def _warn_if_matlab(source: Source, *, stacklevel: int) -> None:
+    """Say how a MATLAB 7.3 array differs from what MATLAB shows: HDF5 holds it transposed (MATLAB is
+    column-major) and its characters as UTF-16 codes."""
+    if source.format != "hdf5" or not is_matlab_73(source.path):
+        return
+    shown = "x".join(map(str, source.shape[::-1]))
+    said = (
+        f"{source.name} is an array of a MATLAB 7.3 MAT-file: MATLAB writes arrays column-major, so this "
+        f"array of shape {source.shape} is the transpose of the {shown} array MATLAB shows (take x.T)"
+    )
+    if source.attrs.get("MATLAB_class") == "char":
+        said += "; it is a MATLAB char array, so its numbers are UTF-16 codes, not text"
+    warnings.warn(said, MatlabLayoutWarning, stacklevel=stacklevel)
 
 
 def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget: int | str | None = None) -> da.Array:

@@ -24,6 +24,7 @@ __all__ = [
     "InvalidIndexError",
     "KernelError",
     "KernelShapeError",
+    "MatlabLayoutWarning",
     "MemberNotFoundError",
     "MemoryBudgetError",
     "MissingDependencyError",
@@ -136,6 +137,10 @@ class ChunkSplitWarning(DaskstreamWarning):
 
 class PackedDataWarning(DaskstreamWarning):
     """The file says its numbers are packed or hold a fill value (CF conventions), and they are given as stored."""
+
+
+class MatlabLayoutWarning(DaskstreamWarning):
+    """A MATLAB 7.3 MAT-file's array, given as HDF5 stores it: transposed, and characters as UTF-16 codes."""
 
 
 class TuneCacheWarning(DaskstreamWarning):

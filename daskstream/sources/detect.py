@@ -48,6 +48,21 @@ _BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", 
 NETCDF3_MAGIC = {b"CDF\x01": "classic", b"CDF\x02": "64-bit offset", b"CDF\x05": "64-bit data, CDF-5"}
 
 
+# MATLAB 7.3 MAT-files are HDF5 files behind a 512-byte text header that starts so.
+MATLAB_73_MAGIC = b"MATLAB 7.3 MAT-file"
+
+
+def is_matlab_73(path: str) -> bool:
+    """Whether the local HDF5 file at ``path`` is a MATLAB 7.3 MAT-file (its header says so)."""
+    if is_url(path):
+        return False
+    try:
+        with open_regular(path) as f:
+            return f.read(len(MATLAB_73_MAGIC)) == MATLAB_73_MAGIC
+    except OSError:
+        return False
+
+
 def split_dataset(path: str, dataset: str | None) -> tuple[str, str | None]:
     """Split ``"file.h5::/entry/data"`` into the path and the dataset.
 
