@@ -290,6 +290,15 @@ def moments(
     merging groups adds ``n_i (mean_i - mean)^2`` terms rather than subtracting
     large sums of squares, so an offset of 1e9 costs no precision.
     """
+    if x.dtype.kind == "c":
+        # numpy's variance of complex data is the mean of |z - mean(z)|^2, the sum of the variances of the
+        # real and imaginary parts; skipping NaN skips an element whichever part is NaN.
+        real, imag = da.real(x), da.imag(x)
+        if skipna:
+            missing = da.isnan(x)
+            real, imag = da.where(missing, np.nan, real), da.where(missing, np.nan, imag)
+        options = {"ddof": ddof, "skipna": skipna, "keepdims": keepdims, "split_every": split_every}
+        return moments(real, axes, **options) + moments(imag, axes, **options)
     if x.dtype.kind not in "biuf":
         raise UnsupportedDtypeError(f"variance of dtype {x.dtype} is not supported; use a real numeric dtype")
     return da.reduction(

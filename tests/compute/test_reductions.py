@@ -520,3 +520,17 @@ def test_the_cli_reduces_complex_numbers_and_dates_to_json_and_refuses_strings_i
     assert refused.stderr.strip().splitlines() == [
         "daskstream: error: max of byte strings (dtype |S2) is not defined: reduce numbers"
     ]
+
+
+@pytest.mark.parametrize("op", ["var", "std", "nanvar", "nanstd"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_the_spread_of_complex_data_is_numpys_from_a_file(tmp_path, op, axis):
+    rng = np.random.default_rng(5)
+    values = (rng.standard_normal((40, 30)) + 1j * rng.standard_normal((40, 30)) + (5e3 + 2e3j)).astype("c8")
+    values[3, 4], values[7, 1] = complex(np.nan, 1.0), complex(2.0, np.nan)  # NaN in one part only
+    np.save(tmp_path / "z.npy", values)
+    x = ds.open(tmp_path / "z.npy", chunks=(7, 11))
+    got = ds.reduce(x, op, axis=axis, ddof=1).compute()
+    want = getattr(np, op)(values.astype("c16"), axis=axis, ddof=1)
+    assert got.dtype == np.float64  # a spread of complex numbers is real, as in numpy
+    np.testing.assert_allclose(got, want, rtol=1e-10, equal_nan=True)
