@@ -76,7 +76,7 @@ def test_each_installed_data_file_is_read_exactly_or_refused_by_name(path):
                 want = None  # h5py itself cannot read it: daskstream must refuse, not invent
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ds.errors.DaskstreamWarning)
-            refusal, got = _refusal(lambda: ds.open(path, dataset=name).compute())
+            refusal, got = _refusal(lambda member: ds.open(path, dataset=member).compute(), name)
         if refusal is not None:
             assert os.path.basename(path) in str(refusal), str(refusal)
             continue
@@ -113,7 +113,9 @@ def test_a_matlab_73_array_says_it_is_the_transpose_of_what_matlab_shows(tmp_pat
     path = tmp_path / "session.mat"
     matrix = np.arange(12.0).reshape(3, 4)  # as MATLAB shows it: 3x4
     write_matlab_73(path, {"A": (matrix, "double"), "label": (np.frombuffer(b"h\0i\0", "<u2")[None, :], "char")})
-    with pytest.warns(MatlabLayoutWarning, match=r"shape \(4, 3\) is the transpose of the 3x4 array MATLAB shows") as seen:
+    with pytest.warns(
+        MatlabLayoutWarning, match=r"shape \(4, 3\) is the transpose of the 3x4 array MATLAB shows"
+    ) as seen:
         stored = ds.open(path, dataset="A")
     assert seen[0].filename == __file__
     np.testing.assert_array_equal(stored.T.compute(), matrix)  # the advice gives MATLAB's array
