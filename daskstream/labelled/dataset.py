@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -107,7 +108,9 @@ def open_dataset(
     --------
     >>> import numpy as np, tempfile, os, xarray as xr
     >>> path = os.path.join(tempfile.mkdtemp(), "t.zarr")
-    >>> xr.Dataset({"t": ("time", np.arange(4.0), {"units": "K"})}, coords={"time": [10, 20, 30, 40]}).to_zarr(path)
+    >>> xr.Dataset({"t": ("time", np.arange(4.0), {"units": "K"})}, coords={"time": [10, 20, 30, 40]}).to_zarr(
+    ...     path, consolidated=False
+    ... )
     <xarray.backends.zarr.ZarrStore object at ...>
     >>> ds = open_dataset(path)
     >>> ds.t.attrs["units"], float(ds.t.sel(time=30))
@@ -237,12 +240,16 @@ def _labels_reader(location: str, fmt: str, group: str | None, storage_options: 
             location, lambda: xr.backends.H5NetCDFStore.open(location, mode="r", group=group, phony_dims="sort")
         )
     if fmt == "zarr":
-        return _translated(
-            location,
-            lambda: xr.backends.ZarrStore.open_group(
-                location, mode="r", group=group, consolidated=None, storage_options=storage_options
-            ),
-        )
+
+        def open_group() -> Any:
+            with warnings.catch_warnings():
+                # A store without consolidated metadata is read as it is: nothing the user must act on.
+                warnings.filterwarnings("ignore", "Failed to open Zarr store with consolidated metadata")
+                return xr.backends.ZarrStore.open_group(
+                    location, mode="r", group=group, consolidated=None, storage_options=storage_options
+                )
+
+        return _translated(location, open_group)
     raise UnknownFormatError(f"{location}: not a NetCDF4/HDF5 file, Zarr store or .npy file")
 
 
