@@ -297,7 +297,7 @@ def moments(
         if skipna:
             missing = da.isnan(x)
             real, imag = da.where(missing, np.nan, real), da.where(missing, np.nan, imag)
-        options = {"ddof": ddof, "skipna": skipna, "keepdims": keepdims, "split_every": split_every}
+        options: dict[str, Any] = {"ddof": ddof, "skipna": skipna, "keepdims": keepdims, "split_every": split_every}
         return moments(real, axes, **options) + moments(imag, axes, **options)
     if x.dtype.kind not in "biuf":
         raise UnsupportedDtypeError(f"variance of dtype {x.dtype} is not supported; use a real numeric dtype")
