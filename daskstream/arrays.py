@@ -117,9 +117,15 @@ def open(
         source = path
     else:
         source = open_source(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
-    _warn_if_packed(source, stacklevel=3)
-    _warn_if_matlab(source, stacklevel=3)
+    _warn_of_stored_numbers(source, stacklevel=3)
     return as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
+
+
+def _warn_of_stored_numbers(source: Source, *, stacklevel: int) -> None:
+    """Say where the numbers ``open`` gives, as stored, are not what the file's users see (CF packing,
+    MATLAB's layout); ``stacklevel`` points at the user's line."""
+    _warn_if_packed(source, stacklevel=stacklevel + 1)
+    _warn_if_matlab(source, stacklevel=stacklevel + 1)
 
 
 def _warn_if_packed(source: Source, *, stacklevel: int) -> None:
@@ -147,8 +153,7 @@ def _open_many(
         for item in expand_paths(paths, storage_options)
     ]
     axis = check_family(sources, axis=axis, stack=stack)
-    _warn_if_packed(sources[0], stacklevel=4)
-    _warn_if_matlab(sources[0], stacklevel=4)
+    _warn_of_stored_numbers(sources[0], stacklevel=4)
     settings = resolve_settings(memory_budget=memory_budget)
     if isinstance(chunks, str) and chunks == "auto":
         # The parallelism a plan asks for is the whole array's: each file supplies its share of the tasks.

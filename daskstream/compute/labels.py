@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import InvalidAxisError
+from daskstream.planning.grid import normalize_axes
 
 # Reductions whose result is in the data's units, so its attributes (units, long_name...) still hold.
 _UNITS_KEPT = frozenset(
@@ -75,7 +76,7 @@ def reduced(x: Any, result: Any, op: str, axis: Any, *, keepdims: bool = False, 
     quantiles...), dropped otherwise (variance, counts, argmin...).
     """
     xarray = sys.modules["xarray"]
-    axes = set(range(x.ndim)) if axis is None else {a % x.ndim for a in np.atleast_1d(axis)}
+    axes = set(range(x.ndim)) if axis is None else set(normalize_axes(axis, x.ndim))
     kept = [dim for index, dim in enumerate(x.dims) if index not in axes]
     dims: list[Hashable] = list(x.dims) if keepdims else kept
     coords = {name: coord.variable for name, coord in x.coords.items() if set(coord.dims) <= set(kept)}

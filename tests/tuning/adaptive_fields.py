@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import h5py
 import numpy as np
 import zarr
@@ -36,3 +38,15 @@ def three_rows_of(values: np.ndarray) -> np.ndarray:
     """numpy's :func:`three_rows` of the whole array, the edges repeated: the oracle."""
     padded = np.pad(values, ((1, 1), (0, 0)), mode="edge")
     return ((padded[:-2] + padded[1:-1] + padded[2:]) / 3).astype("f4")
+
+
+def cli_environment(tmp_path) -> dict[str, str]:
+    """The environment of ``daskstream ... --adaptive`` processes: the ``adaptive`` fixture's settings,
+    as environment variables, with a tuning cache the processes share."""
+    return {
+        **os.environ,
+        "DASK_DASKSTREAM__TUNE__CACHE": str(tmp_path / "cli-tune.json"),
+        "DASK_DASKSTREAM__ADAPTIVE__MIN_SECONDS": "0",
+        "DASK_DASKSTREAM__ADAPTIVE__TRIAL_FRACTION": "0.5",
+        "DASK_DASKSTREAM__PLANNING__TARGET_CHUNK_BYTES": "256KiB",
+    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import warnings
@@ -12,7 +11,7 @@ import warnings
 import dask.config
 import numpy as np
 import pytest
-from adaptive_fields import SHAPE, three_rows, three_rows_of, write
+from adaptive_fields import SHAPE, cli_environment, three_rows, three_rows_of, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -190,13 +189,7 @@ def test_what_cannot_adapt_is_refused_clearly(tmp_path, adaptive):
 def test_the_command_line_prints_the_choice(tmp_path, adaptive):
     values = data()
     path = write(tmp_path, "zarr", values)
-    env = {
-        **os.environ,
-        "DASK_DASKSTREAM__TUNE__CACHE": str(tmp_path / "cli-tune.json"),
-        "DASK_DASKSTREAM__ADAPTIVE__MIN_SECONDS": "0",
-        "DASK_DASKSTREAM__ADAPTIVE__TRIAL_FRACTION": "0.5",
-        "DASK_DASKSTREAM__PLANNING__TARGET_CHUNK_BYTES": "256KiB",
-    }
+    env = cli_environment(tmp_path)
 
     def cli(*extra):
         command = [sys.executable, "-m", "daskstream", "reduce", path, "--op", "max", "--adaptive", "--quiet"]

@@ -12,7 +12,7 @@ import dask.config
 import numpy as np
 import pytest
 import zarr
-from adaptive_fields import SHAPE, three_rows, three_rows_of, write
+from adaptive_fields import SHAPE, cli_environment, three_rows, three_rows_of, write
 
 import daskstream as ds
 from daskstream.errors import KernelError
@@ -153,13 +153,7 @@ def test_what_cannot_run_in_waves_is_stored_as_planned_and_says_why(tmp_path, ad
 def test_store_and_convert_print_the_choice(tmp_path, adaptive):
     values = data()
     path = write(tmp_path, "npy", values)
-    env = {
-        **os.environ,
-        "DASK_DASKSTREAM__TUNE__CACHE": str(tmp_path / "cli-tune.json"),
-        "DASK_DASKSTREAM__ADAPTIVE__MIN_SECONDS": "0",
-        "DASK_DASKSTREAM__ADAPTIVE__TRIAL_FRACTION": "0.5",
-        "DASK_DASKSTREAM__PLANNING__TARGET_CHUNK_BYTES": "256KiB",
-    }
+    env = cli_environment(tmp_path)
 
     def cli(*args):
         return subprocess.run(
