@@ -158,8 +158,9 @@ def rechunk(
     folder = None
     if plan.intermediate_chunks is not None:
         if x.dtype.hasobject:
+            held = "variable-length strings" if x.dtype.kind == "T" else "Python objects"
             raise UnsupportedDtypeError(
-                f"{x.name}: dtype {x.dtype} holds Python objects, which a two-pass rechunk cannot write to its "
+                f"{x.name}: dtype {x.dtype} holds {held}, which a two-pass rechunk cannot write to its "
                 "intermediate files; convert it to a fixed-width dtype, or give a memory_budget that fits one pass"
             )
         folder = _intermediate_folder(intermediate, boxes, plan)

@@ -10,8 +10,9 @@ read without HDF5's global lock where daskstream decodes the filters itself.
 Then xarray's decoders (``xarray.decode_cf``) apply ``scale_factor``,
 ``add_offset``, ``_FillValue`` and time units, lazily, chunk by chunk.
 
-A variable daskstream does not read (variable-length strings, say) keeps the
-reader xarray would have used, so no variable is lost.
+A variable daskstream does not read (a type numpy has no equivalent of, say)
+keeps the reader xarray would have used, so no variable is lost; so do
+variable-length strings, which xarray holds as Python strings.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ def labelled_variables(
         try:
             source = open_source(location, dataset=member, storage_options=storage_options)
         except DaskstreamError:
-            source = None  # variable-length strings, types numpy has no equivalent of...: xarray's reader reads them
-        if source is None or source.shape != raw.shape:  # (a reader presenting another shape, as of characters)
+            source = None  # types numpy has no equivalent of, text not UTF-8...: xarray's reader reads them
+        # Variable-length strings stay xarray's too: its operations expect them as Python strings, not StringDType.
+        if source is None or source.shape != raw.shape or source.dtype.kind == "T":  # (or shaped as characters)
             variables[name] = raw
             continue
         data, chunks = data_of(source, raw.dims == (name,))

@@ -104,6 +104,10 @@ class Source(ABC):
         Per axis, the path in the same file of the one-dimensional array that
         labels it (an HDF5 dimension scale: times, depths...), ``None`` for an
         axis without; ``None`` when no axis has one. ``store`` copies them.
+    element_bytes
+        Memory one element takes while read, where that is more than the
+        dtype's itemsize (variable-length strings, whose text lives outside
+        the array: estimated from the first strings); plans count it.
     """
 
     format: ClassVar[str]
@@ -121,6 +125,9 @@ class Source(ABC):
     dims: tuple[str | None, ...] | None = None
     fill_value: Any = None
     scales: tuple[str | None, ...] | None = None
+    # Bytes one element occupies in memory while read, where that is not the dtype's itemsize
+    # (variable-length strings: the string itself lives outside the array).
+    element_bytes: int | None = None
 
     @property
     def ndim(self) -> int:
@@ -237,6 +244,11 @@ class Source(ABC):
             )
         if is_url(self.path) and settings.object_store_task_bytes > settings.target_chunk_bytes:
             settings = dataclasses.replace(settings, target_chunk_bytes=settings.object_store_task_bytes)
+        if self.element_bytes is not None:
+            # Blocks hold more than their itemsize says: the budget counts what they really take.
+            held = self.element_bytes / max(self.dtype.itemsize, 1)
+            factor = max(settings.working_set_factor_for(self.dtype), held)
+            settings = dataclasses.replace(settings, working_set_factor=factor)
         return plan_chunks(
             self.shape,
             self.dtype,
@@ -436,6 +448,46 @@ def checked_element(name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple
             )
         shape, dtype = (*shape, *inner), base
     return checked_shape(name, shape, dtype.itemsize), dtype
+
+
+def string_dtype(name: str) -> np.dtype:
+    """The dtype variable-length strings are read as: numpy's ``StringDType`` (numpy 2 on).
+
+    numpy 1 holds them only as Python objects, which daskstream does not
+    produce: there they are refused, naming the upgrade that reads them.
+    """
+    if not hasattr(np.dtypes, "StringDType"):
+        raise UnsupportedDtypeError(
+            f"{name}: holds variable-length strings, which daskstream reads as numpy's StringDType; "
+            f"numpy {np.__version__} has none: pip install 'numpy>=2'"
+        )
+    return np.dtype(np.dtypes.StringDType())
+
+
+# Per element of a block of strings while it is read: its slot in the StringDType array, and the
+# reader's Python string (pointer and object header) beside it; each string's bytes count twice.
+_STRING_SLOT_BYTES = 16 + 8 + 56
+_STRING_SAMPLE = 1024
+
+
+def string_element_bytes(sample: np.ndarray) -> int:
+    """Memory one string element takes while read, estimated from ``sample`` (the array's first strings).
+
+    >>> string_element_bytes(np.array(["ab", "cdef"], dtype=object))
+    86
+    """
+    lengths = [len(str(s).encode("utf-8", "surrogatepass")) for s in sample.ravel()[:_STRING_SAMPLE]]
+    return _STRING_SLOT_BYTES + 2 * math.ceil(sum(lengths) / max(len(lengths), 1))
+
+
+def sample_box(shape: tuple[int, ...]) -> Region:
+    """A box of at most about 1024 elements at the array's start, for sampling what its elements hold.
+
+    >>> sample_box((10, 5000))
+    (slice(0, 10, None), slice(0, 32, None))
+    """
+    side = max(1, int(_STRING_SAMPLE ** (1 / max(len(shape), 1))))
+    return tuple(slice(0, min(n, side)) for n in shape)
 
 
 def native(dtype: np.dtype) -> np.dtype:

@@ -27,7 +27,20 @@ from daskstream.errors import (
     NotAnArrayError,
     UnsupportedDtypeError,
 )
-from daskstream.sources.base import Region, Source, checked_element, file_stamp, first_line, listing, native, now_ns
+from daskstream.sources.base import (
+    Region,
+    Source,
+    checked_element,
+    checked_shape,
+    file_stamp,
+    first_line,
+    listing,
+    native,
+    now_ns,
+    sample_box,
+    string_dtype,
+    string_element_bytes,
+)
 from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, ObjectFile, read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
@@ -318,18 +331,20 @@ class Hdf5Source(Source):
     def _describe(self, dset: Any, h5py: Any, in_this_file: bool) -> None:
         if dset.shape is None:
             raise NotAnArrayError(f"{self.name}: the dataset has an empty (null) dataspace and holds no array")
-        file_dtype = dset.dtype
-        if (
-            file_dtype.hasobject
-            or h5py.check_vlen_dtype(file_dtype) is not None
-            or (h5py.check_string_dtype(file_dtype) is not None and h5py.check_string_dtype(file_dtype).length is None)
-        ):
+        file_dtype = readable_dtype(self.name, dset, h5py)
+        string = h5py.check_string_dtype(file_dtype)
+        self.strings = string is not None and string.length is None  # variable-length: read as StringDType
+        if not self.strings and (file_dtype.hasobject or h5py.check_vlen_dtype(file_dtype) is not None):
             raise UnsupportedDtypeError(
-                f"{self.name}: dtype {file_dtype} is variable-length or holds references, which "
-                "cannot be read as a numpy array; store fixed-width data instead"
+                f"{self.name}: dtype {hdf5_type_text(file_dtype, h5py)} is variable-length or holds references, "
+                "which cannot be read as a numpy array; store fixed-width data instead"
             )
-        # An array element type (H5T_ARRAY) reads as h5py reads it: its axes join the dataset's.
-        self.shape, element_dtype = checked_element(self.name, tuple(dset.shape), file_dtype)
+        if self.strings:
+            element_dtype = string_dtype(self.name)
+            self.shape = checked_shape(self.name, tuple(dset.shape), element_dtype.itemsize)
+        else:
+            # An array element type (H5T_ARRAY) reads as h5py reads it: its axes join the dataset's.
+            self.shape, element_dtype = checked_element(self.name, tuple(dset.shape), file_dtype)
         self.element_ndim = self.ndim - len(dset.shape)
         self.dtype = native(element_dtype)
         dcpl = dset.id.get_create_plist()
@@ -361,10 +376,13 @@ class Hdf5Source(Source):
             (int(code), tuple(int(v) for v in values))
             for code, _, values, _ in (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
         )
-        self.fill_value = dset.fillvalue
+        self.fill_value = _unwritten_value(dset, self.dtype, h5py)
         self.attrs = hdf5_attrs(dset)
         self.dims = hdf5_dims(dset, self.ndim)
         self.scales = hdf5_scales(dset)
+        if self.strings:
+            sample = self._strings_of(dset, sample_box(self.shape)) if self.size else np.empty(0, self.dtype)
+            self.element_bytes = string_element_bytes(sample)
         # Chunks whose bytes can be read and decoded here, in parallel, rather than under h5py's lock.
         self.raw_chunks = (
             self.storage_kind == "chunked"
@@ -435,12 +453,16 @@ class Hdf5Source(Source):
         where = self.object if self.object is not None else self.path
         if self.raw_offset is not None:
             return read_contiguous_box(where, self.raw_offset, self.file_dtype, self.shape, False, box)
-        out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
+        # Where HDF5 leaves data never written as the buffer held it, the buffer holds what it reads as.
+        blank = np.empty if self.fill_value is None or not _reads_as_zeros(self.fill_value) else np.zeros
+        out = blank(tuple(s.stop - s.start for s in box), dtype=self.dtype)
         if self.raw_chunks:
             self._chunk_reader().read_box(box, out)
             return out
         try:
             dset = self._dataset()
+            if self.strings:
+                return self._strings_of(dset, box)
             if self.element_ndim:
                 outer = self.ndim - self.element_ndim
                 block = dset[box[:outer]] if outer else dset[()]
@@ -461,6 +483,22 @@ class Hdf5Source(Source):
                 "the file may be damaged: re-create or re-copy it"
             ) from None
         return out
+
+    def _strings_of(self, dset: Any, box: Region) -> np.ndarray:
+        """The variable-length strings in ``box``, decoded as UTF-8 (of which ASCII is the first half)."""
+        h5py = import_h5py()
+        declared = h5py.check_string_dtype(dset.dtype).encoding
+        # Through Python strings, which check every string's bytes: h5py's own StringDType reading (3.14)
+        # keeps invalid UTF-8 as it is, an array that fails when looked at, and finds no way to read ASCII.
+        # Files marked ASCII often hold UTF-8: theirs are decoded as UTF-8 too, nothing lost.
+        reader = dset.asstr("utf-8")
+        try:
+            return np.asarray(reader[box] if box else reader[()], dtype=self.dtype)
+        except UnicodeDecodeError as exc:
+            raise CorruptSourceError(
+                f"{self.name}: holds strings that are not valid UTF-8 ({exc.reason}), though the file declares "
+                f"them {declared}; read their bytes with h5py instead: f[{self.dataset!r}][...]"
+            ) from None
 
     @property
     def decode_bytes(self) -> int:
@@ -487,6 +525,62 @@ class Hdf5Source(Source):
             return f"{self.storage_kind}"
         filters = "+".join(self.filters) if self.filters else "no filters"
         return f"chunked {self.storage_chunks}, {filters}"
+
+
+def readable_dtype(name: str, dset: Any, h5py: Any) -> np.dtype:
+    """The dataset's dtype as h5py reads it, or :class:`UnsupportedDtypeError` for a type numpy has no equivalent of."""
+    try:
+        return dset.dtype
+    except (TypeError, ValueError):  # h5py's words for H5T_TIME, quad precision and the like
+        raise UnsupportedDtypeError(
+            f"{name}: its HDF5 type is {unreadable_type_text(dset.id.get_type(), h5py)}, which numpy has no "
+            "equivalent of, so neither h5py nor daskstream can read it; convert the dataset to a numpy type "
+            "with the program that wrote it"
+        ) from None
+
+
+def unreadable_type_text(file_type: Any, h5py: Any) -> str:
+    """Words for an HDF5 type numpy cannot hold: ``'a 128-bit float'``, ``'a time type (H5T_TIME)'``..."""
+    type_class = file_type.get_class()
+    bits = 8 * file_type.get_size()
+    if type_class == h5py.h5t.FLOAT:
+        return f"a {bits}-bit float" + (" (quadruple precision)" if bits == 128 else "")
+    if type_class == h5py.h5t.INTEGER:
+        return f"a {bits}-bit integer"
+    names = {h5py.h5t.TIME: "a time type (H5T_TIME)", h5py.h5t.BITFIELD: "a bit field (H5T_BITFIELD)"}
+    return names.get(type_class, f"an HDF5 type of class {type_class}")
+
+
+def hdf5_type_text(dtype: np.dtype, h5py: Any) -> str:
+    """What h5py's ``dtype`` of a dataset stands for, in words where numpy's repr hides it (strings, references)."""
+    string = h5py.check_string_dtype(dtype)
+    if string is not None:
+        return f"string ({'variable length' if string.length is None else f'{string.length} bytes'}, {string.encoding})"
+    if h5py.check_vlen_dtype(dtype) is not None:
+        return f"variable-length {h5py.check_vlen_dtype(dtype)}"
+    if dtype.hasobject:
+        return "references"
+    return str(dtype)
+
+
+def _unwritten_value(dset: Any, dtype: np.dtype, h5py: Any) -> Any:
+    """What data never written reads as: the fill value, or zeros where HDF5 gives none.
+
+    With an undefined fill value, or a fill time of "never", HDF5 leaves a
+    reader's buffer as it was for data never written; h5py reads into
+    zeros, so zeros are what such data reads as, here too.
+    """
+    if dtype.kind == "T":
+        return ""
+    dcpl = dset.id.get_create_plist()
+    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED or dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER:
+        return np.zeros(1, dtype=dset.dtype)[0]
+    return dset.fillvalue
+
+
+def _reads_as_zeros(value: Any) -> bool:
+    """Whether a fill value is all zero bytes (what a zeroed buffer holds)."""
+    return not np.asarray(value).tobytes().strip(b"\0")
 
 
 # From HDF5 1.14.4 the addresses HDF5 gives for chunks count the file's user block; before, they

@@ -22,7 +22,7 @@ from daskstream.errors import CorruptSourceError
 from daskstream.planning.budget import format_size
 from daskstream.sources.base import first_line
 from daskstream.sources.detect import guess_format
-from daskstream.sources.hdf5 import filter_names, import_h5py
+from daskstream.sources.hdf5 import filter_names, hdf5_type_text, import_h5py, unreadable_type_text
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, json_ready, zarr_attrs, zarr_dims
 from daskstream.sources.npy import NpySource
 from daskstream.sources.zarr_ import codec_names, folder_node_type, local_path
@@ -256,25 +256,14 @@ def _hdf5_dataset(where: str, dset: Any, h5py: Any) -> Entry:
     shape = None if dset.shape is None else tuple(int(n) for n in dset.shape)
     try:
         dtype = dset.dtype
-        text = _hdf5_dtype_text(dtype, h5py)
+        text = hdf5_type_text(dtype, h5py)
         itemsize = dtype.itemsize
     except (TypeError, ValueError):  # an HDF5 type numpy has no equivalent for (time, quad precision...)
-        text, itemsize = f"HDF5 type {dset.id.get_type().get_class()} (not readable as numpy)", None
+        text, itemsize = f"{unreadable_type_text(dset.id.get_type(), h5py)} (not readable as numpy)", None
     filters = filter_names(dset.id.get_create_plist())
     nbytes = None if shape is None or itemsize is None else math.prod(shape) * itemsize
     dims = hdf5_dims(dset, len(shape or ()))
     return Entry(where, "array", shape, text, dset.chunks, filters, nbytes, dims, hdf5_attrs(dset))
-
-
-def _hdf5_dtype_text(dtype: np.dtype, h5py: Any) -> str:
-    string = h5py.check_string_dtype(dtype)
-    if string is not None:
-        return f"string ({'variable length' if string.length is None else f'{string.length} bytes'}, {string.encoding})"
-    if h5py.check_vlen_dtype(dtype) is not None:
-        return f"variable-length {h5py.check_vlen_dtype(dtype)}"
-    if dtype.hasobject:
-        return "references"
-    return str(dtype)
 
 
 def _zarr_entries(path: str) -> Iterator[Entry]:

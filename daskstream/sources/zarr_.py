@@ -38,6 +38,9 @@ from daskstream.sources.base import (
     listing,
     native,
     now_ns,
+    sample_box,
+    string_dtype,
+    string_element_bytes,
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.metadata import plain, zarr_attrs, zarr_dims
@@ -120,10 +123,12 @@ class ZarrSource(Source):
         # when the one array inside it is rewritten.
         stamp = self._stamp(self.dataset)
         dtype = np.dtype(array.dtype)
-        if dtype.hasobject or dtype.kind == "T":
+        if _holds_text(array):  # StringDType where numpy has it (zarr reads text so), refused clearly where not
+            dtype = string_dtype(self.name)
+        if dtype.hasobject and dtype.kind != "T":  # StringDType counts as holding objects too
             raise UnsupportedDtypeError(
-                f"{self.name}: dtype {array.dtype} holds variable-length or Python objects, which "
-                "daskstream does not read (it never unpickles data); store fixed-width data instead"
+                f"{self.name}: dtype {array.dtype} holds Python objects (variable-length bytes, pickles...), "
+                "which daskstream does not read (it never unpickles data); store fixed-width data instead"
             )
         self.shape = checked_shape(self.name, tuple(array.shape), dtype.itemsize)
         # Format 2 keeps the byte order in the dtype and zarr returns data in it.
@@ -151,6 +156,9 @@ class ZarrSource(Source):
         self.token = source_token(self.format, self.path, *stamp, *tree, dataset=self.dataset)
         # Checked by every read, for local stores (a remote one would cost a request per task).
         self.stamp = None if is_url(self.path) else stamp
+        if self.dtype.kind == "T":  # variable-length strings: what the first hold says what blocks of them take
+            sample = self._read_box(sample_box(self.shape)) if self.size else np.empty(0, self.dtype)
+            self.element_bytes = string_element_bytes(sample)
 
     def __getstate__(self) -> dict[str, Any]:
         # Secrets stay here, and so does the listing of a remote store (a process that reads lists it again).
@@ -535,6 +543,12 @@ def _node_type(raw: bytes) -> str | None:
         return json.loads(raw).get("node_type")
     except (ValueError, AttributeError, RecursionError):
         return None
+
+
+def _holds_text(array: Any) -> bool:
+    """Whether the array's data type is variable-length UTF-8 text (``string`` in format 3, ``vlen-utf8`` in 2)."""
+    declared = array.metadata.data_type if array.metadata.zarr_format == 3 else array.metadata.dtype
+    return type(declared).__name__ == "VariableLengthUTF8"
 
 
 def codec_names(array: Any) -> tuple[str, ...]:

@@ -17,7 +17,6 @@ from daskstream.errors import (
     NotAZarrStoreError,
     SourceNotFoundError,
     UnknownFormatError,
-    UnsupportedDtypeError,
 )
 from daskstream.sources import ZarrSource, guess_format
 
@@ -340,17 +339,6 @@ def test_v2_fixed_width_strings(tmp_path, data):
 
 
 # Variable-length strings come back as Python objects (v2) or numpy's StringDType (v3).
-@pytest.mark.parametrize("zarr_format", [2, 3])
-def test_variable_length_strings_refused(tmp_path, zarr_format):
-    path = str(tmp_path / "text.zarr")
-    array = zarr.create_array(path, shape=(3,), dtype=str, zarr_format=zarr_format)
-    array[...] = np.array(["a", "bb", "ccc"])
-    with pytest.raises(UnsupportedDtypeError) as info:
-        daskstream.open_source(path)
-    assert isinstance(info.value, TypeError)
-    assert path in str(info.value)
-
-
 def _name_a_codec(path, zarr_format: int, codec: str) -> None:
     """Rewrite the metadata of the array at ``path`` to compress with ``codec``, as another installation wrote it."""
     import json

@@ -347,6 +347,11 @@ def _check_array(x: Any) -> da.Array:
         raise InvalidChunksError(
             f"{x.name}: the array's chunk sizes are unknown (NaN); call x.compute_chunk_sizes() before storing it"
         )
+    if x.dtype.kind == "T":
+        raise UnsupportedDtypeError(
+            f"{x.name}: variable-length strings (StringDType) are read by daskstream, not stored; store them as "
+            "fixed-width strings (x.astype('U16'), long enough for the longest), or write them with zarr or h5py"
+        )
     if x.dtype.hasobject:
         raise UnsupportedDtypeError(
             f"{x.name}: dtype {x.dtype} holds Python objects, which neither Zarr nor HDF5 stores as plain data; "
