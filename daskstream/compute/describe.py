@@ -131,7 +131,10 @@ def describe(
     Parameters
     ----------
     x
-        A dask array of real numbers.
+        A dask array of numbers. Of complex numbers, ``mean``, ``min`` and
+        ``max`` are complex (the extremes in numpy's order: by real part, then
+        imaginary) and ``std`` is real, as numpy gives them; an element with
+        NaN in either part is a NaN.
     axis
         ``None`` for one set of statistics over everything, or the axes to reduce.
     bins
@@ -173,8 +176,15 @@ def describe(
     """
     x = da.asarray(x)
     memory_budget = budget_of(x, memory_budget)
-    if x.dtype.kind not in "biuf":
-        raise UnsupportedDtypeError(f"describe needs real numbers; dtype {x.dtype} is not supported")
+    if x.dtype.kind not in "biufc":
+        raise UnsupportedDtypeError(
+            f"describe needs numbers (integer, float or complex); dtype {x.dtype} is not one of them"
+        )
+    if x.dtype.kind == "c" and bins is not None:
+        raise UnsupportedDtypeError(
+            f"a histogram of complex numbers (dtype {x.dtype}) has no bins numpy defines: describe abs(x), "
+            "x.real or x.imag with bins, or leave bins out"
+        )
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     edges = histogram_edges(x.dtype, bins, range, memory_budget=memory_budget)
     fan_in = split_every or combine_fan_in(
@@ -244,6 +254,8 @@ def _bin_counts(values: np.ndarray, edges: np.ndarray, out_shape: tuple[int, ...
 
 
 def chunk_statistics(block: np.ndarray, axes: tuple[int, ...], edges: np.ndarray | None) -> dict[str, np.ndarray]:
+    if block.dtype.kind == "c":
+        return _complex_statistics(block, axes)
     values = block.astype(np.float64) if block.dtype.kind == "b" else block
     stats = _finite_float_statistics(values) if len(axes) == values.ndim and values.dtype.kind == "f" else None
     if stats is None:
@@ -332,7 +344,28 @@ def _masked_statistics(values: np.ndarray, axes: tuple[int, ...]) -> dict[str, n
     return stats
 
 
+def _complex_statistics(values: np.ndarray, axes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The moments of the real and imaginary parts over the same elements, and numpy's complex extremes.
+
+    An element with NaN in either part is left out of both (a NaN, counted
+    once), so ``std`` is numpy's: the root of the two parts' variances added.
+    """
+    nan = np.isnan(values)  # True where either part is NaN
+    real = np.where(nan, np.nan, values.real)
+    imag = np.where(nan, np.nan, values.imag)
+    stats = chunk_moments(real, axes, skipna=True)
+    imaginary = chunk_moments(imag, axes, skipna=True)
+    stats["mean_imag"], stats["m2_imag"] = imaginary["mean"], imaginary["m2"]
+    stats["nan"] = np.sum(nan, axis=axes, keepdims=True, dtype="i8")
+    low, high = _extremes(values.dtype)
+    stats["min"] = np.min(values, axis=axes, keepdims=True, where=~nan, initial=high)
+    stats["max"] = np.max(values, axis=axes, keepdims=True, where=~nan, initial=low)
+    return stats
+
+
 def _extremes(dtype: np.dtype) -> tuple[Any, Any]:
+    if dtype.kind == "c":  # past every number in numpy's order of complex numbers (real part first)
+        return complex(-np.inf, -np.inf), complex(np.inf, np.inf)
     if dtype.kind == "f":
         return -np.inf, np.inf
     info = np.iinfo(dtype)
@@ -346,6 +379,9 @@ def merge_statistics(parts: list[dict[str, np.ndarray]], axes: tuple[int, ...]) 
     along = axes[:1]
     stacked = {k: np.concatenate([p[k] for p in parts], axis=along[0]) for k in parts[0]}
     merged = merge_moments({k: stacked[k] for k in ("n", "mean", "m2")}, along)
+    if "mean_imag" in stacked:  # complex data: the imaginary parts' moments, over the same elements
+        imaginary = merge_moments({"n": stacked["n"], "mean": stacked["mean_imag"], "m2": stacked["m2_imag"]}, along)
+        merged["mean_imag"], merged["m2_imag"] = imaginary["mean"], imaginary["m2"]
     merged["nan"] = np.sum(stacked["nan"], axis=along, keepdims=True)
     merged["min"] = np.min(stacked["min"], axis=along, keepdims=True)
     merged["max"] = np.max(stacked["max"], axis=along, keepdims=True)
@@ -365,18 +401,23 @@ def finish(
     """The :class:`Description` from merged statistics (see :func:`statistics_of`)."""
     n = whole["n"]
     empty = n == 0
+    complex_data = "mean_imag" in whole
+    # Of complex data the variance is the parts' variances added, and the mean has both parts.
+    m2 = whole["m2"] + whole["m2_imag"] if complex_data else whole["m2"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        std = np.sqrt(whole["m2"] / np.maximum(n - ddof, 0))
-    mean = np.where(empty, np.nan, whole["mean"])
+        std = np.sqrt(m2 / np.maximum(n - ddof, 0))
+    mean = whole["mean"] + 1j * whole["mean_imag"] if complex_data else whole["mean"]
+    mean = np.where(empty, np.nan, mean)
     low = np.where(empty, np.nan, whole["min"]) if empty.any() else whole["min"]
     high = np.where(empty, np.nan, whole["max"]) if empty.any() else whole["max"]
+    as_found = empty.any() or dtype.kind in "fc"  # integers' extremes go back to the data's dtype
     values = {
         "count": _squeeze(n, axes),
         "nan_count": _squeeze(whole["nan"], axes),
         "mean": _squeeze(mean, axes),
         "std": _squeeze(np.where(empty, np.nan, std), axes),
-        "min": _squeeze(low, axes) if empty.any() or dtype.kind == "f" else _squeeze(low, axes).astype(dtype),
-        "max": _squeeze(high, axes) if empty.any() or dtype.kind == "f" else _squeeze(high, axes).astype(dtype),
+        "min": _squeeze(low, axes) if as_found else _squeeze(low, axes).astype(dtype),
+        "max": _squeeze(high, axes) if as_found else _squeeze(high, axes).astype(dtype),
     }
     if edges is not None:
         counts = whole["hist"]

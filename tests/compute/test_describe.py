@@ -155,9 +155,56 @@ def test_bins_as_count_needs_a_range(field):
         ds.describe(da.from_array(field), bins=10)
 
 
-def test_refuses_complex():
-    with pytest.raises(UnsupportedDtypeError):
-        ds.describe(da.from_array(np.array([1 + 2j])))
+def complex_expected(a, axis, ddof):
+    """numpy's statistics of complex data, each column without its NaN elements (NaN in either part)."""
+    moved = np.moveaxis(a, axis, -1)
+    columns = [row[~np.isnan(row)] for row in moved.reshape(-1, moved.shape[-1])]
+    shape = moved.shape[:-1]
+
+    def each(statistic):
+        return np.array([statistic(c) for c in columns]).reshape(shape)
+
+    return {
+        "count": each(len),
+        "nan_count": each(lambda c: moved.shape[-1] - len(c)),
+        "mean": each(np.mean),
+        "std": each(lambda c: np.std(c, ddof=ddof)),
+        "min": each(np.min),  # numpy's order of complex numbers: real part, then imaginary
+        "max": each(np.max),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["c8", "c16"])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_complex_data_is_described_as_numpy_computes_each_statistic(tmp_path, dtype, axis):
+    rng = np.random.default_rng(11)
+    a = (rng.normal(3, 2, (60, 41)) + 1j * rng.normal(-1, 5, (60, 41))).astype(dtype)
+    a[3, 4] = complex(np.nan, 1.0)  # NaN in one part makes the element a NaN
+    a[7, 8] = complex(2.0, np.nan)
+    a[50, 40] = complex(a[:, 40].real.min(), -1e9)  # a tie on the real part: the imaginary part decides
+    np.save(tmp_path / "z.npy", a)
+    x = ds.open(tmp_path / "z.npy", memory_budget="64KiB")  # many chunks: the merges are exercised
+    assert x.numblocks != (1, 1)
+    got = ds.describe(x, axis=axis, ddof=1).compute()
+    flat = a.reshape(1, -1) if axis is None else a
+    want = complex_expected(flat, -1 if axis is None else axis, ddof=1)
+    for key in ("count", "nan_count", "min", "max"):
+        np.testing.assert_array_equal(np.ravel(got[key]), np.ravel(want[key]), err_msg=key)
+    tolerance = 1e-5 if dtype == "c8" else 1e-12
+    for key in ("mean", "std"):
+        np.testing.assert_allclose(np.ravel(got[key]), np.ravel(want[key]), rtol=tolerance, err_msg=key)
+    assert np.iscomplexobj(got["mean"])
+    assert not np.iscomplexobj(got["std"])
+
+
+def test_a_histogram_of_complex_data_is_refused_saying_what_to_describe():
+    with pytest.raises(UnsupportedDtypeError, match=r"abs\(x\), x.real or x.imag"):
+        ds.describe(da.from_array(np.array([1 + 2j])), bins=4, range=(0, 1))
+
+
+def test_refuses_what_is_not_numbers():
+    with pytest.raises(UnsupportedDtypeError, match=r"describe needs numbers \(integer, float or complex\)"):
+        ds.describe(da.from_array(np.array(["a", "b"])))
 
 
 def test_on_every_scheduler(tmp_path):
