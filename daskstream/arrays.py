@@ -11,6 +11,7 @@ are resolved and arguments checked; the work itself is below, in ``compute``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ import dask.array as da
 from numpy.typing import DTypeLike
 
 from daskstream.compute.describe import describe as describe_lazily
-from daskstream.compute.labels import axes_by_name, is_labelled, reduced, unlabelled
+from daskstream.compute.labels import axes_by_name, described, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
 from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning
@@ -425,7 +426,15 @@ def reduce(
         raise InvalidArgumentError(
             f"adaptive=True takes dtype, ddof, q, keepdims and memory_budget; not {', '.join(sorted(unknown))}"
         )
-    return adaptive_reduction(x, op, axis, progress=progress, **options)
+    run = adaptive_reduction(x, op, axis, progress=progress, **options)
+    if labelled is not None:
+        keepdims, q = options.get("keepdims", False), options.get("q")
+        run.relabel = functools.partial(_reduced_labels, labelled, op=op, axis=axis, keepdims=keepdims, q=q)
+    return run
+
+
+def _reduced_labels(labelled: Any, result: Any, **how: Any) -> Any:
+    return reduced(labelled, result, how.pop("op"), how.pop("axis"), **how)
 
 
 def describe(
@@ -470,20 +479,27 @@ def describe(
     >>> float(describe(path, adaptive=True).compute()["mean"])
     5.5
     """
-    axis, x = axes_by_name(x, axis), unlabelled(x)
+    labelled, axis = x if is_labelled(x) else None, axes_by_name(x, axis)
+    x = unlabelled(x)
+    # A DataArray's statistics come back as DataArrays over the dimensions left.
+    relabel = None if labelled is None else functools.partial(described, labelled, axis=axis)
     if not adaptive:
         if progress is not None:
             raise InvalidArgumentError(
                 "progress= applies to adaptive=True; a lazy describe shows progress when computed"
             )
-        return describe_lazily(
+        lazy = describe_lazily(
             x, axis, bins, range=range, ddof=ddof, split_every=split_every, memory_budget=memory_budget
         )
+        lazy.relabel = relabel
+        return lazy
     if split_every is not None:
         raise InvalidArgumentError("adaptive=True plans each wave's merge tree itself; leave split_every out")
-    return adaptive_description(
+    run = adaptive_description(
         x, axis, bins, bin_range=range, ddof=ddof, memory_budget=memory_budget, progress=progress
     )
+    run.relabel = relabel
+    return run
 
 
 __all__ = ["AdaptiveRun", "as_dask_array", "describe", "open", "plan", "plan_chunks", "reduce"]

@@ -11,7 +11,7 @@ import builtins
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dask
@@ -74,11 +74,17 @@ class LazyDescription:
     ----------
     delayed
         The ``dask.delayed`` object that yields the :class:`Description`.
+    relabel
+        What turns the computed :class:`Description` into the one given back
+        (labelling its statistics for a DataArray), or ``None``.
     """
 
-    def __init__(self, delayed: Any, n_chunks: int) -> None:
+    def __init__(
+        self, delayed: Any, n_chunks: int, relabel: Callable[[Description], Description] | None = None
+    ) -> None:
         self.delayed = delayed
         self.n_chunks = n_chunks
+        self.relabel = relabel
 
     def compute(self, **kwargs: Any) -> Description:
         """Read the data once and return the :class:`Description` (kwargs go to ``dask.compute``)."""
@@ -102,18 +108,27 @@ class LazyDescription:
         return self.delayed.key
 
     def __dask_postcompute__(self) -> Any:
-        return self.delayed.__dask_postcompute__()
+        finalize, args = self.delayed.__dask_postcompute__()
+        if self.relabel is None:
+            return finalize, args
+        return _relabelled, (finalize, args, self.relabel)
 
     def __dask_postpersist__(self) -> Any:
         rebuild, args = self.delayed.__dask_postpersist__()
-        return _rebuild_description, (rebuild, args, self.n_chunks)
+        return _rebuild_description, (rebuild, args, self.n_chunks, self.relabel)
 
     __dask_optimize__ = staticmethod(Delayed.__dask_optimize__)
     __dask_scheduler__ = staticmethod(Delayed.__dask_scheduler__)
 
 
-def _rebuild_description(dsk: Any, rebuild: Any, args: Any, n_chunks: int, **kwargs: Any) -> LazyDescription:
-    return LazyDescription(rebuild(dsk, *args, **kwargs), n_chunks)
+def _rebuild_description(
+    dsk: Any, rebuild: Any, args: Any, n_chunks: int, relabel: Any, **kwargs: Any
+) -> LazyDescription:
+    return LazyDescription(rebuild(dsk, *args, **kwargs), n_chunks, relabel)
+
+
+def _relabelled(results: Any, finalize: Any, args: Any, relabel: Callable[[Description], Description]) -> Description:
+    return relabel(finalize(results, *args))
 
 
 def describe(

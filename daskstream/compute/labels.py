@@ -91,6 +91,32 @@ def reduced(x: Any, result: Any, op: str, axis: Any, *, keepdims: bool = False, 
     return xarray.DataArray(result, dims=dims, coords=coords, name=x.name, attrs=attrs)
 
 
+# describe's statistics, by the reduction each is (counts drop the data's units, the rest keep them).
+_STATISTIC_OPS = {"count": "count_nonzero", "nan_count": "count_nonzero", "mean": "mean", "std": "std",
+                  "min": "min", "max": "max"}  # fmt: skip
+
+
+def described(x: Any, description: Any, axis: Any) -> Any:
+    """``description``, :func:`daskstream.describe`'s statistics of the DataArray ``x``, with its labels.
+
+    Each statistic becomes a DataArray over the dimensions left (named after
+    the statistic, its coordinates kept; units kept where the statistic is
+    in the data's units); the histogram has a last ``bin`` dimension, whose
+    edges stay ``bin_edges``.
+    """
+    xarray = sys.modules["xarray"]
+    values: dict[str, Any] = {}
+    for key, value in description.items():
+        if key in _STATISTIC_OPS:
+            values[key] = reduced(x, value, _STATISTIC_OPS[key], axis).rename(key)
+        elif key == "histogram":
+            counts = reduced(x, np.zeros(np.shape(value)[:-1]), "count_nonzero", axis)
+            values[key] = xarray.DataArray(value, dims=(*counts.dims, "bin"), coords=counts.coords, name=key)
+        else:
+            values[key] = value
+    return type(description)(values)
+
+
 def relabelled(template: Any, result: Any) -> Any:
     """``result`` with the labels of ``template`` (a DataArray) when it has its shape, else as it is.
 

@@ -95,6 +95,8 @@ class AdaptiveRun(AdaptiveJob):
         self.memory_budget = memory_budget
         self.progress = progress
         self.adaptation: Adaptation | None = None
+        # What turns the answer into the one given back (labelling it for a DataArray), or None.
+        self.relabel: Callable[[Any], Any] | None = None
 
     @property
     def dtype(self) -> np.dtype | None:
@@ -113,7 +115,7 @@ class AdaptiveRun(AdaptiveJob):
     def compute(self) -> Any:
         """Run it adaptively and return the answer: a numpy array or scalar, or a :class:`Description`."""
         result, self.adaptation = WaveRunner(self).run()
-        return result
+        return result if self.relabel is None else self.relabel(result)
 
     def explain(self) -> str:
         """What the run tried and chose (after :meth:`compute`), or what it will try."""

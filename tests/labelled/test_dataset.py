@@ -204,6 +204,35 @@ def test_reductions_kernels_and_streams_take_data_arrays_and_keep_their_labels(n
         ds.reduce(chl, "mean", axis="depth")
 
 
+def test_describe_and_adaptive_runs_of_data_arrays_come_back_labelled(netcdf):
+    path, chlorophyll = netcdf
+    chl = ds.open_dataset(path).chl.fillna(0)
+    values = np.nan_to_num(chlorophyll, nan=0.0)
+    statistics = ds.describe(chl, axis="time", bins=5, range=(0.0, 10.0)).compute()
+    for name in ("mean", "std", "min", "max", "count", "nan_count"):
+        assert statistics[name].dims == ("lat", "lon"), name
+        assert statistics[name].name == name
+        assert list(statistics[name].coords) == ["lat", "lon"]
+    assert statistics["mean"].attrs["units"] == "mg m-3"
+    assert statistics["count"].attrs == {}  # a count is not in mg m-3
+    np.testing.assert_allclose(statistics["std"].sel(lat=60.0).values, values[:, -1].std(axis=0))
+    np.testing.assert_allclose(statistics["max"].values, values.max(axis=0))
+    assert statistics["histogram"].dims == ("lat", "lon", "bin")
+    np.testing.assert_array_equal(
+        statistics["histogram"].sel(lat=-60.0).values[0], np.histogram(values[:, 0, 0], bins=5, range=(0, 10))[0]
+    )
+    assert float(ds.describe(chl).compute()["mean"]) == pytest.approx(values.mean())
+
+    run = ds.reduce(chl, "max", axis="time", adaptive=True)
+    peak = run.compute()
+    assert isinstance(peak, xr.DataArray)
+    assert peak.dims == ("lat", "lon")
+    np.testing.assert_array_equal(peak.values, values.max(axis=0))
+    adaptive_statistics = ds.describe(chl, axis="lat", adaptive=True).compute()
+    assert adaptive_statistics["mean"].dims == ("time", "lon")
+    np.testing.assert_allclose(adaptive_statistics["mean"].values, values.mean(axis=1))
+
+
 def test_without_xarray_open_dataset_says_what_to_install(netcdf):
     path, _ = netcdf
     code = f"import sys; sys.modules['xarray'] = None; import daskstream as ds; ds.open_dataset({str(path)!r})"
