@@ -28,8 +28,10 @@ from daskstream.dependencies import optional_import
 from daskstream.errors import DaskstreamError, InvalidArgumentError, MemberNotFoundError, UnknownFormatError
 from daskstream.graph.reads import ChunksSpec
 from daskstream.sources import Source, open_source
+from daskstream.sources.contiguous import ObjectBytes, ObjectFile
 from daskstream.sources.detect import guess_format, is_url, local_path
 from daskstream.sources.many import expand_paths, names_many
+from daskstream.sources.objects import Place
 
 # Dimension coordinates up to this size are read when the dataset is opened, as xarray reads its
 # indexes: .sel and plots need them at once, and one read beats a graph per lookup.
@@ -85,7 +87,8 @@ def open_dataset(
         For many files: the dimension to join them along (default: combine
         by coordinates).
     storage_options
-        fsspec options for a Zarr URL.
+        fsspec options for a URL (a Zarr store or a NetCDF4/HDF5 object on
+        an object store): endpoint, credentials...
     **decoders
         xarray's finer switches, each defaulting to ``decode_cf``:
         ``mask_and_scale``, ``decode_times``, ``concat_characters``,
@@ -231,15 +234,11 @@ def _labels_reader(location: str, fmt: str, group: str | None, storage_options: 
             raise InvalidArgumentError(f"{location}: a .npy file holds one array and no groups; open it without group=")
         return None
     if fmt == "hdf5":
-        if is_url(location):
-            raise InvalidArgumentError(
-                f"{location}: open_dataset reads NetCDF4/HDF5 files on this machine's file system; "
-                "for an object store, open its arrays with daskstream.open"
-            )
         optional_import("h5netcdf", package="h5netcdf", needed_for="open_dataset of NetCDF4/HDF5 files", extra="xarray")
+        where = _hdf5_file(location, storage_options)
         # phony_dims="sort": axes of plain HDF5 data without dimension scales get names as NetCDF-C gives them.
         return _translated(
-            location, lambda: xr.backends.H5NetCDFStore.open(location, mode="r", group=group, phony_dims="sort")
+            location, lambda: xr.backends.H5NetCDFStore.open(where, mode="r", group=group, phony_dims="sort")
         )
     if fmt == "zarr":
 
@@ -262,7 +261,8 @@ def _check_group(location: str, fmt: str, group: str, storage_options: dict[str,
     if fmt == "hdf5":
         import h5py
 
-        with h5py.File(location, "r") as f:
+        where = _hdf5_file(location, storage_options)
+        with h5py.File(where, "r") as f:
             node = f.get(group, getlink=False)
             if isinstance(node, h5py.Group):
                 return
@@ -279,6 +279,19 @@ def _check_group(location: str, fmt: str, group: str, storage_options: dict[str,
         found = sorted(name for name, _ in root.groups())
     has = f"its groups are: {', '.join(found)}" if found else "it has no groups below the root"
     raise MemberNotFoundError(f"{location}: no such group {group!r}; {has} (daskstream.list shows the tree)")
+
+
+def _hdf5_file(location: str, storage_options: dict[str, Any] | None) -> Any:
+    """The path of a local HDF5 file, or a file over the object at an object-store URL (read by h5py, for the labels).
+
+    The object's file asks for what h5py reads in blocks of ranged GETs and
+    checks every response's version against the one it opened; it closes
+    when h5py's file over it is closed and let go.
+    """
+    if not is_url(location):
+        return location
+    data, head = ObjectBytes.open(Place(location, storage_options), location)
+    return ObjectFile(data, head)
 
 
 def _translated(location: str, opener: Any) -> Any:

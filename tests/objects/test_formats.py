@@ -371,3 +371,27 @@ def test_an_fsspec_file_is_read_as_the_object_it_names(s3, tmp_path):
     np.testing.assert_array_equal(ds.open(fsspec.open(url, **s3.options)).compute(), data)
     h5 = _upload(s3, _h5(tmp_path, data, compression="gzip", chunks=(10, 30)))
     np.testing.assert_array_equal(ds.open(fsspec.open(h5, **s3.options), dataset="/group/dset").compute(), data)
+
+
+def test_a_netcdf4_object_opens_as_a_labelled_dataset_equal_to_the_local_file(s3, tmp_path):
+    xr = pytest.importorskip("xarray")
+    import pandas as pd
+
+    local = tmp_path / "ocean.nc"
+    written = xr.Dataset(
+        {"t": (("time", "x"), np.arange(80.0).reshape(20, 4), {"units": "K"})},
+        coords={"time": pd.date_range("2026-01-01", periods=20), "x": ("x", np.arange(4), {"units": "km"})},
+        attrs={"title": "remote"},
+    )
+    written.to_netcdf(local, engine="h5netcdf", encoding={"t": {"chunksizes": (5, 4), "zlib": True}})
+    url = _upload(s3, local)
+    s3.reset()
+    remote = ds.open_dataset(url, storage_options=s3.options)
+    assert remote.t.data.chunks == ((5, 5, 5, 5), (4,))  # daskstream's plan, from the object's storage chunks
+    xr.testing.assert_identical(remote.load(), ds.open_dataset(local).load())
+    xr.testing.assert_identical(remote.load(), written)
+    assert s3.requests().get("HEAD", 0) == 0
+    with pytest.raises(MemberNotFoundError, match=r"ocean.nc: no such group 'sensors'"):
+        ds.open_dataset(url, storage_options=s3.options, group="sensors")
+    through_xarray = xr.open_dataset(url, engine="daskstream", chunks={}, storage_options=s3.options)
+    xr.testing.assert_identical(through_xarray.load(), written)
