@@ -429,12 +429,8 @@ def reduce(
     run = adaptive_reduction(x, op, axis, progress=progress, **options)
     if labelled is not None:
         keepdims, q = options.get("keepdims", False), options.get("q")
-        run.relabel = functools.partial(_reduced_labels, labelled, op=op, axis=axis, keepdims=keepdims, q=q)
+        run.relabel = functools.partial(reduced, labelled, op=op, axis=axis, keepdims=keepdims, q=q)
     return run
-
-
-def _reduced_labels(labelled: Any, result: Any, **how: Any) -> Any:
-    return reduced(labelled, result, how.pop("op"), how.pop("axis"), **how)
 
 
 def describe(

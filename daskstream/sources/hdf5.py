@@ -376,7 +376,15 @@ class Hdf5Source(Source):
             (int(code), tuple(int(v) for v in values))
             for code, _, values, _ in (dcpl.get_filter(i) for i in range(dcpl.get_nfilters()))
         )
-        self.fill_value = _unwritten_value(dset, self.dtype, h5py)
+        # With an undefined fill value, or a fill time of "never", HDF5 leaves a reader's buffer as it
+        # was for data never written; h5py reads into zeros, so zeros are what such data reads as here too.
+        self.buffer_kept = _leaves_buffer_unfilled(dcpl, h5py)
+        if self.strings:
+            self.fill_value = ""
+        elif self.buffer_kept:
+            self.fill_value = np.zeros(1, dtype=dset.dtype)[0]
+        else:
+            self.fill_value = dset.fillvalue
         self.attrs = hdf5_attrs(dset)
         self.dims = hdf5_dims(dset, self.ndim)
         self.scales = hdf5_scales(dset)
@@ -453,16 +461,16 @@ class Hdf5Source(Source):
         where = self.object if self.object is not None else self.path
         if self.raw_offset is not None:
             return read_contiguous_box(where, self.raw_offset, self.file_dtype, self.shape, False, box)
-        # Where HDF5 leaves data never written as the buffer held it, the buffer holds what it reads as.
-        blank = np.empty if self.fill_value is None or not _reads_as_zeros(self.fill_value) else np.zeros
-        out = blank(tuple(s.stop - s.start for s in box), dtype=self.dtype)
+        out = np.empty(tuple(s.stop - s.start for s in box), dtype=self.dtype)
         if self.raw_chunks:
-            self._chunk_reader().read_box(box, out)
+            self._chunk_reader().read_box(box, out)  # fills chunks never written with the fill value itself
             return out
         try:
             dset = self._dataset()
             if self.strings:
                 return self._strings_of(dset, box)
+            if self.buffer_kept:
+                out[...] = 0  # what h5py reads data never written as, where HDF5 leaves the buffer as it was
             if self.element_ndim:
                 outer = self.ndim - self.element_ndim
                 block = dset[box[:outer]] if outer else dset[()]
@@ -493,7 +501,7 @@ class Hdf5Source(Source):
         # Files marked ASCII often hold UTF-8: theirs are decoded as UTF-8 too, nothing lost.
         reader = dset.asstr("utf-8")
         try:
-            return np.asarray(reader[box] if box else reader[()], dtype=self.dtype)
+            return np.asarray(reader[box], dtype=self.dtype)
         except UnicodeDecodeError as exc:
             raise CorruptSourceError(
                 f"{self.name}: holds strings that are not valid UTF-8 ({exc.reason}), though the file declares "
@@ -563,24 +571,11 @@ def hdf5_type_text(dtype: np.dtype, h5py: Any) -> str:
     return str(dtype)
 
 
-def _unwritten_value(dset: Any, dtype: np.dtype, h5py: Any) -> Any:
-    """What data never written reads as: the fill value, or zeros where HDF5 gives none.
-
-    With an undefined fill value, or a fill time of "never", HDF5 leaves a
-    reader's buffer as it was for data never written; h5py reads into
-    zeros, so zeros are what such data reads as, here too.
-    """
-    if dtype.kind == "T":
-        return ""
-    dcpl = dset.id.get_create_plist()
-    if dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED or dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER:
-        return np.zeros(1, dtype=dset.dtype)[0]
-    return dset.fillvalue
-
-
-def _reads_as_zeros(value: Any) -> bool:
-    """Whether a fill value is all zero bytes (what a zeroed buffer holds)."""
-    return not np.asarray(value).tobytes().strip(b"\0")
+def _leaves_buffer_unfilled(dcpl: Any, h5py: Any) -> bool:
+    """Whether HDF5 leaves a reader's buffer as it was for data never written: no fill value defined, or never filled."""
+    return (
+        dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED or dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
+    )
 
 
 # From HDF5 1.14.4 the addresses HDF5 gives for chunks count the file's user block; before, they
