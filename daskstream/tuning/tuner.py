@@ -343,11 +343,21 @@ class Tuner:
         too. When another observed shape ran faster than it by more than the
         noise (the tuning's spread, twice, and at least
         ``daskstream.tune.min-gain``), that shape becomes the remembered
-        winner; ``None`` otherwise.
+        winner; ``None`` otherwise. Only shapes the budget and the workers
+        admit now are considered.
         """
         observations = [o for o in entry.get("observations", []) if isinstance(o.get("multiples"), list)]
         same = [o for o in observations if o["multiples"] == tuned["multiples"] and o.get("throughput")]
-        others = [o for o in observations if o["multiples"] != tuned["multiples"] and o.get("throughput")]
+        factor = float(tuned.get("memory_factor", 1.0))
+        # A shape this budget or these workers cannot run (too large, too few tasks) cannot take over.
+        others = [
+            o
+            for o in observations
+            if o["multiples"] != tuned["multiples"]
+            and o.get("throughput")
+            and len(o["multiples"]) == self.source.ndim
+            and self.space.rejection(self.space.clip(tuple(int(m) for m in o["multiples"])), factor) is None
+        ]
         if not same or not others:
             return None
         held = max(float(o["throughput"]) for o in same)

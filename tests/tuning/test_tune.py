@@ -363,8 +363,11 @@ def test_a_remembered_winner_that_observed_runs_contradict_is_replaced(tmp_path,
     assert not first.from_cache
     assert cache.get(first.key) is not None
     tuned = tuple(first.chunks)
-    other = (tuned[0] * 2, tuned[1]) if tuned[0] * 2 <= SHAPE[0] else (tuned[0] // 2, tuned[1])
+    # Another shape the space admits: halved when that stays a whole storage chunk, else doubled
+    # (doubling 1024 rows of 2048 would leave one task for two threads, which the tuner rejects).
     source = ds.open_source(path)
+    half = tuned[0] // 2
+    other = (half, tuned[1]) if half >= source.storage_chunks[0] else (tuned[0] * 2, tuned[1])
 
     def observed(chunks, throughput):
         multiples = [c // u for c, u in zip(chunks, source.storage_chunks)]
@@ -383,3 +386,9 @@ def test_a_remembered_winner_that_observed_runs_contradict_is_replaced(tmp_path,
     observed(other, 3e9)
     observed(tuned, 3.01e9)
     assert ds.tune(path, memory_budget="256MiB").chunks == other
+    # A faster run of a shape these threads cannot share (one task for the whole array) does not
+    # take over, nor does it throw the remembered winner away.
+    observed(SHAPE, 1e12)
+    kept = ds.tune(path, memory_budget="256MiB")
+    assert kept.from_cache
+    assert kept.chunks == other
