@@ -61,8 +61,11 @@ if TYPE_CHECKING:
     from daskstream.planning.settings import PlanSettings
 
 HDF5_LOCK_NOTE = (
-    "HDF5 decompression holds h5py's global lock: threads will not run in parallel; "
-    "use session('processes') or 'distributed' for compressed HDF5"
+    "HDF5 decompression of {filters} holds h5py's global lock: threads will not decode in parallel; "
+    "use processes or a cluster (session('processes') in Python, --scheduler processes on the command line)"
+)
+PARALLEL_DECODE_NOTE = (
+    "{filters} chunks are read and decoded by daskstream itself, outside h5py's lock: threads decode in parallel"
 )
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -521,11 +524,16 @@ class Hdf5Source(Source):
     def plan(
         self, settings: PlanSettings | None = None, *, reduce_axis: int | tuple[int, ...] | None = None, **given: Any
     ) -> ChunkPlan:
-        """The planner's plan, noting when threads would queue on h5py's lock to decompress."""
+        """The planner's plan, saying whether threads decompress in parallel or queue on h5py's lock."""
         chunk_plan = super().plan(settings, reduce_axis=reduce_axis, **given)
         shared = settings is not None and settings.resources.threads_share_process
         if self.filters and self.storage_chunks is not None and shared:
-            chunk_plan = dataclasses.replace(chunk_plan, axis_notes=(*chunk_plan.axis_notes, HDF5_LOCK_NOTE))
+            # Only filters h5py must decode serialise threads; those daskstream decodes itself do not.
+            note = PARALLEL_DECODE_NOTE if self.raw_chunks else HDF5_LOCK_NOTE
+            filters = "+".join(self.filters)
+            chunk_plan = dataclasses.replace(
+                chunk_plan, axis_notes=(*chunk_plan.axis_notes, note.format(filters=filters))
+            )
         return chunk_plan
 
     def describe_storage(self) -> str:

@@ -19,7 +19,6 @@ from daskstream.errors import InvalidArgumentError, InvalidBudgetError
 from daskstream.runtime.resources import machine_resources, resolve_settings
 from daskstream.runtime.schedulers import current, scheduler_kind
 from daskstream.runtime.session import SCHEDULERS, session
-from daskstream.sources.hdf5 import HDF5_LOCK_NOTE
 
 MiB = 2**20
 SHAPE, DTYPE = (4000, 500), "f8"  # 16 MB: big enough that the budget shapes the plan
@@ -303,14 +302,33 @@ def test_compute_outside_the_session_is_refused(npy):
         s.compute(ds.open(npy[0]).sum())
 
 
+@pytest.fixture
+def filtered_hdf5(tmp_path):
+    """One file, two compressed datasets: gzip+shuffle (daskstream decodes it) and LZF (only h5py does)."""
+    h5py = pytest.importorskip("h5py")
+    path = tmp_path / "filtered.h5"
+    data = np.arange(64 * 64, dtype="f4").reshape(64, 64)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("gzip", data=data, chunks=(16, 64), compression="gzip", shuffle=True)
+        f.create_dataset("lzf", data=data, chunks=(16, 64), compression="lzf")
+    return path
+
+
 @pytest.mark.parametrize(
     ("scheduler", "shares"),
     [("threads", True), ("sync", False), ("processes", False)],
 )
-def test_threads_sessions_say_hdf5_decompression_is_serialised(scheduler, shares):
+def test_plans_say_whether_threads_decompress_hdf5_in_parallel(filtered_hdf5, scheduler, shares):
     with session(scheduler, progress=False):
         assert resolve_settings().resources.threads_share_process is shares
-    assert "session('processes')" in HDF5_LOCK_NOTE
+        parallel = " ".join(ds.plan(f"{filtered_hdf5}::gzip").axis_notes)
+        serial = " ".join(ds.plan(f"{filtered_hdf5}::lzf").axis_notes)
+    # Advice to leave threads is given only where h5py's lock serialises them, and names the CLI's flag too.
+    assert ("shuffle+deflate chunks are read and decoded by daskstream itself" in parallel) is shares
+    assert "global lock" not in parallel
+    assert ("lzf holds h5py's global lock" in serial) is shares
+    assert ("--scheduler processes" in serial) is shares
+    assert "session('processes')" not in parallel
 
 
 clusters_missing = pytest.mark.skipif(
