@@ -1,18 +1,18 @@
 """Rich views for Jupyter: HTML tables and a picture of the storage grid inside the task grid.
 
 >>> svg = grid_svg((1000, 800), storage_chunks=(100, 400), task_chunks=(500, 800))
->>> svg.startswith("<svg") and svg.count("<line") == 9 + 1 + 1  # storage: 9 across, 1 down; tasks: 1 across
-True
+>>> svg.startswith("<svg"), svg.count("stroke:#9aa5b1"), svg.count("stroke:#1f6fb2;stroke-width:1.5")
+(True, 10, 1)
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
-# Beyond this many lines along an axis the grid is drawn as a shaded band instead (still to scale).
-_MAX_LINES = 48
+import numpy as np
 
 
 def table(rows: Iterable[tuple[str, Any]], *, code: bool = False) -> str:
@@ -39,9 +39,21 @@ def columns_table(header: Sequence[str], rows: Iterable[Sequence[str]], *, marke
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def card(title: str, *parts: str) -> str:
-    """A titled block of HTML ``parts``."""
-    return f"<div><strong>{escape(title)}</strong>{''.join(parts)}</div>"
+def card(title: str, *parts: str, picture: str = "", caption: str = "") -> str:
+    """A titled block of HTML ``parts``, with ``picture`` beside them and ``caption`` under the title.
+
+    >>> "display:flex" in card("t", "<table></table>", picture="<svg></svg>")
+    True
+    """
+    head = f"<div style='font-weight:bold;margin:0 0 2px 0'>{escape(title)}</div>"
+    under = f"<div style='color:#555;margin:0 0 6px 0'>{escape(caption)}</div>" if caption else ""
+    body = "".join(parts)
+    if picture:
+        body = (
+            "<div style='display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start'>"
+            f"<div>{picture}</div><div>{body}</div></div>"
+        )
+    return f"<div style='margin:4px 0'>{head}{under}{body}</div>"
 
 
 def details(summary: str, text: str) -> str:
@@ -49,71 +61,130 @@ def details(summary: str, text: str) -> str:
     return f"<details><summary>{escape(summary)}</summary><pre>{escape(text)}</pre></details>"
 
 
-def _cuts(n: int, step: int | None) -> list[int]:
-    if not step or step >= n:
-        return []
-    return list(range(step, n, step))
+_TASK_COLOUR = "#1f6fb2"
+_STORAGE_COLOUR = "#9aa5b1"
+_FACE = "#e3edf7"
+_FACE_DENSE = "#b9cde3"
+
+
+def _drawn_chunks(shape: tuple[int, ...], chunks: Sequence[Any] | None, most: int) -> tuple[tuple[int, ...], ...]:
+    """``chunks`` as dask's per-axis tuples; an axis cut into more than ``most`` pieces drawn as ``most + 1``.
+
+    The picture cannot show more lines than it has pixels for (dask draws at
+    most ``most`` of them anyway), and the legend gives the true counts.
+    """
+    from dask.array.core import normalize_chunks
+
+    per_axis: list[int | tuple[int, ...]] = []
+    for axis, n in enumerate(shape):
+        given: Any = chunks[axis] if chunks is not None and axis < len(chunks) else n
+        if isinstance(given, (int, np.integer)):
+            step = min(max(int(given), 1), n)
+            per_axis.append(step if -(-n // step) <= most else -(-n // (most + 1)))
+        else:
+            pieces = tuple(int(c) for c in given)
+            per_axis.append(pieces if len(pieces) <= most else -(-n // (most + 1)))
+    return normalize_chunks(tuple(per_axis), shape)
+
+
+def _pieces(picture: str) -> tuple[str, list[str], str]:
+    """An SVG of dask's split into its opening tag, its elements and its closing tag."""
+    lines = [line.strip() for line in picture.splitlines()]
+    elements = [line for line in lines[1:-1] if line and not line.startswith("<!--")]
+    return lines[0], elements, lines[-1]
 
 
 def grid_svg(
     shape: Sequence[int],
     *,
     storage_chunks: Sequence[int] | None,
-    task_chunks: Sequence[int] | None,
+    task_chunks: Sequence[Any] | None,
     size: int = 180,
 ) -> str:
-    """An SVG of the last two axes: storage chunks as thin grey lines inside task chunks as thick blue ones.
+    """dask's picture of an array's chunks, storage chunks as thin grey lines inside task chunks as blue ones.
 
-    A 1-D array is drawn as one row. Lines of a grid finer than the picture
-    can show are replaced by a grey tint, so the picture stays small.
+    Every axis is drawn as dask draws it: a bar for 1-D, a rectangle for 2-D,
+    a cube for 3-D and a row of cubes beyond, with each axis's length beside
+    it. ``task_chunks`` of ``None`` draws the storage grid alone. A storage
+    grid finer than the picture can show is drawn as a darker tint instead of
+    lines. An empty or 0-d array has no picture (``""``).
     """
-    dims = [int(n) for n in shape[-2:]] if len(shape) >= 2 else [1, int(shape[0]) if shape else 1]
+    import dask.array.svg
 
-    def last_two(chunks: Sequence[int] | None) -> list[int | None]:
-        if chunks is None:
-            return [None, None]
-        picked = list(chunks[-2:]) if len(shape) >= 2 else [1, chunks[0] if chunks else None]
-        return [int(c) if c else None for c in picked]
-
-    storage, tasks = last_two(storage_chunks), last_two(task_chunks)
-    rows, cols = max(dims[0], 1), max(dims[1], 1)
-    scale = size / max(rows, cols)
-    height, width = max(rows * scale, 12), max(cols * scale, 12)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + 2:.0f}" height="{height + 2:.0f}" '
-        f'viewBox="-1 -1 {width + 2:.0f} {height + 2:.0f}" role="img">',
-        f'<rect x="0" y="0" width="{width:.1f}" height="{height:.1f}" fill="#f4f7fb" stroke="none"/>',
+    shape = tuple(int(n) for n in shape)
+    if not shape or 0 in shape:
+        return ""
+    most = size // 6  # dask draws at most this many lines along an axis
+    header, elements, footer = _pieces(dask.array.svg.svg(_drawn_chunks(shape, task_chunks, most), size=size))
+    header = header.replace("<svg ", '<svg xmlns="http://www.w3.org/2000/svg" role="img" ', 1)
+    header = header.replace("stroke:rgb(0,0,0)", f"stroke:{_TASK_COLOUR}", 1)
+    storage_lines: list[str] = []
+    dense = False
+    if storage_chunks is not None:
+        dense = any(-(-n // max(int(c), 1)) > most for n, c in zip(shape, storage_chunks))
+        if not dense:
+            _, drawn, _ = _pieces(dask.array.svg.svg(_drawn_chunks(shape, storage_chunks, most), size=size))
+            # A storage grid's outer lines are the array's edges, drawn once, by the task grid.
+            storage_lines = [
+                line.replace("<line ", f'<line style="stroke:{_STORAGE_COLOUR};stroke-width:0.7" ', 1)
+                for line in drawn
+                if line.startswith("<line") and "stroke-width:2" not in line
+            ]
+    face = _FACE_DENSE if dense else _FACE
+    faces = [re.sub(r"fill:#(ECB172|8B4903)A0", f"fill:{face}", e) for e in elements if e.startswith("<polygon")]
+    task_lines = [
+        line.replace('style="stroke-width:2"', f'style="stroke:{_TASK_COLOUR};stroke-width:2.5"')
+        if "stroke-width:2" in line
+        else line.replace("<line ", f'<line style="stroke:{_TASK_COLOUR};stroke-width:1.5" ', 1)
+        for line in elements
+        if line.startswith("<line")
     ]
-    for grid, colour, stroke in ((storage, "#9aa5b1", 0.6), (tasks, "#1f6fb2", 2.0)):
-        across, down = _cuts(rows, grid[0]), _cuts(cols, grid[1])
-        if len(across) > _MAX_LINES or len(down) > _MAX_LINES:
-            parts.append(
-                f'<rect x="0" y="0" width="{width:.1f}" height="{height:.1f}" fill="{colour}" opacity="0.25"/>'
-            )
-            continue
-        parts += [
-            f'<line x1="0" y1="{r * height / rows:.1f}" x2="{width:.1f}" y2="{r * height / rows:.1f}" '
-            f'stroke="{colour}" stroke-width="{stroke}"/>'
-            for r in across
-        ]
-        parts += [
-            f'<line x1="{c * width / cols:.1f}" y1="0" x2="{c * width / cols:.1f}" y2="{height:.1f}" '
-            f'stroke="{colour}" stroke-width="{stroke}"/>'
-            for c in down
-        ]
-    parts.append(
-        f'<rect x="0" y="0" width="{width:.1f}" height="{height:.1f}" fill="none" stroke="#1f6fb2" stroke-width="2"/>'
-    )
-    parts.append("</svg>")
-    return "".join(parts)
+    labels = [
+        e.replace("<text ", '<text stroke="none" fill="#333" ', 1)
+        for e in elements
+        if not e.startswith(("<line", "<polygon"))
+    ]
+    if len(shape) % 3 == 1:
+        del labels[1]  # dask draws these as if with a leading axis of length 1; its label is not the array's
+    return "\n".join([header, *faces, *storage_lines, *task_lines, *labels, footer])
 
 
-def grid_figure(shape: Sequence[int], storage_chunks: Sequence[int] | None, task_chunks: Sequence[int] | None) -> str:
-    """:func:`grid_svg` with its legend, as an HTML block."""
-    axes = "last two axes" if len(shape) > 2 else "the array"
-    legend = (
-        f"<small>{escape(axes)}: storage chunks (grey) inside task chunks (blue)"
-        f"{'' if storage_chunks is not None else '; stored contiguously'}</small>"
-    )
+def split_legend(
+    shape: Sequence[int], storage_chunks: Sequence[int] | None, task_chunks: Sequence[Any] | None
+) -> list[str]:
+    """How each axis is split, in words: its length, the tasks along it and the storage chunks in each.
+
+    >>> split_legend((2048, 512), (64, 512), (128, 512))
+    ['axis 0: 2048 in 16 tasks of 128 (2 storage chunks each)', 'axis 1: 512, whole']
+    >>> split_legend((10,), None, None)
+    ['axis 0: 10']
+    """
+    lines = []
+    for axis, n in enumerate(int(n) for n in shape):
+        store = int(storage_chunks[axis]) if storage_chunks is not None else None
+        task = task_chunks[axis] if task_chunks is not None else None
+        task = int(task) if isinstance(task, (int, np.integer)) else (int(max(task)) if task else None)
+        stored = f"{-(-n // store)} storage chunks of {store}" if store is not None and store < n else ""
+        if task is not None and task < n:
+            inside = f" ({-(-task // store)} storage chunks each)" if store is not None and store < task else ""
+            lines.append(f"axis {axis}: {n} in {-(-n // task)} tasks of {task}{inside}")
+        elif task_chunks is not None:
+            lines.append(f"axis {axis}: {n}, whole" + (f" in each task, {stored}" if stored else ""))
+        else:
+            lines.append(f"axis {axis}: {n}" + (f" in {stored}" if stored else ""))
+    return lines
+
+
+def grid_figure(shape: Sequence[int], storage_chunks: Sequence[int] | None, task_chunks: Sequence[Any] | None) -> str:
+    """:func:`grid_svg` with its legend (what the lines are, and each axis's split), as an HTML block."""
     svg = grid_svg(shape, storage_chunks=storage_chunks, task_chunks=task_chunks)
-    return f"<div style='display:inline-block;margin:4px 12px 4px 0'>{svg}<br>{legend}</div>"
+    if not svg:
+        return ""
+    if storage_chunks is None:
+        what = "stored contiguously" + ("; task chunks (blue)" if task_chunks is not None else "")
+    else:
+        what = "storage chunks (grey)" + (" inside task chunks (blue)" if task_chunks is not None else "")
+        if any(-(-int(n) // max(int(c), 1)) > 180 // 6 for n, c in zip(shape, storage_chunks)):
+            what += "; storage chunks too many to draw, tinted"
+    legend = "<br>".join(escape(line) for line in [what, *split_legend(shape, storage_chunks, task_chunks)])
+    return f"{svg}<div style='max-width:300px'><small>{legend}</small></div>"

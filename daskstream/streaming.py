@@ -646,7 +646,7 @@ class Stream:
         first = self.inputs[0]
         storage = first.source.storage_chunks if first.source is not None else None
         block = tuple(first_shard if a == self.axis else n for a, n in enumerate(first.shape))
-        return card("daskstream Stream", grid_figure(first.shape, storage, block), table(rows))
+        return card("daskstream Stream", table(rows), picture=grid_figure(first.shape, storage, block))
 
 
 def _cancel(futures: Any) -> None:

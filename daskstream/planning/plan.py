@@ -155,9 +155,10 @@ class ChunkPlan:
         ]
         return card(
             "daskstream ChunkPlan",
-            grid_figure(self.shape, self.storage_chunks, self.chunks),
             table(rows),
             details("why", self.explain()),
+            picture=grid_figure(self.shape, self.storage_chunks, self.chunks),
+            caption=f"{self.n_tasks} task(s) of {self.chunks} over {self.shape} {self.dtype}",
         )
 
 

@@ -281,7 +281,12 @@ class Source(ABC):
             ("size", format_size(self.nbytes)),
             ("storage", self.describe_storage()),
         ]
-        return card("daskstream Source", grid_figure(self.shape, self.storage_chunks, None), table(rows))
+        return card(
+            "daskstream Source",
+            table(rows),
+            picture=grid_figure(self.shape, self.storage_chunks, None),
+            caption=self.name,
+        )
 
 
 def storage_pieces(box: Region, grid_shape: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], Region, Region]]:

@@ -7,7 +7,7 @@ from html import escape
 from typing import Any
 
 from daskstream.dependencies import optional_import
-from daskstream.display import columns_table, grid_figure
+from daskstream.display import card, columns_table, grid_figure
 from daskstream.planning.budget import format_size
 
 
@@ -290,24 +290,23 @@ class TuneResult:
             marked=[self.won(c) for c in self.candidates],
         )
         kept = self.fastest_not_taken()
+        title = f"{self.title} on {self.source}"
         if not self.measured:
-            return (
-                f"<div><strong>daskstream TuneResult</strong>: {escape(self.title)} on {escape(self.source)}: "
-                f"<strong>not tuned</strong>, the planner's chunks <code>{escape(str(self.chunks))}</code>"
-                f"<br>{escape(self.stopped)}</div>"
+            return card(
+                "daskstream TuneResult",
+                f"<strong>not tuned</strong>: the planner's chunks <code>{escape(str(self.chunks))}</code>"
+                f"<br>{escape(self.stopped)}",
+                caption=title,
             )
-
         speed = "-" if self.speedup_vs_auto is None else f"{self.speedup_vs_auto:.2f}x"
-        picture = grid_figure(self.shape, self.storage_chunks, self.chunks) if self.shape else ""
-        return (
-            f"<div><strong>daskstream TuneResult</strong>: {escape(self.title)} on {escape(self.source)}<br>{picture}"
-            f"<br>winner <code>{escape(str(self.chunks))}</code>, {speed} the planner's "
+        summary = (
+            f"winner <code>{escape(str(self.chunks))}</code>, {speed} the planner's "
             f"<code>{escape(str(self.auto_chunks))}</code>{' (remembered)' if self.from_cache else ''}"
             + (f"<br>{escape(kept)}" if kept else "")
-            + f"{candidates}"
-            f"<small>{escape(self.stopped)}; {self.seconds:.2f} s, read {escape(format_size(self.sampled_bytes))}"
-            "</small></div>"
         )
+        footer = f"<small>{escape(self.stopped)}; {self.seconds:.2f} s, read {escape(format_size(self.sampled_bytes))}</small>"
+        picture = grid_figure(self.shape, self.storage_chunks, self.chunks) if self.shape else ""
+        return card("daskstream TuneResult", summary, candidates, footer, picture=picture, caption=title)
 
 
 _FRAME_COLUMNS = ("chunks", "MiB", "tasks", "GB/s", "± %", "peak MiB", "peak measured", "pruned", "origin", "winner")
