@@ -296,10 +296,10 @@ def test_cluster_file_starts_its_cluster_for_the_command_and_progress_goes_to_st
     ("args", "message"),
     [
         (["--scheduler", "tcp://127.0.0.1:1"], "no dask scheduler answered at tcp://127.0.0.1:1"),
-        (["--scheduler", "gpu"], "scheduler='gpu' is not known"),
+        (["--scheduler", "gpu"], "--scheduler gpu is not known"),
         (["--scheduler", "threads", "--cluster", "local.yaml"], "give one of them"),
         (["--cluster", "no-such-cluster.yaml"], "no-such-cluster.yaml"),
-        (["--budget", "lots"], "'lots' is not a size"),
+        (["--budget", "lots"], "--memory-budget lots is not a size"),
         # A budget so small the plan would have more tasks than the ceiling: refused before planning them.
         (["--budget", "100"], "more than the 1,000 daskstream plans at most"),
     ],

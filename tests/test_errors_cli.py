@@ -8,6 +8,7 @@ stderr is exactly one line and no traceback, and that the line names the input.
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from daskstream.cli import main
+from daskstream.cli.words import in_cli_words
 
 
 @pytest.fixture
@@ -45,7 +47,15 @@ def assert_one_line_error(result, *expected: str) -> str:
     for text in expected:
         assert text in line, (text, line)
     assert result.stdout == ""
+    # Advice speaks of flags: no Python keyword of an option the commands take, no session(...).
+    assert not _PYTHON_ADVICE.search(line), line
     return line
+
+
+_PYTHON_ADVICE = re.compile(
+    r"(?<![\w.])(overwrite|resume|range|q|bins|memory_budget|scheduler|adaptive|axis|op|dataset|chunks|"
+    r"compressor|codec|level|zarr_format|inner_chunks|target_dataset)=(?!=)|session\("
+)
 
 
 # --- usage errors: click's own, for every command and nested group -------------------------------
@@ -154,7 +164,8 @@ def test_bad_budgets_are_refused_on_one_line_by_every_command(npy, tmp_path, com
     out = tmp_path / "out.zarr"
     args = [arg.format(npy=npy, out=out) for arg in BUDGET_COMMANDS[command]]
     result = invoke(*args, "--budget", budget)
-    assert_one_line_error(result, f"memory_budget={budget!r}", says, '"512MiB"')
+    line = assert_one_line_error(result, f"--memory-budget {budget or repr('')} ", says, '"512MiB"')
+    assert "memory_budget" not in line
     assert not out.exists()
 
 
@@ -167,7 +178,7 @@ def test_a_budget_within_1_eib_is_taken(npy, tmp_path, command):
 
 def test_demo_refuses_an_infinite_size_on_one_line(tmp_path):
     assert_one_line_error(
-        invoke("demo", "--size", "1e400", "--dir", str(tmp_path)), "size='1e400'", "not a finite size"
+        invoke("demo", "--size", "1e400", "--dir", str(tmp_path)), "--size 1e400", "not a finite size"
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -187,7 +198,7 @@ def test_demo_refuses_an_infinite_size_on_one_line(tmp_path):
 )
 def test_too_many_bins_are_refused_before_allocating_their_edges(npy, args):
     result = invoke(*(arg.format(npy=npy) for arg in args), "--budget", "64MiB", "--quiet")
-    line = assert_one_line_error(result, "bins=", "memory_budget=64.00 MiB", "give fewer bins")
+    line = assert_one_line_error(result, "--bins ", "--memory-budget 64.00 MiB", "give fewer bins")
     assert "TiB" in line or "PiB" in line  # the bytes the bins need
 
 
@@ -206,7 +217,43 @@ def test_too_many_bins_are_refused_before_allocating_their_edges(npy, args):
 def test_a_range_that_is_not_two_finite_ordered_numbers_is_refused(npy, command, low, high, says):
     args = ["reduce", npy, "--op", "histogram"] if command == "reduce" else ["describe", npy]
     result = invoke(*args, "--bins", "10", "--range", low, high, "--quiet")
-    assert_one_line_error(result, "range=(", says, "e.g. range=(0, 1)")
+    line = assert_one_line_error(result, "--range", says, "e.g. --range 0 1")
+    assert "range=" not in line  # the command line's flag, not Python's keyword
+
+
+# --- advice in the command line's words ----------------------------------------------------------
+
+
+def test_advice_names_the_commands_flags_not_pythons_keywords(npy, tmp_path):
+    line = assert_one_line_error(invoke("reduce", npy, "--op", "quantile", "--quiet"), "--op quantile needs --q")
+    assert "q=" not in line
+    target = str(tmp_path / "out.zarr")
+    assert invoke("store", npy, target, "--quiet").exit_code == 0
+    other = tmp_path / "other.npy"
+    np.save(other, np.zeros((7, 3)))
+    line = assert_one_line_error(invoke("store", str(other), target, "--quiet"), "pass --overwrite")
+    assert "overwrite=True" not in line
+
+
+@pytest.mark.parametrize(
+    ("command", "python", "shell"),
+    [
+        ("reduce", "reduce the opened array, or pass adaptive=False", "reduce the opened array, or leave out --adaptive"),
+        ("reduce", "use session('processes') or a cluster", "use --scheduler processes or a cluster"),
+        # Resuming is the command line's default: the way to it is to leave out --no-resume.
+        ("store", "pass resume=True to finish it", "leave out --no-resume to finish it"),
+        ("store", "pass resume=False to start again", "pass --no-resume to start again"),
+        ("store", 'with compressor="default"', "with --compressor default"),
+        ("plan", "memory_budget=2GiB is too small", "--memory-budget 2GiB is too small"),
+        ("plan", "give memory_budget as bytes", "give --memory-budget as bytes"),
+        ("plan", "the source's memory_budget_of(x)", "the source's memory_budget_of(x)"),
+        # Keywords the command does not take, and code that is not a keyword, are left as written.
+        ("reduce", "pass dtype= to map_blocks", "pass dtype= to map_blocks"),
+        ("reduce", "x.chunks=(1, 2) and a==b", "x.chunks=(1, 2) and a==b"),
+    ],
+)
+def test_library_advice_is_rewritten_with_the_commands_flags(command, python, shell):
+    assert in_cli_words(python, main.commands[command]) == shell
 
 
 # --- codecs and their levels ---------------------------------------------------------------------

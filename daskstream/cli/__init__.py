@@ -25,6 +25,7 @@ import yaml
 
 import daskstream as ds
 from daskstream import dependencies
+from daskstream.cli.words import in_cli_words
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
 from daskstream.demo import FORMATS, run_demo
@@ -97,10 +98,22 @@ def _one_line_click_errors() -> Any:
 
 
 class _Command(click.Command):
-    """A command whose parsing errors name it, so that the one-line error points to its ``--help``."""
+    """A command whose parsing errors name it, and whose errors and warnings speak of its flags.
+
+    Parsing errors point to the command's ``--help``; daskstream's errors
+    and warnings, written for Python (``pass overwrite=True``), name the
+    command's own flags (``pass --overwrite``).
+    """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return _parse_args_naming(super().parse_args, ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DaskstreamError as exc:
+            click.echo(f"daskstream: error: {_one_line(in_cli_words(str(exc), self))}", err=True)
+            sys.exit(2)
 
 
 def _parse_args_naming(parse_args: Any, ctx: click.Context, args: list[str]) -> list[str]:
@@ -319,7 +332,9 @@ def _one_line_warning(
 ) -> None:
     """daskstream's warnings as one line on stderr (what to know, not where in daskstream it was said)."""
     if issubclass(category, DaskstreamWarning):
-        click.echo(f"warning: {message}", err=True)
+        # Said while a command runs, so its context names the flags the advice should use.
+        ctx = click.get_current_context(silent=True)
+        click.echo(f"warning: {in_cli_words(str(message), ctx.command if ctx else None)}", err=True)
         return
     _python_showwarning(message, category, filename, lineno, file, line)
 
