@@ -12,7 +12,9 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any
 
+import dask.array.svg
 import numpy as np
+from dask.array.core import normalize_chunks
 
 
 def table(rows: Iterable[tuple[str, Any]], *, code: bool = False) -> str:
@@ -73,8 +75,6 @@ def _drawn_chunks(shape: tuple[int, ...], chunks: Sequence[Any] | None, most: in
     The picture cannot show more lines than it has pixels for (dask draws at
     most ``most`` of them anyway), and the legend gives the true counts.
     """
-    from dask.array.core import normalize_chunks
-
     per_axis: list[int | tuple[int, ...]] = []
     for axis, n in enumerate(shape):
         given: Any = chunks[axis] if chunks is not None and axis < len(chunks) else n
@@ -109,8 +109,6 @@ def grid_svg(
     grid finer than the picture can show is drawn as a darker tint instead of
     lines. An empty or 0-d array has no picture (``""``).
     """
-    import dask.array.svg
-
     shape = tuple(int(n) for n in shape)
     if not shape or 0 in shape:
         return ""

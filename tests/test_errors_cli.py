@@ -238,7 +238,11 @@ def test_advice_names_the_commands_flags_not_pythons_keywords(npy, tmp_path):
 @pytest.mark.parametrize(
     ("command", "python", "shell"),
     [
-        ("reduce", "reduce the opened array, or pass adaptive=False", "reduce the opened array, or leave out --adaptive"),
+        (
+            "reduce",
+            "reduce the opened array, or pass adaptive=False",
+            "reduce the opened array, or leave out --adaptive",
+        ),
         ("reduce", "use session('processes') or a cluster", "use --scheduler processes or a cluster"),
         # Resuming is the command line's default: the way to it is to leave out --no-resume.
         ("store", "pass resume=True to finish it", "leave out --no-resume to finish it"),
