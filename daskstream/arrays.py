@@ -25,6 +25,7 @@ from daskstream.compute.labels import axes_by_name, described, is_labelled, redu
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
 from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning
+from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
@@ -440,21 +441,23 @@ def describe(
     *,
     range: tuple[float, float] | None = None,
     ddof: int = 0,
+    quartiles: bool = False,
     split_every: int | None = None,
     memory_budget: int | str | None = None,
     adaptive: bool = False,
     progress: bool | None = None,
 ) -> Any:
-    """Count, NaN count, mean, std, min and max of ``x`` (and a histogram), in one pass.
+    """Count, NaN count, mean, std, min and max of ``x`` (and quartiles, a histogram), in one pass.
 
     Without ``adaptive`` this is :func:`daskstream.compute.describe`: a
     ``LazyDescription`` whose ``compute()`` gives the ``Description``.
 
     Parameters
     ----------
-    x, axis, bins, range, ddof, split_every, memory_budget
+    x, axis, bins, range, ddof, quartiles, split_every, memory_budget
         As for :func:`daskstream.compute.describe`; with ``adaptive``, ``x``
-        may also be a path or a :class:`Source`.
+        may also be a path or a :class:`Source`. The description is named after
+        the source ``x`` was opened from (or the DataArray's name).
     adaptive
         Return an :class:`~daskstream.tuning.adaptive.AdaptiveRun` instead
         (see :func:`reduce`): the same statistics, its first rows run with
@@ -484,18 +487,40 @@ def describe(
             raise InvalidArgumentError(
                 "progress= applies to adaptive=True; a lazy describe shows progress when computed"
             )
+        name = str(labelled.name) if labelled is not None and labelled.name is not None else name_of(x)
         lazy = describe_lazily(
-            x, axis, bins, range=range, ddof=ddof, split_every=split_every, memory_budget=memory_budget
+            x,
+            axis,
+            bins,
+            range=range,
+            ddof=ddof,
+            quartiles=quartiles,
+            split_every=split_every,
+            memory_budget=memory_budget,
+            name=name,
         )
         lazy.relabel = relabel
         return lazy
     if split_every is not None:
         raise InvalidArgumentError("adaptive=True plans each wave's merge tree itself; leave split_every out")
+    if quartiles:
+        raise InvalidArgumentError(
+            "quartiles take passes of their own, which an adaptive describe (one pass, in waves) does not "
+            "make: leave adaptive out, or quartiles"
+        )
     run = adaptive_description(
         x, axis, bins, bin_range=range, ddof=ddof, memory_budget=memory_budget, progress=progress
     )
     run.relabel = relabel
     return run
+
+
+def name_of(x: Any) -> str | None:
+    """The name of the source ``x`` reads as it was opened (``path::dataset``), or ``None`` for other arrays."""
+    layers = read_layers(x) if isinstance(x, da.Array) else []
+    if len(layers) == 1 and layers[0][0] == x.name:
+        return layers[0][1].name
+    return None
 
 
 __all__ = ["AdaptiveRun", "as_dask_array", "describe", "open", "plan", "plan_chunks", "reduce"]

@@ -11,16 +11,21 @@ import builtins
 import functools
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from html import escape
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
 from dask.delayed import Delayed
+from dask.graph_manipulation import clone
 
 from daskstream.compute.partials import combine_fan_in
-from daskstream.compute.reductions import chunk_moments, known_bin_edges, merge_moments
+from daskstream.compute.quantiles import nanquantile
+from daskstream.compute.reductions import chunk_moments, edges_of_data_range, known_bin_edges, merge_moments
+from daskstream.dependencies import optional_import
 from daskstream.display import card, table
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.graph.layers import budget_of
@@ -30,15 +35,42 @@ STATISTICS = ("count", "nan_count", "mean", "std", "min", "max")
 
 
 class Description(Mapping):
-    """The statistics of an array: a read-only mapping with a table view in Jupyter.
+    """The statistics of an array: a read-only mapping, with a table in a terminal and in Jupyter.
 
-    Keys are :data:`STATISTICS`, plus ``"histogram"`` (counts) and ``"bin_edges"``
-    when bins were asked for. Values are numpy scalars, or arrays over the kept
-    axes when ``describe`` reduced only some axes.
+    Keys are :data:`STATISTICS`, the quartiles ``"25%"``, ``"50%"`` and
+    ``"75%"`` when they were asked for, and ``"histogram"`` (counts) and
+    ``"bin_edges"`` when bins were. Values are numpy scalars, or arrays over
+    the kept axes when ``describe`` reduced only some axes.
+
+    Attributes
+    ----------
+    name
+        What was described (a source's name, ``path::dataset``), or ``None``
+        for an array daskstream did not open itself.
+    shape, dtype
+        The described array's.
+    axes
+        The axes reduced (all of them unless ``axis`` was given).
     """
 
-    def __init__(self, values: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        values: dict[str, Any],
+        *,
+        name: str | None = None,
+        shape: tuple[int, ...] | None = None,
+        dtype: Any = None,
+        axes: tuple[int, ...] | None = None,
+    ) -> None:
         self._values = values
+        self.name = name
+        self.shape = shape
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.axes = axes
+
+    def replaced(self, values: dict[str, Any]) -> Description:
+        """The same description (name, shape, axes) of other ``values``: labelled ones, say."""
+        return Description(values, name=self.name, shape=self.shape, dtype=self.dtype, axes=self.axes)
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -49,18 +81,184 @@ class Description(Mapping):
     def __len__(self) -> int:
         return len(self._values)
 
+    @property
+    def statistics(self) -> list[str]:
+        """The keys that are statistics (not the histogram or its edges), in the order shown."""
+        return [k for k in self._values if k not in ("histogram", "bin_edges")]
+
+    @property
+    def kept_shape(self) -> tuple[int, ...]:
+        """The shape of each statistic: ``()`` over all axes, else the kept axes' lengths."""
+        return tuple(np.shape(np.asarray(self._values["count"])))
+
+    def title(self) -> str:
+        """What was described, in words: its name, shape and dtype, and over which axes."""
+        what = self.name or "an array"
+        shape = "" if self.shape is None else f" {self.shape}"
+        dtype = "" if self.dtype is None else f" {self.dtype}"
+        if self.axes is None or self.shape is None or len(self.axes) == len(self.shape):
+            over = "over all axes"
+        else:
+            over = f"over axis {', '.join(map(str, self.axes))}, per position of the other axes {self.kept_shape}"
+        return f"{what}{shape}{dtype}, {over}"
+
+    def rows(self) -> list[tuple[str, str]]:
+        """``(statistic, value)`` for a scalar description; per-axis ones summarise each statistic's array."""
+        if not self.kept_shape:
+            return [(k, format_number(self._values[k])) for k in self.statistics]
+        return [(k, summarised(self._values[k])) for k in self.statistics]
+
+    def histogram_rows(self) -> list[tuple[str, str, str]]:
+        """``(low, high, count)`` per bin of a histogram over all axes; ``[]`` without one (or per axis)."""
+        if "histogram" not in self._values or self.kept_shape:
+            return []
+        edges, counts = np.asarray(self._values["bin_edges"]), np.asarray(self._values["histogram"])
+        return [
+            (format_number(edges[i]), format_number(edges[i + 1]), format_number(counts[i]))
+            for i in builtins.range(len(counts))
+        ]
+
     def __repr__(self) -> str:
-        width = max(len(k) for k in self._values)
-        lines = [f"{k:<{width}}  {_short(v)}" for k, v in self._values.items()]
-        return "Description(\n  " + "\n  ".join(lines) + "\n)"
+        rows = self.rows()
+        width = max(len(k) for k, _ in rows)
+        lines = [f"describe of {self.title()}"]
+        lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+        bins = self.histogram_rows()
+        if bins:
+            lines.append("  histogram (bins: low <= value < high; the last bin includes its high edge)")
+            widths = [max(len(r[c]) for r in bins) for c in builtins.range(3)]
+            lines += [f"    {lo:>{widths[0]}} .. {hi:<{widths[1]}}  {n:>{widths[2]}}" for lo, hi, n in bins]
+        elif "histogram" in self._values:
+            lines.append(f"  histogram   {summarised(self._values['histogram'])} (counts per position and bin)")
+        return "\n".join(lines)
+
+    def to_dataframe(self) -> Any:
+        """The statistics as a pandas DataFrame (needs pandas: ``pip install 'daskstream[notebook]'``).
+
+        Over all axes: one row per statistic, in a column named after the
+        array. Over some axes: one row per position of the kept axes (a
+        MultiIndex of them), one column per statistic. The histogram is not in
+        it: see :meth:`plot` and the ``histogram``/``bin_edges`` keys.
+        """
+        pd = optional_import("pandas", package="pandas", needed_for="Description.to_dataframe", extra="notebook")
+        if not self.kept_shape:
+            values = [_python(self._values[k]) for k in self.statistics]
+            return pd.DataFrame({self.name or "value": values}, index=pd.Index(self.statistics, name="statistic"))
+        kept = [a for a in builtins.range(len(self.shape or ())) if a not in (self.axes or ())]
+        index = pd.MultiIndex.from_product(
+            [builtins.range(n) for n in self.kept_shape], names=[f"axis {a}" for a in kept] or None
+        )
+        columns = {k: np.asarray(self._values[k]).reshape(-1) for k in self.statistics}
+        return pd.DataFrame(columns, index=index)
+
+    def plot(self, ax: Any = None) -> Any:
+        """The histogram as bars (needs matplotlib: ``pip install 'daskstream[notebook]'``).
+
+        Returns the matplotlib ``Figure`` (closed, so Jupyter draws it once);
+        with ``ax``, draws into it and returns its figure.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Without a histogram (describe with ``bins=``), or of a per-axis description.
+        """
+        if "histogram" not in self._values or self.kept_shape:
+            raise InvalidArgumentError(
+                "plot() draws the histogram of a description over all axes: describe with bins= (and no axis) first"
+            )
+        plt = optional_import(
+            "matplotlib.pyplot", package="matplotlib", needed_for="Description.plot", extra="notebook"
+        )
+        made = ax is None
+        if ax is None:
+            figure, ax = plt.subplots(figsize=(6, 3))
+        edges, counts = np.asarray(self._values["bin_edges"], dtype=float), np.asarray(self._values["histogram"])
+        ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#1f6fb2", edgecolor="white")
+        ax.set_xlabel("value")
+        ax.set_ylabel("count")
+        ax.set_title(f"histogram of {self.name or 'the array'}", fontsize=10)
+        figure = ax.figure
+        if made:
+            plt.close(figure)
+        return figure
 
     def _repr_html_(self) -> str:
+        body = table(self.rows(), code=True)
+        bins = self.histogram_rows()
+        picture = ""
+        if bins:
+            edges = np.asarray(self._values["bin_edges"], dtype=float)
+            picture = histogram_svg(edges, np.asarray(self._values["histogram"]))
+        return card("daskstream describe", body, picture=picture, caption=self.title())
 
-        return card("daskstream describe", table(((k, _short(v)) for k, v in self._values.items()), code=True))
+
+def format_number(value: Any) -> str:
+    """One number as a person reads it: integers whole, floats to 6 significant digits, complex as a+bj.
+
+    >>> format_number(np.int64(65536)), format_number(np.float32(0.49971235)), format_number(1e-9)
+    ('65536', '0.499712', '1e-09')
+    >>> format_number(np.complex128(1.5 - 2j)), format_number(np.float64("nan"))
+    ('1.5-2j', 'nan')
+    """
+    value = np.asarray(value)[()]
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (complex, np.complexfloating)):
+        return f"{value.real:.6g}{value.imag:+.6g}j"
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.6g}"
+    return str(value)
 
 
-def _short(value: Any) -> str:
-    return np.array2string(np.asarray(value), threshold=12, precision=6)
+def summarised(value: Any) -> str:
+    """An array of a statistic in one line: its shape and dtype, and its least, mean and largest values.
+
+    >>> summarised(np.array([1.0, 2.0, 4.0]))
+    '(3,) float64: min 1, mean 2.33333, max 4'
+    """
+    array = np.asarray(value)
+    head = f"{array.shape} {array.dtype}"
+    if array.size == 0 or array.dtype.kind not in "biufc":
+        return head
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN statistics summarise as nan
+        if array.dtype.kind == "c":
+            return f"{head}: mean {format_number(np.nanmean(array))}"
+        low, mean, high = np.nanmin(array), np.nanmean(array), np.nanmax(array)
+    return f"{head}: min {format_number(low)}, mean {format_number(mean)}, max {format_number(high)}"
+
+
+def histogram_svg(edges: np.ndarray, counts: np.ndarray, *, width: int = 240, height: int = 110) -> str:
+    """A histogram's bars as a small SVG (no plotting library needed), the edges' ends and the top count labelled."""
+    if counts.size == 0:
+        return ""
+    top = max(int(counts.max()), 1)
+    span = float(edges[-1] - edges[0]) or 1.0
+    bars = []
+    for i, count in enumerate(counts):
+        x0 = (float(edges[i]) - float(edges[0])) / span * width
+        x1 = (float(edges[i + 1]) - float(edges[0])) / span * width
+        h = int(count) / top * (height - 20)
+        bars.append(
+            f'<rect x="{x0:.1f}" y="{height - 14 - h:.1f}" width="{max(x1 - x0 - 0.5, 0.5):.1f}" '
+            f'height="{h:.1f}" fill="#1f6fb2"/>'
+        )
+    labels = (
+        f'<text x="0" y="{height - 2}" font-size="10" fill="#333">{escape(format_number(edges[0]))}</text>'
+        f'<text x="{width}" y="{height - 2}" font-size="10" fill="#333" text-anchor="end">'
+        f"{escape(format_number(edges[-1]))}</text>"
+        f'<text x="0" y="9" font-size="10" fill="#333">{top}</text>'
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}">'
+        f"{''.join(bars)}{labels}</svg><br><small>histogram: {len(counts)} bins</small>"
+    )
+
+
+def _python(value: Any) -> Any:
+    return np.asarray(value)[()].item() if np.ndim(value) == 0 else value
 
 
 class LazyDescription:
@@ -138,10 +336,12 @@ def describe(
     *,
     range: tuple[float, float] | None = None,
     ddof: int = 0,
+    quartiles: bool = False,
     split_every: int | None = None,
     memory_budget: int | str | None = None,
+    name: str | None = None,
 ) -> LazyDescription:
-    """Count, NaN count, mean, std, min and max of ``x`` (and a histogram), in one pass.
+    """Count, NaN count, mean, std, min and max of ``x`` (and quartiles, a histogram), in one pass.
 
     Parameters
     ----------
@@ -153,16 +353,30 @@ def describe(
     axis
         ``None`` for one set of statistics over everything, or the axes to reduce.
     bins
-        A histogram too: a bin count (with ``range``) or the bin edges. One pass
-        cannot know the data's range before reading it, so a count needs ``range``.
+        A histogram too: a bin count or the bin edges, as for ``op="histogram"``
+        of :func:`daskstream.reduce`. A count without ``range`` spreads the bins
+        over the data's least and largest values (NaN left out, as from every
+        statistic here), found by the statistics' pass: the counts take a second
+        pass.
     range
         ``(low, high)`` for ``bins`` given as a count; the edges follow ``numpy.histogram``.
     ddof
         Delta degrees of freedom of ``std``.
+    quartiles
+        Also the 25th, 50th and 75th percentiles (keys ``"25%"``, ``"50%"``,
+        ``"75%"``), of the values that are not NaN, exactly as
+        ``numpy.nanquantile`` gives them: by the exact quantile machinery of
+        :func:`daskstream.reduce`, in the same computation. Over all axes that
+        takes its passes (2 for 8- to 32-bit data, 4 for 64-bit; the first reads
+        beside the statistics' pass); along axes, one pass over the data
+        rechunked to whole columns.
     split_every
         Fan-in of the merge tree; by default as wide as the memory budget allows.
     memory_budget
         Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+    name
+        What the description calls the array (:func:`daskstream.describe` gives a
+        source's name).
 
     Returns
     -------
@@ -200,14 +414,63 @@ def describe(
             f"a histogram of complex numbers (dtype {x.dtype}) has no bins numpy defines: describe abs(x), "
             "x.real or x.imag with bins, or leave bins out"
         )
+    if quartiles and x.dtype.kind not in "iuf":
+        raise UnsupportedDtypeError(
+            f"quartiles of dtype {x.dtype} are not defined (numpy refuses them too): describe without quartiles"
+        )
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     edges = histogram_edges(x.dtype, bins, range, memory_budget=memory_budget)
     fan_in = split_every or combine_fan_in(
         x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), memory_budget=memory_budget
     )
     whole = statistics_of(x, axes, edges, fan_in)
-    finished = dask.delayed(finish, pure=True)(whole, axes, edges, ddof, x.dtype)
+    if bins is not None and edges is None:
+        # A bin count without a range: the statistics' pass finds the range, a second pass counts. The
+        # second reads a clone of the data, so that no chunk of the first waits in memory for the range.
+        assert isinstance(bins, (int, np.integer))  # known_bin_edges leaves only a bin count's edges unknown
+        edges = dask.delayed(_edges_of_described_range, pure=True)(whole, int(bins), x.dtype)
+        counted = _fanned(clone(x, seed=1), axes, fan_in, edges)
+        whole = dask.delayed(_with_histogram, pure=True)(whole, counted)
+    quartile_values = None
+    if quartiles:
+        quartile_values = nanquantile(x, list(QUARTILES.values()), axis=axes, memory_budget=memory_budget)
+    facts = {"name": name, "shape": tuple(int(n) for n in x.shape), "dtype": x.dtype, "axes": axes}
+    finished = dask.delayed(finish, pure=True)(whole, axes, edges, ddof, x.dtype, quartile_values, facts)
     return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
+
+
+# The quartiles describe gives, by key.
+QUARTILES = {"25%": 0.25, "50%": 0.5, "75%": 0.75}
+
+
+def _edges_of_described_range(whole: dict[str, np.ndarray], bins: int, dtype: np.dtype) -> np.ndarray:
+    """numpy's edges for ``bins`` over the least and largest values the statistics found (NaN left out)."""
+    valid = whole["n"] > 0
+    if not valid.any():
+        # No values: numpy's histogram of an empty array spreads the bins over [0, 1].
+        return np.histogram_bin_edges(np.empty(0, dtype=dtype), bins)
+    extremes = np.array([np.min(whole["min"][valid]), np.max(whole["max"][valid])], dtype=whole["min"].dtype)
+    return edges_of_data_range(extremes, bins)
+
+
+def _fanned(x: da.Array, axes: tuple[int, ...], fan_in: int, edges: Any) -> Any:
+    """Each chunk's histogram counts (only those), merged over ``axes`` as the statistics are."""
+    return _merged_over(x, axes, fan_in, chunk_histogram, _merge_histograms, edges)
+
+
+def chunk_histogram(block: np.ndarray, axes: tuple[int, ...], edges: np.ndarray) -> dict[str, np.ndarray]:
+    values = block.astype(np.float64) if block.dtype.kind == "b" else block
+    out_shape = tuple(1 if a in axes else n for a, n in enumerate(values.shape))
+    kept_shape = tuple(n for a, n in enumerate(values.shape) if a not in axes)
+    return {"hist": _bin_counts(values, edges, kept_shape, axes).reshape((*out_shape, len(edges) - 1))}
+
+
+def _merge_histograms(parts: list[dict[str, np.ndarray]], axes: tuple[int, ...]) -> dict[str, np.ndarray]:
+    return {"hist": np.sum(np.concatenate([p["hist"] for p in parts], axis=axes[0]), axis=axes[0], keepdims=True)}
+
+
+def _with_histogram(whole: dict[str, np.ndarray], counted: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**whole, "hist": counted["hist"]}
 
 
 def statistics_of(x: da.Array, axes: tuple[int, ...], edges: np.ndarray | None, fan_in: int) -> Any:
@@ -218,15 +481,21 @@ def statistics_of(x: da.Array, axes: tuple[int, ...], edges: np.ndarray | None, 
     into a :class:`Description`. Pieces of an array along a reduced axis merge
     with :func:`merge_statistics`; along a kept axis they lie side by side.
     """
+    return _merged_over(x, axes, fan_in, chunk_statistics, merge_statistics, edges)
+
+
+def _merged_over(x: da.Array, axes: tuple[int, ...], fan_in: int, of_chunk: Any, merging: Any, edges: Any) -> Any:
+    """``of_chunk(block, axes, edges)`` of every chunk, merged over ``axes`` by ``merging(parts, axes)`` and
+    laid out over the kept axes."""
+    partial = dask.delayed(of_chunk, pure=True)
     blocks = x.to_delayed(optimize_graph=True)
     kept = [a for a in builtins.range(x.ndim) if a not in axes]
-    partial = dask.delayed(chunk_statistics, pure=True)
     # Group the chunks by their position along the kept axes; each group is reduced on its own.
     groups: dict[tuple[int, ...], list[Any]] = {}
     for index in itertools.product(*(builtins.range(n) for n in x.numblocks)):
         key = tuple(index[a] for a in kept)
         groups.setdefault(key, []).append(partial(blocks[index], axes, edges))
-    merge = dask.delayed(merge_statistics, pure=True)
+    merge = dask.delayed(merging, pure=True)
     reduced = {key: _tree(parts, merge, axes, fan_in) for key, parts in groups.items()}
     grid = [n for a, n in enumerate(x.numblocks) if a in kept]
     return dask.delayed(_gather, pure=True)(
@@ -237,16 +506,11 @@ def statistics_of(x: da.Array, axes: tuple[int, ...], edges: np.ndarray | None, 
 def histogram_edges(
     dtype: np.dtype, bins: Any, bin_range: Any, *, memory_budget: int | str | None
 ) -> np.ndarray | None:
+    """The histogram's edges where they are known before reading: ``None`` without bins, or for a bin count
+    without a range (the data's range decides them). Checked against the budget before numpy allocates them."""
     if bins is None:
         return None
-    # Checked against the budget before numpy allocates the edges.
-    edges = known_bin_edges(bins, bin_range, dtype, memory_budget=memory_budget)
-    if edges is None:
-        raise InvalidArgumentError(
-            f"bins={bins!r} needs range=(low, high): one pass cannot know the data's range before reading "
-            "it. Give range=, or the bin edges as bins="
-        )
-    return edges
+    return known_bin_edges(bins, bin_range, dtype, memory_budget=memory_budget)
 
 
 def _tree(parts: list[Any], merge: Any, axes: tuple[int, ...], fan_in: int) -> Any:
@@ -411,9 +675,15 @@ def _gather(reduced: list[dict[str, np.ndarray]], grid: list[int], axes: tuple[i
 
 
 def finish(
-    whole: dict[str, np.ndarray], axes: tuple[int, ...], edges: np.ndarray | None, ddof: int, dtype: np.dtype
+    whole: dict[str, np.ndarray],
+    axes: tuple[int, ...],
+    edges: np.ndarray | None,
+    ddof: int,
+    dtype: np.dtype,
+    quartile_values: np.ndarray | None = None,
+    facts: dict[str, Any] | None = None,
 ) -> Description:
-    """The :class:`Description` from merged statistics (see :func:`statistics_of`)."""
+    """The :class:`Description` from merged statistics (see :func:`statistics_of`), and the quartiles."""
     n = whole["n"]
     empty = n == 0
     complex_data = "mean_imag" in whole
@@ -432,15 +702,18 @@ def finish(
         "mean": _squeeze(mean, axes),
         "std": _squeeze(np.where(empty, np.nan, std), axes),
         "min": _squeeze(low, axes) if as_found else _squeeze(low, axes).astype(dtype),
-        "max": _squeeze(high, axes) if as_found else _squeeze(high, axes).astype(dtype),
     }
+    if quartile_values is not None:
+        for key, value in zip(QUARTILES, quartile_values):
+            values[key] = value[()] if np.ndim(value) == 0 else value
+    values["max"] = _squeeze(high, axes) if as_found else _squeeze(high, axes).astype(dtype)
     if edges is not None:
         counts = whole["hist"]
         values["histogram"] = counts.reshape(
             tuple(n for a, n in enumerate(counts.shape[:-1]) if a not in axes) + counts.shape[-1:]
         )
         values["bin_edges"] = edges
-    return Description(values)
+    return Description(values, **(facts or {}))
 
 
 def _assemble(pieces: list[np.ndarray], grid: list[int], axes: tuple[int, ...]) -> np.ndarray:

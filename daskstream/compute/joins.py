@@ -39,6 +39,7 @@ from daskstream.compute.reductions import (
     reduce,
     variance_from,
 )
+from daskstream.errors import InvalidArgumentError
 from daskstream.planning.grid import normalize_axes
 
 # Partials merged by the same numpy function, or (for sums and counts) by a sum.
@@ -176,6 +177,12 @@ class PieceDescription:
         """The pieces of ``describe(x, axis, bins, range=bin_range, ddof=ddof)``, checked as it checks them."""
         axes = tuple(range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
         edges = histogram_edges(x.dtype, bins, bin_range, memory_budget=memory_budget)
+        if bins is not None and edges is None:
+            raise InvalidArgumentError(
+                f"bins={bins!r} without range=: an adaptive describe reads the data once, so it cannot spread "
+                "the bins over a range it has not read yet; give range=(low, high), or leave adaptive out "
+                "(the range is then found by the statistics' pass, and the counts take a second)"
+            )
         width = 8 * (5 + (0 if edges is None else len(edges)))
         fan_in = combine_fan_in(x, axes, partial_itemsize=width, memory_budget=memory_budget)
         return cls(axes, edges, ddof, x.dtype, fan_in)

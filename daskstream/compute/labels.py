@@ -93,7 +93,7 @@ def reduced(x: Any, result: Any, op: str, axis: Any, *, keepdims: bool = False, 
 
 # describe's statistics, by the reduction each is (counts drop the data's units, the rest keep them).
 _STATISTIC_OPS = {"count": "count_nonzero", "nan_count": "count_nonzero", "mean": "mean", "std": "std",
-                  "min": "min", "max": "max"}  # fmt: skip
+                  "min": "min", "max": "max", "25%": "quantile", "50%": "quantile", "75%": "quantile"}  # fmt: skip
 
 
 def described(x: Any, description: Any, axis: Any) -> Any:
@@ -114,7 +114,7 @@ def described(x: Any, description: Any, axis: Any) -> Any:
             values[key] = xarray.DataArray(value, dims=(*counts.dims, "bin"), coords=counts.coords, name=key)
         else:
             values[key] = value
-    return type(description)(values)
+    return description.replaced(values)
 
 
 def relabelled(template: Any, result: Any) -> Any:

@@ -96,6 +96,27 @@ def quantile(
     return _order_statistic(x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False)
 
 
+def nanquantile(
+    x: Any,
+    q: float | Sequence[float],
+    axis: int | Sequence[int] | None = None,
+    *,
+    keepdims: bool = False,
+    memory_budget: int | str | None = None,
+) -> da.Array:
+    """The ``q``-th quantile(s) of ``x``'s values that are not NaN, exactly as ``numpy.nanquantile`` (linear).
+
+    As :func:`quantile`, but NaNs are left out rather than making the result
+    NaN; where every value reduced over is NaN, the result is NaN.
+
+    >>> import dask.array as da, numpy as np
+    >>> x = da.from_array(np.array([1.0, np.nan, 3.0, 2.0]), chunks=2)
+    >>> nanquantile(x, [0.25, 0.5]).compute()
+    array([1.5, 2. ])
+    """
+    return _order_statistic(x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False, skipna=True)
+
+
 def median(
     x: Any, axis: int | Sequence[int] | None = None, *, keepdims: bool = False, memory_budget: int | str | None = None
 ) -> da.Array:
@@ -116,6 +137,7 @@ def _order_statistic(
     keepdims: bool,
     memory_budget: int | str | None,
     median: bool,
+    skipna: bool = False,
 ) -> da.Array:
     x = da.asarray(x)
     memory_budget = budget_of(x, memory_budget)
@@ -134,9 +156,10 @@ def _order_statistic(
     resources = resolve_resources(memory_budget=memory_budget)
     column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * QUANTILE_BLOCK_COPIES
     if kept and column_bytes <= resources.per_task_bytes:
-        result = _quantile_along_axes(x, q, q_array, axes, kept, resources.per_task_bytes // column_bytes, median)
+        per_task = resources.per_task_bytes // column_bytes
+        result = _quantile_along_axes(x, q, q_array, axes, kept, per_task, median, skipna)
     elif not kept:
-        result = _radix_quantile(x, q, q_array, weak, median, memory_budget)
+        result = _radix_quantile(x, q, q_array, weak, median, memory_budget, skipna)
     else:
         # The reduced extent is too long for one task: radix select per kept position would hold a
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
@@ -175,6 +198,7 @@ def _quantile_along_axes(
     kept: list[int],
     positions_per_task: int,
     median: bool,
+    skipna: bool = False,
 ) -> da.Array:
     # Whole reduced axes in every chunk; the kept axes cut so one task's columns fit its budget.
     chunks: dict[int, Any] = {a: -1 for a in axes}
@@ -191,6 +215,7 @@ def _quantile_along_axes(
         _block_quantile,
         q=None if median else q,
         n_reduced=len(axes),
+        skipna=skipna,
         dtype=out_dtype,
         drop_axis=list(range(len(axes))),
         new_axis=[0] if q_axes else None,
@@ -203,11 +228,13 @@ def _result_dtype(dtype: np.dtype, q: Any, median: bool = False) -> np.dtype:
     return (np.median(sample) if median else np.quantile(sample, q)).dtype
 
 
-def _block_quantile(block: np.ndarray, q: Any, n_reduced: int) -> np.ndarray:
+def _block_quantile(block: np.ndarray, q: Any, n_reduced: int, skipna: bool = False) -> np.ndarray:
     axis = tuple(range(n_reduced))
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns about the NaNs it returns
-        return np.median(block, axis=axis) if q is None else np.quantile(block, q, axis=axis)
+        if q is None:
+            return np.median(block, axis=axis)
+        return np.nanquantile(block, q, axis=axis) if skipna else np.quantile(block, q, axis=axis)
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +280,13 @@ def values_from_keys(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def _radix_quantile(
-    x: da.Array, q_given: Any, q: np.ndarray, weak: bool, median: bool, memory_budget: int | str | None
+    x: da.Array,
+    q_given: Any,
+    q: np.ndarray,
+    weak: bool,
+    median: bool,
+    memory_budget: int | str | None,
+    skipna: bool = False,
 ) -> da.Array:
     bits = x.dtype.itemsize * 8
     digit_bits = min(_digit_bits(_n_targets(q), resolve_resources(memory_budget=memory_budget).per_task_bytes), bits)
@@ -278,7 +311,7 @@ def _radix_quantile(
             _next_state, "s", counts, "c", state, "s", concatenate=True, level=level, digit_bits=digit_bits, dtype="u8"
         )
     out_dtype = _result_dtype(x.dtype, q_given, median)
-    finish = {"q": q, "weak": weak, "median": median, "dtype_in": x.dtype, "dtype": out_dtype}
+    finish = {"q": q, "weak": weak, "median": median, "dtype_in": x.dtype, "dtype": out_dtype, "skipna": skipna}
     if q.ndim:
         return state.map_blocks(_interpolate, chunks=((len(q),),), **finish)
     return state.map_blocks(_interpolate, chunks=(), drop_axis=0, **finish)
@@ -417,8 +450,15 @@ def _lerp_at_end(last: Any, virtual: Any, weak: bool) -> Any:
     return np.subtract(value, difference * (1 - weight)).astype(ahead.dtype) if weight >= 0.5 else ahead
 
 
-def _interpolate(state: np.ndarray, q: np.ndarray, weak: bool, median: bool, dtype_in: np.dtype) -> np.ndarray:
+def _interpolate(
+    state: np.ndarray, q: np.ndarray, weak: bool, median: bool, dtype_in: np.dtype, skipna: bool = False
+) -> np.ndarray:
     n, nans = int(state[0]), int(state[1])
+    if skipna:
+        if n == 0:  # every value NaN: numpy.nanquantile's NaN
+            shape = q.shape if q.ndim else ()
+            return np.full(shape, np.nan, dtype=_result_dtype(dtype_in, float(q) if weak else q))
+        nans = 0  # left out: the order statistics are those of the other values
     targets = (len(state) - 2) // 2
     values = values_from_keys(state[2 + targets :], dtype_in)
     half = targets // 2

@@ -445,7 +445,7 @@ def histogram(
         extremes = da.stack([da.min(x, split_every=fan_in), da.max(x, split_every=fan_in)]).rechunk(2)
         edge_dtype = _edge_dtype(x.dtype)
         edges = extremes.map_blocks(
-            _edges_of_data_range,
+            edges_of_data_range,
             int(bins),
             dtype=edge_dtype,
             chunks=((int(bins) + 1,),),
@@ -611,7 +611,7 @@ def _checked_range(bin_range: Any) -> tuple[float, float]:
     return low, high
 
 
-def _edges_of_data_range(extremes: np.ndarray, bins: int) -> np.ndarray:
+def edges_of_data_range(extremes: np.ndarray, bins: int) -> np.ndarray:
     """numpy's edges for ``bins`` over the data's ``[min, max]``, found by reading it."""
     low, high = extremes
     if not np.all(np.isfinite(extremes)):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 import threading
 import warnings
 from typing import ClassVar
@@ -150,9 +152,104 @@ def test_one_pass_reads_each_chunk_exactly_once(tmp_path, bins):
     check(d, expected(a))
 
 
-def test_bins_as_count_needs_a_range(field):
-    with pytest.raises(InvalidArgumentError, match="range"):
-        ds.describe(da.from_array(field), bins=10)
+@pytest.mark.parametrize("axis", [None, 0, (1, 2)], ids=str)
+def test_a_bin_count_without_a_range_spreads_over_the_datas_range_in_a_second_pass(tmp_path, field, axis):
+    np.save(tmp_path / "a.npy", field)
+    source = CountingNpySource(tmp_path / "a.npy")
+    CountingNpySource.reads.clear()
+    x = ds.open(source, chunks=(10, 19, 6))
+    with dask.config.set(scheduler="threads"):
+        d = ds.describe(x, axis=axis, bins=7).compute()
+    valid = field[~np.isnan(field)]
+    edges = np.histogram_bin_edges(valid, bins=7)  # the range of the values that are not NaN
+    np.testing.assert_array_equal(d["bin_edges"], edges)
+    if axis is None:
+        np.testing.assert_array_equal(d["histogram"], np.histogram(valid, bins=edges)[0])
+    else:
+        kept = [a for a in range(field.ndim) if a not in np.atleast_1d(axis)]
+        moved = np.moveaxis(field, kept, list(range(len(kept))))
+        rows = moved.reshape(math.prod(field.shape[a] for a in kept), -1)
+        want = np.stack([np.histogram(r[~np.isnan(r)], bins=edges)[0] for r in rows])
+        np.testing.assert_array_equal(d["histogram"].reshape(want.shape), want)
+    check(d, expected(field, axis))
+    # Two passes: every chunk read once for the statistics, once for the counts.
+    assert len(CountingNpySource.reads) == 2 * x.npartitions
+
+
+def test_a_bin_count_over_data_with_no_finite_range_says_to_give_one():
+    a = np.array([1.0, np.inf, 2.0])
+    with pytest.raises(InvalidArgumentError, match=r"not finite.*range="):
+        ds.describe(da.from_array(a, chunks=2), bins=4).compute()
+
+
+def test_an_adaptive_describe_of_a_bin_count_without_range_says_why(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(100.0))
+    with pytest.raises(InvalidArgumentError, match="reads the data once"):
+        ds.describe(str(tmp_path / "a.npy"), bins=4, adaptive=True)
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8", "i2", "u8"])
+@pytest.mark.parametrize("axis", [None, 0, (0, 2)], ids=str)
+def test_quartiles_are_numpys_nanquantile_exactly(field, dtype, axis):
+    a = field if dtype[0] == "f" else (np.nan_to_num(field) * 1000).astype(dtype)
+    if dtype == "f8":
+        a = a.astype("f8")
+    d = ds.describe(da.from_array(a, chunks=(9, 7, 4)), axis=axis, quartiles=True).compute()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the all-NaN column
+        want = np.nanquantile(a, [0.25, 0.5, 0.75], axis=axis)
+    got = np.stack([np.asarray(d[k]) for k in ("25%", "50%", "75%")])
+    np.testing.assert_array_equal(got, want)
+    assert list(d) == ["count", "nan_count", "mean", "std", "min", "25%", "50%", "75%", "max"]
+    check(d, expected(a, axis))
+
+
+def test_quartiles_of_what_has_no_order_are_refused():
+    with pytest.raises(UnsupportedDtypeError, match="quartiles"):
+        ds.describe(da.from_array(np.array([1 + 1j, 2j])), quartiles=True)
+
+
+def test_a_description_says_what_it_describes_and_reads_as_a_table(tmp_path, field):
+    path = tmp_path / "field.npy"
+    np.save(path, field)
+    x = ds.open(path)
+    d = ds.describe(x, bins=3, range=(-3, 3)).compute()
+    text = repr(d)
+    assert text.splitlines()[0] == f"describe of {path} (41, 19, 6) float32, over all axes"
+    assert "..." not in text
+    assert re.search(r"^  count +\d+$", text, re.M)
+    assert re.search(r"^  mean +-?\d\.\d+(e-?\d+)?$", text, re.M)  # 6 significant digits, no numpy repr
+    assert re.search(r"^ +-3 \.\. -1 +\d+$", text, re.M)  # the histogram as bins
+    frame = d.to_dataframe()
+    assert list(frame.index) == ["count", "nan_count", "mean", "std", "min", "max"]
+    assert frame.loc["count", str(path)] == np.sum(~np.isnan(field))
+    html = d._repr_html_()
+    assert f"{path} (41, 19, 6) float32" in html
+    assert html.count("<rect") == 3  # the histogram's bars beside the table
+    # Computed from the source, it is no longer the source: not named after it.
+    assert ds.describe(x - 1).compute().name is None
+
+
+def test_a_per_axis_description_summarises_each_statistic_in_a_line(field):
+    d = ds.describe(da.from_array(field, chunks=10), axis=0).compute()
+    text = repr(d)
+    assert "over axis 0, per position of the other axes (19, 6)" in text
+    assert len(text.splitlines()) == 1 + 6  # a title and one line per statistic, not six 19 x 6 arrays
+    assert re.search(r"^  mean +\(19, 6\) float64: min -?\d.*, mean .*, max .*$", text, re.M)
+    frame = d.to_dataframe()
+    assert frame.shape == (19 * 6, 6)
+    assert frame.index.names == ["axis 1", "axis 2"]
+    np.testing.assert_array_equal(frame["max"].to_numpy().reshape(19, 6), d["max"])
+
+
+def test_plot_draws_the_histogram(field):
+    pytest.importorskip("matplotlib")
+    d = ds.describe(da.from_array(field, chunks=10), bins=5, range=(-2, 2)).compute()
+    figure = d.plot()
+    (ax,) = figure.axes
+    assert [int(p.get_height()) for p in ax.patches] == d["histogram"].tolist()
+    with pytest.raises(InvalidArgumentError, match="bins="):
+        ds.describe(da.from_array(field, chunks=10)).compute().plot()
 
 
 def complex_expected(a, axis, ddof):
