@@ -25,7 +25,9 @@ import yaml
 
 import daskstream as ds
 from daskstream import dependencies
+from daskstream.cli.output import format_exact, histogram_lines, out_format, result_lines, table_lines, write_arrays
 from daskstream.cli.words import in_cli_words
+from daskstream.compute.describe import QUARTILES, STATISTICS
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
 from daskstream.demo import FORMATS, run_demo
@@ -141,6 +143,17 @@ class _Group(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return _parse_args_naming(super().parse_args, ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands with their whole first sentence, wrapped (click cuts it short with "...")."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
@@ -426,6 +439,12 @@ def info(path: str | None, dataset: str | None, as_json: bool, versions: bool, s
 
     With --versions (and no PATH): the versions of daskstream's dependencies and which optional
     features are usable.
+
+    \b
+    Examples:
+      daskstream info scan.h5
+      daskstream info scan.h5::/entry/data --json
+      daskstream info s3://bucket/field.zarr --storage-option anon=true
     """
     if versions:
         if as_json:
@@ -463,6 +482,12 @@ def _versions_facts() -> dict[str, Any]:
     }
 
 
+_out_option = click.option(
+    "--out",
+    metavar="FILE",
+    default=None,
+    help="Also write the result to FILE: .npy, .csv, .zarr or .h5 (by its suffix); replaces what is there.",
+)
 _adaptive_option = click.option(
     "--adaptive",
     is_flag=True,
@@ -493,8 +518,17 @@ _adaptive_store_option = click.option(
     help="Delta degrees of freedom for var and std: the divisor is the count minus DDOF.",
 )
 @click.option("--bins", type=int, default=None, help="Bin count for --op histogram (default 10).")
-@click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge for --op histogram.")
+@click.option(
+    "--range",
+    "bin_range",
+    type=float,
+    nargs=2,
+    default=None,
+    metavar="LOW HIGH",
+    help="Edges of the histogram's bins (default: the data's least and largest values, found in an extra pass).",
+)
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@_out_option
 @_adaptive_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -508,6 +542,7 @@ def reduce_command(
     bins: int | None,
     bin_range: tuple[float, float] | None,
     dataset: str | None,
+    out: str | None,
     adaptive: bool,
     scheduler: str | None,
     cluster_file: str | None,
@@ -518,13 +553,27 @@ def reduce_command(
 ) -> None:
     """Reduce a source with one operation and print the result.
 
+    A number is printed in full; an array is summarised (shape, dtype, least,
+    mean and largest value, and its values when there are few) and written
+    whole with --out; a histogram is printed as a table of bins.
+
+    \b
+    Examples:
+      daskstream reduce field.zarr --op mean
+      daskstream reduce scan.h5::/t --op mean --axis 0 --out mean.npy
+      daskstream reduce field.zarr --op quantile --q 0.05 --q 0.95
+      daskstream reduce field.zarr --op histogram --bins 20
+
     JSON keys: op, axis, result (a number or nested lists; for histogram
     [counts, edges]), seconds, bytes_read (decoded bytes the tasks read; more
     than the array's size when the operation passes over it several times),
-    passes (over the data, as planned), scheduler; with --adaptive, adaptive
-    (what was tried, chosen and why).
+    passes (over the data, as planned), scheduler, out (the file written, or
+    null); with --adaptive, adaptive (what was tried, chosen and why).
     """
 
+    if out is not None:
+        # A suffix daskstream cannot write, or a .npy file for a histogram's two arrays, refused before reading.
+        out_format(out, ["counts", "edges"] if op == "histogram" else [op])
     options: dict[str, Any] = {"ddof": ddof}
     if q:
         options["q"] = q[0] if len(q) == 1 else list(q)
@@ -548,6 +597,10 @@ def reduce_command(
             with ReadMeter(s) as meter:
                 value = list(s.compute(*result)) if op == "histogram" else s.compute(result)
         seconds = time.perf_counter() - start
+    written = None
+    if out is not None:
+        arrays = {"counts": value[0], "edges": value[1]} if op == "histogram" else {op: value}
+        written = write_arrays(out, arrays)
     if as_json:
         shown = [_plain(v) for v in value] if op == "histogram" else _plain(value)
         report = {
@@ -558,13 +611,28 @@ def reduce_command(
             "bytes_read": meter.bytes_read,
             "passes": passes,
             "scheduler": s.cluster_file or s.scheduler,
+            "out": out,
         }
         if adaptation is not None:
             report["adaptive"] = adaptation.to_dict()
         click.echo(json.dumps(report))
         return
     read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read in {passes} pass(es)"
-    click.echo(f"{op} over {list(axis) if axis else 'all axes'} of {path}: {value} ({seconds:.2f} s{read})")
+    over = f"axis {', '.join(map(str, axis))}" if axis else "all axes"
+    if op == "histogram":
+        lines = histogram_lines(*value)
+    elif op == "quantile" and len(q) > 1 and np.ndim(value) == 1:
+        lines = table_lines(["q", "value"], [[str(one), format_exact(v)] for one, v in zip(q, value)])
+    else:
+        lines = result_lines(value, name=op, written=out is not None)
+    if len(lines) == 1:
+        click.echo(f"{op} over {over} of {path}: {lines[0]} ({seconds:.2f} s{read})")
+    else:
+        click.echo(f"{op} over {over} of {path} ({seconds:.2f} s{read}):")
+        for line in lines:
+            click.echo(f"  {line}")
+    if written is not None:
+        click.echo(written)
     if adaptation is not None:
         click.echo(adaptation.explain())
 
@@ -572,9 +640,23 @@ def reduce_command(
 @main.command("describe")
 @click.argument("path")
 @click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
-@click.option("--bins", type=int, default=None, help="Also a histogram with this many bins (needs --range).")
-@click.option("--range", "bin_range", type=float, nargs=2, default=None, help="Low and high edge of the histogram.")
+@click.option("--bins", type=int, default=None, help="Also a histogram with this many bins.")
+@click.option(
+    "--range",
+    "bin_range",
+    type=float,
+    nargs=2,
+    default=None,
+    metavar="LOW HIGH",
+    help="Edges of the histogram's bins (default: the data's least and largest values, which takes a second pass).",
+)
+@click.option(
+    "--quartiles",
+    is_flag=True,
+    help="Also the exact 25th, 50th and 75th percentiles (2 to 4 more passes over the data, by its dtype).",
+)
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
+@_out_option
 @_adaptive_option
 @_compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -584,7 +666,9 @@ def describe_command(
     axis: tuple[int, ...],
     bins: int | None,
     bin_range: tuple[float, float] | None,
+    quartiles: bool,
     dataset: str | None,
+    out: str | None,
     adaptive: bool,
     scheduler: str | None,
     cluster_file: str | None,
@@ -593,27 +677,55 @@ def describe_command(
     as_json: bool,
     storage_options: dict[str, Any],
 ) -> None:
-    """Count, NaN count, mean, std, min and max (and a histogram) of a source, in one pass.
+    """Count, NaN count, mean, std, min and max of a source in one pass; quartiles and a histogram on request.
 
-    JSON keys: the statistics; with --adaptive, adaptive (what was tried, chosen and why).
+    Prints a table: what was described (name, shape, dtype, axes), each
+    statistic (over some axes: its shape and range), the histogram's bins.
+    With --out, writes every statistic (and the histogram) to a file.
+
+    \b
+    Examples:
+      daskstream describe field.zarr
+      daskstream describe field.zarr --bins 20 --quartiles
+      daskstream describe scan.h5::/t --axis 0 --out stats.zarr
+
+    JSON keys: name, shape, dtype, axes (reduced), then the statistics
+    (numbers, or nested lists over the kept axes); with --adaptive, adaptive
+    (what was tried, chosen and why).
     """
 
+    if out is not None:
+        # Refused before anything is read; the names are those the description will have.
+        names = [*STATISTICS, *(QUARTILES if quartiles else ()), *(("histogram", "bin_edges") if bins else ())]
+        out_format(out, names)
     adaptation = None
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
+        options: dict[str, Any] = {"axis": axis or None, "bins": bins, "range": bin_range}
         if adaptive:
-            run = ds.describe(x, axis=axis or None, bins=bins, range=bin_range, adaptive=True, progress=not quiet)
+            run = ds.describe(x, **options, quartiles=quartiles, adaptive=True, progress=not quiet)
             description = run.compute()
             adaptation = run.adaptation
         else:
-            description = s.compute(ds.describe(x, axis=axis or None, bins=bins, range=bin_range))
+            description = s.compute(ds.describe(x, **options, quartiles=quartiles))
+    written = None
+    if out is not None:
+        written = write_arrays(out, dict(description))
     if as_json:
-        report = {key: _plain(value) for key, value in description.items()}
+        report: dict[str, Any] = {
+            "name": description.name,
+            "shape": description.shape,
+            "dtype": None if description.dtype is None else str(description.dtype),
+            "axes": description.axes,
+        }
+        report.update((key, _plain(value)) for key, value in description.items())
         if adaptation is not None:
             report["adaptive"] = adaptation.to_dict()
         click.echo(json.dumps(report))
         return
     click.echo(repr(description))
+    if written is not None:
+        click.echo(written)
     if adaptation is not None:
         click.echo(adaptation.explain())
 
@@ -681,6 +793,12 @@ def plan(
     Plans for this machine's threads, or for the workers of --scheduler or
     --cluster (which are started or joined to ask them); --budget, --threads
     and --workers override what was found.
+
+    \b
+    Examples:
+      daskstream plan field.zarr
+      daskstream plan scan.h5::/t --budget 2GiB --threads 8
+      daskstream plan field.zarr --scheduler processes --json
     """
 
     source = ds.open_source(path, dataset=dataset, storage_options=_url_options(storage_options, path))
@@ -753,6 +871,12 @@ def tune_command(
     A later `daskstream.open(..., chunks="tune")` of the same kind of data
     (format, codecs, storage chunks, dtype) on this machine uses the winner
     without measuring. --clear empties the remembered results.
+
+    \b
+    Examples:
+      daskstream tune field.zarr --op sum
+      daskstream tune scan.h5::/t --op describe --time-budget 30s
+      daskstream tune --clear
     """
 
     if clear:
@@ -822,7 +946,9 @@ def _optimize_option(command: Any) -> Any:
 @click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
 @click.option("--no-resume", "resume", flag_value=False, default=True, help="Refuse to finish an interrupted store.")
 @click.option(
+    "--codec",
     "--compressor",
+    "compressor",
     default="default",
     show_default=True,
     help='"default", "none", "auto" (measured on the data: see --optimize), or an HDF5 filter name.',
@@ -861,6 +987,12 @@ def store(
 
     Prints what was written: blocks, bytes in and on disk, seconds. Once it
     has finished, running it again finds the target complete and writes nothing.
+
+    \b
+    Examples:
+      daskstream store scan.h5::/t field.zarr
+      daskstream store field.zarr out.h5::/field --codec gzip
+      daskstream store scan.h5::/t s3://bucket/t.zarr --codec auto --optimize read
     """
 
     with _session(scheduler, cluster_file, memory_budget, quiet):
@@ -1047,6 +1179,12 @@ def convert(
     """Re-encode SOURCE into a Zarr store or an HDF5 dataset (TARGET::/name) with new chunks and codec.
 
     Prints what was written, as store does; run again, it resumes or finds the target complete.
+
+    \b
+    Examples:
+      daskstream convert scan.h5::/t field.zarr --chunks 64,256,256 --codec zstd --level 3
+      daskstream convert field.zarr field.h5::/field --codec gzip
+      daskstream convert scan.h5::/t field.zarr --codec auto
     """
 
     spec = _chunk_spec(chunks)

@@ -1,0 +1,155 @@
+"""What the computing commands print and write: numbers a person reads, files for arrays.
+
+A scalar result is printed whole; an array result is summarised in a line
+(its shape, dtype and range) and written in full with ``--out FILE``: a
+``.npy`` file (one array), a ``.csv`` table (a column per array, one row per
+element, with the element's index), a Zarr store (``.zarr``) or an HDF5 file
+(``.h5``, ``.hdf5``), with one array per name. ``--out`` replaces what is at
+FILE, as a shell's ``>`` does.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import pathlib
+import shutil
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from daskstream.compute.description import format_number, summarised
+from daskstream.errors import InvalidArgumentError
+from daskstream.sources.hdf5 import import_h5py
+
+OUT_SUFFIXES = (".npy", ".csv", ".zarr", ".h5", ".hdf5")
+# Array results up to this many values are printed as a table too; larger ones are summarised.
+SHOWN_VALUES = 20
+
+
+def out_format(path: str, arrays: Sequence[str] | None = None) -> str:
+    """The format ``--out PATH`` names by its suffix, or a clear error listing those there are.
+
+    With the names of the ``arrays`` a result will be, a ``.npy`` file (which
+    holds one) is refused for more than one, before anything is computed.
+    """
+    suffix = pathlib.PurePath(path).suffix.lower()
+    if suffix not in OUT_SUFFIXES:
+        raise InvalidArgumentError(
+            f"--out {path}: write the result as {', '.join(OUT_SUFFIXES)} (chosen by the file's suffix)"
+        )
+    if suffix == ".npy" and arrays is not None and len(arrays) != 1:
+        raise InvalidArgumentError(
+            f"--out {path}: a .npy file holds one array and this result is {len(arrays)} "
+            f"({', '.join(arrays)}): write .csv, .zarr or .h5 instead"
+        )
+    return "h5" if suffix == ".hdf5" else suffix[1:]
+
+
+def write_arrays(path: str, arrays: Mapping[str, Any]) -> str:
+    """Write ``arrays`` (name: array) to ``path`` in the format its suffix names; what was written, in words."""
+    kind = out_format(path, list(arrays))
+    values = {name: np.asarray(value) for name, value in arrays.items()}
+    target = pathlib.Path(path)
+    if target.is_dir():
+        shutil.rmtree(target)
+    elif target.exists():
+        target.unlink()
+    if kind == "npy":
+        (value,) = values.values()
+        np.save(target, value)
+    elif kind == "csv":
+        _write_csv(target, values)
+    elif kind == "zarr":
+        import zarr
+
+        group = zarr.open_group(str(target), mode="w")
+        for name, value in values.items():
+            group.create_array(name, data=value)
+    else:
+        with import_h5py().File(target, "w") as f:
+            for name, value in values.items():
+                f.create_dataset(name, data=value)
+    shapes = ", ".join(f"{name} {value.shape} {value.dtype}" for name, value in values.items())
+    return f"wrote {shapes} to {path}"
+
+
+def _write_csv(target: pathlib.Path, values: dict[str, np.ndarray]) -> None:
+    """One row per element: its index along each axis, then each array's value there (same shapes only)."""
+    shapes = {value.shape for value in values.values()}
+    if len(shapes) != 1:
+        described = ", ".join(f"{name} {value.shape}" for name, value in values.items())
+        raise InvalidArgumentError(
+            f"--out {target}: a .csv table needs arrays of one shape, and these differ ({described}): "
+            "write .zarr or .h5 instead"
+        )
+    (shape,) = shapes
+    with target.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*(f"axis {a}" for a in range(len(shape))), *values])
+        for index in itertools.product(*(range(n) for n in shape)):
+            writer.writerow([*index, *(_cell(value[index]) for value in values.values())])
+
+
+def _cell(value: Any) -> str:
+    # repr of a Python float is the shortest text that reads back as the same number.
+    item = np.asarray(value)[()].item()
+    return repr(item) if isinstance(item, float) else str(item)
+
+
+def table_lines(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns aligned under ``header``: text to the left, numbers to the right.
+
+    >>> print("\\n".join(table_lines(["q", "value"], [["0.25", "1.5"], ["0.5", "10"]])))
+       q  value
+    0.25    1.5
+     0.5     10
+    """
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(f"{cell:>{width}}" for cell, width in zip(line, widths)).rstrip() for line in [header, *rows]]
+
+
+def result_lines(value: Any, *, name: str, written: bool = False) -> list[str]:
+    """An array result as a person reads it: a summary line, and its values as a table when there are few.
+
+    Of more values, a pointer to ``--out``, unless they were ``written`` with it.
+    """
+    array = np.asarray(value)
+    if array.ndim == 0:
+        return [format_exact(array)]
+    lines = [summarised(array)]
+    if array.size <= SHOWN_VALUES:
+        header = [*(f"axis {a}" for a in range(array.ndim)), name]
+        rows = [[*map(str, index), format_exact(array[index])] for index in np.ndindex(*array.shape)]
+        lines += table_lines(header, rows)
+    elif not written:
+        lines.append(f"({array.size} values: write them all with --out FILE, as {', '.join(OUT_SUFFIXES)})")
+    return lines
+
+
+def histogram_lines(counts: Any, edges: Any) -> list[str]:
+    """A histogram as a table of bins: the low and high edge, the count (the last bin holds its high edge)."""
+    counts, edges = np.asarray(counts), np.asarray(edges)
+    rows = [[format_number(edges[i]), format_number(edges[i + 1]), str(int(counts[i]))] for i in range(counts.size)]
+    return table_lines(["low", "high", "count"], rows)
+
+
+def format_exact(value: Any) -> str:
+    """A scalar result in full: the shortest text that reads back as the same number (numpy's repr rules).
+
+    >>> format_exact(np.float32(0.1)), format_exact(np.float64(1) / 3), format_exact(np.int64(7))
+    ('0.1', '0.3333333333333333', '7')
+    """
+    return str(np.asarray(value)[()])
+
+
+__all__ = [
+    "OUT_SUFFIXES",
+    "format_exact",
+    "histogram_lines",
+    "out_format",
+    "result_lines",
+    "table_lines",
+    "write_arrays",
+]
