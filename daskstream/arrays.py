@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.labels import axes_by_name, described, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
-from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning
+from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning, warn
 from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
@@ -119,29 +118,28 @@ def open(
         source = path
     else:
         source = open_source(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
-    _warn_of_stored_numbers(source, stacklevel=3)
+    _warn_of_stored_numbers(source)
     return as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
 
 
-def _warn_of_stored_numbers(source: Source, *, stacklevel: int) -> None:
+def _warn_of_stored_numbers(source: Source) -> None:
     """Say where the numbers ``open`` gives, as stored, are not what the file's users see (CF packing,
-    MATLAB's layout); ``stacklevel`` points at the user's line."""
-    _warn_if_packed(source, stacklevel=stacklevel + 1)
-    _warn_if_matlab(source, stacklevel=stacklevel + 1)
+    MATLAB's layout);"""
+    _warn_if_packed(source)
+    _warn_if_matlab(source)
 
 
-def _warn_if_packed(source: Source, *, stacklevel: int) -> None:
+def _warn_if_packed(source: Source) -> None:
     """Say so when the file marks the numbers as packed or filled (CF), which ``open`` gives as stored."""
     encoding = cf_encoding(source.attrs, source.dtype)
     if not encoding:
         return
     said = ", ".join(f"{name} {plain_scalar(value)!r}" for name, value in encoding.items())
-    warnings.warn(
+    warn(
         f"{source.name} holds its numbers encoded ({said}): this array is the numbers as stored, "
         "so means and extremes include the fill value and packed units; open it with "
         "daskstream.open_dataset(path) to decode them as xarray does",
         PackedDataWarning,
-        stacklevel=stacklevel,
     )
 
 
@@ -155,7 +153,7 @@ def _open_many(
         for item in expand_paths(paths, storage_options)
     ]
     axis = check_family(sources, axis=axis, stack=stack)
-    _warn_of_stored_numbers(sources[0], stacklevel=4)
+    _warn_of_stored_numbers(sources[0])
     settings = resolve_settings(memory_budget=memory_budget)
     if isinstance(chunks, str) and chunks == "auto":
         # The parallelism a plan asks for is the whole array's: each file supplies its share of the tasks.
@@ -176,7 +174,7 @@ def _open_many(
     return joined
 
 
-def _warn_if_matlab(source: Source, *, stacklevel: int) -> None:
+def _warn_if_matlab(source: Source) -> None:
     """Say how a MATLAB 7.3 array differs from what MATLAB shows: HDF5 holds it transposed (MATLAB is
     column-major) and its characters as UTF-16 codes."""
     if source.format != "hdf5" or not is_matlab_73(source.path):
@@ -188,7 +186,7 @@ def _warn_if_matlab(source: Source, *, stacklevel: int) -> None:
     )
     if source.attrs.get("MATLAB_class") == "char":
         said += "; it is a MATLAB char array, so its numbers are UTF-16 codes, not text"
-    warnings.warn(said, MatlabLayoutWarning, stacklevel=stacklevel)
+    warn(said, MatlabLayoutWarning)
 
 
 def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget: int | str | None = None) -> da.Array:

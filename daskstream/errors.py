@@ -8,6 +8,11 @@ Messages name the offending input and say what to do next.
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+import warnings
+
 __all__ = [
     "ChunkSplitWarning",
     "ClusterConnectionError",
@@ -48,6 +53,7 @@ __all__ = [
     "UnknownOperationError",
     "UnsupportedDtypeError",
     "UnsupportedShapeError",
+    "warn",
 ]
 
 
@@ -221,3 +227,20 @@ class ObjectStoreCredentialsError(DaskstreamError, PermissionError):
 
 class ClusterConnectionError(DaskstreamError, ConnectionError):
     """No scheduler answered at the address given, or it refused the connection."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` pointing at the first line outside daskstream: the user's, whatever the depth.
+
+    A fixed ``stacklevel`` points into daskstream whenever the warning is
+    said from one call deeper than it was written for; walking the stack
+    finds the caller's line from wherever it is said.
+    """
+    level = 2  # the line that called warn()
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
-from daskstream.errors import ChunkSplitWarning, InvalidChunksError, MemoryBudgetError
+from daskstream.errors import ChunkSplitWarning, InvalidChunksError, MemoryBudgetError, warn
 from daskstream.graph.layers import record_plan
 from daskstream.planning.grid import read_amplification, regular_grid
 from daskstream.planning.plan import ChunkPlan
@@ -83,12 +82,11 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
         dask_chunks = _normalize_user_chunks(source, chunks, settings.max_tasks)
     amplification = read_amplification(source.shape, source.storage_chunks, dask_chunks)
     if amplification > 1.0:
-        warnings.warn(
+        warn(
             f"{source.name}: these chunks split its storage chunks {source.storage_chunks}, so each "
             f"storage chunk is read and decoded {amplification:.2f} times on average (read "
             "amplification); use chunks='auto' or multiples of the storage chunks",
             ChunkSplitWarning,
-            stacklevel=3,
         )
     return dask_chunks
 

@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from daskstream import config
-from daskstream.errors import TuneCacheWarning
+from daskstream.errors import TuneCacheWarning, warn
 from daskstream.files import open_regular
 from daskstream.runtime.resources import _usable_cpus, last_level_cache_bytes
 
@@ -96,11 +96,10 @@ class TuneCache:
         except (OSError, ValueError, RecursionError) as exc:
             # RecursionError: JSON nested deeper than the parser's stack (a damaged or planted file).
             reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
-            warnings.warn(
+            warn(
                 f"{self.path}: the tuning cache cannot be read ({reason}); it is treated as empty and will be "
                 "replaced. Run `daskstream tune --clear` to remove it.",
                 TuneCacheWarning,
-                stacklevel=3,
             )
             return {}
         if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("entries"), dict):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 import os
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from dask.utils import parse_timedelta
 
 from daskstream import config
-from daskstream.errors import DaskstreamWarning, InvalidArgumentError
+from daskstream.errors import DaskstreamWarning, InvalidArgumentError, warn
 from daskstream.graph.layers import read_layers
 from daskstream.planning.budget import parse_budget
 from daskstream.planning.settings import PlanSettings, Resources
@@ -457,10 +456,9 @@ def tuned_chunks(source: Source, memory_budget: int | str | None = None) -> tupl
     """
     result = tune(source, op=config.get("tune.default-op"), memory_budget=memory_budget)
     if not result.from_cache and result.speedup_vs_auto is None:
-        warnings.warn(
+        warn(
             f"{source.name}: chunks='tune' measured nothing ({result.stopped}); opened in the planner's chunks "
             f"{result.chunks}",
             DaskstreamWarning,
-            stacklevel=4,
         )
     return result.chunks

@@ -12,7 +12,6 @@ import os
 import posixpath
 import subprocess
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -52,6 +51,7 @@ from daskstream.errors import (
     TargetMismatchError,
     TargetWriteError,
     UnsupportedDtypeError,
+    warn,
 )
 from daskstream.graph.layers import budget_of
 from daskstream.graph.optimize import with_aggregates_computed
@@ -398,11 +398,10 @@ class Hdf5Target(Target):
             if scale is None:
                 scale = dset.file.create_dataset(where, data=values)
             elif not (isinstance(scale, type(dset)) and np.array_equal(scale[()], values)):
-                warnings.warn(
+                warn(
                     f"{self.name}: the dimension scale of axis {axis} was not copied: {where} already holds "
                     "something else",
                     DaskstreamWarning,
-                    stacklevel=4,
                 )
                 continue
             scale.make_scale((self.carried.dims or (None,) * dset.ndim)[axis] or scale_name)

@@ -12,7 +12,6 @@ import os
 import posixpath
 import re
 import shutil
-import warnings
 from typing import Any, Literal
 
 import dask
@@ -50,6 +49,7 @@ from daskstream.errors import (
     TargetMismatchError,
     TargetWriteError,
     UnsupportedDtypeError,
+    warn,
 )
 from daskstream.files import open_regular
 from daskstream.sources.base import Source
@@ -372,11 +372,10 @@ class ZarrTarget(Target):
             with contextlib.suppress(FileNotFoundError, KeyError):
                 there = zarr.open_array(self._store(read_only=True), path=where, mode="r")
                 if not (there.shape == found[1].shape and np.array_equal(np.asarray(there[...]), found[1])):
-                    warnings.warn(
+                    warn(
                         f"{self.name}: the dimension scale of axis {axis} was not copied: {where} already holds "
                         "something else",
                         DaskstreamWarning,
-                        stacklevel=5,
                     )
                 continue
             naming: dict[str, Any] = (
