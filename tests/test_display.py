@@ -108,3 +108,19 @@ def test_plans_sources_and_descriptions_show_in_jupyter(tmp_path):
     described = ds.describe(ds.open(source)).compute()._repr_html_()
     assert "daskstream describe" in described
     assert "<code>" in described
+
+
+def test_plans_and_tuning_results_are_one_line_at_a_terminal_prompt(tmp_path):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((4096, 256), "f4"))
+    plan = ds.plan(path, memory_budget="64MiB")
+    shown = repr(plan)
+    assert "\n" not in shown
+    assert shown.startswith("<daskstream ChunkPlan chunks=")
+    assert f"{plan.n_tasks} task(s)" in shown
+    assert "ChunkPlan(" not in shown  # not the dataclass's dump
+    result = ds.tune(path, op="sum", time_budget="2s")
+    shown = repr(result)
+    assert "\n" not in shown
+    assert shown.startswith("<daskstream TuneResult sum on ")
+    assert "Candidate(" not in shown

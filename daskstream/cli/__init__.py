@@ -172,6 +172,13 @@ class _Group(click.Group):
                 sys.exit(2)
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases, for people to read."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def _one_line(message: str) -> str:
     """``message`` on one line: its lines joined, without lines that only point (a YAML error's ``^``)."""
     lines = (line.strip() for line in message.splitlines())
@@ -1287,4 +1294,6 @@ def cluster_check(file: str, as_json: bool) -> None:
     if check.job_script:
         click.echo("\n" + check.job_script)
     if check.spec:
-        click.echo("\n" + yaml.safe_dump(check.spec, sort_keys=False))
+        # Written out in full: a value the spec shares (the scheduler's and workers' resources) is
+        # repeated rather than shown as a YAML anchor and alias (&id001, *id001).
+        click.echo("\n" + yaml.dump(check.spec, Dumper=_PlainDumper, sort_keys=False).rstrip("\n"))

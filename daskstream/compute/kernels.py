@@ -49,6 +49,12 @@ if TYPE_CHECKING:
 
 __all__ = ["astype", "clip", "gaussian_filter", "map_blocks", "moving_mean", "standardize"]
 
+
+def __dir__() -> list[str]:
+    """The kernels, for tab completion on ``ds.kernels.``: not the names this module imports."""
+    return list(__all__)
+
+
 BOUNDARY_MODES = ("reflect", "nearest", "periodic", "constant", "none")
 
 Depth = int | Sequence[int] | Mapping[int, int]

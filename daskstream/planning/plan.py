@@ -140,6 +140,16 @@ class ChunkPlan:
     def __str__(self) -> str:
         return self.explain()
 
+    def __repr__(self) -> str:
+        # What a terminal shows for `plan` at the prompt: the plan in one line (print(plan) for the reasons).
+        storage = self.storage_chunks if self.storage_chunks is not None else "contiguous"
+        return (
+            f"<daskstream ChunkPlan chunks={self.chunks} of {self.shape} {self.dtype}: {self.n_tasks} task(s) of "
+            f"{format_size(self.chunk_bytes)}, storage {storage}, read amplification "
+            f"{self.read_amplification:.2f}, peak {format_size(self.projected_peak_bytes)} of "
+            f"{format_size(self.memory_budget)}>"
+        )
+
     def _repr_html_(self) -> str:
         rows = [
             ("shape", self.shape),

@@ -271,6 +271,17 @@ class TuneResult:
             for c in self.candidates
         ]
 
+    def __repr__(self) -> str:
+        # What a terminal shows at the prompt: the outcome in one line (print(result) for the candidates).
+        if not self.measured:
+            return f"<daskstream TuneResult {self.title} on {self.source}: not tuned, the planner's {self.chunks}>"
+        speed = "" if self.speedup_vs_auto is None else f", {self.speedup_vs_auto:.2f}x the planner's"
+        origin = "remembered" if self.from_cache else f"{len(self.candidates)} candidate(s)"
+        return (
+            f"<daskstream TuneResult {self.title} on {self.source}: chunks={self.chunks}{speed} "
+            f"(planner: {self.auto_chunks}; {origin})>"
+        )
+
     def __str__(self) -> str:
         if not self.measured:
             return f"Not tuned: {self.title} on {self.source}: chunks {self.chunks}, the planner's.\n{self.stopped}"

@@ -581,3 +581,10 @@ X = da.ones((6, 4), chunks=3)
 def test_bad_arguments_are_refused_with_the_fix(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_tab_completion_on_kernels_shows_the_kernels_only():
+    names = dir(ds.kernels)
+    assert names == sorted(ds.kernels.__all__)
+    assert not {"np", "da", "dataclass", "warnings"} & set(names)
+    assert all(callable(getattr(ds.kernels, name)) for name in names)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+import daskstream as ds
 from daskstream.errors import ConfigFileNotFoundError, DaskstreamError, InvalidArgumentError
 from daskstream.runtime.clusters import KINDS, check_cluster_config, connect, load_cluster_config
 
@@ -392,3 +393,25 @@ def test_tls_cluster_computes_through_tls_yaml_and_refuses_clients_without_its_c
         assert refused.stderr.count("\n") == 1
         assert "Traceback" not in refused.stderr
         assert message in refused.stderr
+
+
+def test_kubernetes_check_shows_the_files_resources_and_installs_daskstream_on_dasks_image(tmp_path):
+    check = check_cluster_config(CONFIGS / "kubernetes.yaml", allow_network_listen=True)
+    settings = yaml.safe_load((CONFIGS / "kubernetes.yaml").read_text())["kubernetes"]
+    for part in ("worker", "scheduler"):
+        (container,) = check.spec["spec"][part]["spec"]["containers"]
+        # The file's requests and limits, as the pods will get them (not emptied once the check is done).
+        assert container["resources"] == settings["resources"]
+        assert {"name": "EXTRA_PIP_PACKAGES", "value": f"daskstream=={ds.__version__}"} in container["env"]
+    assert any("does not carry daskstream" in line for line in check.lines)
+    # What a person reads: no YAML anchors or aliases, and one final newline.
+    shown = subprocess.run(
+        [sys.executable, "-m", "daskstream", "cluster", "check", str(CONFIGS / "kubernetes.yaml"),
+         "--allow-network-listen"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "&id" not in shown
+    assert "*id" not in shown
+    assert shown.endswith("\n")
+    assert not shown.endswith("\n\n")
+    assert shown.count("cpu: '2'") == 4  # requests and limits, scheduler and workers

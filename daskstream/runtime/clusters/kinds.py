@@ -10,6 +10,7 @@ imported only by the kinds that need them.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,11 @@ import dask
 import dask.config
 from dask.utils import parse_bytes
 
-from daskstream.dependencies import optional_import
+from daskstream.dependencies import installed_version, optional_import
 from daskstream.errors import ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import check_scheduler_address, listen_points
 from daskstream.runtime.clusters.config import ClusterCheck, ClusterConfig, leaves, lookup
-from daskstream.runtime.clusters.rules import screen
+from daskstream.runtime.clusters.rules import is_dask_image, screen
 
 # Only checks render job scripts; this address is never contacted.
 _RENDER_SCHEDULER = "tcp://127.0.0.1:8786"
@@ -104,7 +105,22 @@ def _start_jobqueue(config: ClusterConfig) -> Any:
 
 
 def _start_kubernetes(config: ClusterConfig) -> Any:
-    return backend(config, "dask_kubernetes.operator").KubeCluster()
+    operator = backend(config, "dask_kubernetes.operator")
+    with dask.config.set({"kubernetes.env": _pod_environment(config)}):
+        return operator.KubeCluster()
+
+
+def _pod_environment(config: ClusterConfig) -> dict[str, str]:
+    """The pods' environment: the file's, and on dask's own images (which lack daskstream) this daskstream.
+
+    dask's images install the packages ``EXTRA_PIP_PACKAGES`` names when a
+    pod starts; without daskstream there, workers could not run its tasks.
+    """
+    env = dict(dask.config.get("kubernetes.env") or {})
+    image = str(dask.config.get("kubernetes.image") or "")
+    if is_dask_image(image):
+        env.setdefault("EXTRA_PIP_PACKAGES", f"daskstream=={installed_version('daskstream')}")
+    return env
 
 
 def _start_ssh(config: ClusterConfig) -> Any:
@@ -182,27 +198,35 @@ def _check_kubernetes(config: ClusterConfig) -> ClusterCheck:
     with applied(config):
         get = dask.config.get
         try:
-            spec = operator.make_cluster_spec(
-                name=get("kubernetes.name"),
-                image=get("kubernetes.image"),
-                n_workers=get("kubernetes.count.start"),
-                resources=get("kubernetes.resources"),
-                env=get("kubernetes.env"),
-                worker_command=get("kubernetes.worker-command"),
-                scheduler_service_type=get("kubernetes.scheduler-service-type"),
-                idle_timeout=get("kubernetes.idle-timeout") or 0,
+            # A copy: the spec holds the config's own dicts (resources, env), which dask.config.set
+            # empties again on leaving, so the spec shown would lose them.
+            spec = copy.deepcopy(
+                operator.make_cluster_spec(
+                    name=get("kubernetes.name"),
+                    image=get("kubernetes.image"),
+                    n_workers=get("kubernetes.count.start"),
+                    resources=get("kubernetes.resources"),
+                    env=_pod_environment(config),
+                    worker_command=get("kubernetes.worker-command"),
+                    scheduler_service_type=get("kubernetes.scheduler-service-type"),
+                    idle_timeout=get("kubernetes.idle-timeout") or 0,
+                )
             )
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise InvalidArgumentError(f"cluster configuration {config.path} (kubernetes): {exc}") from exc
         namespace = get("kubernetes.namespace") or "the current namespace"
+        installs = (
+            _pod_environment(config).get("EXTRA_PIP_PACKAGES") if is_dask_image(get("kubernetes.image")) else None
+        )
     workers = spec["spec"]["worker"]["replicas"]
-    return ClusterCheck(
-        "kubernetes",
-        [
-            f"DaskCluster {spec['metadata']['name']!r} in {namespace}: {workers} worker(s) of image {_worker_image(spec)}"
-        ],
-        spec=spec,
-    )
+    image = _worker_image(spec)
+    lines = [f"DaskCluster {spec['metadata']['name']!r} in {namespace}: {workers} worker(s) of image {image}"]
+    if installs:
+        lines.append(
+            f"dask's image does not carry daskstream: each pod installs {installs} from the package index as it "
+            "starts (EXTRA_PIP_PACKAGES); for pods that start at once, build an image with it"
+        )
+    return ClusterCheck("kubernetes", lines, spec=spec)
 
 
 def _worker_image(spec: dict) -> str:

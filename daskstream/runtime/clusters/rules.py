@@ -665,10 +665,15 @@ _DASK_IMAGES = re.compile(
 )
 
 
+def is_dask_image(image: Any) -> bool:
+    """Whether ``image`` is one of dask's own container images (``ghcr.io/dask/dask``, ``daskdev/dask``)."""
+    return isinstance(image, str) and _DASK_IMAGES.fullmatch(image) is not None
+
+
 def _kubernetes_image(value: Any) -> _Problem | None:
     if not isinstance(value, str):
         return _Problem("must name a container image", None)
-    if _DASK_IMAGES.fullmatch(value):
+    if is_dask_image(value):
         return None
     return _Problem("is the container image every scheduler and worker pod runs: code chosen by the file")
 
