@@ -602,7 +602,8 @@ def reduce_command(
             passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
             start = time.perf_counter()
             with ReadMeter(s) as meter:
-                value = list(s.compute(*result)) if op == "histogram" else s.compute(result)
+                label = f"{op} of {path}"
+                value = list(s.compute(*result, label=label)) if op == "histogram" else s.compute(result, label=label)
         seconds = time.perf_counter() - start
     written = None
     if out is not None:
@@ -714,7 +715,7 @@ def describe_command(
             description = run.compute()
             adaptation = run.adaptation
         else:
-            description = s.compute(ds.describe(x, **options, quartiles=quartiles))
+            description = s.compute(ds.describe(x, **options, quartiles=quartiles), label=f"describe {path}")
     written = None
     if out is not None:
         written = write_arrays(out, dict(description))

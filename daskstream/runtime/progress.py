@@ -1,9 +1,10 @@
 """Progress bars: tqdm on stderr (a live widget in Jupyter), or nothing; the one way daskstream shows progress.
 
-Every bar is labelled with the operation (``compute x.npy``, ``store out.zarr``)
-and shows a rate in bytes: bytes read per second while a session computes on
-this process's threads, bytes written per second while ``store`` or
-``convert`` writes. tqdm is imported only when a bar is asked for; where it is
+Every bar is labelled with the operation and the source (``mean of x.npy``,
+``store out.zarr``) and counts bytes where daskstream can plan them: the
+bytes a session's computation will read (so the bar shows the rate read and
+the time left, also for a reduction of a whole file into one chunk), the
+bytes ``store`` or ``convert`` writes. Otherwise it counts tasks. tqdm is imported only when a bar is asked for; where it is
 missing, work runs exactly as it would with ``progress=False``. Bars appear
 only for work that takes longer than half a second. A bar only watches; it
 never changes what runs or what comes back.
@@ -13,11 +14,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+import dask
 from dask.callbacks import Callback
+from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph
 
+from daskstream.graph.layers import planned_resources
+from daskstream.graph.optimize import plan_graph
 from daskstream.planning.budget import format_size
+from daskstream.runtime.resources import resolve_resources
 from daskstream.sources.reads import bytes_read_here
 
 
@@ -116,3 +124,57 @@ class TaskProgress(Callback):
                 rate = read / max(now - self._started, 1e-9)
                 self._bar.set_postfix_str(f"read {format_size(read)}, {format_size(rate)}/s", refresh=False)
         self._bar.update(1)
+
+
+def planned_bytes(objs: tuple[Any, ...]) -> int | None:
+    """The bytes computing ``objs`` will read from sources, as daskstream plans it; ``None`` where unknown.
+
+    A bar that counts these shows how far the reading is, its rate and the
+    time left, whatever the shape of the graph (one output chunk of a
+    reduction over a whole file is still a long bar).
+    """
+    found = [obj for obj in objs if dask.is_dask_collection(obj)]
+    if not found:
+        return None
+    try:
+        graph = HighLevelGraph.merge(*[obj.__dask_graph__() for obj in found])
+        keys = list(flatten([obj.__dask_keys__() for obj in found]))
+        planned = planned_resources(graph) or resolve_resources()
+        total = plan_graph(graph, keys, planned)[1].bytes_to_read
+    except Exception:  # a bar only watches: a graph it cannot plan is computed with a bar of tasks
+        return None
+    return int(total) or None
+
+
+class ReadProgress(Callback):
+    """Moves ``bar``, counting bytes, on by the bytes sources deliver, with the tasks done beside it.
+
+    ``read_so_far()`` is the bytes read since the computation began, wherever
+    the local scheduler's tasks run (this process's threads, or the pool of a
+    ``processes`` session through its shared counter). Updated at most every
+    tenth of a second, from the thread that called ``dask.compute``.
+    """
+
+    def __init__(self, bar: Any, read_so_far: Callable[[], int]) -> None:
+        super().__init__()
+        self._bar = bar
+        self._read = read_so_far
+        self._tasks = self._done = 0
+        self._shown = 0.0
+
+    def _start_state(self, dsk: Any, state: dict[str, Any]) -> None:
+        self._tasks += sum(len(state[k]) for k in ("ready", "waiting", "running", "finished"))
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        self._done += 1
+        now = time.perf_counter()
+        if now - self._shown >= 0.1:
+            self._shown = now
+            self.show()
+
+    def show(self) -> None:
+        """Bring the bar to the bytes read so far (never past its total, which a re-read could pass)."""
+        read = min(self._read(), self._bar.total)
+        if read > self._bar.n:
+            self._bar.update(read - self._bar.n)
+        self._bar.set_postfix_str(f"{self._done}/{self._tasks} tasks", refresh=False)

@@ -49,10 +49,11 @@ from daskstream.runtime import clusters
 from daskstream.runtime.addresses import check_scheduler_address
 from daskstream.runtime.clusters import join
 from daskstream.runtime.metering import process_initializer, shared_counter
-from daskstream.runtime.progress import TaskProgress, progress_bar
+from daskstream.runtime.progress import ReadProgress, TaskProgress, planned_bytes, progress_bar
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
 from daskstream.runtime.scheduler_loss import close_client, guard_scheduler, lost_scheduler_error, scheduler_lost
 from daskstream.runtime.schedulers import enter, leave
+from daskstream.sources.reads import bytes_read_here
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -339,12 +340,14 @@ class Session:
 
     # -- computing -------------------------------------------------------------
 
-    def compute(self, *objs: Any) -> Any:
+    def compute(self, *objs: Any, label: str | None = None) -> Any:
         """Compute dask collections together on this session's scheduler.
 
-        Shared inputs are read once. With ``progress`` a bar on stderr counts
-        finished tasks (local schedulers) or finished output chunks
-        (distributed). A computation reading one daskstream source that runs
+        Shared inputs are read once. With ``progress`` a bar on stderr,
+        labelled ``label`` (default ``"compute"`` and the sources read), counts
+        the bytes read out of those planned, with the rate and the time left
+        (local schedulers; tasks where the reads cannot be planned), or
+        finished output chunks (distributed). A computation reading one daskstream source that runs
         longer than ``daskstream.tune.feedback-min-seconds`` is recorded in the
         tuning cache by the tuner's observer (see :mod:`daskstream.tuning.feedback`),
         so the next :func:`daskstream.tune` of that kind of data starts from it.
@@ -365,15 +368,26 @@ class Session:
         if self._exit_stack is None:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
 
-        bar = (
-            progress_bar(unit="task" if self.client is None else "chunk", desc=_label(objs)) if self.progress else None
-        )
+        desc = label or _label(objs)
+        to_read = planned_bytes(objs) if self.progress and self.client is None else None
+        bar = None
+        if self.progress:
+            bar = (
+                progress_bar(total=to_read, unit="B", desc=desc, unit_scale=True, unit_divisor=1024)
+                if to_read
+                else progress_bar(unit="task" if self.client is None else "chunk", desc=desc)
+            )
         try:
             with contextlib.ExitStack() as watching:
                 for observer in self.observers:
                     watching.enter_context(observer(self, objs))
                 if self.client is not None:
                     results = self._compute_distributed(objs, bar)
+                elif bar is not None and to_read:
+                    progress = ReadProgress(bar, self._reads_since(self._reads_here()))
+                    with progress:
+                        results = dask.compute(*objs, scheduler=self.kind)
+                    progress.show()
                 else:
                     with TaskProgress(bar) if bar is not None else contextlib.nullcontext():
                         results = dask.compute(*objs, scheduler=self.kind)
@@ -381,6 +395,14 @@ class Session:
             if bar is not None:
                 bar.close()
         return results[0] if len(objs) == 1 else tuple(results)
+
+    def _reads_here(self) -> int:
+        """Bytes sources delivered to this session's local tasks: this process's, and its pool's if any."""
+        counter = self.read_counter
+        return bytes_read_here() + (counter.value if counter is not None else 0)
+
+    def _reads_since(self, start: int) -> Callable[[], int]:
+        return lambda: self._reads_here() - start
 
     def _compute_distributed(self, objs: tuple[Any, ...], bar: Any) -> tuple[Any, ...]:
         from distributed import as_completed, futures_of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import socket
 import time
 from urllib.parse import urlparse
@@ -167,9 +168,18 @@ def test_progress_bar_reaches_the_end_and_changes_nothing(npy, capfd, scheduler)
     err = capfd.readouterr().err
     assert "100%|" in err
     final = err.replace("\r", "\n").strip().splitlines()[-1]
-    done, total = final.split("|")[-1].split()[0].split("/")
-    assert done == total
-    assert int(total) > 1
+    # The bytes read of those planned, with their rate and the time left, and the tasks beside them.
+    assert final.startswith(f"compute {path}: 100%|"), final
+    read, planned = final.split("|")[-1].split()[0].split("/")
+    assert read == planned
+    if scheduler == "distributed":  # output chunks finished: the workers' reads are not watched here
+        assert "chunk/s" in final
+        assert int(planned) > 1
+    else:
+        assert "B/s" in final
+        done, total = re.search(r"(\d+)/(\d+) tasks", final).groups()
+        assert done == total
+        assert int(total) > 1
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -183,6 +193,20 @@ def _slowly(x):
         return block
 
     return x.map_blocks(late, dtype=x.dtype)
+
+
+def test_a_bar_names_the_operation_given_and_counts_the_bytes_of_a_single_output_chunk(npy, capfd):
+    pytest.importorskip("tqdm")
+    path, data = npy
+    with session("threads", progress=True) as s:
+        x = _slowly(ds.open(path, chunks=(60, 90)))
+        total = s.compute(x.sum(dtype="f8"), label=f"sum of {path}")
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+    final = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith(f"sum of {path}: 100%|"), final
+    read, planned = final.split("|")[-1].split()[0].split("/")
+    assert read == planned  # one output chunk, yet the bar moved with every block read
+    assert planned != "1"
 
 
 def test_store_shows_its_bar_as_the_session_says(npy, capfd, tmp_path):
