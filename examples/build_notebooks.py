@@ -53,14 +53,32 @@ paths""",
         "Open *why* for the reasons.",
     ),
     ("code", 'ds.plan(paths["hdf5"], memory_budget="1GiB")'),
-    ("markdown", "## One pass of statistics\nCount, NaN count, mean, standard deviation, minimum and maximum."),
+    (
+        "markdown",
+        "Every axis is drawn: a daily time series of maps, stored a month of days per chunk, is split along time.",
+    ),
+    (
+        "code",
+        """import h5py
+
+series = os.path.join(folder, "series.h5")
+with h5py.File(series, "w") as f:
+    f.create_dataset("sst", shape=(365, 180, 360), dtype="f4", chunks=(30, 90, 180), compression="gzip")
+ds.plan(f"{series}::sst", memory_budget="64MiB")""",
+    ),
+    (
+        "markdown",
+        "## One pass of statistics\nCount, NaN count, mean, standard deviation, minimum and maximum; "
+        "exact quartiles and a histogram on request.",
+    ),
     (
         "code",
         """x = ds.open(paths["zarr"])
 with ds.session("threads") as s:  # a progress bar shows for computations longer than half a second
-    stats = s.compute(ds.describe(x))
+    stats = s.compute(ds.describe(x, bins=20, quartiles=True))
 stats""",
     ),
+    ("code", "stats.to_dataframe()"),
     ("markdown", "## A stencil kernel with a halo, stored out of core"),
     (
         "code",

@@ -134,7 +134,9 @@ class Description(Mapping):
         pd = optional_import("pandas", package="pandas", needed_for="Description.to_dataframe", extra="notebook")
         if not self.kept_shape:
             values = [_python(self._values[k]) for k in self.statistics]
-            return pd.DataFrame({self.name or "value": values}, index=pd.Index(self.statistics, name="statistic"))
+            # An object column keeps each statistic's own type: counts stay whole numbers beside the floats.
+            column = pd.Series(values, index=pd.Index(self.statistics, name="statistic"), dtype=object)
+            return column.to_frame(self.name or "value")
         kept = [a for a in builtins.range(len(self.shape or ())) if a not in (self.axes or ())]
         index = pd.MultiIndex.from_product(
             [builtins.range(n) for n in self.kept_shape], names=[f"axis {a}" for a in kept] or None
