@@ -53,7 +53,6 @@ __all__ = [
     "UnknownOperationError",
     "UnsupportedDtypeError",
     "UnsupportedShapeError",
-    "warn",
 ]
 
 
