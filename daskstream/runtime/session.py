@@ -346,8 +346,9 @@ class Session:
         Shared inputs are read once. With ``progress`` a bar on stderr,
         labelled ``label`` (default ``"compute"`` and the sources read), counts
         the bytes read out of those planned, with the rate and the time left
-        (local schedulers; tasks where the reads cannot be planned), or
-        finished output chunks (distributed). A computation reading one daskstream source that runs
+        (on a cluster, the workers' reads, asked of them twice a second), and
+        the tasks (output chunks on a cluster) finished beside them; where the
+        reads cannot be planned it counts those alone. A computation reading one daskstream source that runs
         longer than ``daskstream.tune.feedback-min-seconds`` is recorded in the
         tuning cache by the tuner's observer (see :mod:`daskstream.tuning.feedback`),
         so the next :func:`daskstream.tune` of that kind of data starts from it.
@@ -369,7 +370,7 @@ class Session:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
 
         desc = label or _label(objs)
-        to_read = planned_bytes(objs) if self.progress and self.client is None else None
+        to_read = planned_bytes(objs) if self.progress else None
         bar = None
         if self.progress:
             bar = (
@@ -382,7 +383,7 @@ class Session:
                 for observer in self.observers:
                     watching.enter_context(observer(self, objs))
                 if self.client is not None:
-                    results = self._compute_distributed(objs, bar)
+                    results = self._compute_distributed(objs, bar, counts_bytes=bool(to_read))
                 elif bar is not None and to_read:
                     progress = ReadProgress(bar, self._reads_since(self._reads_here()))
                     with progress:
@@ -404,8 +405,9 @@ class Session:
     def _reads_since(self, start: int) -> Callable[[], int]:
         return lambda: self._reads_here() - start
 
-    def _compute_distributed(self, objs: tuple[Any, ...], bar: Any) -> tuple[Any, ...]:
+    def _compute_distributed(self, objs: tuple[Any, ...], bar: Any, *, counts_bytes: bool = False) -> tuple[Any, ...]:
         from distributed import as_completed, futures_of
+        from distributed import wait as wait_for
 
         # Without the guard, a lost scheduler surfaces as cancelled futures, or as calls that
         # wait for the Client's reconnection timeout before failing.
@@ -413,6 +415,24 @@ class Session:
             if bar is None:
                 return tuple(self.client.gather(self.client.compute(list(objs))))
             # Persist first so the bar can follow every output chunk, then assemble them.
+            if counts_bytes:
+                # The bytes the workers' sources deliver, asked of them twice a second: the bar moves
+                # with every block read, also while a single output chunk is being reduced.
+                client = self.client
+                before = sum(client.run(bytes_read_here).values())
+                persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
+                futures = futures_of(persisted)
+                pending = list(futures)
+                while pending and not scheduler_lost(client):
+                    with contextlib.suppress(TimeoutError):  # not all done within the half second
+                        wait_for(pending, timeout=0.5)
+                    pending = [future for future in pending if not future.done()]
+                    read = min(sum(client.run(bytes_read_here).values()) - before, bar.total)
+                    bar.set_postfix_str(f"{len(futures) - len(pending)}/{len(futures)} chunks", refresh=False)
+                    bar.update(max(read - bar.n, 0))
+                if scheduler_lost(client):
+                    raise ConnectionError("the scheduler was lost while the results were computed")
+                return tuple(client.gather(client.compute(persisted)))
             persisted = [self.client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
             futures = futures_of(persisted)
             bar.total += len(futures)
