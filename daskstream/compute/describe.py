@@ -68,9 +68,9 @@ def describe(
         ``"75%"``), of the values that are not NaN, exactly as
         ``numpy.nanquantile`` gives them: by the exact quantile machinery of
         :func:`daskstream.reduce`, in the same computation. Over all axes that
-        takes its passes (2 for 8- to 32-bit data, 4 for 64-bit; the first reads
-        beside the statistics' pass); along axes, one pass over the data
-        rechunked to whole columns.
+        takes its own passes (2 for 8- to 32-bit data, 4 for 64-bit) beside
+        the statistics' pass; along axes, one pass over the data rechunked to
+        whole columns.
     split_every
         Fan-in of the merge tree; by default as wide as the memory budget allows.
     memory_budget
