@@ -24,7 +24,7 @@ from daskstream.compute.labels import axes_by_name, described, is_labelled, redu
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
 from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning, warn
-from daskstream.graph.layers import read_layers
+from daskstream.graph.layers import opened_source
 from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
@@ -124,7 +124,7 @@ def open(
 
 def _warn_of_stored_numbers(source: Source) -> None:
     """Say where the numbers ``open`` gives, as stored, are not what the file's users see (CF packing,
-    MATLAB's layout);"""
+    MATLAB's layout)."""
     _warn_if_packed(source)
     _warn_if_matlab(source)
 
@@ -515,10 +515,8 @@ def describe(
 
 def name_of(x: Any) -> str | None:
     """The name of the source ``x`` reads as it was opened (``path::dataset``), or ``None`` for other arrays."""
-    layers = read_layers(x) if isinstance(x, da.Array) else []
-    if len(layers) == 1 and layers[0][0] == x.name:
-        return layers[0][1].name
-    return None
+    source = opened_source(x)
+    return None if source is None else source.name
 
 
 __all__ = ["AdaptiveRun", "as_dask_array", "describe", "open", "plan", "plan_chunks", "reduce"]

@@ -38,7 +38,7 @@ import numpy as np
 from daskstream.compute.labels import axes_by_name, unlabelled
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, SourceChangedError
-from daskstream.graph.layers import opened_budget, read_layers
+from daskstream.graph.layers import opened_budget, opened_source
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.planning.streams import (
     SHARES,
@@ -79,11 +79,9 @@ class _Input:
         if isinstance(x, Source):
             self.source = x
         elif hasattr(x, "__dask_graph__"):
-            layers = read_layers(x)
             # An array straight from daskstream.open is read from its Source, without dask in the loop.
-            if len(layers) == 1 and layers[0][0] == x.name:
-                self.source = layers[0][1]
-            else:
+            self.source = opened_source(x)
+            if self.source is None:
                 self.array = x
         elif isinstance(x, (str, os.PathLike)):
             self.source = open_source(x)

@@ -11,12 +11,10 @@ import dataclasses
 from typing import Any
 
 import dask.config
-from dask.core import flatten
-from dask.highlevelgraph import HighLevelGraph
 
 from daskstream import config
 from daskstream.errors import InvalidArgumentError
-from daskstream.graph.layers import planned_resources
+from daskstream.graph.layers import merged_graph, planned_resources
 from daskstream.graph.optimize import optimize, plan_graph
 from daskstream.planning.computation import ComputePlan
 from daskstream.runtime.allocator import limit_malloc_arenas
@@ -58,8 +56,7 @@ def plan_compute(*collections: Any, memory_budget: int | str | None = None) -> C
     found = [c for c in collections if hasattr(c, "__dask_graph__")]
     if not found:
         raise InvalidArgumentError("plan_compute needs dask collections, e.g. plan_compute(x.mean(), y.std())")
-    graph = HighLevelGraph.merge(*[c.__dask_graph__() for c in found])
-    keys = list(flatten([c.__dask_keys__() for c in found]))
+    graph, keys = merged_graph(found)
     planned = planned_resources(graph)
     if planned is None or memory_budget is not None:
         found_here = resolve_resources(memory_budget=memory_budget)

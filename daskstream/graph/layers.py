@@ -23,6 +23,7 @@ import dask.array as da
 import numpy as np
 from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
 from dask.blockwise import Blockwise
+from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 from dask.utils import key_split
@@ -415,6 +416,26 @@ def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...
     return found
 
 
+def opened_source(x: Any) -> Source | None:
+    """The Source ``x`` reads when it is an array as :func:`daskstream.open` returns it, else ``None``.
+
+    ``None`` for an array computed from a source (``x - 1``), or reading several.
+    """
+    if not hasattr(x, "__dask_graph__"):
+        return None
+    layers = read_layers(x)
+    if len(layers) == 1 and layers[0][0] == getattr(x, "name", None):
+        return layers[0][1]
+    return None
+
+
+def merged_graph(collections: Iterable[Any]) -> tuple[HighLevelGraph, list[Key]]:
+    """One graph of the dask ``collections`` and the keys of their results, for planning them together."""
+    found = list(collections)
+    graph = HighLevelGraph.merge(*[c.__dask_graph__() for c in found])
+    return graph, list(flatten([c.__dask_keys__() for c in found]))
+
+
 __all__ = [
     "COMPUTED_ONCE",
     "PLANNED_FOR",
@@ -430,8 +451,10 @@ __all__ = [
     "describe",
     "layer_array",
     "layer_names",
+    "merged_graph",
     "needed_layers",
     "opened_budget",
+    "opened_source",
     "planned_resources",
     "read_layers",
     "reads_sources",

@@ -19,10 +19,8 @@ from typing import Any
 
 import dask
 from dask.callbacks import Callback
-from dask.core import flatten
-from dask.highlevelgraph import HighLevelGraph
 
-from daskstream.graph.layers import planned_resources
+from daskstream.graph.layers import merged_graph, planned_resources
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.budget import format_size
 from daskstream.runtime.resources import resolve_resources
@@ -137,8 +135,7 @@ def planned_bytes(objs: tuple[Any, ...]) -> int | None:
     if not found:
         return None
     try:
-        graph = HighLevelGraph.merge(*[obj.__dask_graph__() for obj in found])
-        keys = list(flatten([obj.__dask_keys__() for obj in found]))
+        graph, keys = merged_graph(found)
         planned = planned_resources(graph) or resolve_resources()
         total = plan_graph(graph, keys, planned)[1].bytes_to_read
     except Exception:  # a bar only watches: a graph it cannot plan is computed with a bar of tasks

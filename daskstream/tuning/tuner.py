@@ -12,7 +12,7 @@ from dask.utils import parse_timedelta
 
 from daskstream import config
 from daskstream.errors import DaskstreamWarning, InvalidArgumentError, warn
-from daskstream.graph.layers import read_layers
+from daskstream.graph.layers import opened_source, read_layers
 from daskstream.planning.budget import parse_budget
 from daskstream.planning.settings import PlanSettings, Resources
 from daskstream.runtime.resources import resolve_settings
@@ -132,7 +132,7 @@ def source_of(x: Any, dataset: str | None = None, *, as_opened: bool = False) ->
         return x
     if hasattr(x, "__dask_graph__"):
         layers = read_layers(x)
-        if as_opened and (len(layers) != 1 or getattr(x, "name", None) != layers[0][0]):
+        if as_opened and opened_source(x) is None:
             raise InvalidArgumentError(
                 "adaptive=True re-plans the reads, so it needs the array as daskstream.open returns it "
                 "(or its path); this one is computed from it: reduce the opened array, or pass adaptive=False"
