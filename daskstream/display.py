@@ -63,6 +63,9 @@ def details(summary: str, text: str) -> str:
     return f"<details><summary>{escape(summary)}</summary><pre>{escape(text)}</pre></details>"
 
 
+# The pictures' size in pixels, and the most lines dask draws along an axis of it.
+_SIZE = 180
+_MOST_LINES = _SIZE // 6
 _TASK_COLOUR = "#1f6fb2"
 _STORAGE_COLOUR = "#9aa5b1"
 _FACE = "#e3edf7"
@@ -87,6 +90,11 @@ def _drawn_chunks(shape: tuple[int, ...], chunks: Sequence[Any] | None, most: in
     return normalize_chunks(tuple(per_axis), shape)
 
 
+def _too_fine(shape: Sequence[int], storage_chunks: Sequence[int], most: int) -> bool:
+    """Whether storage chunks are more along some axis than a picture draws lines (so they are tinted)."""
+    return any(-(-int(n) // max(int(c), 1)) > most for n, c in zip(shape, storage_chunks))
+
+
 def _pieces(picture: str) -> tuple[str, list[str], str]:
     """An SVG of dask's split into its opening tag, its elements and its closing tag."""
     lines = [line.strip() for line in picture.splitlines()]
@@ -99,7 +107,7 @@ def grid_svg(
     *,
     storage_chunks: Sequence[int] | None,
     task_chunks: Sequence[Any] | None,
-    size: int = 180,
+    size: int = _SIZE,
 ) -> str:
     """dask's picture of an array's chunks, storage chunks as thin grey lines inside task chunks as blue ones.
 
@@ -119,7 +127,7 @@ def grid_svg(
     storage_lines: list[str] = []
     dense = False
     if storage_chunks is not None:
-        dense = any(-(-n // max(int(c), 1)) > most for n, c in zip(shape, storage_chunks))
+        dense = _too_fine(shape, storage_chunks, most)
         if not dense:
             _, drawn, _ = _pieces(dask.array.svg.svg(_drawn_chunks(shape, storage_chunks, most), size=size))
             # A storage grid's outer lines are the array's edges, drawn once, by the task grid.
@@ -182,7 +190,7 @@ def grid_figure(shape: Sequence[int], storage_chunks: Sequence[int] | None, task
         what = "stored contiguously" + ("; task chunks (blue)" if task_chunks is not None else "")
     else:
         what = "storage chunks (grey)" + (" inside task chunks (blue)" if task_chunks is not None else "")
-        if any(-(-int(n) // max(int(c), 1)) > 180 // 6 for n, c in zip(shape, storage_chunks)):
+        if _too_fine(shape, storage_chunks, _MOST_LINES):
             what += "; storage chunks too many to draw, tinted"
     legend = "<br>".join(escape(line) for line in [what, *split_legend(shape, storage_chunks, task_chunks)])
     return f"{svg}<div style='max-width:300px'><small>{legend}</small></div>"

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import dask.config
@@ -114,8 +114,7 @@ class _Command(click.Command):
         try:
             return super().invoke(ctx)
         except DaskstreamError as exc:
-            click.echo(f"daskstream: error: {_one_line(in_cli_words(str(exc), self))}", err=True)
-            sys.exit(2)
+            _fail(exc, self)
 
 
 def _parse_args_naming(parse_args: Any, ctx: click.Context, args: list[str]) -> list[str]:
@@ -168,8 +167,7 @@ class _Group(click.Group):
             try:
                 return super().invoke(ctx)
             except DaskstreamError as exc:
-                click.echo(f"daskstream: error: {_one_line(str(exc))}", err=True)
-                sys.exit(2)
+                _fail(exc, None)
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -177,6 +175,12 @@ class _PlainDumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _fail(error: DaskstreamError, command: click.Command | None) -> NoReturn:
+    """``error`` as one line on stderr, in ``command``'s words where one ran, and exit status 2."""
+    click.echo(f"daskstream: error: {_one_line(in_cli_words(str(error), command))}", err=True)
+    sys.exit(2)
 
 
 def _one_line(message: str) -> str:
@@ -489,6 +493,19 @@ def _versions_facts() -> dict[str, Any]:
     }
 
 
+def _range_option(cost: str) -> Any:
+    """--range of a histogram's bins; ``cost`` says what finding the data's range instead takes."""
+    return click.option(
+        "--range",
+        "bin_range",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar="LOW HIGH",
+        help=f"Edges of the histogram's bins (default: the data's least and largest values, {cost}).",
+    )
+
+
 _out_option = click.option(
     "--out",
     metavar="FILE",
@@ -525,15 +542,7 @@ _adaptive_store_option = click.option(
     help="Delta degrees of freedom for var and std: the divisor is the count minus DDOF.",
 )
 @click.option("--bins", type=int, default=None, help="Bin count for --op histogram (default 10).")
-@click.option(
-    "--range",
-    "bin_range",
-    type=float,
-    nargs=2,
-    default=None,
-    metavar="LOW HIGH",
-    help="Edges of the histogram's bins (default: the data's least and largest values, found in an extra pass).",
-)
+@_range_option("found in an extra pass")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @_out_option
 @_adaptive_option
@@ -649,15 +658,7 @@ def reduce_command(
 @click.argument("path")
 @click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
 @click.option("--bins", type=int, default=None, help="Also a histogram with this many bins.")
-@click.option(
-    "--range",
-    "bin_range",
-    type=float,
-    nargs=2,
-    default=None,
-    metavar="LOW HIGH",
-    help="Edges of the histogram's bins (default: the data's least and largest values, which takes a second pass).",
-)
+@_range_option("which takes a second pass")
 @click.option(
     "--quartiles",
     is_flag=True,

@@ -101,6 +101,11 @@ class ReadMeter:
         end = self._total(client)
         self.bytes_read = None if end is None else end - self._start
 
+    def so_far(self) -> int:
+        """Bytes counted since the block began, while it runs (a progress bar's count); 0 where not counted."""
+        total = None if self._start is None else self._total(self._client())
+        return 0 if total is None or self._start is None else total - self._start
+
     def _client(self) -> Any:
         session = self._session
         return session.client if session is not None else active_client()

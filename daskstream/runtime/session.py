@@ -48,12 +48,11 @@ from daskstream.planning.budget import parse_budget
 from daskstream.runtime import clusters
 from daskstream.runtime.addresses import check_scheduler_address
 from daskstream.runtime.clusters import join
-from daskstream.runtime.metering import process_initializer, shared_counter
+from daskstream.runtime.metering import ReadMeter, process_initializer, shared_counter
 from daskstream.runtime.progress import ReadProgress, TaskProgress, planned_bytes, progress_bar
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
 from daskstream.runtime.scheduler_loss import close_client, guard_scheduler, lost_scheduler_error, scheduler_lost
 from daskstream.runtime.schedulers import enter, leave
-from daskstream.sources.reads import bytes_read_here
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -385,8 +384,7 @@ class Session:
                 if self.client is not None:
                     results = self._compute_distributed(objs, bar, counts_bytes=bool(to_read))
                 elif bar is not None and to_read:
-                    progress = ReadProgress(bar, self._reads_since(self._reads_here()))
-                    with progress:
+                    with ReadMeter(self) as meter, ReadProgress(bar, meter.so_far) as progress:
                         results = dask.compute(*objs, scheduler=self.kind)
                     progress.show()
                 else:
@@ -396,14 +394,6 @@ class Session:
             if bar is not None:
                 bar.close()
         return results[0] if len(objs) == 1 else tuple(results)
-
-    def _reads_here(self) -> int:
-        """Bytes sources delivered to this session's local tasks: this process's, and its pool's if any."""
-        counter = self.read_counter
-        return bytes_read_here() + (counter.value if counter is not None else 0)
-
-    def _reads_since(self, start: int) -> Callable[[], int]:
-        return lambda: self._reads_here() - start
 
     def _compute_distributed(self, objs: tuple[Any, ...], bar: Any, *, counts_bytes: bool = False) -> tuple[Any, ...]:
         from distributed import as_completed, futures_of
@@ -415,25 +405,24 @@ class Session:
             if bar is None:
                 return tuple(self.client.gather(self.client.compute(list(objs))))
             # Persist first so the bar can follow every output chunk, then assemble them.
+            client = self.client
             if counts_bytes:
                 # The bytes the workers' sources deliver, asked of them twice a second: the bar moves
                 # with every block read, also while a single output chunk is being reduced.
-                client = self.client
-                before = sum(client.run(bytes_read_here).values())
-                persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
-                futures = futures_of(persisted)
-                pending = list(futures)
-                while pending and not scheduler_lost(client):
-                    with contextlib.suppress(TimeoutError):  # not all done within the half second
-                        wait_for(pending, timeout=0.5)
-                    pending = [future for future in pending if not future.done()]
-                    read = min(sum(client.run(bytes_read_here).values()) - before, bar.total)
-                    bar.set_postfix_str(f"{len(futures) - len(pending)}/{len(futures)} chunks", refresh=False)
-                    bar.update(max(read - bar.n, 0))
-                if scheduler_lost(client):
-                    raise ConnectionError("the scheduler was lost while the results were computed")
+                with ReadMeter(self) as meter:
+                    persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
+                    futures = futures_of(persisted)
+                    pending = list(futures)
+                    while pending and not scheduler_lost(client):
+                        with contextlib.suppress(TimeoutError):  # not all done within the half second
+                            wait_for(pending, timeout=0.5)
+                        pending = [future for future in pending if not future.done()]
+                        bar.set_postfix_str(f"{len(futures) - len(pending)}/{len(futures)} chunks", refresh=False)
+                        bar.update(max(min(meter.so_far(), bar.total) - bar.n, 0))
+                    if scheduler_lost(client):
+                        raise ConnectionError("the scheduler was lost while the results were computed")
                 return tuple(client.gather(client.compute(persisted)))
-            persisted = [self.client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
+            persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
             futures = futures_of(persisted)
             bar.total += len(futures)
             bar.refresh()
