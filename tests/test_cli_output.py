@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import inspect
 import json
+import pathlib
 import re
 
 import h5py
@@ -199,3 +200,159 @@ def test_store_and_convert_take_the_same_codec_option(field, tmp_path):
     with h5py.File(tmp_path / "a.h5", "r") as f:
         assert f["x"].compression == "gzip"
         np.testing.assert_array_equal(f["x"][...], data)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd", "lz4", "none"])
+@pytest.mark.parametrize("target", ["v3.zarr", "v2.zarr", "out.h5::/x"])
+def test_every_codec_name_help_offers_stores_into_every_target_it_applies_to(field, tmp_path, codec, target):
+    path, data = field
+    options = ["--zarr-format", "2"] if target.startswith("v2") else []
+    stored = invoke("store", path, tmp_path / target, "--codec", codec, "--quiet", *options)
+    assert stored.exit_code == 0, stored.stderr
+    if target.endswith(".zarr"):
+        array = zarr.open_array(str(tmp_path / target), mode="r")
+        names = " ".join(type(c).__name__.lower() for c in array.compressors)
+        assert (codec == "none" and not array.compressors) or {"lz4": "blosc"}.get(codec, codec) in names
+        np.testing.assert_array_equal(array[...], data)
+    else:
+        with h5py.File(tmp_path / "out.h5", "r") as f:
+            filters = {"gzip": "gzip", "zstd": "32015", "lz4": "32001", "none": None}[codec]
+            assert (filters is None and not f["x"]._filters) or filters in f["x"]._filters
+            np.testing.assert_array_equal(f["x"][...], data)
+
+
+def test_an_hdf5_filter_name_into_a_zarr_target_is_one_clear_line(field, tmp_path):
+    path, _ = field
+    refused = invoke("store", path, tmp_path / "t.zarr", "--codec", "lzf", "--quiet")
+    assert refused.exit_code == 2
+    assert refused.stderr.strip() == (
+        "daskstream: error: codec 'lzf' is an HDF5 filter; a Zarr target takes zstd, lz4 or gzip"
+    )
+    assert not (tmp_path / "t.zarr").exists()
+
+
+# --out never loses data: not onto what the command reads (any spelling), never over a folder of the
+# user's, and the old file stays whole until the new one is.
+
+
+def _sources(tmp_path):
+    data = np.arange(24.0).reshape(4, 6)
+    np.save(tmp_path / "src.npy", data)
+    zarr.save_array(str(tmp_path / "src.zarr"), data)
+    group = zarr.open_group(str(tmp_path / "tree.zarr"), mode="w")
+    group.create_array("x", data=data)
+    group.create_array("y", data=data * 2)
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f["x"] = data
+        f["other"] = np.ones(3)
+    return data
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+_ALIASES = [
+    ("src.npy", "src.npy"),
+    ("src.npy", "./src.npy"),
+    ("src.npy", "sub/../src.npy"),
+    ("src.npy", "link.npy"),  # a symbolic link to the source
+    ("src.npy", "hard.npy"),  # a hard link of the source
+    ("src.zarr", "src.zarr"),
+    ("src.zarr", "src.zarr/"),
+    ("tree.zarr::x", "tree.zarr"),  # the store around the array read
+    ("tree.zarr::x", "tree.zarr/x/c/r.h5"),  # inside the array read
+    ("src.h5::/x", "src.h5"),  # the whole file holding the dataset read (and another one)
+    ("src.h5::/x", "linkdir/src.h5"),  # through a linked folder
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "source", "out"),
+    # describe's several statistics do not go in a .npy file, which is refused before anything else.
+    [(c, s, o) for c in ("reduce", "describe") for s, o in _ALIASES if not (c == "describe" and o.endswith(".npy"))],
+)
+def test_out_onto_what_the_command_reads_is_refused_and_nothing_changes(tmp_path, command, source, out):
+    _sources(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.npy").symlink_to(tmp_path / "src.npy")
+    (tmp_path / "hard.npy").hardlink_to(tmp_path / "src.npy")
+    (tmp_path / "linkdir").symlink_to(tmp_path)
+    before = _snapshot(tmp_path)
+    args = ["--op", "sum", "--axis", "0"] if command == "reduce" else ["--axis", "0"]
+    suffix = pathlib.PurePath(out.rstrip("/")).suffix
+    result = invoke(command, f"{tmp_path}/{source}", *args, "--quiet", "--out", f"{tmp_path}/{out}")
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    line = result.stderr.strip()
+    assert line.startswith("daskstream: error: --out ")
+    assert "\n" not in line
+    assert "destroy the data it reads" in line, line
+    assert _snapshot(tmp_path) == before
+    assert suffix  # every case names a format --out writes
+
+
+def test_out_never_deletes_a_folder_of_the_users(tmp_path):
+    _sources(tmp_path)
+    keep = tmp_path / "x.npy" / "sub" / "keep"
+    keep.parent.mkdir(parents=True)
+    keep.write_text("k")
+    refused = invoke("reduce", tmp_path / "src.npy", "--op", "sum", "--axis", "0", "--quiet", "--out", keep.parents[1])
+    assert refused.exit_code == 2
+    assert "a folder is there" in refused.stderr
+    assert keep.read_text() == "k"
+    # A Zarr folder --out did not write (here: the user's own store) is not replaced either ...
+    theirs = tmp_path / "theirs.zarr"
+    zarr.save_array(str(theirs), np.ones(3))
+    before = _snapshot(theirs)
+    refused = invoke("reduce", tmp_path / "src.npy", "--op", "sum", "--axis", "0", "--quiet", "--out", theirs)
+    assert refused.exit_code == 2
+    assert "daskstream replaces a folder only" in refused.stderr
+    assert _snapshot(theirs) == before
+    # ... nor one --out wrote and the user then added to.
+    ours = tmp_path / "ours.zarr"
+    assert invoke("reduce", tmp_path / "src.npy", "--op", "sum", "--axis", "0", "--quiet", "--out", ours).exit_code == 0
+    (ours / "notes.txt").write_text("mine")
+    refused = invoke("reduce", tmp_path / "src.npy", "--op", "max", "--axis", "0", "--quiet", "--out", ours)
+    assert refused.exit_code == 2
+    assert (ours / "notes.txt").read_text() == "mine"
+    assert zarr.open_array(str(ours / "sum"), mode="r").shape == (6,)
+
+
+def test_out_over_a_file_keeps_its_permissions_and_a_link_keeps_what_it_points_to(tmp_path):
+    data = _sources(tmp_path)
+    out = tmp_path / "sum.npy"
+    out.write_bytes(b"old")
+    out.chmod(0o640)
+    assert invoke("reduce", tmp_path / "src.npy", "--op", "sum", "--axis", "0", "--quiet", "--out", out).exit_code == 0
+    np.testing.assert_array_equal(np.load(out), data.sum(axis=0))
+    assert out.stat().st_mode & 0o777 == 0o640
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("keep")
+    (tmp_path / "link.npy").symlink_to(elsewhere)
+    result = invoke(
+        "reduce", tmp_path / "src.npy", "--op", "sum", "--axis", "0", "--quiet", "--out", tmp_path / "link.npy"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert elsewhere.read_text() == "keep"
+    np.testing.assert_array_equal(np.load(tmp_path / "link.npy"), data.sum(axis=0))
+
+
+def test_a_failed_out_leaves_the_old_file_whole_and_no_partial_file(tmp_path):
+    _sources(tmp_path)
+    out = tmp_path / "stats.csv"
+    out.write_text("old results\n")
+    # describe over axis 0 gives statistics of one shape, and a histogram of another: a .csv table cannot
+    # hold both, which is found only once the result is computed.
+    result = invoke("describe", tmp_path / "src.npy", "--axis", "0", "--bins", "4", "--quiet", "--out", out)
+    assert result.exit_code == 2, result.stdout
+    assert out.read_text() == "old results\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_out_into_a_missing_folder_or_a_url_is_one_clear_line(tmp_path):
+    _sources(tmp_path)
+    for out, says in [(tmp_path / "no" / "such.npy", "does not exist"), ("s3://bucket/x.npy", "writes a local file")]:
+        result = invoke("reduce", tmp_path / "src.npy", "--op", "sum", "--axis", "0", "--quiet", "--out", out)
+        assert result.exit_code == 2
+        assert says in result.stderr
+        assert result.stderr.count("\n") == 1

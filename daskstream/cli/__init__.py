@@ -25,13 +25,22 @@ import yaml
 
 import daskstream as ds
 from daskstream import dependencies
-from daskstream.cli.output import format_exact, histogram_lines, out_format, result_lines, table_lines, write_arrays
+from daskstream.cli.output import (
+    check_out,
+    format_exact,
+    histogram_lines,
+    out_format,
+    result_lines,
+    table_lines,
+    write_arrays,
+)
 from daskstream.cli.words import in_cli_words
 from daskstream.compute.describe import QUARTILES, STATISTICS
 from daskstream.compute.store import stored_bytes, target_format
-from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
+from daskstream.compute.store.codecs import HDF5_FILTER_NAMES, NAMED_CODECS, OBJECTIVES, CodecChoice, named_codec
 from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError, DaskstreamWarning
+from daskstream.graph.layers import places_read
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.runtime.clusters import check_cluster_config
 from daskstream.runtime.metering import ReadMeter
@@ -587,9 +596,10 @@ def reduce_command(
     null); with --adaptive, adaptive (what was tried, chosen and why).
     """
 
+    out_names = ["counts", "edges"] if op == "histogram" else [op]
     if out is not None:
         # A suffix daskstream cannot write, or a .npy file for a histogram's two arrays, refused before reading.
-        out_format(out, ["counts", "edges"] if op == "histogram" else [op])
+        out_format(out, out_names)
     options: dict[str, Any] = {"ddof": ddof}
     if q:
         options["q"] = q[0] if len(q) == 1 else list(q)
@@ -598,6 +608,10 @@ def reduce_command(
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         # Opened inside the session, so the chunks are planned for its workers.
         x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
+        reads = places_read(x)
+        if out is not None:
+            # Onto the source, or over a folder of the user's: refused before a byte is read.
+            check_out(out, out_names, reads)
         adaptation = None
         if adaptive:
             run = ds.reduce(x, op, axis=axis or None, adaptive=True, progress=not quiet, **options)
@@ -617,7 +631,7 @@ def reduce_command(
     written = None
     if out is not None:
         arrays = {"counts": value[0], "edges": value[1]} if op == "histogram" else {op: value}
-        written = write_arrays(out, arrays)
+        written = write_arrays(out, arrays, reads)
     if as_json:
         shown = [_plain(v) for v in value] if op == "histogram" else _plain(value)
         report = {
@@ -703,13 +717,16 @@ def describe_command(
     (what was tried, chosen and why).
     """
 
+    # The names are those the description will have.
+    out_names = [*STATISTICS, *(QUARTILES if quartiles else ()), *(("histogram", "bin_edges") if bins else ())]
     if out is not None:
-        # Refused before anything is read; the names are those the description will have.
-        names = [*STATISTICS, *(QUARTILES if quartiles else ()), *(("histogram", "bin_edges") if bins else ())]
-        out_format(out, names)
+        out_format(out, out_names)  # refused before anything is opened
     adaptation = None
     with _session(scheduler, cluster_file, memory_budget, quiet) as s:
         x = ds.open(path, dataset=dataset, storage_options=_url_options(storage_options, path))
+        reads = places_read(x)
+        if out is not None:
+            check_out(out, out_names, reads)
         options: dict[str, Any] = {"axis": axis or None, "bins": bins, "range": bin_range}
         if adaptive:
             run = ds.describe(x, **options, quartiles=quartiles, adaptive=True, progress=not quiet)
@@ -719,7 +736,7 @@ def describe_command(
             description = s.compute(ds.describe(x, **options, quartiles=quartiles), label=f"describe {path}")
     written = None
     if out is not None:
-        written = write_arrays(out, dict(description))
+        written = write_arrays(out, dict(description), reads)
     if as_json:
         report: dict[str, Any] = {
             "name": description.name,
@@ -960,7 +977,8 @@ def _optimize_option(command: Any) -> Any:
     "compressor",
     default="default",
     show_default=True,
-    help='"default", "none", "auto" (measured on the data: see --optimize), or an HDF5 filter name.',
+    help=f'"default", "none", "auto" (measured on the data: see --optimize), {", ".join(NAMED_CODECS)} (Zarr '
+    f"and HDF5) or {', '.join(HDF5_FILTER_NAMES)} (HDF5).",
 )
 @_optimize_option
 @click.option(
@@ -1252,22 +1270,7 @@ def _compressor(codec: str, level: int, *, hdf5: bool) -> Any:
     lowest, highest = _CODEC_LEVELS[codec]
     if not lowest <= level <= highest:
         raise click.BadParameter(f"{level} is outside {codec}'s levels, {lowest} to {highest}", param_hint="'--level'")
-    if hdf5:
-        if codec == "gzip":
-            return {"compression": "gzip", "compression_opts": level, "shuffle": True}
-        hdf5plugin = dependencies.optional_import(
-            "hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=f"--codec {codec} for an HDF5 target"
-        )
-        if codec == "zstd":
-            return hdf5plugin.Zstd(clevel=level)
-        return hdf5plugin.Blosc(cname="lz4", clevel=level, shuffle=hdf5plugin.Blosc.SHUFFLE)
-    import zarr.codecs
-
-    if codec == "zstd":
-        return zarr.codecs.ZstdCodec(level=level)
-    if codec == "lz4":
-        return zarr.codecs.BloscCodec(cname="lz4", clevel=level, shuffle="shuffle")
-    return zarr.codecs.GzipCodec(level=level)
+    return named_codec(codec, "hdf5" if hdf5 else "zarr", level=level)
 
 
 @main.group()

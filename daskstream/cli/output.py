@@ -4,26 +4,35 @@ A scalar result is printed whole; an array result is summarised in a line
 (its shape, dtype and range) and written in full with ``--out FILE``: a
 ``.npy`` file (one array), a ``.csv`` table (a column per array, one row per
 element, with the element's index), a Zarr store (``.zarr``) or an HDF5 file
-(``.h5``, ``.hdf5``), with one array per name. ``--out`` replaces what is at
-FILE, as a shell's ``>`` does.
+(``.h5``, ``.hdf5``), with one array per name. ``--out`` replaces a file at
+FILE, as a shell's ``>`` does, but never a file or folder the computation
+reads, never a folder other than a Zarr result it wrote itself, and only once
+the new file is whole (see :mod:`daskstream.safe_writes`).
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
+import json
+import os
 import pathlib
-import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from daskstream.compute.description import format_number, summarised
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import DaskstreamError, InvalidArgumentError
+from daskstream.files import open_regular
+from daskstream.safe_writes import check_replaceable, refuse_onto_reads, written_whole
 from daskstream.sources.hdf5 import import_h5py
+from daskstream.sources.objects import is_url
 
 OUT_SUFFIXES = (".npy", ".csv", ".zarr", ".h5", ".hdf5")
+# The attribute of a Zarr group --out wrote, listing its arrays: only such a group is ever replaced.
+RESULT_MARK = "daskstream_result"
+_MAX_MARK_BYTES = 1 << 20
 # Array results up to this many values are printed as a table too; larger ones are summarised.
 SHOWN_VALUES = 20
 
@@ -47,41 +56,81 @@ def out_format(path: str, arrays: Sequence[str] | None = None) -> str:
     return "h5" if suffix == ".hdf5" else suffix[1:]
 
 
-def write_arrays(path: str, arrays: Mapping[str, Any]) -> str:
-    """Write ``arrays`` (name: array) to ``path`` in the format its suffix names; what was written, in words."""
-    kind = out_format(path, list(arrays))
-    values = {name: np.asarray(value) for name, value in arrays.items()}
-    target = pathlib.Path(path)
-    if target.is_dir():
-        shutil.rmtree(target)
-    elif target.exists():
-        target.unlink()
-    if kind == "npy":
-        (value,) = values.values()
-        np.save(target, value)
-    elif kind == "csv":
-        _write_csv(target, values)
-    elif kind == "zarr":
-        import zarr
+def check_out(path: str, arrays: Sequence[str], reads: Sequence[tuple[str, str]] = ()) -> str:
+    """Refuse ``--out PATH`` before anything is computed when writing there could lose data; its format.
 
-        group = zarr.open_group(str(target), mode="w")
-        for name, value in values.items():
-            group.create_array(name, data=value)
-    else:
-        with import_h5py().File(target, "w") as f:
+    ``reads`` are the local places the computation reads (``(place, source
+    name)``, :func:`daskstream.graph.layers.places_read`): PATH is none of
+    them, under any spelling, nor inside or around one. A file replaces a file
+    (as a shell's ``>``), never a folder; a Zarr result replaces only a Zarr
+    result ``--out`` wrote before.
+    """
+    kind = out_format(path, arrays)
+    option = f"--out {path}"
+    if is_url(path) or path.startswith("file://"):
+        raise InvalidArgumentError(f"{option}: --out writes a local file; give a path, and copy it from there")
+    refuse_onto_reads(path, reads, option=option)
+    check_replaceable(path, folder=kind == "zarr", is_own=_own_zarr_result, option=option)
+    return kind
+
+
+def write_arrays(path: str, arrays: Mapping[str, Any], reads: Sequence[tuple[str, str]] = ()) -> str:
+    """Write ``arrays`` (name: array) to ``path`` in the format its suffix names; what was written, in words.
+
+    Checked again as :func:`check_out` does, written under a temporary name
+    beside ``path`` and renamed into place whole: a failed or interrupted
+    write leaves what was at ``path`` as it was.
+    """
+    kind = check_out(path, list(arrays), reads)
+    values = {name: np.asarray(value) for name, value in arrays.items()}
+    with written_whole(path, folder=kind == "zarr", is_own=_own_zarr_result, option=f"--out {path}") as temporary:
+        target = pathlib.Path(temporary)
+        if kind == "npy":
+            (value,) = values.values()
+            with target.open("wb") as f:  # np.save(path) would add .npy to the temporary name
+                np.save(f, value)
+        elif kind == "csv":
+            _write_csv(target, values, path)
+        elif kind == "zarr":
+            import zarr
+
+            group = zarr.open_group(str(target), mode="w")
             for name, value in values.items():
-                f.create_dataset(name, data=value)
+                group.create_array(name, data=value)
+            group.attrs[RESULT_MARK] = sorted(values)
+        else:
+            with import_h5py().File(target, "w") as f:
+                for name, value in values.items():
+                    f.create_dataset(name, data=value)
     shapes = ", ".join(f"{name} {value.shape} {value.dtype}" for name, value in values.items())
     return f"wrote {shapes} to {path}"
 
 
-def _write_csv(target: pathlib.Path, values: dict[str, np.ndarray]) -> None:
+def _own_zarr_result(folder: str) -> bool:
+    """Whether ``folder`` is a Zarr group ``--out`` wrote, holding nothing but the arrays it wrote there.
+
+    A folder the user has put anything else in, or one ``--out`` did not
+    write, is never replaced.
+    """
+    try:
+        with open_regular(os.path.join(folder, "zarr.json")) as f:
+            metadata = json.loads(f.read(_MAX_MARK_BYTES))
+        written = metadata["attributes"][RESULT_MARK]
+        entries = set(os.listdir(folder))
+    except (OSError, ValueError, KeyError, TypeError, DaskstreamError):
+        return False
+    if metadata.get("node_type") != "group" or not isinstance(written, list):
+        return False
+    return entries <= {"zarr.json", *map(str, written)}
+
+
+def _write_csv(target: pathlib.Path, values: dict[str, np.ndarray], path: str) -> None:
     """One row per element: its index along each axis, then each array's value there (same shapes only)."""
     shapes = {value.shape for value in values.values()}
     if len(shapes) != 1:
         described = ", ".join(f"{name} {value.shape}" for name, value in values.items())
         raise InvalidArgumentError(
-            f"--out {target}: a .csv table needs arrays of one shape, and these differ ({described}): "
+            f"--out {path}: a .csv table needs arrays of one shape, and these differ ({described}): "
             "write .zarr or .h5 instead"
         )
     (shape,) = shapes
@@ -146,6 +195,7 @@ def format_exact(value: Any) -> str:
 
 __all__ = [
     "OUT_SUFFIXES",
+    "check_out",
     "format_exact",
     "histogram_lines",
     "out_format",

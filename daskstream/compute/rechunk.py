@@ -45,6 +45,7 @@ from daskstream.graph.layers import (
     RECHUNK_ANNOTATION,
     RechunkRecord,
     budget_of,
+    places_read,
     read_layers,
     rechunk_records,
     record_plan,
@@ -54,6 +55,7 @@ from daskstream.planning.budget import plannable_bytes
 from daskstream.planning.grid import block_slices, regular_chunk_shape, regular_grid
 from daskstream.planning.rechunk import RechunkPlan, plan_rechunk
 from daskstream.runtime.resources import resolve_settings
+from daskstream.safe_writes import refuse_onto_reads
 from daskstream.sources.base import Source, checked_path
 from daskstream.sources.contiguous import pread_into
 
@@ -224,9 +226,12 @@ def _intermediate_folder(given: str | os.PathLike[str] | None, boxes: da.Array, 
         parent = checked_path(given, "intermediate")
     else:
         parent = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
-    os.makedirs(parent, exist_ok=True)
     # Named by the computation and the plan: the same rechunk built again (a resumed store) finds its own.
-    return os.path.join(parent, f"daskstream-rechunk-{tokenize(boxes.name, plan)}")
+    folder = os.path.join(parent, f"daskstream-rechunk-{tokenize(boxes.name, plan)}")
+    # Its files are written, then removed: never inside (or around) what the rechunk reads.
+    refuse_onto_reads(folder, places_read(boxes), option=f"rechunk(intermediate={parent!r})")
+    os.makedirs(parent, exist_ok=True)
+    return folder
 
 
 def _through_intermediate(boxes: da.Array, plan: RechunkPlan, folder: str) -> da.Array:

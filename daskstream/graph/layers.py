@@ -14,6 +14,7 @@ graph.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,6 +32,7 @@ from dask.utils import key_split
 from daskstream.planning.passes import LayerFacts
 from daskstream.planning.settings import Resources
 from daskstream.sources.base import Source
+from daskstream.sources.objects import is_url
 
 # On a region array's layer: the regions each of its blocks reads (see :mod:`daskstream.graph.regions`).
 REGIONS_ANNOTATION = "daskstream-regions"
@@ -414,6 +416,30 @@ def read_layers(collection: Any) -> list[tuple[str, Source, tuple[tuple[int, ...
             annotations = getattr(layer, "collection_annotations", None) or {}
             found.append((name, source, annotations.get("chunks")))
     return found
+
+
+def source_places(source: Source) -> list[str]:
+    """The local files and folders ``source``'s data is read from (none for URLs).
+
+    A Zarr array in a folder is its own folder, not the whole store; an HDF5
+    dataset is its file and the files it links to.
+    """
+    if is_url(source.path):
+        return []
+    if source.format == "zarr" and os.path.isdir(source.path):
+        return [os.path.join(source.path, *[part for part in (source.dataset or "").split("/") if part])]
+    return [source.path, *(linked.path for linked in getattr(source, "linked_files", ()))]
+
+
+def places_read(*collections: Any) -> list[tuple[str, str]]:
+    """Each local file or folder the ``collections`` read, with the name of the source reading it."""
+    return [
+        (place, source.name)
+        for collection in collections
+        if hasattr(collection, "__dask_graph__")
+        for _, source, _ in read_layers(collection)
+        for place in source_places(source)
+    ]
 
 
 def opened_source(x: Any) -> Source | None:

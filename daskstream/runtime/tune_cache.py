@@ -5,8 +5,8 @@ cache folder). It is read as data only, written whole to a temporary file
 and renamed into place, under a lock file so that two processes tuning at
 once do not lose each other's entries. A file that cannot be parsed (not
 JSON, not UTF-8, or nested too deeply for the parser) is treated as empty
-(with a :class:`~daskstream.errors.TuneCacheWarning`) and replaced on the
-next write.
+(with a :class:`~daskstream.errors.TuneCacheWarning`) and never replaced: a
+path set by mistake to a data file loses nothing.
 
 Entries are keyed by what decides the best chunks, not by the file's path:
 format, storage layout and codecs, the storage unit, dtype, the work, the
@@ -22,8 +22,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,13 +29,16 @@ from typing import Any
 import psutil
 
 from daskstream import config
-from daskstream.errors import TuneCacheWarning, warn
+from daskstream.errors import TargetExistsError, TuneCacheWarning, warn
 from daskstream.files import open_regular
 from daskstream.runtime.resources import _usable_cpus, last_level_cache_bytes
+from daskstream.safe_writes import check_replaceable, written_whole
 
 VERSION = 1
 # Observations kept per entry: the most recent ones, one per chunk shape.
 MAX_OBSERVATIONS = 32
+# A cache far larger than any daskstream writes is not one: not read whole into memory.
+MAX_CACHE_BYTES = 64 << 20
 
 
 def cache_path() -> Path:
@@ -88,22 +89,31 @@ class TuneCache:
     def entries(self) -> dict[str, dict[str, Any]]:
         """Every entry, by key text."""
         try:
+            return self._read()
+        except _NotACache as exc:
+            warn(
+                f"{self.path}: {exc}; the tuning cache is treated as empty, and that file is left as it is. "
+                "Set daskstream.tune.cache to another file, or move it away.",
+                TuneCacheWarning,
+            )
+            return {}
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        """The entries, or :class:`_NotACache` when a file is there that is not a tuning cache."""
+        try:
             # A pipe or device in the cache's place would block the read: refused as unreadable.
             with open_regular(os.fspath(self.path)) as f:
-                data = json.loads(f.read().decode("utf-8"))
+                data = json.loads(f.read(MAX_CACHE_BYTES + 1).decode("utf-8"))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, RecursionError) as exc:
             # RecursionError: JSON nested deeper than the parser's stack (a damaged or planted file).
             reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
-            warn(
-                f"{self.path}: the tuning cache cannot be read ({reason}); it is treated as empty and will be "
-                "replaced. Run `daskstream tune --clear` to remove it.",
-                TuneCacheWarning,
-            )
-            return {}
-        if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("entries"), dict):
-            return {}
+            raise _NotACache(f"it cannot be read as a tuning cache ({reason})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or "version" not in data:
+            raise _NotACache("it is not a tuning cache daskstream wrote")
+        if data["version"] != VERSION:
+            return {}  # another version's cache: its entries are not this one's, and it is replaced
         return data["entries"]
 
     def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -138,22 +148,43 @@ class TuneCache:
 
     @contextlib.contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+        """The entries to change, written back whole under the lock; nothing written over a file of another kind.
+
+        The cache's place may be set to any path: a file there that is not a
+        tuning cache (a data file named by mistake) is never replaced, and the
+        change is not saved (:class:`~daskstream.errors.TuneCacheWarning`).
+        """
+        option = f"the tuning cache {self.path}"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path.with_name(self.path.name + ".lock"), "a")  # noqa: SIM115 - held to the end
+        except OSError as exc:
+            warn(
+                f"{self.path}: the tuning cache cannot be written ({exc.strerror}); nothing is saved", TuneCacheWarning
+            )
+            yield {}
+            return
+        with lock:
             _lock_exclusively(lock)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", TuneCacheWarning)
-                entries = self.entries()
-            yield entries
-            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".tune-", suffix=".json")
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({"version": VERSION, "entries": entries}, f, indent=1, default=str)
-                os.replace(temporary, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
-                raise
+                entries = self._read()
+                check_replaceable(os.fspath(self.path), folder=False, is_own=lambda _: False, option=option)
+            except (_NotACache, TargetExistsError) as exc:
+                warn(
+                    f"{self.path}: {exc}; this tuning result is not saved, and that file is left as it is. Set "
+                    "daskstream.tune.cache to another file, or move it away.",
+                    TuneCacheWarning,
+                )
+                yield {}
+                return
+            yield entries
+            place = os.fspath(self.path)
+            with written_whole(place, folder=False, is_own=lambda _: False, option=option) as temporary:
+                Path(temporary).write_text(json.dumps({"version": VERSION, "entries": entries}, indent=1, default=str))
+
+
+class _NotACache(Exception):
+    """A file is at the cache's place that is not a tuning cache; the reason is the message."""
 
 
 def _lock_exclusively(lock: Any) -> None:

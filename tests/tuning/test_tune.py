@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 
 import dask.config
 import h5py
@@ -255,15 +254,31 @@ def test_bad_arguments_are_clear_errors(tmp_path, cache):
         ds.tune(path, kernel=np.negative, depth=-1)
 
 
-def test_a_damaged_cache_file_is_ignored_with_a_warning_and_replaced(tmp_path, cache):
-    cache.path.write_text("{not json")
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",  # damaged
+        np.arange(6.0).tobytes(),  # a data file named as the cache by mistake
+        b'{"rows": [1, 2]}',  # JSON of another program
+    ],
+    ids=["damaged", "data", "other-json"],
+)
+def test_a_file_that_is_not_a_cache_is_ignored_with_a_warning_and_never_replaced(tmp_path, cache, content):
+    cache.path.write_bytes(content)
     path = write(tmp_path, "npy")
-    with pytest.warns(TuneCacheWarning, match="cannot be read"):
+    with pytest.warns(TuneCacheWarning, match="left as it is"):
         result = ds.tune(path, memory_budget="256MiB")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert json.loads(cache.path.read_text())["entries"]
+    assert cache.path.read_bytes() == content
     assert not result.from_cache
+    assert result.winner is not None
+
+
+def test_a_folder_at_the_cache_place_is_left_alone(tmp_path, cache):
+    cache.path.mkdir(parents=True)
+    (cache.path / "keep").write_text("k")
+    with pytest.warns(TuneCacheWarning):
+        ds.tune(write(tmp_path, "npy"), memory_budget="256MiB")
+    assert (cache.path / "keep").read_text() == "k"
 
 
 def test_the_result_shows_as_table_dataframe_plot_and_html(tmp_path, cache):

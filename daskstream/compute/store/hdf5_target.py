@@ -23,6 +23,7 @@ import numpy as np
 from dask.optimization import cull
 
 from daskstream.compute.computation import plan_compute
+from daskstream.compute.store.codecs import named_codec
 from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
 from daskstream.compute.store.record import (
     H5_COMPLETE_ATTR,
@@ -37,10 +38,8 @@ from daskstream.compute.store.target import (
     Carried,
     ProgressCallback,
     Target,
-    data_locations,
     first_line,
     in_process_scheduler,
-    same_path,
 )
 from daskstream.errors import (
     DaskstreamWarning,
@@ -53,13 +52,14 @@ from daskstream.errors import (
     UnsupportedDtypeError,
     warn,
 )
-from daskstream.graph.layers import budget_of
+from daskstream.graph.layers import budget_of, source_places
 from daskstream.graph.optimize import with_aggregates_computed
 from daskstream.planning.budget import FILTERED_WRITE_COPIES, plannable_bytes
 from daskstream.planning.grid import regular_block_slices
 from daskstream.runtime.pools import one_process_pool
 from daskstream.runtime.resources import resolve_resources
 from daskstream.runtime.schedulers import active_client, active_get
+from daskstream.safe_writes import same_path
 from daskstream.sources.base import Source, own_writes
 from daskstream.sources.handles import forget_handles
 from daskstream.sources.hdf5 import import_h5py
@@ -185,7 +185,7 @@ class Hdf5Target(Target):
         if not os.path.exists(self.path):
             return  # a new file: nothing read can be in it
         for source in sources:
-            for location in data_locations(source):
+            for location in source_places(source):
                 if not same_path(location, self.path):
                     continue
                 if location != source.path or source.format != "hdf5":
@@ -413,7 +413,7 @@ class Hdf5Target(Target):
         if isinstance(self.compressor, str):
             if self.compressor == "default":
                 return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
-            return {"compression": self.compressor}
+            return dict(named_codec(self.compressor, "hdf5") or {})
         if isinstance(self.compressor, Mapping):
             return dict(self.compressor)
         raise InvalidArgumentError(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import os
 import posixpath
@@ -137,44 +136,6 @@ def target_format(path: str) -> str:
     if os.path.isdir(path):
         return "zarr"
     return "hdf5" if path.lower().endswith(HDF5_SUFFIXES) else "zarr"
-
-
-def data_locations(source: Source) -> list[str]:
-    """The local files and folders a source's data is read from (none for URLs)."""
-    if is_url(source.path):
-        return []
-    if source.format == "zarr" and os.path.isdir(source.path):
-        return [os.path.join(source.path, *[part for part in (source.dataset or "").split("/") if part])]
-    return [source.path, *(linked.path for linked in getattr(source, "linked_files", ()))]
-
-
-def lies_within(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or lies inside it, whatever links or mounts lead to either.
-
-    Each folder on the way up from ``path`` (links resolved) is compared with
-    ``folder`` by device and inode, so two spellings of one place match.
-    """
-    try:
-        wanted = os.stat(folder)
-    except OSError:
-        return False  # nothing there yet: nothing to lose
-    current = os.path.realpath(path)
-    while True:
-        with contextlib.suppress(OSError):
-            st = os.stat(current)
-            if (st.st_dev, st.st_ino) == (wanted.st_dev, wanted.st_ino):
-                return True
-        parent = os.path.dirname(current)
-        if parent == current:
-            return False
-        current = parent
-
-
-def same_path(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 class Target(abc.ABC):

@@ -22,6 +22,7 @@ import dask.threaded
 import numpy as np
 
 from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
+from daskstream.compute.store.codecs import named_codec
 from daskstream.compute.store.record import (
     COMPLETE_FILE,
     DONE_DIR,
@@ -37,8 +38,6 @@ from daskstream.compute.store.target import (
     Carried,
     ProgressCallback,
     Target,
-    data_locations,
-    lies_within,
 )
 from daskstream.compute.store.zarr_writes import PendingWrites, block_runner
 from daskstream.errors import (
@@ -52,6 +51,8 @@ from daskstream.errors import (
     warn,
 )
 from daskstream.files import open_regular
+from daskstream.graph.layers import source_places
+from daskstream.safe_writes import lies_within
 from daskstream.sources.base import Source
 from daskstream.sources.metadata import ZARR_V2_DIMENSIONS, json_ready
 from daskstream.sources.zarr_ import folder_node_type
@@ -103,7 +104,7 @@ class ZarrTarget(Target):
 
     def check_sources(self, sources: list[Source]) -> None:
         for source in sources:
-            for location in data_locations(source):
+            for location in source_places(source):
                 inside, around = lies_within(location, self.array_dir), lies_within(self.array_dir, location)
                 if inside and around:
                     raise self._reads_itself(source, "which is this very target")
@@ -392,6 +393,8 @@ class ZarrTarget(Target):
             from zarr.codecs import ZstdCodec
 
             return ZstdCodec(level=3)
+        if isinstance(self.compressor, str):
+            return named_codec(self.compressor, "zarr", zarr_format=self.zarr_format)
         return self.compressor
 
     def _delete(self) -> None:
