@@ -119,6 +119,8 @@ class ZarrSource(Source):
             _check_metadata_files(self.path, (dataset or "").strip("/"))
         array = self._open_member(dataset)
         self.dataset = _member_name(array)
+        # Every task decodes with the metadata its process opens the array with: it must be this one.
+        self.metadata_digest = metadata_digest(array)
         # Stamp the array found, not the path given: a root group's files stay as they were
         # when the one array inside it is rewritten.
         stamp = self._stamp(self.dataset)
@@ -317,7 +319,8 @@ class ZarrSource(Source):
             file_stamp(self.path)  # raises our not-found / permission error
         member_dir = os.path.join(self.path, (dataset or "").strip("/"))
         stamps: list[Any] = []
-        for name in ZARR_METADATA_FILES:
+        # Format 2's attributes are a file of their own, and decoding (CF scale factors, fill values) reads them.
+        for name in (*ZARR_METADATA_FILES, ".zattrs"):
             meta = os.path.join(member_dir, name)
             if os.path.exists(meta):
                 stamps.extend((name, *file_stamp(meta)))
@@ -366,7 +369,20 @@ class ZarrSource(Source):
         import zarr
 
         def open_array() -> Any:
-            return zarr.open_array(store=self._store(), path=self.dataset or "", mode="r")
+            try:
+                array = zarr.open_array(store=self._store(), path=self.dataset or "", mode="r")
+            except (*_ZARR_READ_ERRORS, zarr.errors.NodeNotFoundError) as exc:
+                raise SourceChangedError(
+                    f"{self.name}: the array's metadata can no longer be read as it was when opened "
+                    f"({type(exc).__name__}: {exc}); {REREAD_ADVICE}"
+                ) from None
+            # The handle is kept for the tasks that follow: what they decode with is checked here, once.
+            if metadata_digest(array) != self.metadata_digest:
+                raise SourceChangedError(
+                    f"{self.name}: the array's metadata (dtype, shape, chunks, codecs, fill value or attributes) "
+                    f"was rewritten after it was opened, so its chunks would be decoded otherwise; {REREAD_ADVICE}"
+                )
+            return array
 
         return cached_handle(("zarr", self.path, self.dataset, self.token), open_array)
 
@@ -472,6 +488,21 @@ def _arrays_among(keys: list[tuple[str, str]], read: Any) -> list[str]:
             if _node_type(raw) == "array":
                 arrays.append(parent)
     return sorted(arrays)
+
+
+def metadata_digest(array: Any) -> str:
+    """A digest of the metadata zarr reads ``array``'s chunks with: dtype, shape, chunks, codecs, fill value,
+    attributes (format 2's ``.zattrs`` too), wherever zarr took it from (the array's own document or a group's
+    consolidated metadata)."""
+    document = json.dumps(array.metadata.to_dict(), sort_keys=True, default=_json_name)
+    return hashlib.sha1(document.encode(), usedforsecurity=False).hexdigest()
+
+
+def _json_name(value: Any) -> Any:
+    """Numbers as numbers; anything else zarr's metadata holds by its type (never a repr with an address)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return type(value).__qualname__
 
 
 def _listing_digest(objects: dict[str, str]) -> str:

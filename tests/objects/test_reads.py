@@ -107,3 +107,41 @@ def test_a_chunk_file_deleted_from_a_nested_v3_store_after_opening_is_refused(tm
     (path / "c" / "1" / "2").unlink()
     with pytest.raises(SourceRemovedError, match="chunk 'c/1/2' is missing and its folder changed"):
         x.compute()
+
+
+def _rewrite_metadata(s3, url, name, change):
+    """``change`` applied to the JSON document ``name`` of the store at ``url``; the chunk objects stay."""
+    import json
+
+    key = url.removeprefix("s3://") + "/" + name
+    document = json.loads(s3.fs.cat_file(key))
+    change(document)
+    s3.fs.pipe_file(key, json.dumps(document).encode())
+
+
+@pytest.mark.parametrize(
+    ("layout", "name", "change"),
+    [
+        ("v3", "zarr.json", lambda d: d.update(data_type="int64")),  # old chunks decoded as another dtype
+        ("v3", "zarr.json", lambda d: d.update(fill_value=5.0)),
+        ("v3", "zarr.json", lambda d: d["attributes"].update(scale_factor=10)),
+        ("v2", ".zarray", lambda d: d.update(dtype="<i8")),
+        ("v2", ".zarray", lambda d: d.update(fill_value=5.0)),
+        ("v2", ".zattrs", lambda d: d.update(scale_factor=10)),
+    ],
+    ids=["v3-dtype", "v3-fill", "v3-attrs", "v2-dtype", "v2-fill", "v2-zattrs"],
+)
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_metadata_rewritten_after_opening_is_refused_not_decoded_with(s3, layout, name, change, scheduler):
+    data = np.arange(64, dtype="f8").reshape(8, 8) / 63
+    url = f"s3://{s3.bucket()}/m.zarr"
+    store = zarr.storage.FsspecStore.from_url(url, storage_options=s3.options)
+    kwargs = {"zarr_format": 2} if layout == "v2" else {}
+    array = zarr.create_array(store, shape=data.shape, dtype=data.dtype, chunks=(4, 4), **kwargs)
+    array[...] = data
+    if name == ".zattrs":
+        array.attrs["units"] = "K"
+    x = ds.open(url, storage_options=s3.options)
+    _rewrite_metadata(s3, url, name, change)
+    with dask.config.set(scheduler=scheduler, num_workers=2), pytest.raises(SourceChangedError, match="metadata"):
+        x.sum().compute()

@@ -6,6 +6,7 @@ import os
 import shutil
 import time
 
+import dask
 import h5py
 import numpy as np
 import pytest
@@ -281,3 +282,32 @@ def test_a_change_while_streaming_is_raised_in_the_loop(tmp_path):
     with pytest.raises(SourceChangedError):
         for _ in batches:
             pass
+
+
+@pytest.mark.parametrize(
+    ("zarr_format", "name", "old", "new"),
+    [
+        (3, "zarr.json", b'"float64"', b'"int64"  '),  # the same size: only the content says it changed
+        (2, ".zarray", b'"<f8"', b'"<i8"'),
+        (2, ".zarray", b'"fill_value": 0.0', b'"fill_value": 5.0'),
+        (2, ".zattrs", b'"K"', b'"C"'),
+    ],
+    ids=["v3-dtype", "v2-dtype", "v2-fill", "v2-zattrs"],
+)
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_local_metadata_rewritten_after_opening_is_refused_even_with_its_old_times(
+    tmp_path, zarr_format, name, old, new, scheduler
+):
+    path = tmp_path / "m.zarr"
+    array = zarr.create_array(str(path), shape=(8, 8), chunks=(4, 4), dtype="f8", zarr_format=zarr_format)
+    array[...] = np.arange(64.0).reshape(8, 8)
+    array.attrs["units"] = "K"
+    x = ds.open(str(path))
+    meta = path / name
+    times = os.stat(meta)
+    content = meta.read_bytes()
+    assert old in content, content
+    meta.write_bytes(content.replace(old, new))
+    os.utime(meta, ns=(times.st_atime_ns, times.st_mtime_ns))  # the old modification time put back
+    with dask.config.set(scheduler=scheduler, num_workers=2), pytest.raises(SourceChangedError):
+        x.sum().compute()
