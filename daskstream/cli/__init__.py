@@ -44,7 +44,8 @@ from daskstream.graph.layers import places_read
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.runtime.clusters import check_cluster_config
 from daskstream.runtime.metering import ReadMeter
-from daskstream.runtime.progress import BlockProgress
+from daskstream.runtime.progress import BlockProgress, close_open_bars
+from daskstream.runtime.stopping import Interrupted, stop_child_processes, stopping_on_signals
 from daskstream.sources.detect import split_dataset
 from daskstream.sources.hdf5 import import_h5py
 from daskstream.sources.objects import is_url
@@ -174,9 +175,12 @@ class _Group(click.Group):
         # Finding the subcommand, parsing its options and running it all happen in here.
         with _one_line_click_errors():
             try:
-                return super().invoke(ctx)
+                with stopping_on_signals():
+                    return super().invoke(ctx)
             except DaskstreamError as exc:
                 _fail(exc, None)
+            except Interrupted as exc:
+                _stopped(exc, ctx.invoked_subcommand)
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -190,6 +194,27 @@ def _fail(error: DaskstreamError, command: click.Command | None) -> NoReturn:
     """``error`` as one line on stderr, in ``command``'s words where one ran, and exit status 2."""
     click.echo(f"daskstream: error: {_one_line(in_cli_words(str(error), command))}", err=True)
     sys.exit(2)
+
+
+# What is kept when a command is stopped, and how to go on.
+_AFTER_STOP = {
+    "store": "the blocks written so far are kept: run the same command again to resume (it writes only the rest)",
+    "convert": "the blocks written so far are kept: run the same command again to resume (it writes only the rest)",
+    "tune": "what earlier runs remembered is kept; run the command again to tune",
+    "demo": "the sample files written so far are left in --dir when one was given",
+}
+
+
+def _stopped(interrupted: Interrupted, command: str | None) -> NoReturn:
+    """A command stopped by SIGINT or SIGTERM: one line saying what is kept, and the shell's exit status."""
+    after = _AFTER_STOP.get(command or "", "nothing was written; run the command again to start over")
+    # Workers of a process scheduler or a local cluster: a signal to this process alone never reaches them.
+    stop_child_processes()
+    close_open_bars()
+    # A bar drawn but never advanced is left without its newline by tqdm: the line starts over it.
+    start = "\r\x1b[K" if sys.stderr.isatty() else "\r"
+    click.echo(f"{start}daskstream: stopped by {interrupted.signal_name}; {after}", err=True)
+    sys.exit(interrupted.exit_status)
 
 
 def _one_line(message: str) -> str:

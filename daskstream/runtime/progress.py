@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,9 +38,19 @@ def progress_bar(*, total: int = 0, unit: str = "task", desc: str = "daskstream"
     except ImportError:
         return None
     # ``delay``: work done within half a second shows no bar at all.
-    return tqdm(
-        total=total, unit=unit, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True, delay=0.5, **options
-    )
+    bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, leave=True, dynamic_ncols=True, delay=0.5, **options)
+    _OPEN_BARS.add(bar)
+    return bar
+
+
+# The bars progress_bar made that are still alive, closed together when a command is stopped.
+_OPEN_BARS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_open_bars() -> None:
+    """Close every bar still showing, so that a line printed next starts on a line of its own."""
+    for bar in list(_OPEN_BARS):
+        bar.close()
 
 
 class BlockProgress:

@@ -28,6 +28,7 @@ from daskstream.compute.store.record import block_name
 from daskstream.compute.store.target import ProgressCallback, first_line, write_error
 from daskstream.errors import DaskstreamError, InvalidArgumentError, TargetMismatchError
 from daskstream.runtime.schedulers import active_client
+from daskstream.runtime.stopping import raise_if_stopped
 
 if TYPE_CHECKING:
     from daskstream.compute.store.zarr_target import ZarrTarget
@@ -220,6 +221,7 @@ def _write_zarr_blocks(
         )
         region = tuple(slice(start + w.start, start + w.stop) for w, (start, _) in zip(within, location))
         name = block_name(index)
+        raise_if_stopped()  # a signal stops the writes of the tasks already running in this process too
         try:
             if writer is not None:
                 # A chunk encoded here, in this task's thread, and put in place whole.

@@ -1,0 +1,126 @@
+"""Stopping a long computation at once on SIGINT or SIGTERM, keeping what it finished.
+
+Python raises :class:`KeyboardInterrupt` in the main thread only, and only for
+SIGINT: the threads and processes that run dask's tasks go on with what they
+were given, and SIGTERM ends the process without any cleanup (an HDF5 file
+open for writing is then left damaged). Within :func:`stopping_on_signals`:
+
+- either signal raises :class:`Interrupted` in the main thread (whose
+  ``exit_status`` is the shell's: 130 for SIGINT, 143 for SIGTERM), so the
+  code unwinding records the blocks it wrote and closes its files;
+- no further task starts on a local scheduler (threads, processes,
+  synchronous, a writer's own batches in other threads), and a task that
+  writes asks :func:`raise_if_stopped` before each chunk;
+- the workers of a process pool, which would first run every task queued to
+  them, are ended (each chunk is written whole or not at all); a cluster's
+  tasks are cancelled by the code the exception unwinds;
+- a second signal while the first is being handled ends the process at once.
+
+The command line runs every command within it; a program using daskstream
+may too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from dask.callbacks import Callback
+
+from daskstream.runtime.schedulers import uses_processes
+
+__all__ = ["Interrupted", "raise_if_stopped", "stop_child_processes", "stopping_on_signals"]
+
+_STOP = threading.Event()
+_signal_received: int | None = None
+
+
+class Interrupted(KeyboardInterrupt):
+    """The computation was stopped by a signal; ``signal_name`` says which, ``exit_status`` what to exit with."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Interrupted` when a signal asked this process to stop (any thread may ask)."""
+    if _STOP.is_set() and _signal_received is not None:
+        raise Interrupted(_signal_received)
+
+
+class _NoNewTasks(Callback):
+    """Refuses to start a task once a stop was asked: every local scheduler asks before each one."""
+
+    def _pretask(self, key: Any, dsk: Any, state: Any) -> None:
+        raise_if_stopped()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _signal_received
+    if _STOP.is_set():
+        # Asked twice: the user will not wait for the cleanup.
+        os._exit(128 + signum)
+    _signal_received = signum
+    _STOP.set()
+    if uses_processes():
+        # The process pool's workers run every task queued to them before any exception reaches them, and
+        # the pool waits for them: ended now instead. What they write is put in place whole or not at all.
+        # (A cluster's workers are told to cancel their tasks by the code the exception unwinds.)
+        for child in multiprocessing.active_children():
+            child.terminate()
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM stop the computation as the module says.
+
+    Only the main thread can take signals; elsewhere the block runs as it is.
+    """
+    global _signal_received
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    callback = _NoNewTasks()
+    _STOP.clear()
+    _signal_received = None
+    for signum in previous:
+        signal.signal(signum, _on_signal)
+    callback.register()
+    try:
+        yield
+    finally:
+        callback.unregister()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _STOP.clear()
+        _signal_received = None
+
+
+def stop_child_processes(timeout: float = 2.0) -> None:
+    """End the worker processes this process started and still has (a process pool's, a local
+    cluster's), which a signal sent to this process alone never reaches; those still there after
+    ``timeout`` are killed. (multiprocessing's own resource tracker is not among them.)"""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()

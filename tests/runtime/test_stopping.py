@@ -1,0 +1,159 @@
+"""Ctrl-C and SIGTERM on the command line: real subprocesses signalled mid-run stop, keep what they finished,
+say in one line how to go on, and exit with the shell's status; the store then resumes to the exact data.
+
+Each run is signalled as soon as it shows it has started writing (a block marked done, or the HDF5
+file growing); a store that went on after the signal would write every block and is caught by the
+count. How fast it stops is measured in benchmarks/bench_stop.py, not here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+from daskstream.compute.store.record import DONE_DIR, H5_DONE_ATTR, PROGRESS_DIR
+
+# gzip of random numbers is slow (some 20 MB/s a core): a few seconds of work in blocks of a MiB or two.
+SHAPE = (4096, 4096)
+STORE = ["--codec", "gzip", "--memory-budget", "8MiB"]
+
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stop") / "field.npy"
+    data = np.random.default_rng(3).standard_normal(SHAPE).astype("f4")
+    np.save(path, data)
+    return path, data
+
+
+def _daskstream(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "daskstream", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_until(started, process, limit=120.0):
+    deadline = time.monotonic() + limit
+    while not started():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the command never started writing"
+        time.sleep(0.02)
+
+
+def _zarr_done(target):
+    folder = target / PROGRESS_DIR / DONE_DIR
+    return len(os.listdir(folder)) if folder.is_dir() else 0
+
+
+def _last_line(stderr):
+    # Progress bars redraw with carriage returns: the last line is what stays on the screen.
+    return stderr.replace("\r", "\n").strip().splitlines()[-1]
+
+
+STOPPED = {
+    signal.SIGINT: "daskstream: stopped by SIGINT; the blocks written so far are kept: run the same command "
+    "again to resume (it writes only the rest)",
+    signal.SIGTERM: "daskstream: stopped by SIGTERM; the blocks written so far are kept: run the same command "
+    "again to resume (it writes only the rest)",
+}
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "signum"),
+    [
+        ("threads", signal.SIGINT),
+        ("threads", signal.SIGTERM),
+        ("processes", signal.SIGINT),  # the pool's workers would first run every task queued to them
+        ("processes", signal.SIGTERM),
+        ("distributed", signal.SIGINT),  # a LocalCluster of worker processes: its tasks cancelled
+    ],
+    ids=lambda value: getattr(value, "name", value),
+)
+def test_a_store_into_zarr_stops_on_a_signal_keeps_its_blocks_and_resumes(field, tmp_path, scheduler, signum):
+    path, data = field
+    target = tmp_path / "out.zarr"
+    args = ["store", path, target, *STORE, "--scheduler", scheduler]
+    process = _daskstream(*args)
+    _wait_until(lambda: _zarr_done(target) >= 1, process)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, stderr
+    assert _last_line(stderr) == STOPPED[signum]
+    assert "Traceback" not in stderr
+    chunks = zarr.open_array(str(target), mode="r").chunks
+    total = math.prod(-(-n // c) for n, c in zip(SHAPE, chunks))
+    kept = _zarr_done(target)
+    assert 1 <= kept < total  # stopped: it did not go on to write every block
+    again = _daskstream(*args, "--json")
+    out, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    assert f'"blocks_written": {total - kept},' in out  # only the rest
+    np.testing.assert_array_equal(zarr.open_array(str(target), mode="r")[...], data)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_store_into_hdf5_stops_on_a_signal_with_the_file_readable_and_resumes(field, tmp_path, signum):
+    # SIGTERM would end Python at once, HDF5 file open for writing: without a journal, often unreadable.
+    path, data = field
+    target = tmp_path / "out.h5"
+    args = ["store", path, f"{target}::/x", *STORE]
+    process = _daskstream(*args)
+    _wait_until(lambda: target.exists() and target.stat().st_size > 4 * 2**20, process)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, stderr
+    assert _last_line(stderr) == STOPPED[signum]
+    with h5py.File(target, "r") as f:
+        done = np.unpackbits(f["x"].attrs[H5_DONE_ATTR])
+        total = math.prod(-(-n // c) for n, c in zip(SHAPE, f["x"].chunks))
+        assert 1 <= done[:total].sum() < total
+    again = _daskstream(*args)
+    _, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    with h5py.File(target, "r") as f:
+        np.testing.assert_array_equal(f["x"][...], data)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["reduce", "--op", "median", "--axis", "0"],
+        ["describe", "--quartiles"],
+    ],
+    ids=["reduce", "describe"],
+)
+def test_a_reduction_stops_on_ctrl_c_with_one_line(field, tmp_path, command):
+    path, _ = field
+    out = tmp_path / "result.zarr"
+    process = _daskstream(command[0], path, *command[1:], "--out", out, "--memory-budget", "8MiB")
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(lambda: process.stderr.read(1), "")), daemon=True)
+    reader.start()
+    # Signalled once its progress bar shows: the computation has run for half a second.
+    _wait_until(lambda: "%|" in "".join(seen), process)
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=120)
+    reader.join(timeout=10)
+    process.stdout.close()
+    process.stderr.close()
+    stderr = "".join(seen)
+    assert process.returncode == 130, stderr
+    assert (
+        _last_line(stderr) == "daskstream: stopped by SIGINT; nothing was written; run the command again to start over"
+    )
+    assert "Traceback" not in stderr
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial result left behind
