@@ -78,6 +78,10 @@ def run(path, other, suffix):
     if work == "stencil-of-standardized":
         z = (x - x.mean(axis=0)) / x.std(axis=0)
         return ds.map_blocks(laplacian, z, depth=1).max().compute()
+    if work == "deep-halo-reflect":  # a halo of 48 cells a side, reflected at the edges
+        return ds.map_blocks(lambda b: b * 2, x, depth=48, boundary="reflect", dtype="f4").sum().compute()
+    if work == "deep-halo-constant-rows":  # a deep halo along one axis only, a constant beyond the edges
+        return ds.map_blocks(lambda b: b - 1, x, depth={0: 60}, boundary=0.0, dtype="f4").max().compute()
     if work == "shuffled-stream":
         return sum(len(batch) for batch in ds.stream(x, shuffle=True, seed=0, shuffle_blocks=16))
     raise SystemExit(f"unknown work {work}")
@@ -155,7 +159,11 @@ PASSES = {
     "above-the-quantile": 3,
     "stencil-of-standardized": 2,
     "shuffled-stream": 1,
+    "deep-halo-reflect": 1,
+    "deep-halo-constant-rows": 1,
 }
+# A deep halo is read with every block: blocks near square keep that to a share of the source.
+HALO_READ = {"deep-halo-reflect": 1.6, "deep-halo-constant-rows": 1.6}
 
 
 @pytest.mark.parametrize("work", list(PASSES))
@@ -165,7 +173,8 @@ def test_a_composition_over_a_source_eight_times_the_budget_stays_within_it(eigh
     assert held <= BUDGET, f"{work}: held {held / MiB:.0f} MiB above the interpreter, budget {BUDGET / MiB:.0f} MiB"
     nbytes = ROWS * 1024 * 4 * (2 if work == "two-sources" else 1)
     # Halos are read with their blocks: a stencil reads a little more than its source.
-    assert PASSES[work] * nbytes <= measured["read"] <= PASSES[work] * nbytes * 1.05, f"{work}: read {measured['read']}"
+    most = PASSES[work] * nbytes * HALO_READ.get(work, 1.05)
+    assert PASSES[work] * nbytes <= measured["read"] <= most, f"{work}: read {measured['read'] / nbytes:.2f}x the source"
 
 
 _DISTRIBUTED = """

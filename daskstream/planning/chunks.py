@@ -218,6 +218,11 @@ def plan_chunks_exact(
     )
 
 
+# How many times the planned chunk's cells a block with a halo may hold (within the task's memory share):
+# larger blocks read their halos fewer times.
+HALO_BLOCK_GROWTH = 4
+
+
 def fit_halo_chunks(
     shape: tuple[int, ...],
     chunks: tuple[int, ...],
@@ -230,13 +235,14 @@ def fit_halo_chunks(
     unit: tuple[int, ...] | None = None,
     what: str = "a kernel",
 ) -> tuple[int, ...]:
-    """The largest chunks, at most ``chunks``, whose blocks with ``halo`` cells on each side fit one task.
+    """The largest chunks, of at most the cells of ``chunks``, whose blocks with ``halo`` cells on each side fit one task.
 
     A task holds its haloed block times ``working_set_factor`` plus
-    ``decode_bytes``. Chunks shrink by halving the first axis longer than
-    one cell (the slowest in C order, so a block of a contiguous array stays
-    one byte range as long as it can), staying multiples of ``unit`` (the
-    storage chunks) as long as one unit fits.
+    ``decode_bytes``. Chunks shrink by halving, each time, the axis whose
+    halving adds the least halo per cell computed (the slowest of those
+    within 1% of it, so a block of a contiguous array stays one byte range
+    while the halo is shallow; a deep halo gets blocks near square), staying
+    multiples of ``unit`` (the storage chunks) as long as one unit fits.
 
     Raises
     ------
@@ -247,6 +253,8 @@ def fit_halo_chunks(
     --------
     >>> fit_halo_chunks((1000, 1000), (500, 1000), (1, 1), 8, per_task_bytes=4 * 2**20, working_set_factor=4)
     (125, 1000)
+    >>> fit_halo_chunks((16384, 16384), (8192, 16384), (48, 48), 4, per_task_bytes=8 * 2**20, working_set_factor=3)
+    (512, 1024)
     """
 
     def cost(c: tuple[int, ...]) -> int:
@@ -262,12 +270,29 @@ def fit_halo_chunks(
             f"(x{working_set_factor:g}{f', and {format_size(decode_bytes)} to decode storage' if decode_bytes else ''}),"
             f" more than the {format_size(per_task_bytes)} one task may hold; lower the depth or raise memory_budget"
         )
-    current = [max(1, min(c, n)) if n else 0 for c, n in zip(chunks, shape)]
+    # Blocks of at most as many cells as ``chunks`` (which the planner sized for the budget and the
+    # workers); with a halo, of any shape (the halving below makes them as square as the halo wants) and up
+    # to HALO_BLOCK_GROWTH times larger, within the task's share: each block reads its halo again.
+    cells = math.prod(max(1, min(c, n)) if n else 0 for c, n in zip(chunks, shape))
+    start = shape if any(halo) else chunks
+    if any(halo):
+        cells *= HALO_BLOCK_GROWTH
+    current = [max(1, min(c, n)) if n else 0 for c, n in zip(start, shape)]
     steps = [max(1, min(u, n)) if n else 1 for u, n in zip(unit or smallest, shape)]
-    while cost(tuple(current)) > per_task_bytes:
+
+    def growth(axis: int) -> float:
+        # How much halving this axis raises the cells read per cell computed: (c + 4h) / (c + 2h).
+        c, h = current[axis], halo[axis]
+        return (c + 4 * h) / (c + 2 * h)
+
+    while cost(tuple(current)) > per_task_bytes or math.prod(current) > cells:
         # Whole storage units first; below one unit (read amplification) only when nothing else fits.
         above = [a for a, c in enumerate(current) if c > steps[a]]
-        axis = above[0] if above else next(a for a, c in enumerate(current) if c > 1)
+        candidates = above or [a for a, c in enumerate(current) if c > 1]
+        # The axis whose halving adds the least halo per cell, the slowest of those within 1% of it: a
+        # deep halo then gets blocks near square rather than slabs one cell thin, each reading its halo.
+        least = min(growth(a) for a in candidates)
+        axis = next(a for a in candidates if growth(a) <= least * 1.01)
         step = steps[axis] if above else 1
         current[axis] = max(step, (current[axis] // 2) // step * step)
     return tuple(current)

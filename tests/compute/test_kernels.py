@@ -588,3 +588,36 @@ def test_tab_completion_on_kernels_shows_the_kernels_only():
     assert names == sorted(ds.kernels.__all__)
     assert not {"np", "da", "dataclass", "warnings"} & set(names)
     assert all(callable(getattr(ds.kernels, name)) for name in names)
+
+
+@pytest.mark.parametrize(
+    ("shape", "depth", "boundary", "budget", "most_read"),
+    # Slabs of the source's chunks, thinned until they fit, read 2.4x, 3.6x, 20x and 3.8x these arrays.
+    [
+        ((16384, 16384), 48, "reflect", "64MiB", 1.6),  # 1 GiB: once cut into 32,768 slabs a row thin
+        ((16384, 16384), (96, 4), 0.0, "64MiB", 1.6),
+        ((512, 1024, 1024), 8, "nearest", "64MiB", 2.0),  # 2 GiB in three dimensions: halos on six faces
+        ((512, 1024, 1024), (2, 32, 32), "periodic", "128MiB", 2.0),
+    ],
+    ids=["2d-48-reflect", "2d-rows-constant", "3d-8-nearest", "3d-columns-periodic"],
+)
+def test_a_deep_halo_is_planned_into_near_square_blocks_that_fit_and_read_little_twice(
+    tmp_path, shape, depth, boundary, budget, most_read
+):
+    # A sparse file: the header and the size, no data on disk; nothing is computed here, the plan is counted.
+    path = tmp_path / "wide.npy"
+    np.lib.format.open_memmap(path, mode="w+", dtype="f4", shape=shape).flush()
+    x = ds.open(str(path), memory_budget=budget)
+    y = map_blocks(lambda b: b * 2, x, depth=depth, boundary=boundary, dtype="f4")
+    halo = (depth,) * len(shape) if isinstance(depth, int) else depth
+    per_block = [math.prod(min(n, c + 2 * h) for n, c, h in zip(shape, block, halo)) for block in _blocks(y)]
+    read = sum(per_block) / math.prod(shape)
+    assert read <= most_read, f"cells read {read:.2f}x the array's"
+    # About as many tasks as the source has (its chunks were sized for the budget and the workers), not
+    # tens of thousands of thin slabs; every block with its halo within the budget.
+    assert y.npartitions <= 4 * x.npartitions
+    assert max(per_block) * 4 <= ds.plan_compute(y.sum()).budget
+
+
+def _blocks(y):
+    return itertools.product(*y.chunks)
