@@ -284,20 +284,35 @@ def _zarr_entries(path: str) -> Iterator[Entry]:
             yield _zarr_node("/" + name, node, zarr)
         return
     # A directory: walked here, so that one node zarr cannot open is listed as such instead of ending the walk.
-    for folder, subfolders, _ in os.walk(path):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+    # Depth first with a stack of its own (os.walk recurses, and a tree thousands of folders deep would end
+    # it with a RecursionError), children in name order, as os.walk top-down with sorted folders.
+    stack = [path]
+    while stack:
+        folder = stack.pop()
         kind = folder_node_type(folder)
-        if kind not in ("array", "group"):
-            continue
-        where = "/" + os.path.relpath(folder, path).replace(os.sep, "/").removeprefix(".").strip("/")
-        try:
-            node = zarr.open_array(folder, mode="r") if kind == "array" else zarr.open_group(folder, mode="r")
-        except Exception as exc:  # zarr raises many kinds for metadata it cannot read
-            yield Entry(where, kind, dtype=f"not readable by zarr ({first_line(exc)})" if kind == "array" else None)
-            continue
-        yield _zarr_node(where, node, zarr)
-        if kind == "array":
-            subfolders[:] = []  # an array's folders hold its chunks
+        if kind in ("array", "group"):
+            where = "/" + os.path.relpath(folder, path).replace(os.sep, "/").removeprefix(".").strip("/")
+            try:
+                node = zarr.open_array(folder, mode="r") if kind == "array" else zarr.open_group(folder, mode="r")
+            except Exception as exc:  # zarr raises many kinds for metadata it cannot read
+                yield Entry(where, kind, dtype=f"not readable by zarr ({first_line(exc)})" if kind == "array" else None)
+                node = None
+            if node is not None:
+                yield _zarr_node(where, node, zarr)
+            if kind == "array":
+                continue  # an array's folders hold its chunks
+        stack.extend(reversed(_subfolders(folder)))
+
+
+def _subfolders(folder: str) -> list[str]:
+    """The folders in ``folder`` that may hold Zarr nodes, in name order (hidden ones and links to folders
+    left out, as os.walk leaves links)."""
+    try:
+        with os.scandir(folder) as entries:
+            names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []  # unreadable: os.walk skips it too
+    return [os.path.join(folder, name) for name in names]
 
 
 def _zarr_node(where: str, node: Any, zarr: Any) -> Entry:
