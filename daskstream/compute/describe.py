@@ -17,7 +17,6 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from dask.graph_manipulation import clone
 
 from daskstream.compute.description import Description, LazyDescription
 from daskstream.compute.partials import combine_fan_in
@@ -25,6 +24,7 @@ from daskstream.compute.quantiles import nanquantile
 from daskstream.compute.reductions import chunk_moments, edges_of_data_range, known_bin_edges, merge_moments
 from daskstream.errors import UnsupportedDtypeError
 from daskstream.graph.layers import budget_of
+from daskstream.graph.rewrites import clone_array
 from daskstream.planning.grid import normalize_axes
 
 STATISTICS = ("count", "nan_count", "mean", "std", "min", "max")
@@ -130,7 +130,7 @@ def describe(
         # second reads a clone of the data, so that no chunk of the first waits in memory for the range.
         assert isinstance(bins, (int, np.integer))  # known_bin_edges leaves only a bin count's edges unknown
         edges = dask.delayed(_edges_of_described_range, pure=True)(whole, int(bins), x.dtype)
-        counted = _fanned(clone(x, seed=1), axes, fan_in, edges)
+        counted = _fanned(clone_array(x, seed=1), axes, fan_in, edges)
         whole = dask.delayed(_with_histogram, pure=True)(whole, counted)
     quartile_values = None
     if quartiles:
@@ -392,6 +392,8 @@ def finish(
     m2 = whole["m2"] + whole["m2_imag"] if complex_data else whole["m2"]
     with np.errstate(invalid="ignore", divide="ignore"):
         std = np.sqrt(m2 / np.maximum(n - ddof, 0))
+    # NaN where no degree of freedom is left, as numpy.nanstd gives it (numpy.std would divide by zero).
+    std = np.where(n - ddof > 0, std, np.nan)
     mean = whole["mean"] + 1j * whole["mean_imag"] if complex_data else whole["mean"]
     mean = np.where(empty, np.nan, mean)
     low = np.where(empty, np.nan, whole["min"]) if empty.any() else whole["min"]

@@ -36,12 +36,12 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
-from dask.graph_manipulation import clone
 
 from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.graph.layers import budget_of
 from daskstream.graph.pieces import PIECE_VALUES
+from daskstream.graph.rewrites import clone_array
 from daskstream.planning.budget import QUANTILE_BLOCK_COPIES
 from daskstream.planning.grid import normalize_axes
 from daskstream.runtime.resources import resolve_resources
@@ -303,7 +303,7 @@ def _radix_quantile(
         # A pass of its own over the source: with the read tasks shared, every chunk of the first
         # pass would wait in memory for the state that the whole pass decides. The clone's reads
         # are fused into the tasks that count them, which wait for the state.
-        again = clone(x, seed=level)
+        again = clone_array(x, seed=level)
         rows = per_chunk_rows(again, _next_digit_counts, width, state, level=level, digit_bits=digit_bits)
         counts = sum_rows(rows, memory_budget=memory_budget)
         # The state goes in as a graph input, not a keyword: see per_chunk_rows.

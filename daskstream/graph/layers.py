@@ -267,7 +267,13 @@ def _references(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Key
 
 
 def _looks_like_key(item: Any) -> bool:
-    return type(item) is tuple and bool(item) and isinstance(item[0], str) and all(isinstance(i, int) for i in item[1:])
+    # A block index may hold floats: dask's overlap layer names its halo pieces ("getitem-...", 0, 0.9).
+    return (
+        type(item) is tuple
+        and bool(item)
+        and isinstance(item[0], str)
+        and all(isinstance(i, (int, float)) for i in item[1:])
+    )
 
 
 def layer_names(keys: Iterable[Key]) -> set[str]:

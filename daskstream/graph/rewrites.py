@@ -10,16 +10,20 @@ Each rewrite keeps every output key and what it computes:
 * :func:`reread_rechunks` reads a source in the chunks a re-chunking of it asks
   for, instead of splitting and holding its blocks;
 * :func:`variance_in_pieces` runs dask's variance step piece by piece.
+
+:func:`clone_array` is not a rewrite: it makes a copy of an array's graph under
+keys of its own, for a pass that must read the data again.
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, cast
 
-from dask._task_spec import GraphNode, Task, TaskRef
+import dask.array as da
+from dask._task_spec import Alias, GraphNode, Task, TaskRef
 from dask.array.reductions import moment_chunk
 from dask.base import tokenize
 from dask.blockwise import Blockwise, blockwise_token
@@ -80,24 +84,80 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
     return HighLevelGraph(layers, dependencies)
 
 
-def _clone(layer: Layer, keys: set[Key], seed: str, graph: HighLevelGraph) -> Layer:
+def _clone(layer: Layer, keys: set[Key], seed: Hashable, graph: HighLevelGraph) -> Layer:
     """A copy of ``layer`` with its keys, and its references to ``keys``, renamed by ``seed``."""
     if isinstance(layer, Blockwise):
         cloned, _ = layer.clone(keys, seed)
         cloned.collection_annotations = dict(layer.collection_annotations or {})
         return cloned
-    subs = {key: clone_key(key, seed) for key in keys}
+    renamed = _key_renamer(seed)
     tasks = {}
     for key, value in layer.items():
         node = as_node(key, value, layer, graph)
-        new_key = clone_key(key, seed)
+        new_key = renamed(key)
         if not isinstance(node, GraphNode):
             tasks[new_key] = value
             continue
-        tasks[new_key] = node.substitute({k: v for k, v in subs.items() if k in node.dependencies}, key=new_key)
+        tasks[new_key] = _renamed(node, {dep: renamed(dep) for dep in node.dependencies if dep in keys}, new_key)
     return MaterializedLayer(
         tasks, annotations=layer.annotations, collection_annotations=dict(layer.collection_annotations or {})
     )
+
+
+def _key_renamer(seed: Hashable) -> Any:
+    """``clone_key(key, seed)``, with each layer name's new name worked out once (a tokenize each)."""
+    names: dict[str, str] = {}
+
+    def renamed(key: Key) -> Key:
+        name = key[0] if isinstance(key, tuple) else key
+        if not isinstance(name, str):
+            return clone_key(key, seed)
+        if name not in names:
+            names[name] = clone_key(name, seed)
+        return (names[name], *key[1:]) if isinstance(key, tuple) else names[name]
+
+    return renamed
+
+
+def _renamed(node: GraphNode, subs: Mapping[Key, Key], key: Key) -> GraphNode:
+    """``node`` under ``key``, taking ``subs`` in place of its dependencies.
+
+    dask's ``Alias.substitute`` keeps the alias's own key when its target is
+    not renamed; a node stored under a key must carry that key.
+    """
+    if isinstance(node, Alias):
+        return Alias(key, subs.get(node.target, node.target))
+    return node.substitute(dict(subs), key=key)
+
+
+def clone_array(x: da.Array, seed: Hashable) -> da.Array:
+    """``x`` over a copy of its whole graph with keys of its own: computing it reads the data again.
+
+    What ``dask.graph_manipulation.clone(x, seed=seed)`` means to do. dask's
+    own (2026.8) renames the keys of a materialized layer but not the keys its
+    tasks take (the ``Alias`` or ``Task`` of a slice, ``x[:730]``: dask/dask#12455),
+    so the copy still takes the original's blocks: the pass meant to read again
+    holds the first pass's blocks instead, and once the first pass's graph is
+    optimized (its keys fused away) the copy's tasks take keys that exist nowhere.
+    Here every layer is copied as :func:`rewrite` copies a layer for a later
+    pass, annotations (chunks, dtype, the plan) included.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np
+    >>> x = (da.arange(10, chunks=5) + 1)[2:7]
+    >>> again = clone_array(x, seed=1)
+    >>> again.compute().tolist(), set(dict(again.dask)).isdisjoint(dict(x.dask))
+    ([3, 4, 5, 6, 7], True)
+    """
+    graph = cast(HighLevelGraph, x.__dask_graph__())  # a dask array's graph is a HighLevelGraph
+    names = needed_layers(graph, [x.name])
+    keys: set[Key] = set().union(*(graph.layers[name].get_output_keys() for name in names))
+    layers = {clone_key(name, seed): _clone(graph.layers[name], keys, seed, graph) for name in names}
+    dependencies = {
+        clone_key(name, seed): {clone_key(dep, seed) for dep in graph.dependencies.get(name, ())} for name in names
+    }
+    return da.Array(HighLevelGraph(layers, dependencies), clone_key(x.name, seed), x.chunks, meta=x._meta)
 
 
 def _redirect(layer: Layer, renamed: Mapping[str, str], graph: HighLevelGraph) -> Layer:
@@ -332,4 +392,4 @@ def variance_in_pieces(graph: HighLevelGraph, names: Iterable[str]) -> HighLevel
     return HighLevelGraph({**graph.layers, **replaced}, graph.dependencies)
 
 
-__all__ = ["fuse_siblings", "pass_seed", "reread_rechunks", "rewrite", "variance_in_pieces"]
+__all__ = ["clone_array", "fuse_siblings", "pass_seed", "reread_rechunks", "rewrite", "variance_in_pieces"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import math
 import re
@@ -176,6 +177,71 @@ def test_a_bin_count_without_a_range_spreads_over_the_datas_range_in_a_second_pa
     assert len(CountingNpySource.reads) == 2 * x.npartitions
 
 
+# Arrays whose graph ends in a slice: a getitem layer of dask's task-spec nodes, as xarray's .isel makes.
+SLICED = {
+    "a slice": lambda x: x[3:37],
+    "a step and a slice": lambda x: x[::3, 2:],
+    "a slice of a sum": lambda x: (x * 2 + 1)[5:30, :, 1:],
+}
+
+
+def reads_of_each_chunk(compute):
+    """How many times each chunk was read while ``compute()`` ran (threads: one process counts them all)."""
+    CountingNpySource.reads.clear()
+    with dask.config.set(scheduler="threads"):
+        result = compute()
+    return result, set(collections.Counter(CountingNpySource.reads).values())
+
+
+@pytest.mark.parametrize("take", sorted(SLICED))
+def test_each_later_pass_over_a_sliced_array_reads_it_again(tmp_path, field, take):
+    """The counts' pass and the quartiles' passes read a copy of the data's graph, under keys of their own.
+
+    dask's clone left a slice's tasks taking the original's keys (dask/dask#12455): a later pass then
+    took the first pass's blocks (held in memory for it), or failed with a missing dependency where the
+    first pass's optimized graph had fused those keys away.
+    """
+    np.save(tmp_path / "a.npy", field)
+    x = ds.open(CountingNpySource(tmp_path / "a.npy"), chunks=(10, 19, 6))
+    a = SLICED[take](field)
+    valid = a[~np.isnan(a)]
+
+    def described(y):
+        return ds.describe(y, bins=7, quartiles=True).compute()
+
+    d, reads = reads_of_each_chunk(lambda: described(SLICED[take](x)))
+    edges = np.histogram_bin_edges(valid, bins=7)
+    np.testing.assert_array_equal(d["bin_edges"], edges)
+    np.testing.assert_array_equal(d["histogram"], np.histogram(valid, bins=edges)[0])
+    got = np.stack([np.asarray(d[k]) for k in ("25%", "50%", "75%")])
+    np.testing.assert_array_equal(got, np.nanquantile(a, [0.25, 0.5, 0.75]))
+    check(d, expected(a))
+    # As many passes over each chunk as over the whole array: statistics, counts and the radix select's.
+    _, whole = reads_of_each_chunk(lambda: described(x))
+    assert len(whole) == 1
+    assert min(whole) >= 3
+    assert reads == whole
+    along = ds.describe(SLICED[take](x), axis=0, bins=5).compute()
+    kept = np.moveaxis(a, 0, -1).reshape(-1, a.shape[0])
+    want = np.stack([np.histogram(c[~np.isnan(c)], bins=along["bin_edges"])[0] for c in kept])
+    np.testing.assert_array_equal(along["histogram"].reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("take", sorted(SLICED))
+def test_a_bin_count_over_a_sliced_dask_array_spreads_over_its_range(field, take):
+    """The same over plain dask arrays, which daskstream's optimizer leaves to dask."""
+    a = SLICED[take](field)
+    valid = a[~np.isnan(a)]
+    x = SLICED[take](da.from_array(field, chunks=(10, 7, 6)))
+    d = ds.describe(x, bins=7).compute()
+    edges = np.histogram_bin_edges(valid, bins=7)
+    np.testing.assert_array_equal(d["bin_edges"], edges)
+    np.testing.assert_array_equal(d["histogram"], np.histogram(valid, bins=edges)[0])
+    d = ds.describe(x, quartiles=True).compute()
+    got = np.stack([np.asarray(d[k]) for k in ("25%", "50%", "75%")])
+    np.testing.assert_array_equal(got, np.nanquantile(a, [0.25, 0.5, 0.75]))
+
+
 def test_a_bin_count_over_data_with_no_finite_range_says_to_give_one():
     a = np.array([1.0, np.inf, 2.0])
     with pytest.raises(InvalidArgumentError, match=r"not finite.*range="):
@@ -202,6 +268,24 @@ def test_quartiles_are_numpys_nanquantile_exactly(field, dtype, axis):
     np.testing.assert_array_equal(got, want)
     assert list(d) == ["count", "nan_count", "mean", "std", "min", "25%", "50%", "75%", "max"]
     check(d, expected(a, axis))
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4"])
+@pytest.mark.parametrize("axis", [None, 0, 1], ids=str)
+def test_quartiles_of_half_and_single_precision_are_numpys_in_dtype_and_value(dtype, axis):
+    # numpy interpolates between two order statistics in their own dtype (2048 - 0.1 in float16 is 2048),
+    # so its quartiles are not those of the float64 upcast. 65504 is float16's largest finite value.
+    a = np.array(
+        [[0.1, 2048.0, np.nan, 7.3], [0.1, 2048.0, -3.0, 65504.0], [-65504.0, 1e-4, 0.5, np.inf], [3.3, 0.2, 9.9, 1.7]],
+        dtype=dtype,
+    )
+    d = ds.describe(da.from_array(a, chunks=(3, 2)), axis=axis, quartiles=True).compute()
+    got = np.stack([np.asarray(d[k]) for k in ("25%", "50%", "75%")])
+    want = np.nanquantile(a, [0.25, 0.5, 0.75], axis=axis)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    upcast = np.nanquantile(a.astype("f8"), [0.25, 0.5, 0.75], axis=axis)
+    assert not np.array_equal(want, upcast, equal_nan=True)  # (the data tell the two apart)
 
 
 def test_quartiles_of_what_has_no_order_are_refused():

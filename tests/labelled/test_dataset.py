@@ -263,3 +263,42 @@ def test_ds_open_of_a_packed_variable_warns_that_its_numbers_are_as_stored(netcd
     assert done.stderr.startswith("warning: ")
     assert done.stderr.count("\n") == 1
     assert "-32767" in done.stdout
+
+
+def test_later_passes_over_a_slice_of_a_decoded_variable_compute_numpys_answers(netcdf):
+    """A time slice of a CF-decoded variable (xarray's ``_apply_mask`` and scaling layers, then a getitem),
+    described with a bin count (the counts take a second pass) and quartiles, and reduced to quantiles.
+
+    Each later pass reads a copy of the variable's graph; dask's clone left the copied slice's tasks taking
+    the original's keys (dask/dask#12455), which the first pass's optimized graph no longer has:
+    "Missing dependency ('_apply_mask-...')" in a fresh process.
+    """
+    path, _ = netcdf
+    chl = ds.open_dataset(path).isel(time=slice(0, 12)).chl
+    assert len(chl.data.chunks[0]) > 1  # the slice cuts the planned chunks
+    values = xr.open_dataset(path, engine="h5netcdf").isel(time=slice(0, 12)).chl.values  # xarray's own decoding
+    valid = values[~np.isnan(values)]
+    described = ds.describe(chl, bins=40).compute()
+    edges = np.histogram_bin_edges(valid, bins=40)
+    np.testing.assert_array_equal(described["bin_edges"], edges)
+    np.testing.assert_array_equal(described["histogram"], np.histogram(valid, bins=edges)[0])
+    assert int(described["count"]) == valid.size
+    quartiles = ds.describe(chl, bins=40, quartiles=True).compute()
+    np.testing.assert_array_equal(
+        [float(quartiles[k]) for k in ("25%", "50%", "75%")], np.nanquantile(values, [0.25, 0.5, 0.75])
+    )
+    np.testing.assert_array_equal(quartiles["histogram"], described["histogram"])
+    along = ds.describe(chl, axis="time", bins=4).compute()
+    kept = np.moveaxis(values, 0, -1).reshape(-1, values.shape[0])
+    np.testing.assert_array_equal(along["bin_edges"], np.histogram_bin_edges(valid, bins=4))
+    want = np.stack([np.histogram(c[~np.isnan(c)], bins=along["bin_edges"])[0] for c in kept])
+    np.testing.assert_array_equal(along["histogram"].values.reshape(want.shape), want)
+    filled = chl.fillna(0.0)
+    np.testing.assert_array_equal(
+        ds.reduce(filled, "quantile", q=[0.1, 0.5, 0.9]).values, np.quantile(np.nan_to_num(values), [0.1, 0.5, 0.9])
+    )
+    assert float(ds.reduce(filled, "median")) == np.median(np.nan_to_num(values))
+    counts, bin_edges = ds.reduce(filled.data, "histogram", bins=6)
+    want_counts, want_edges = np.histogram(np.nan_to_num(values), bins=6)
+    np.testing.assert_array_equal(counts.compute(), want_counts)
+    np.testing.assert_array_equal(np.asarray(bin_edges), want_edges)
