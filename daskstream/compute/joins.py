@@ -125,7 +125,7 @@ class PieceReduction:
             with np.errstate(invalid="ignore", divide="ignore"):
                 out = np.where(merged["n"] > 0, merged["mean"], np.nan)
             return out if self.keepdims else np.squeeze(out, axis=self.axes)
-        variance = variance_from(merged, self.ddof, self.axes, self.keepdims)
+        variance = variance_from(merged, self.ddof, self.axes, self.keepdims, skipna=self.op.startswith("nan"))
         return np.sqrt(variance) if self.op.endswith("std") else variance
 
     def why_not(self, ndim: int) -> str | None:

@@ -305,7 +305,7 @@ def moments(
         x,
         chunk=functools.partial(_moments_chunk, skipna=skipna),
         combine=_moments_combine,
-        aggregate=functools.partial(_moments_aggregate, ddof=ddof),
+        aggregate=functools.partial(_moments_aggregate, ddof=ddof, skipna=skipna),
         axis=axes,
         keepdims=keepdims,
         dtype=np.dtype("f8"),
@@ -347,11 +347,28 @@ def _piece_moments(block: np.ndarray, axis: tuple[int, ...], skipna: bool) -> di
         mean = np.where(n > 0, total / np.maximum(n, 1), 0.0)
         deviation = np.subtract(values, mean)
         m2 = np.sum(deviation * deviation, axis=axis, keepdims=True, where=valid)
+    undefined = np.isnan(m2)
+    if undefined.any():
+        # A NaN from finite values is a sum past float64's range in both directions (inf - inf): their
+        # spread is past it too, inf as numpy gives it. A NaN or an infinity among them stays NaN.
+        finite = np.all(np.isfinite(values) | ~np.asarray(valid), axis=axis, keepdims=True)
+        m2 = np.where(undefined & finite, np.inf, m2)
     return {"n": n, "mean": mean, "m2": m2}
 
 
 def merge_moments(parts: dict[str, np.ndarray], axis: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """Merge groups laid side by side along ``axis`` into one, with Chan's pairwise formula."""
+    """Merge groups laid side by side along ``axis`` into one, with Chan's pairwise formula.
+
+    Past float64's range the result is numpy's: a group's ``m2`` is NaN only
+    where it holds a NaN or an infinity (numpy's variance of such values is
+    NaN), and infinite where its finite values overflowed (numpy's is inf).
+    The merge keeps both: a sum of means that overflows (``inf - inf`` in the
+    spread) makes the merged ``m2`` infinite, never NaN.
+
+    >>> big = {"n": np.array([2, 3]), "mean": np.array([np.inf, -np.inf]), "m2": np.array([np.inf, np.inf])}
+    >>> merge_moments(big, (0,))["m2"]
+    array([inf])
+    """
     n_parts, mean_parts, m2_parts = parts["n"], parts["mean"], parts["m2"]
     n = np.sum(n_parts, axis=axis, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -361,6 +378,8 @@ def merge_moments(parts: dict[str, np.ndarray], axis: tuple[int, ...]) -> dict[s
         # An infinite or NaN mean makes the spread NaN even for empty groups; those contribute nothing.
         spread = np.where(n_parts > 0, spread, 0.0)
         m2 = np.sum(m2_parts, axis=axis, keepdims=True) + np.sum(spread, axis=axis, keepdims=True)
+    holds_nan = np.any(np.isnan(m2_parts) & (n_parts > 0), axis=axis, keepdims=True)
+    m2 = np.where(np.isnan(m2) & ~holds_nan, np.inf, m2)
     return {"n": n, "mean": mean, "m2": m2}
 
 
@@ -397,17 +416,25 @@ def _moments_combine(pairs, axis, keepdims, computing_meta=False):
     return _merged(pairs, axis, ("n", "mean", "m2"))
 
 
-def _moments_aggregate(pairs, axis, keepdims, ddof=0, computing_meta=False):
+def _moments_aggregate(pairs, axis, keepdims, ddof=0, skipna=False, computing_meta=False):
     if computing_meta:
         return np.empty((0,), dtype="f8")
     merged = _merged(pairs, axis, ("n", "mean", "m2"))
-    return variance_from(merged, ddof, axis, keepdims)
+    return variance_from(merged, ddof, axis, keepdims, skipna=skipna)
 
 
-def variance_from(merged: dict[str, np.ndarray], ddof: int, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
-    """``m2 / max(n - ddof, 0)``, as numpy divides (NaN or inf where that is zero)."""
+def variance_from(
+    merged: dict[str, np.ndarray], ddof: int, axis: tuple[int, ...], keepdims: bool, *, skipna: bool = False
+) -> np.ndarray:
+    """``m2 / max(n - ddof, 0)``, as numpy divides (NaN or inf where that is zero).
+
+    With ``skipna`` (nanvar, nanstd) NaN wherever ``n - ddof <= 0``, as
+    ``numpy.nanvar`` gives it where ``numpy.var`` divides by zero.
+    """
     with np.errstate(invalid="ignore", divide="ignore"):
         out = merged["m2"] / np.maximum(merged["n"] - ddof, 0)
+    if skipna:
+        out = np.where(merged["n"] - ddof > 0, out, np.nan)
     return out if keepdims else np.squeeze(out, axis=axis)
 
 

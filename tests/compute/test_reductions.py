@@ -26,6 +26,7 @@ from daskstream.errors import (
     UnknownOperationError,
     UnsupportedDtypeError,
 )
+from daskstream.runtime.metering import ReadMeter
 
 # numpy's own function for each op, with float inputs accumulated in float64 as daskstream does.
 NUMPY = {
@@ -220,6 +221,115 @@ def test_quantile_keeps_the_sign_of_zero(values, q):
     want = np.quantile(a, q)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize(
+    ("op", "q", "answer"),
+    [("quantile", [0.1, 0.5, 0.9], np.quantile), ("median", None, lambda a, q: np.median(a))],
+    ids=["quantile", "median"],
+)
+def test_each_pass_of_a_radix_select_over_a_slice_reads_it_again(tmp_path, op, q, answer):
+    """A pass after the first reads a copy of the array's graph. dask's clone left a slice's tasks taking the
+    original's keys (dask/dask#12455): the passes then shared one read, each block held for the next pass."""
+    a = np.random.default_rng(8).standard_normal((41, 19, 6)).astype("f4")
+    np.save(tmp_path / "a.npy", a)
+    x = ds.open(tmp_path / "a.npy", chunks=(10, 19, 6))
+
+    def passes(y):
+        with ReadMeter() as once:
+            ds.reduce(y, "max").compute()
+        with ReadMeter() as meter:
+            got = ds.reduce(y, op, q=q).compute()
+        return got, meter.bytes_read / once.bytes_read
+
+    got, sliced = passes(x[3:37, :, 1:])
+    np.testing.assert_array_equal(got, answer(a[3:37, :, 1:], q))
+    _, whole = passes(x)
+    assert whole >= 2  # float32: two 16-bit digits, or four 8-bit ones
+    assert sliced == whole
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4"])
+@pytest.mark.parametrize("axis", [None, 0, 1], ids=str)
+@pytest.mark.parametrize("q", [0.25, [0.25, 0.5, 0.75], None], ids=["one q", "three q", "median"])
+def test_quantiles_and_medians_of_half_and_single_precision_are_numpys_in_dtype_and_value(dtype, axis, q):
+    # A Python number q keeps numpy's result in the data's dtype, a sequence makes it float64; either way
+    # numpy interpolates in the data's dtype (2048 - 0.1 in float16 is 2048), not in a float64 upcast.
+    a = np.array([[0.1, 2048.0, 7.3], [0.1, 2048.0, -3.0], [-65504.0, 1e-4, 0.5], [3.3, 0.2, 9.9]], dtype=dtype)
+    x = da.from_array(a, chunks=(3, 2))
+    if q is None:
+        got, want = ours("median", x, axis), np.median(a, axis=axis)
+    else:
+        got, want = ours("quantile", x, axis, q=q), numpy_answer_quantile(a, q, axis)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+# Values at float64's limits: sums and squares of the large ones overflow; 5e-324 is the least subnormal.
+EXTREMES = [1e308, -1e308, np.finfo("f8").max, -np.finfo("f8").max, 1e300, -1e300, 1e154, -1e154, 5e-324,
+            -5e-324, 0.0, 1.0, -2.5, np.inf, -np.inf, np.nan]  # fmt: skip
+SPREADS = ("std", "var", "nanstd", "nanvar")
+
+
+def describe_std(x, axis, ddof):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return ds.describe(x, axis=axis, ddof=ddof).compute()["std"]
+
+
+def numpy_nanstd(a, axis, ddof):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanstd(a, axis=axis, ddof=ddof)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 5])
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_the_spread_of_values_whose_sum_overflows_is_numpys_inf(chunks, ddof):
+    a = np.array([1e308, 1e308, -1e308, 5e-324, 1e308])
+    for op in SPREADS:
+        want = numpy_answer(op, a, None, ddof=ddof)
+        assert want == np.inf
+        assert ours(op, da.from_array(a, chunks=chunks), None, ddof=ddof) == want, op
+        # Along an axis too: a column per row of a 2-d array.
+        columns = np.stack([a, a[::-1], np.ones(5)], axis=1)
+        got = ours(op, da.from_array(columns, chunks=(chunks, 2)), 0, ddof=ddof)
+        np.testing.assert_array_equal(got, numpy_answer(op, columns, 0, ddof=ddof), err_msg=op)
+    assert describe_std(da.from_array(a, chunks=chunks), None, ddof) == np.inf
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_spread_of_values_at_float64s_limits_is_numpys(data):
+    # At most 7 values along the reduced axes: numpy sums them one after another (its pairwise summation
+    # starts at 8), so its NaN means a NaN or an infinity among them, inf any overflow of finite values.
+    rows = data.draw(st.integers(1, 7))
+    columns = data.draw(st.integers(1, 7 // rows))
+    a = np.array(data.draw(st.lists(st.sampled_from(EXTREMES), min_size=rows * columns, max_size=rows * columns)))
+    a = a.reshape(rows, columns)
+    x = da.from_array(a, chunks=(data.draw(st.integers(1, rows)), data.draw(st.integers(1, columns))))
+    axis = data.draw(st.sampled_from([None, 0, 1]))
+    ddof = data.draw(st.integers(0, 2))
+    for op in SPREADS:
+        got, want = ours(op, x, axis, ddof=ddof), numpy_answer(op, a, axis, ddof=ddof)
+        # Infinities and NaNs where numpy has them; the finite values to float64's precision.
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0, equal_nan=True, err_msg=op)
+    np.testing.assert_allclose(describe_std(x, axis, ddof), numpy_nanstd(a, axis, ddof), rtol=1e-12, equal_nan=True)
+
+
+def test_finite_values_whose_sums_overflow_both_ways_spread_infinitely_in_any_order():
+    """numpy's NaN for some orders of such values is its summation order's (its partial sums +inf and -inf
+    meet); the spread itself is past float64's range, which numpy says (inf) for the order below."""
+    in_order = np.array([1e308, -1e308, 1e308, -1e308] + [0.0] * 12)
+    assert numpy_answer("var", in_order, None) == np.inf
+    shuffled = np.zeros(16)
+    shuffled[[0, 8]], shuffled[[1, 9]] = 1e308, -1e308
+    for a in (in_order, shuffled):
+        for chunks in (1, 3, 8, 16):
+            x = da.from_array(a, chunks=chunks)
+            for op in SPREADS:
+                assert ours(op, x, None) == np.inf, (op, chunks)
+            assert describe_std(x, None, 0) == np.inf
 
 
 def test_axis_on_a_0d_array_is_refused():
