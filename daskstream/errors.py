@@ -14,6 +14,7 @@ import types
 import warnings
 
 __all__ = [
+    "AttributeDecodingError",
     "ChunkSplitWarning",
     "ClusterConnectionError",
     "ConfigFileNotFoundError",
@@ -226,6 +227,10 @@ class ObjectStoreCredentialsError(DaskstreamError, PermissionError):
 
 class ClusterConnectionError(DaskstreamError, ConnectionError):
     """No scheduler answered at the address given, or it refused the connection."""
+
+
+class AttributeDecodingError(DaskstreamError, ValueError):
+    """A variable's CF attributes (scale_factor, add_offset, _FillValue, time units or calendar) cannot be decoded."""
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep

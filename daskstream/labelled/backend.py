@@ -77,7 +77,7 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
             filename_or_obj, group=group, storage_options=storage_options, data_of=lazily
         )
         dataset = decoded(
-            xr, variables, attrs, drop_variables=drop_variables, mask_and_scale=mask_and_scale,
+            xr, variables, attrs, where=str(filename_or_obj), drop_variables=drop_variables, mask_and_scale=mask_and_scale,
             decode_times=decode_times, concat_characters=concat_characters, decode_coords=decode_coords,
             use_cftime=use_cftime, decode_timedelta=decode_timedelta,
         )  # fmt: skip

@@ -25,9 +25,16 @@ from typing import Any
 
 from daskstream.arrays import as_dask_array
 from daskstream.dependencies import optional_import
-from daskstream.errors import DaskstreamError, InvalidArgumentError, MemberNotFoundError, UnknownFormatError
+from daskstream.errors import (
+    AttributeDecodingError,
+    DaskstreamError,
+    InvalidArgumentError,
+    MemberNotFoundError,
+    UnknownFormatError,
+)
 from daskstream.graph.reads import ChunksSpec
 from daskstream.sources import Source, open_source
+from daskstream.sources.base import first_line
 from daskstream.sources.contiguous import ObjectBytes, ObjectFile
 from daskstream.sources.detect import guess_format, is_url, local_path
 from daskstream.sources.many import expand_paths, names_many
@@ -155,7 +162,7 @@ def open_dataset(
         group=group, storage_options=storage_options,
         data_of=lambda source, coordinate: planned_data(source, chunks, memory_budget, eager=coordinate),
     )  # fmt: skip
-    dataset = decoded(xr, variables, attrs, drop_variables=drop_variables, **options)
+    dataset = decoded(xr, variables, attrs, where=str(path), drop_variables=drop_variables, **options)
     dataset.set_close(close)
     return dataset
 
@@ -210,11 +217,92 @@ def labelled_variables(
     return variables, dict(labels.get_attrs()), labels.close
 
 
-def decoded(xr: Any, variables: Mapping[str, Any], attrs: Mapping[str, Any], **options: Any) -> Any:
-    """A Dataset of ``variables`` decoded by xarray's own decoders, as ``xarray.decode_cf`` decodes a store."""
-    variables, attrs, coord_names = xr.conventions.decode_cf_variables(variables, attrs, **options)
+def decoded(xr: Any, variables: Mapping[str, Any], attrs: Mapping[str, Any], *, where: str, **options: Any) -> Any:
+    """A Dataset of ``variables`` decoded by xarray's own decoders, as ``xarray.decode_cf`` decodes a store.
+
+    Attributes the decoders would fail on -- now, or later inside a task of
+    ``.load()`` -- are an :class:`~daskstream.errors.AttributeDecodingError`
+    naming ``where`` (the file), the variable and the attribute.
+    """
+    if options.get("mask_and_scale", True):
+        for name, variable in variables.items():
+            if name not in _dropped(options.get("drop_variables")):
+                _check_packing(where, name, variable)
+    try:
+        variables, attrs, coord_names = xr.conventions.decode_cf_variables(variables, attrs, **options)
+    except (ValueError, TypeError, OverflowError, KeyError, AttributeError) as exc:
+        raise _decoding_error(xr, where, variables, options, exc) from None
     dataset = xr.Dataset(variables, attrs=attrs)
     return dataset.set_coords(set(coord_names).intersection(variables))
+
+
+# The attributes xarray's mask_and_scale applies to a variable's numbers: each one number.
+_PACKING = ("scale_factor", "add_offset")
+# The values it masks: numbers for a variable of numbers (missing_value may list several).
+_MASKS = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
+
+
+def _dropped(drop: Any) -> set[str]:
+    return set() if drop is None else {drop} if isinstance(drop, str) else set(drop)
+
+
+def _check_packing(where: str, name: str, variable: Any) -> None:
+    """Refuse the CF attributes of ``variable`` that xarray would apply to its numbers and cannot."""
+    import numpy as np
+
+    numeric = np.dtype(variable.dtype).kind in "biufc"
+    advice = (
+        "fix the attribute in the file, or open it with mask_and_scale=False (or decode_cf=False) to read the "
+        "stored numbers as they are"
+    )
+    for attribute in (*_PACKING, *(_MASKS if numeric else ())):
+        if attribute not in variable.attrs:
+            continue
+        value = np.asarray(variable.attrs[attribute])
+        if value.dtype.kind not in "biuf":
+            raise AttributeDecodingError(
+                f"{where}: variable {name!r} has {attribute} {_shown(variable.attrs[attribute])}, which is not a "
+                f"number; {advice}"
+            )
+        if attribute in _PACKING and value.size != 1:
+            raise AttributeDecodingError(
+                f"{where}: variable {name!r} has {value.size} values of {attribute} ({_shown(value)}) where CF "
+                f"takes one number; {advice}"
+            )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value.tolist() if hasattr(value, "tolist") else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _decoding_error(
+    xr: Any, where: str, variables: Mapping[str, Any], options: Mapping[str, Any], exc: BaseException
+) -> AttributeDecodingError:
+    """xarray's decoding failure as one clear error, naming the variable it failed on (found by decoding
+    each alone) and the decoder to turn off."""
+    culprit = None
+    single = {k: v for k, v in options.items() if k in (*DECODERS, "use_cftime")}
+    for name, variable in variables.items():
+        if name in _dropped(options.get("drop_variables")):
+            continue
+        try:
+            xr.conventions.decode_cf_variable(name, variable, **_variable_options(single))
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError):
+            culprit = name
+            break
+    which = f"variable {culprit!r}" if culprit else "its variables"
+    times = "units" in str(exc) or "calendar" in str(exc) or "time" in str(exc)
+    switch = "decode_times=False" if times else "decode_cf=False"
+    return AttributeDecodingError(
+        f"{where}: xarray could not decode {which} ({first_line(exc)}); fix its attributes in the file, or open it "
+        f"with {switch} to read the stored values"
+    )
+
+
+def _variable_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    # decode_cf_variable takes decode_endianness and stack_char_dim rather than decode_coords.
+    return {k: v for k, v in options.items() if k != "decode_coords"}
 
 
 def _variable(

@@ -302,3 +302,46 @@ def test_later_passes_over_a_slice_of_a_decoded_variable_compute_numpys_answers(
     want_counts, want_edges = np.histogram(np.nan_to_num(values), bins=6)
     np.testing.assert_array_equal(counts.compute(), want_counts)
     np.testing.assert_array_equal(np.asarray(bin_edges), want_edges)
+
+
+def _netcdf_with(path, **attrs):
+    """A NetCDF-4 file (written by h5netcdf) whose variable 'tas' and coordinate 'time' take ``attrs``."""
+    h5netcdf = pytest.importorskip("h5netcdf")
+    with h5netcdf.File(path, "w") as f:
+        f.dimensions = {"time": 4, "x": 3}
+        time = f.create_variable("time", ("time",), "f8")
+        time[:] = np.arange(4.0)
+        time.attrs["units"] = "days since 2000-01-01"
+        tas = f.create_variable("tas", ("time", "x"), "i2")
+        tas[:] = np.arange(12).reshape(4, 3)
+        for key, value in attrs.items():
+            (time if key == "calendar" else tas).attrs[key] = value
+    return path
+
+
+@pytest.mark.parametrize(
+    ("attrs", "says", "switch"),
+    [
+        ({"scale_factor": "abc"}, "has scale_factor 'abc', which is not a number", "mask_and_scale=False"),
+        ({"scale_factor": np.array([1.0, 2.0, 3.0])}, "3 values of scale_factor", "mask_and_scale=False"),
+        ({"add_offset": "x", "_FillValue": np.int16(5)}, "has add_offset 'x'", "mask_and_scale=False"),
+        ({"_FillValue": "none"}, "has _FillValue 'none'", "mask_and_scale=False"),
+        ({"calendar": "martian"}, "could not decode variable 'time'", "decode_times=False"),
+    ],
+    ids=["text-scale", "three-scales", "text-offset", "text-fill", "unknown-calendar"],
+)
+@pytest.mark.parametrize("opener", ["daskstream", "xarray-engine"])
+def test_attributes_xarray_cannot_decode_are_one_clear_error_at_open(tmp_path, attrs, says, switch, opener):
+    from daskstream.errors import AttributeDecodingError
+
+    path = _netcdf_with(tmp_path / "bad.nc", **attrs)
+    with pytest.raises(AttributeDecodingError, match=says) as raised:
+        opened = ds.open_dataset(path) if opener == "daskstream" else xr.open_dataset(path, engine="daskstream")
+        opened.load()  # a failure inside a task of .load() would be a traceback from xarray or numpy
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ")
+    assert switch in message
+    assert isinstance(raised.value, ValueError)
+    # With that decoder off, the stored numbers read as they are.
+    off = {"decode_times": False} if "calendar" in attrs else {"mask_and_scale": False}
+    np.testing.assert_array_equal(ds.open_dataset(path, **off).tas.values, np.arange(12).reshape(4, 3))
