@@ -37,7 +37,8 @@ from daskstream.cli.output import (
 from daskstream.cli.words import in_cli_words
 from daskstream.compute.describe import QUARTILES, STATISTICS
 from daskstream.compute.store import stored_bytes, target_format
-from daskstream.compute.store.codecs import HDF5_FILTER_NAMES, NAMED_CODECS, OBJECTIVES, CodecChoice, named_codec
+from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
+from daskstream.compute.store.named_codecs import HDF5_FILTER_NAMES, NAMED_CODECS, named_codec
 from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.graph.layers import places_read
@@ -1295,6 +1296,11 @@ def _compressor(codec: str, level: int, *, hdf5: bool) -> Any:
     lowest, highest = _CODEC_LEVELS[codec]
     if not lowest <= level <= highest:
         raise click.BadParameter(f"{level} is outside {codec}'s levels, {lowest} to {highest}", param_hint="'--level'")
+    if hdf5 and codec in ("zstd", "lz4"):
+        # Said in the command's words before named_codec says it in the library's.
+        dependencies.optional_import(
+            "hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=f"--codec {codec} for an HDF5 target"
+        )
     return named_codec(codec, "hdf5" if hdf5 else "zarr", level=level)
 
 

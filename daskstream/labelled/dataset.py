@@ -23,6 +23,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from daskstream.arrays import as_dask_array
 from daskstream.dependencies import optional_import
 from daskstream.errors import (
@@ -248,8 +250,6 @@ def _dropped(drop: Any) -> set[str]:
 
 def _check_packing(where: str, name: str, variable: Any) -> None:
     """Refuse the CF attributes of ``variable`` that xarray would apply to its numbers and cannot."""
-    import numpy as np
-
     numeric = np.dtype(variable.dtype).kind in "biufc"
     advice = (
         "fix the attribute in the file, or open it with mask_and_scale=False (or decode_cf=False) to read the "

@@ -23,8 +23,8 @@ import numpy as np
 from dask.optimization import cull
 
 from daskstream.compute.computation import plan_compute
-from daskstream.compute.store.codecs import named_codec
 from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
+from daskstream.compute.store.named_codecs import named_codec
 from daskstream.compute.store.record import (
     H5_COMPLETE_ATTR,
     H5_DONE_ATTR,

@@ -22,7 +22,7 @@ import dask.threaded
 import numpy as np
 
 from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
-from daskstream.compute.store.codecs import named_codec
+from daskstream.compute.store.named_codecs import named_codec
 from daskstream.compute.store.record import (
     COMPLETE_FILE,
     DONE_DIR,
