@@ -65,8 +65,9 @@ def describe(
         Delta degrees of freedom of ``std``.
     quartiles
         Also the 25th, 50th and 75th percentiles (keys ``"25%"``, ``"50%"``,
-        ``"75%"``), of the values that are not NaN, exactly as
-        ``numpy.nanquantile`` gives them: by the exact quantile machinery of
+        ``"75%"``), of the values that are not NaN, each exactly as
+        ``numpy.nanquantile(x, 0.25)`` (and so on) gives it, in the data's
+        float dtype (float16 stays float16): by the exact quantile machinery of
         :func:`daskstream.reduce`, in the same computation. Over all axes that
         takes its own passes (2 for 8- to 32-bit data, 4 for 64-bit) beside
         the statistics' pass; along axes, one pass over the data rechunked to
@@ -134,7 +135,11 @@ def describe(
         whole = dask.delayed(_with_histogram, pure=True)(whole, counted)
     quartile_values = None
     if quartiles:
-        quartile_values = nanquantile(x, list(QUARTILES.values()), axis=axes, memory_budget=memory_budget)
+        # Each quartile as numpy.nanquantile gives it asked alone ("25%" is nanquantile(x, 0.25)), in the
+        # data's float dtype, the three found in the same passes.
+        quartile_values = nanquantile(
+            x, list(QUARTILES.values()), axis=axes, memory_budget=memory_budget, each_alone=True
+        )
     facts = {"name": name, "shape": tuple(int(n) for n in x.shape), "dtype": x.dtype, "axes": axes}
     finished = dask.delayed(finish, pure=True)(whole, axes, edges, ddof, x.dtype, quartile_values, facts)
     return LazyDescription(finished, n_chunks=math.prod(x.numblocks))

@@ -103,18 +103,25 @@ def nanquantile(
     *,
     keepdims: bool = False,
     memory_budget: int | str | None = None,
+    each_alone: bool = False,
 ) -> da.Array:
     """The ``q``-th quantile(s) of ``x``'s values that are not NaN, exactly as ``numpy.nanquantile`` (linear).
 
     As :func:`quantile`, but NaNs are left out rather than making the result
-    NaN; where every value reduced over is NaN, the result is NaN.
+    NaN; where every value reduced over is NaN, the result is NaN. With
+    ``each_alone``, a sequence ``q`` gives what ``numpy.nanquantile`` gives
+    each of its numbers asked alone (as a Python float, interpolated in the
+    data's float dtype: float16 and float32 stay so), computed in the same
+    passes: ``[numpy.nanquantile(x, v) for v in q]`` stacked.
 
     >>> import dask.array as da, numpy as np
     >>> x = da.from_array(np.array([1.0, np.nan, 3.0, 2.0]), chunks=2)
     >>> nanquantile(x, [0.25, 0.5]).compute()
     array([1.5, 2. ])
     """
-    return _order_statistic(x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False, skipna=True)
+    return _order_statistic(
+        x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False, skipna=True, each_alone=each_alone
+    )
 
 
 def median(
@@ -138,6 +145,7 @@ def _order_statistic(
     memory_budget: int | str | None,
     median: bool,
     skipna: bool = False,
+    each_alone: bool = False,
 ) -> da.Array:
     x = da.asarray(x)
     memory_budget = budget_of(x, memory_budget)
@@ -148,7 +156,7 @@ def _order_statistic(
     q_array = _check_quantiles(q)
     # numpy gives a Python number "weak" typing: it interpolates with a Python float, and the
     # result keeps the data's float dtype. Carry that through to the final interpolation.
-    weak = type(q) in (int, float)
+    weak = type(q) in (int, float) or each_alone
     axes = tuple(range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):
         raise InvalidArgumentError(f"quantile of an empty selection (shape {x.shape}, axes {axes}) has no value")
@@ -157,9 +165,9 @@ def _order_statistic(
     column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * QUANTILE_BLOCK_COPIES
     if kept and column_bytes <= resources.per_task_bytes:
         per_task = resources.per_task_bytes // column_bytes
-        result = _quantile_along_axes(x, q, q_array, axes, kept, per_task, median, skipna)
+        result = _quantile_along_axes(x, q, q_array, axes, kept, per_task, median, skipna, each_alone)
     elif not kept:
-        result = _radix_quantile(x, q, q_array, weak, median, memory_budget, skipna)
+        result = _radix_quantile(x, 0.5 if each_alone else q, q_array, weak, median, memory_budget, skipna)
     else:
         # The reduced extent is too long for one task: radix select per kept position would hold a
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
@@ -199,6 +207,7 @@ def _quantile_along_axes(
     positions_per_task: int,
     median: bool,
     skipna: bool = False,
+    each_alone: bool = False,
 ) -> da.Array:
     # Whole reduced axes in every chunk; the kept axes cut so one task's columns fit its budget.
     chunks: dict[int, Any] = {a: -1 for a in axes}
@@ -209,13 +218,14 @@ def _quantile_along_axes(
         remaining = max(1, remaining // take)
     columns = x.rechunk(chunks)
     moved = da.moveaxis(columns, list(axes), list(range(len(axes))))
-    out_dtype = _result_dtype(x.dtype, q, median)
+    out_dtype = _result_dtype(x.dtype, 0.5 if each_alone else q, median)
     q_axes = 1 if q_array.ndim else 0
     return moved.map_blocks(
         _block_quantile,
         q=None if median else q,
         n_reduced=len(axes),
         skipna=skipna,
+        each_alone=each_alone,
         dtype=out_dtype,
         drop_axis=list(range(len(axes))),
         new_axis=[0] if q_axes else None,
@@ -228,13 +238,18 @@ def _result_dtype(dtype: np.dtype, q: Any, median: bool = False) -> np.dtype:
     return (np.median(sample) if median else np.quantile(sample, q)).dtype
 
 
-def _block_quantile(block: np.ndarray, q: Any, n_reduced: int, skipna: bool = False) -> np.ndarray:
+def _block_quantile(
+    block: np.ndarray, q: Any, n_reduced: int, skipna: bool = False, each_alone: bool = False
+) -> np.ndarray:
     axis = tuple(range(n_reduced))
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns about the NaNs it returns
         if q is None:
             return np.median(block, axis=axis)
-        return np.nanquantile(block, q, axis=axis) if skipna else np.quantile(block, q, axis=axis)
+        select = np.nanquantile if skipna else np.quantile
+        if each_alone and np.ndim(q):
+            return np.stack([select(block, float(v), axis=axis) for v in q])
+        return select(block, q, axis=axis)
 
 
 # ---------------------------------------------------------------------------
@@ -457,7 +472,7 @@ def _interpolate(
     if skipna:
         if n == 0:  # every value NaN: numpy.nanquantile's NaN
             shape = q.shape if q.ndim else ()
-            return np.full(shape, np.nan, dtype=_result_dtype(dtype_in, float(q) if weak else q))
+            return np.full(shape, np.nan, dtype=_result_dtype(dtype_in, 0.5 if weak else q))
         nans = 0  # left out: the order statistics are those of the other values
     targets = (len(state) - 2) // 2
     values = values_from_keys(state[2 + targets :], dtype_in)
@@ -470,7 +485,7 @@ def _interpolate(
         return np.asarray(np.nan, dtype=result.dtype) if nans else result
     if q.dtype.kind in "iu":
         # Integer quantiles (0 or 1) are integer virtual indexes: numpy takes the value, no interpolation.
-        result = lower.astype(_result_dtype(dtype_in, int(q) if weak else q))
+        result = lower.astype(_result_dtype(dtype_in, 0 if weak else q))
         if nans:
             result = result.astype(np.result_type(result.dtype, np.float16))
             result[...] = np.nan
@@ -488,7 +503,7 @@ def _interpolate(
             # For two values numpy's virtual index is the weight itself, so numpy interpolates
             # these two exactly as it would inside the whole array.
             out.append(np.quantile(pair, float(g) if weak else np.asarray(g, dtype=virtual.dtype)))
-    result = np.array(out, dtype=_result_dtype(dtype_in, float(q) if weak else q))
+    result = np.array(out, dtype=_result_dtype(dtype_in, 0.5 if weak else q))
     if nans:
         result[...] = np.nan
     return result if q.ndim else result.reshape(())
