@@ -72,20 +72,28 @@ STOPPED = {
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "signum"),
+    ("scheduler", "signum", "extra"),
     [
-        ("threads", signal.SIGINT),
-        ("threads", signal.SIGTERM),
-        ("processes", signal.SIGINT),  # the pool's workers would first run every task queued to them
-        ("processes", signal.SIGTERM),
-        ("distributed", signal.SIGINT),  # a LocalCluster of worker processes: its tasks cancelled
+        ("threads", signal.SIGINT, ()),
+        ("threads", signal.SIGTERM, ()),
+        ("processes", signal.SIGINT, ()),  # the pool's workers would first run every task queued to them
+        ("processes", signal.SIGTERM, ()),
+        ("distributed", signal.SIGINT, ()),  # a LocalCluster of worker processes: its tasks cancelled
+        ("threads", signal.SIGINT, ("--adaptive",)),  # waves of blocks, tried and chosen while it runs
     ],
-    ids=lambda value: getattr(value, "name", value),
+    ids=[
+        "threads-SIGINT",
+        "threads-SIGTERM",
+        "processes-SIGINT",
+        "processes-SIGTERM",
+        "distributed-SIGINT",
+        "adaptive-SIGINT",
+    ],
 )
-def test_a_store_into_zarr_stops_on_a_signal_keeps_its_blocks_and_resumes(field, tmp_path, scheduler, signum):
+def test_a_store_into_zarr_stops_on_a_signal_keeps_its_blocks_and_resumes(field, tmp_path, scheduler, signum, extra):
     path, data = field
     target = tmp_path / "out.zarr"
-    args = ["store", path, target, *STORE, "--scheduler", scheduler]
+    args = ["store", path, target, *STORE, "--scheduler", scheduler, *extra]
     process = _daskstream(*args)
     _wait_until(lambda: _zarr_done(target) >= 1, process)
     process.send_signal(signum)
