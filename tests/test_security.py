@@ -444,3 +444,71 @@ def test_zip_members_named_outside_the_store_are_never_listed_or_read(tmp_path):
         with pytest.raises(DaskstreamError):
             ds.open(f"{tmp_path}/evil.zip::{member}")
     assert not (tmp_path / "up").exists()
+
+
+# ---------------------------------------------------------------------------
+# Sizes a file states about itself, believed by no read before they are checked against what the file holds.
+# Each attack is read in a fresh interpreter with no room in its address space for the size claimed, and may
+# raise its resident memory by no more than the 64 MiB budget it reads with (tests/sources/hostile_files.py,
+# whose builders the source tests use too; tests/sources/test_hostile_sizes.py tries every index kind).
+
+
+@pytest.fixture
+def hostile():
+    """The hostile-file builders of the source tests."""
+    folder = str(Path(__file__).parent / "sources")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import hostile_files
+
+    return hostile_files
+
+
+def test_an_hdf5_chunk_index_claiming_4_gib_in_a_small_file_is_refused_without_taking_it(tmp_path, hostile):
+    intact = hostile.hdf5_file(tmp_path / "intact.h5", "btree-v1")
+    forged = tmp_path / "scan.h5"
+    forged.write_bytes(intact.read_bytes())
+    hostile.forge_chunk_size(forged, hostile.FORGED)
+    assert forged.stat().st_size < 150 * 2**10
+    growth, outcome = hostile.read_hostile(f"{forged}::x", f"{intact}::x")
+    assert outcome.startswith("CorruptSourceError(OSError): "), outcome
+    assert f"{forged}::/x: the chunk index says the chunk at (0, 0) is 4294967040 bytes" in outcome
+    assert "re-create or re-copy it" in outcome
+    assert growth < hostile.BUDGET
+
+
+def test_a_zstd_bomb_in_a_zipped_zarr_store_is_refused_within_a_64_mib_budget(tmp_path, hostile):
+    options = {"shape": (64, 64), "chunks": (32, 32), "dtype": "f4", "compressors": zarr.codecs.ZstdCodec()}
+    for name in ("intact", "store"):
+        zarr.create_array(tmp_path / name, **options)[...] = 1
+    intact = hostile.zipped_store(tmp_path / "intact", tmp_path / "intact.zip")
+    bomb = hostile.zstd_bomb(2**31, declared=False)  # 2 GiB of zeros in 64 KiB, its size stated nowhere
+    store = hostile.zipped_store(tmp_path / "store", tmp_path / "store.zip", {"c/0/0": bomb})
+    growth, outcome = hostile.read_hostile(store, intact)
+    assert outcome.startswith("CorruptSourceError(OSError): "), outcome
+    assert f"{store}: chunk 'c/0/0' could not be decoded" in outcome
+    assert growth < hostile.BUDGET
+
+
+def test_a_zip_member_declaring_4_kib_that_inflates_to_more_is_refused(tmp_path, hostile):
+    import zipfile
+
+    for name in ("intact", "store"):
+        zarr.create_array(tmp_path / name, shape=(64, 64), chunks=(32, 32), dtype="f4", compressors=None)[...] = 1
+    intact = hostile.zipped_store(tmp_path / "intact", tmp_path / "intact.zip")
+    store = hostile.zipped_store(tmp_path / "store", tmp_path / "store.zip", compression=zipfile.ZIP_DEFLATED)
+    with zipfile.ZipFile(store) as z:
+        names = z.namelist()
+    # The chunk again, deflated from 32 MiB of zeros, declaring the 4 KiB a chunk holds.
+    with zipfile.ZipFile(tmp_path / "bomb.zip", "w") as z:
+        for name in names:
+            if name == "c/0/0":
+                hostile.write_member(z, name, 32 * 2**20, zipfile.ZIP_DEFLATED)
+            else:
+                with zipfile.ZipFile(store) as source:
+                    z.writestr(name, source.read(name))
+    hostile.forge_zip_member_size(tmp_path / "bomb.zip", "c/0/0", 4096)
+    growth, outcome = hostile.read_hostile(tmp_path / "bomb.zip", intact)
+    assert outcome.startswith("CorruptSourceError(OSError): "), outcome
+    assert "member 'c/0/0' cannot be read" in outcome
+    assert growth < hostile.BUDGET

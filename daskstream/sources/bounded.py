@@ -72,6 +72,23 @@ def zstd_content_size(data: Any) -> int | None:
     return declared + 256 if size_bytes == 2 else declared
 
 
+# What compressors add at worst to incompressible data: zlib and zstd about 1/256, lz4 1/255,
+# bz2 1/100, blosc and lzma a header (their compressBound), plus headers of at most a few hundred bytes.
+_HEADER_ALLOWANCE = 64 * 2**10
+
+
+def largest_encoding(size: int) -> int:
+    """The most bytes any compressor daskstream knows stores ``size`` bytes in, headers included.
+
+    What a stored chunk's size is checked against before its bytes are read:
+    a chunk index or zip directory claiming more is damaged or forged.
+
+    >>> largest_encoding(2**20)
+    1130496
+    """
+    return size + size // 64 + _HEADER_ALLOWANCE
+
+
 def _checked(claimed: int | None, size: int, exact: bool, codec: str) -> None:
     if claimed is None:
         return
@@ -195,6 +212,7 @@ __all__ = [
     "blosc_decode",
     "bounded_decoder",
     "gzip_decode",
+    "largest_encoding",
     "lz4_decode",
     "zlib_decode",
     "zstd_content_size",

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import weakref
 from collections.abc import Iterator
@@ -43,7 +44,14 @@ from daskstream.sources.base import (
 )
 from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, ObjectFile, read_contiguous_box
 from daskstream.sources.handles import cached_handle
-from daskstream.sources.hdf5_chunks import DECODABLE, ChunkDecoder, ChunkedReader, ChunkIndex
+from daskstream.sources.hdf5_chunks import (
+    DECODABLE,
+    CheckedChunks,
+    ChunkDecoder,
+    ChunkedReader,
+    ChunkIndex,
+    FilterCheck,
+)
 from daskstream.sources.linked import (
     LinkedFile,
     check_external_links,
@@ -373,6 +381,8 @@ class Hdf5Source(Source):
         ):
             # None until the data is written; then unwritten data reads as the fill value via h5py.
             self.raw_offset = dset.id.get_offset()
+        if kind == h5py.h5d.CONTIGUOUS and in_this_file and dcpl.get_external_count() == 0:
+            self._check_contiguous_extent(dset)
         self.file_dtype = file_dtype
         # (filter id, client values) in the order HDF5 applies them on write.
         self.pipeline = tuple(
@@ -392,7 +402,10 @@ class Hdf5Source(Source):
         self.dims = hdf5_dims(dset, self.ndim)
         self.scales = hdf5_scales(dset)
         if self.strings:
-            sample = self._strings_of(dset, sample_box(self.shape)) if self.size else np.empty(0, self.dtype)
+            box = sample_box(self.shape)
+            if self.size:
+                self._check_before_h5py(dset, box)
+            sample = self._strings_of(dset, box) if self.size else np.empty(0, self.dtype)
             self.element_bytes = string_element_bytes(sample)
         # Chunks whose bytes can be read and decoded here, in parallel, rather than under h5py's lock.
         self.raw_chunks = (
@@ -409,6 +422,64 @@ class Hdf5Source(Source):
             missing = _missing_filter(self.name, self.pipeline, self.filters, h5py)
             if missing is not None:
                 raise missing
+
+    def _measured_size(self, dset: Any) -> int:
+        """The bytes of the file holding ``dset``, measured: HDF5 believes the end-of-file address the file states."""
+        if self.object is not None:
+            return self.object.size
+        return os.path.getsize(dset.file.filename)
+
+    def _check_contiguous_extent(self, dset: Any) -> None:
+        """Refuse contiguous data that its layout places past the end of the file, before any of it is read.
+
+        Read straight from the file it would fail at the end; read through
+        HDF5, data past the file's end reads as zeros when the file states a
+        larger end-of-file address than it has.
+        """
+        offset = dset.id.get_offset()
+        if offset is None:
+            return  # never written: the fill value
+        size = max(dset.id.get_storage_size(), math.prod(dset.shape) * dset.id.get_type().get_size())
+        measured = self._measured_size(dset)
+        if offset + size > measured:
+            raise CorruptSourceError(
+                f"{self.name}: the dataset's layout places its {size} bytes at byte {offset}, past the end of the "
+                f"file ({measured} bytes); the file is damaged, cut short or forged: re-create or re-copy it"
+            )
+
+    def _chunk_index(self, dset: Any, chunk_shape: tuple[int, ...], chunk_bytes: int) -> ChunkIndex:
+        """The dataset's chunk index, every chunk's place and size checked (:meth:`ChunkIndex.of`)."""
+        with self._h5py_failures("list the dataset's chunks"):
+            return ChunkIndex.of(
+                dset,
+                chunk_shape,
+                name=self.name,
+                file_size=self._measured_size(dset),
+                pipeline=self.pipeline,
+                chunk_bytes=chunk_bytes,
+            )
+
+    def _checked_chunks(self, dset: Any) -> CheckedChunks | None:
+        """This process's checks of the chunks h5py decodes: ``None`` when HDF5 bounds every filter itself."""
+        if self.storage_kind != "chunked" or not self.pipeline or dset.chunks is None:
+            return None
+        chunk_shape = tuple(int(c) for c in dset.chunks)
+
+        def build() -> CheckedChunks:
+            chunk_bytes = math.prod(chunk_shape) * _stored_itemsize(dset, import_h5py())
+            index = self._chunk_index(dset, chunk_shape, chunk_bytes)
+            check = FilterCheck(self.pipeline, _stored_itemsize(dset, import_h5py()), chunk_bytes)
+            return CheckedChunks(index, chunk_shape, check, self.name)
+
+        if not hasattr(self, "token"):
+            return build()  # while the source opens (a sample of its strings): once
+        return cached_handle(("hdf5-checked-chunks", self.path, self.token, self.dataset), build)
+
+    def _check_before_h5py(self, dset: Any, box: Region) -> None:
+        """Check the stored chunks ``box`` touches before h5py decodes them (see :class:`FilterCheck`)."""
+        checked = self._checked_chunks(dset)
+        if checked is not None:
+            checked.check_box(dset.id, box[: len(checked.chunk_shape)])
 
     def _dataset(self) -> Any:
         h5py = import_h5py()
@@ -432,17 +503,8 @@ class Hdf5Source(Source):
         assert chunks is not None  # read this way only when raw_chunks, so the layout is chunked
 
         def build() -> ChunkedReader:
-            try:
-                index = ChunkIndex.of(self._dataset(), chunks)
-            except OSError as exc:
-                failure = self._read_failure(exc)
-                if failure is not None:
-                    raise failure from None
-                raise CorruptSourceError(
-                    f"{self.name}: HDF5 could not list the dataset's chunks ({first_line(exc)}); the file may be "
-                    "damaged: re-create or re-copy it"
-                ) from None
             decoder = ChunkDecoder(self.pipeline, self.file_dtype, chunks)
+            index = self._chunk_index(self._dataset(), chunks, decoder.nbytes)
             data = self.object if self.object is not None else FileBytes(self.path, self.name)
             return ChunkedReader(data, self.name, index, decoder, self.fill_value, token=self.token)
 
@@ -470,6 +532,7 @@ class Hdf5Source(Source):
             return out
         try:
             dset = self._dataset()
+            self._check_before_h5py(dset, box)
             if self.strings:
                 return self._strings_of(dset, box)
             if self.buffer_kept:
@@ -483,6 +546,8 @@ class Hdf5Source(Source):
             else:
                 dset.read_direct(out, source_sel=box)
         except OSError as exc:
+            if isinstance(exc, DaskstreamError):
+                raise
             failure = self._read_failure(exc)
             if failure is not None:
                 raise failure from None
@@ -519,7 +584,8 @@ class Hdf5Source(Source):
         """
         if self.storage_chunks is None:
             return 0 if self.object is None else min(READ_BATCH_BYTES, self.nbytes)
-        return (3 if self.pipeline else 1) * self.storage_chunk_bytes()
+        # Whole chunks, as the layout states them: a chunk reaching past the dataset's edge is stored whole.
+        return (3 if self.pipeline else 1) * math.prod(self.storage_chunks) * self.dtype.itemsize
 
     def plan(
         self, settings: PlanSettings | None = None, *, reduce_axis: int | tuple[int, ...] | None = None, **given: Any
@@ -579,6 +645,18 @@ def hdf5_type_text(dtype: np.dtype, h5py: Any) -> str:
     return str(dtype)
 
 
+def _stored_itemsize(dset: Any, h5py: Any) -> int:
+    """Bytes one element takes in the file's chunks: a variable-length string is a global heap reference there
+    (its length, the heap's address and the index in it), whatever size HDF5 gives its type."""
+    file_type = dset.id.get_type()
+    if file_type.get_class() == h5py.h5t.VLEN or (
+        file_type.get_class() == h5py.h5t.STRING and file_type.is_variable_str()
+    ):
+        sizeof_addr, _ = dset.file.id.get_create_plist().get_sizes()
+        return 4 + int(sizeof_addr) + 4
+    return int(file_type.get_size())
+
+
 def _leaves_buffer_unfilled(dcpl: Any, h5py: Any) -> bool:
     """Whether HDF5 leaves a reader's buffer as it was for data never written: no fill value defined, or never filled."""
     return (
@@ -615,13 +693,27 @@ def _find_dataset(f: Any, path: str, dataset: str | None, h5py: Any) -> Any:
         )
     try:
         obj = f[dataset]
-    except KeyError:
+    except KeyError as exc:
+        if _link_exists(f, dataset):
+            # HDF5 found the dataset but refused its header: sizes that contradict each other or the file.
+            raise CorruptSourceError(
+                f"{path}::{dataset}: HDF5 could not open the dataset ({first_line(exc)}); its header is damaged or "
+                "forged: re-create or re-copy the file"
+            ) from None
         have = listing(_list_datasets(f, h5py), empty="no datasets")
         raise MemberNotFoundError(f"dataset {dataset!r} not found in {path}; it has: {have}") from None
     if not isinstance(obj, h5py.Dataset):
         inside = listing(_list_datasets(obj, h5py), empty="none")
         raise NotAnArrayError(f"{path}::{dataset} is a group, not a dataset; datasets inside it: {inside}")
     return obj
+
+
+def _link_exists(f: Any, name: str) -> bool:
+    """Whether ``f`` has a link of that name, whether or not the object it leads to opens."""
+    try:
+        return f.get(name, getlink=True) is not None
+    except (KeyError, RuntimeError, OSError, ValueError):
+        return False
 
 
 def _list_datasets(group: Any, h5py: Any) -> list[str]:
@@ -631,7 +723,13 @@ def _list_datasets(group: Any, h5py: Any) -> list[str]:
         if isinstance(obj, h5py.Dataset):
             names.append(obj.name)
 
-    group.visititems(visit)
+    try:
+        group.visititems(visit)
+    except (KeyError, RuntimeError) as exc:  # an object whose header HDF5 refuses (OSError is h5py's own)
+        raise CorruptSourceError(
+            f"{group.file.filename}: HDF5 could not open every object in the file ({first_line(exc)}); the file is "
+            "damaged or forged: re-create or re-copy it"
+        ) from None
     return names
 
 

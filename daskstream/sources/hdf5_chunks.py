@@ -13,6 +13,14 @@ once.
 Only pipelines made of those filters take this path; any other filter
 (szip, n-bit, scale-offset, LZF, LZ4...) and datasets outside the file
 (external links, external storage, virtual datasets) are read through h5py.
+
+Every size the chunk index states is checked before a byte is allocated for
+it (:meth:`ChunkIndex.of`): a chunk must lie inside the file and be no larger
+than its filters can make of the chunk's bytes. HDF5 itself checks neither
+(it believes its end-of-file address, which the file states too) and its
+deflate and bzip2 filters grow their output for as long as a stream
+decodes: a chunk h5py will decode through those is first decoded here, within
+bounds, and refused if it makes more (:class:`FilterCheck`).
 """
 
 from __future__ import annotations
@@ -25,7 +33,14 @@ import numpy as np
 
 from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
-from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, zlib_decode, zstd_decode
+from daskstream.sources.bounded import (
+    DECODE_ERRORS,
+    blosc_decode,
+    bz2_decode,
+    largest_encoding,
+    zlib_decode,
+    zstd_decode,
+)
 from daskstream.sources.chunk_cache import keep, kept, on_surface
 from daskstream.sources.contiguous import FileBytes, ObjectBytes
 
@@ -33,6 +48,34 @@ from daskstream.sources.contiguous import FileBytes, ObjectBytes
 DEFLATE, SHUFFLE, FLETCHER32 = 1, 2, 3
 BLOSC, ZSTD = 32001, 32015
 DECODABLE = frozenset({DEFLATE, SHUFFLE, FLETCHER32, BLOSC, ZSTD})
+SZIP, NBIT, SCALEOFFSET, LZF, BZIP2, LZ4, BITSHUFFLE, BLOSC2 = 4, 5, 6, 32000, 307, 32004, 32008, 32026
+# Filters that compress (or pack) a chunk: what they store is at most a compressor's worst case.
+_COMPRESSING = frozenset({DEFLATE, SZIP, NBIT, SCALEOFFSET, LZF, BZIP2, BLOSC, LZ4, BITSHUFFLE, ZSTD, BLOSC2})
+
+
+def largest_stored_size(pipeline: Sequence[tuple[int, tuple[int, ...]]], filter_mask: int, nbytes: int) -> int:
+    """The most bytes HDF5 can store a chunk of ``nbytes`` in through the filters the mask says were applied.
+
+    Shuffle keeps the size, Fletcher-32 adds its 4-byte checksum, a
+    compressor stays within :func:`~daskstream.sources.bounded.largest_encoding`;
+    a filter not known here is allowed twice its input and 64 KiB.
+
+    >>> largest_stored_size([(SHUFFLE, ()), (DEFLATE, (4,))], 0, 1000)
+    66551
+    >>> largest_stored_size([(DEFLATE, (4,))], 0b1, 1000)  # the filter was skipped for this chunk
+    1000
+    """
+    size = nbytes
+    for position, (code, _) in enumerate(pipeline):
+        if filter_mask & (1 << position) or code == SHUFFLE:
+            continue
+        if code == FLETCHER32:
+            size += 4
+        elif code in _COMPRESSING:
+            size = largest_encoding(size)
+        else:
+            size = 2 * size + 2**16
+    return size
 
 
 @dataclass(frozen=True)
@@ -51,13 +94,34 @@ class ChunkIndex:
         self.chunks = chunks
 
     @classmethod
-    def of(cls, dset: Any, chunk_shape: tuple[int, ...]) -> ChunkIndex:
-        """Ask HDF5 for every allocated chunk of ``dset`` (one walk of its B-tree)."""
+    def of(
+        cls,
+        dset: Any,
+        chunk_shape: tuple[int, ...],
+        *,
+        name: str,
+        file_size: int,
+        pipeline: Sequence[tuple[int, tuple[int, ...]]] = (),
+        chunk_bytes: int | None = None,
+    ) -> ChunkIndex:
+        """Ask HDF5 for every allocated chunk of ``dset`` (one walk of its index), checking each as it comes.
+
+        Whatever kind the index is (B-tree version 1 or 2, fixed or
+        extensible array, single chunk, implicit), a chunk it places past the
+        end of the file (``file_size`` bytes: measured, not what the file
+        says), or states as larger than ``pipeline`` can make of
+        ``chunk_bytes``, is a :class:`CorruptSourceError` naming ``name`` and
+        the chunk, raised before anything is allocated for it.
+        """
         found: dict[tuple[int, ...], StoredChunk] = {}
 
         def add(info: Any) -> None:
+            if info.byte_offset is None or info.chunk_offset is None:
+                return  # an entry at the undefined address: a chunk never written, read as the fill value
             grid = tuple(o // c for o, c in zip(info.chunk_offset, chunk_shape))
-            found[grid] = StoredChunk(int(info.byte_offset), int(info.size), int(info.filter_mask))
+            stored = StoredChunk(int(info.byte_offset), int(info.size), int(info.filter_mask))
+            _check_stored(name, tuple(info.chunk_offset), stored, file_size, pipeline, chunk_bytes)
+            found[grid] = stored
 
         dsid = dset.id
         if hasattr(dsid, "chunk_iter"):  # HDF5 1.12.3 and later
@@ -66,6 +130,30 @@ class ChunkIndex:
             for i in range(dsid.get_num_chunks()):
                 add(dsid.get_chunk_info(i))
         return cls(found)
+
+
+def _check_stored(
+    name: str,
+    origin: tuple[int, ...],
+    stored: StoredChunk,
+    file_size: int,
+    pipeline: Sequence[tuple[int, tuple[int, ...]]],
+    chunk_bytes: int | None,
+) -> None:
+    where = f"{name}: the chunk index says the chunk at {origin} is {stored.size} bytes at byte {stored.byte_offset}"
+    if stored.byte_offset < 0 or stored.size < 0 or stored.byte_offset + stored.size > file_size:
+        raise CorruptSourceError(
+            f"{where}, past the end of the file ({file_size} bytes); the file is damaged, cut short or forged: "
+            "re-create or re-copy it"
+        )
+    if chunk_bytes is None:
+        return
+    largest = largest_stored_size(pipeline, stored.filter_mask, chunk_bytes)
+    if stored.size > largest:
+        raise CorruptSourceError(
+            f"{where}, more than its filters can store its {chunk_bytes} bytes in (at most {largest}); the file "
+            "is damaged or forged: re-create or re-copy it"
+        )
 
 
 class ChunkDecoder:
@@ -273,3 +361,127 @@ class ChunkedReader:
             f"{self.name}: the chunk at {origin} ({stored.size} bytes at byte {stored.byte_offset}) could not "
             f"be decoded ({type(exc).__name__}: {exc}); the file is damaged: re-create or re-copy it"
         )
+
+
+# Filters HDF5 decodes without bounding what they make: deflate and bzip2 grow their buffer for as long
+# as the stream decodes, and the lz4, zstd and blosc plugins allocate what the chunk's header claims.
+_UNBOUNDED_IN_HDF5 = frozenset({DEFLATE, BZIP2, LZ4, ZSTD, BLOSC})
+
+
+class FilterCheck:
+    """Decodes, within bounds, the compressing filters h5py would decode without any, and drops the result.
+
+    For chunks h5py reads (types whose bytes are not numpy's, filters not
+    decoded here): each stored chunk is decoded here first, from its outer
+    filter inwards, each step told the most it may make (exactly the chunk's
+    bytes where only shuffle and Fletcher-32 lie below it), and stopping at a
+    filter not decoded here. A chunk that claims or makes more is refused
+    before h5py is asked for it.
+
+    Parameters
+    ----------
+    pipeline
+        ``(filter id, client values)`` in the order HDF5 applied them on write.
+    itemsize
+        Bytes of one element as the file stores it (shuffle's element size).
+    chunk_bytes
+        Bytes of one chunk, decoded.
+    """
+
+    def __init__(self, pipeline: Sequence[tuple[int, tuple[int, ...]]], itemsize: int, chunk_bytes: int) -> None:
+        self.pipeline = tuple(pipeline)
+        self.itemsize = itemsize
+        self.chunk_bytes = chunk_bytes
+
+    @property
+    def needed(self) -> bool:
+        """Whether h5py would decode any filter of the pipeline without a bound."""
+        return any(code in _UNBOUNDED_IN_HDF5 for code, _ in self.pipeline)
+
+    def check(self, raw: Any, filter_mask: int) -> None:
+        """Raise ``ValueError`` (or a codec's own error) when the chunk claims or decodes to more than it may."""
+        applied = [i for i in range(len(self.pipeline)) if not filter_mask & (1 << i)]
+        data = raw
+        for i in reversed(applied):
+            code = self.pipeline[i][0]
+            below = [self.pipeline[j][0] for j in applied if j < i]
+            # What undoing filter i may make: exactly known when only shuffle and checksums lie below it.
+            exact = all(c in (SHUFFLE, FLETCHER32) for c in below)
+            size = largest_stored_size(self.pipeline[:i], filter_mask, self.chunk_bytes)
+            if code == DEFLATE:
+                data = zlib_decode(data, size, exact=exact)
+            elif code == ZSTD:
+                data = zstd_decode(data, size, exact=exact)
+            elif code == BLOSC:
+                data = blosc_decode(data, size, exact=exact)
+            elif code == BZIP2:
+                data = bz2_decode(data, size, exact=exact)
+            elif code == SHUFFLE:
+                from numcodecs import Shuffle
+
+                data = Shuffle(elementsize=self.itemsize).decode(data)
+            elif code == FLETCHER32:
+                from numcodecs.fletcher32 import Fletcher32
+
+                data = Fletcher32().decode(data)
+            elif code == LZ4:
+                # HDF5's lz4 filter: the decoded size as a big-endian 64-bit integer, then the blocks.
+                claimed = int.from_bytes(bytes(memoryview(data).cast("B")[:8]), "big")
+                if claimed > size or (exact and claimed != size):
+                    raise ValueError(f"the lz4 chunk claims {claimed} bytes where the chunk holds {size}")
+                return
+            else:
+                return  # a filter not decoded here: what it makes is bounded by what h5py gives it
+        if len(memoryview(data).cast("B")) != self.chunk_bytes:
+            raise ValueError(
+                f"decoded to {len(memoryview(data).cast('B'))} bytes where the chunk holds {self.chunk_bytes}"
+            )
+
+
+class CheckedChunks:
+    """A chunked dataset's index, checked, and its chunks checked before h5py decodes them; one per process.
+
+    Parameters
+    ----------
+    index
+        The dataset's chunks, their sizes checked (:meth:`ChunkIndex.of`).
+    chunk_shape
+        The dataset's chunk shape (its own axes: an array element's are not chunked).
+    check
+        The bounded decoding of the dataset's filters.
+    name
+        ``path::dataset``, for error messages.
+    """
+
+    def __init__(self, index: ChunkIndex, chunk_shape: tuple[int, ...], check: FilterCheck, name: str) -> None:
+        self.index = index
+        self.chunk_shape = chunk_shape
+        self.check = check
+        self.name = name
+        self._passed: set[tuple[int, int]] = set()
+
+    def check_box(self, dsid: Any, box: Region) -> None:
+        """Check every stored chunk ``box`` (of the dataset's axes) touches and was not checked before.
+
+        ``dsid``: the dataset's h5py identifier, whose ``read_direct_chunk``
+        gives a chunk's stored bytes wherever the file lies.
+        """
+        if not self.check.needed:
+            return
+        for grid, _, _ in storage_pieces(box, self.chunk_shape):
+            stored = self.index.chunks.get(grid)
+            if stored is None or (stored.byte_offset, stored.size) in self._passed:
+                continue
+            origin = tuple(g * c for g, c in zip(grid, self.chunk_shape))
+            mask, raw = dsid.read_direct_chunk(origin)  # its failures are the caller's, as h5py's reads are
+            try:
+                self.check.check(raw, mask)
+            except DaskstreamError:
+                raise
+            except DECODE_ERRORS as exc:
+                raise CorruptSourceError(
+                    f"{self.name}: the chunk at {origin} ({stored.size} bytes at byte {stored.byte_offset}) could "
+                    f"not be decoded ({type(exc).__name__}: {exc}); the file is damaged or forged: re-create or "
+                    "re-copy it"
+                ) from None
+            self._passed.add((stored.byte_offset, stored.size))

@@ -103,7 +103,10 @@ def _follow_links(
     if hops > _MAX_HOPS:
         raise CorruptSourceError(f"{name(dataset)}: more than {_MAX_HOPS} links in a row; they may form a loop")
     parts = [part for part in dataset.split("/") if part]
-    group = f["/"]
+    try:
+        group = f["/"]
+    except (KeyError, ValueError, OSError):
+        return ()  # a root group HDF5 cannot open: the lookup that follows reports the damage
     for i, part in enumerate(parts):
         try:
             link = group.get(part, getlink=True)

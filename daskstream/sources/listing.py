@@ -26,6 +26,8 @@ from daskstream.sources.hdf5 import filter_names, hdf5_type_text, import_h5py, u
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, json_ready, zarr_attrs, zarr_dims
 from daskstream.sources.npy import NpySource
 from daskstream.sources.zarr_ import codec_names, folder_node_type, local_path
+from daskstream.sources.zarr_checks import checked_store
+from daskstream.sources.zip_members import ZipMembers
 
 #: Attributes shown per entry in the tree's text (all are kept in ``attrs``).
 SHOWN_ATTRS = 4
@@ -270,9 +272,11 @@ def _zarr_entries(path: str) -> Iterator[Entry]:
     import zarr
 
     if not os.path.isdir(path):
-        # A zipped store: zarr walks it (one array zarr cannot open stops the walk).
+        # A zipped store: zarr walks it (one array zarr cannot open stops the walk), reading its metadata
+        # members within the sizes they may hold (zipfile believes what the zip's directory states).
         try:
-            root = zarr.open(path, mode="r")
+            store = checked_store(zarr.storage.ZipStore(path, mode="r"), ZipMembers(path))
+            root = zarr.open(store=store, mode="r")
             nodes = (
                 [("", root), *sorted(root.members(max_depth=None), key=lambda m: m[0])]
                 if isinstance(root, zarr.Group)
@@ -292,13 +296,13 @@ def _zarr_entries(path: str) -> Iterator[Entry]:
         kind = folder_node_type(folder)
         if kind in ("array", "group"):
             where = "/" + os.path.relpath(folder, path).replace(os.sep, "/").removeprefix(".").strip("/")
+            opened: Any = None
             try:
-                node = zarr.open_array(folder, mode="r") if kind == "array" else zarr.open_group(folder, mode="r")
+                opened = zarr.open_array(folder, mode="r") if kind == "array" else zarr.open_group(folder, mode="r")
             except Exception as exc:  # zarr raises many kinds for metadata it cannot read
                 yield Entry(where, kind, dtype=f"not readable by zarr ({first_line(exc)})" if kind == "array" else None)
-                node = None
-            if node is not None:
-                yield _zarr_node(where, node, zarr)
+            if opened is not None:
+                yield _zarr_node(where, opened, zarr)
             if kind == "array":
                 continue  # an array's folders hold its chunks
         stack.extend(reversed(_subfolders(folder)))

@@ -11,156 +11,75 @@ it decompresses, so two tasks decode on two cores, and nothing else spawns
 threads.
 
 Arrays on object stores are read the same way, their chunk objects fetched
-concurrently (see :mod:`daskstream.sources.objects`). Any other store (zip)
-or codec goes through zarr.
+concurrently (see :mod:`daskstream.sources.objects`), and so are arrays in
+zip files (:mod:`daskstream.sources.zarr_files`). Every decompressor is told
+the size it must give (:mod:`daskstream.sources.bounded`). Any other codec
+goes through zarr, whose reads are checked first
+(:mod:`daskstream.sources.zarr_checks`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import posixpath
-import stat
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import google_crc32c
 import numpy as np
 
-from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError, SourceRemovedError
-from daskstream.files import open_regular
-from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
+from daskstream.errors import CorruptSourceError, DaskstreamError
+from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
+from daskstream.sources.zarr_bounds import is_bytes_to_bytes, largest_chunk_file
+from daskstream.sources.zarr_files import ChunkObjects, LocalChunkFiles, ZipChunkFiles
 
-_EMPTY = np.uint64(2**64 - 1)  # an inner chunk absent from its shard
+EMPTY = np.uint64(2**64 - 1)  # a shard index's offset and size of an inner chunk absent from the shard
 
 
 def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChunkReader | None:
-    """A reader for ``array`` when its codecs are decoded here and its chunks are local files (or ``objects``).
+    """A reader for ``array`` when its codecs are decoded here and its chunks are local files, zip members
+    (its store a :func:`~daskstream.sources.zarr_checks.checked_store` over a zip) or ``objects``.
 
     ``objects``: the array's chunk objects on an object store, for an array
-    zarr opened through fsspec; without it only local directories are read here.
+    zarr opened through fsspec; without it only local directories and zip files are read here.
     """
     from zarr.storage import LocalStore
 
-    local = isinstance(array.store, LocalStore)
-    if not local and objects is None:
+    store = getattr(array.store, "inner", array.store)  # beneath a checked_store
+    members = getattr(array.store, "members", None)
+    local = isinstance(store, LocalStore)
+    if not local and objects is None and members is None:
         return None
     metadata = array.metadata
     try:
         if metadata.zarr_format == 2:
             storage_chunks = tuple(metadata.chunks)
-            decode = _v2_decoder(metadata)
+            decode = v2_decoder(metadata)
         else:
             # The grid of chunk files: shards when the array is sharded.
             storage_chunks = tuple(metadata.chunk_grid.chunk_shape)
-            decode = _v3_decoder(metadata.codecs, storage_chunks, metadata)
-    except _NotDecodedHere:
+            decode = v3_decoder(metadata.codecs, storage_chunks, metadata)
+    except NotDecodedHere:
         return None
-    fetch = LocalChunkFiles(os.path.join(str(array.store.root), array.path or "")) if local else objects
+    largest = largest_chunk_file(array)
+    fetch: LocalChunkFiles | ZipChunkFiles | ChunkObjects
+    if local:
+        fetch = LocalChunkFiles(os.path.join(str(store.root), array.path or ""), largest)
+    elif members is not None:
+        fetch = ZipChunkFiles(members, array.path or "", largest)
+    else:
+        assert objects is not None
+        objects.largest = largest
+        fetch = objects
     fill = array.fill_value if array.fill_value is not None else 0
     # A shard decodes only the inner chunks a box needs: only whole chunks are worth keeping for halos.
     whole = tuple(array.chunks) == storage_chunks
     return ZarrChunkReader(fetch, metadata.encode_chunk_key, storage_chunks, decode, fill, keepable=whole)  # type: ignore[arg-type]
 
 
-class LocalChunkFiles:
-    """Chunk files in an array's directory, each read with one system call.
-
-    A file changed after the source was opened, or one missing where its
-    folder changed since then (deleted, in a format 3 store whose nested
-    ``c/i/j`` folders no stamp covers), raises :class:`SourceChangedError`.
-    """
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-
-    def fetch_each(
-        self, keys: list[str], name: str, written_before_ns: int | None
-    ) -> Iterator[tuple[int, bytes | None]]:
-        """Each chunk file's bytes in turn, ``(position in keys, bytes or None for a missing chunk)``: one
-        file is held at a time."""
-        for position, key in enumerate(keys):
-            try:
-                with open_regular(os.path.join(self.root, key)) as f:
-                    if written_before_ns is not None and _written_since(os.fstat(f.fileno()), written_before_ns):
-                        raise _written_error(name, key)
-                    data = f.read()
-            except (FileNotFoundError, NotADirectoryError):
-                if written_before_ns is not None and self._folder_changed(key, written_before_ns):
-                    raise SourceRemovedError(
-                        f"{name}: chunk {key!r} is missing and its folder changed after the store was opened "
-                        f"(a chunk deleted or replaced meanwhile); {REREAD_ADVICE}"
-                    ) from None
-                data = None  # Zarr: a chunk never written is the fill value
-            except IsADirectoryError:
-                raise CorruptSourceError(
-                    f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
-                ) from None
-            yield position, data
-
-    def _folder_changed(self, key: str, since_ns: int) -> bool:
-        """Whether the nearest existing folder of a missing chunk file changed after ``since_ns``."""
-        folder = posixpath.dirname(key)
-        while True:
-            try:
-                st = os.stat(os.path.join(self.root, folder))
-            except (FileNotFoundError, NotADirectoryError):
-                if not folder:
-                    return True  # the array's folder itself is gone
-                folder = posixpath.dirname(folder)
-                continue
-            return _written_since(st, since_ns)
-
-
-class ChunkObjects:
-    """Chunk (or shard) objects of an array on an object store, fetched concurrently with their versions.
-
-    Parameters
-    ----------
-    place
-        The array's prefix (:class:`~daskstream.sources.objects.Place`).
-    versions
-        ``versions()`` returns each object's version when the source was
-        listed (key relative to the array -> version). A read object whose
-        version differs, one missing that was listed, or one listed nowhere,
-        raises :class:`SourceChangedError`.
-    """
-
-    def __init__(self, place: Any, versions: Callable[[], dict[str, str]]) -> None:
-        self.place = place
-        self.versions = versions
-        self.root = place.url
-
-    def fetch_each(
-        self, keys: list[str], name: str, written_before_ns: int | None
-    ) -> Iterator[tuple[int, bytes | None]]:
-        """Each object's bytes as it arrives, ``(position in keys, bytes or None)``: the caller decodes one
-        while the others are on their way."""
-        listed = self.versions()
-        for position, got in self.place.get_each(keys):
-            key = keys[position]
-            expected = listed.get(key)
-            if got.data is None and expected is not None:
-                raise SourceRemovedError(
-                    f"{name}: chunk object {key!r} was deleted after the store was opened; {REREAD_ADVICE}"
-                )
-            if got.data is not None and (expected is None or (got.version is not None and got.version != expected)):
-                raise SourceChangedError(
-                    f"{name}: chunk object {key!r} was "
-                    + (
-                        "written"
-                        if expected is None
-                        else f"rewritten (version {expected} when opened, {got.version} now)"
-                    )
-                    + f" after the store was opened, so this computation would mix old and new data; {REREAD_ADVICE}"
-                )
-            yield position, got.data
-
-
-class _NotDecodedHere(Exception):
+class NotDecodedHere(Exception):
     """A codec or layout this module leaves to zarr."""
 
 
@@ -244,66 +163,21 @@ class ZarrChunkReader:
                 ) from exc
 
 
-def check_chunk_files(
-    root: str,
-    chunk_key: Callable[[tuple[int, ...]], str],
-    storage_chunks: tuple[int, ...],
-    box: Region,
-    name: str,
-    written_before_ns: int,
-) -> None:
-    """Check the chunk files ``box`` reads before zarr reads them: regular files, none written since opening.
-
-    For arrays zarr reads itself (transposed, or codecs decoded only by
-    zarr): chunk files deep in a store change no metadata or directory the
-    source stamps, and a named pipe in a chunk's place would block zarr's read
-    forever.
-    """
-    for grid, _, _ in storage_pieces(box, storage_chunks):
-        key = chunk_key(grid)
-        path = os.path.join(root, key)
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # never written: the fill value
-        if not stat.S_ISREG(st.st_mode):
-            file_stamp(path)  # raises NotARegularFileError naming the kind
-            raise CorruptSourceError(f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged")
-        if _written_since(st, written_before_ns):
-            raise _written_error(name, key)
-
-
-def _written_since(st: os.stat_result, since_ns: int) -> bool:
-    """Whether the file was written or replaced after ``since_ns``.
-
-    The change time, not the modification time: a chunk replaced by a copy
-    that keeps an older modification time (``cp -p``, ``rsync -a``) still gets
-    a new change time, and a modification time in the future (a copy from a
-    machine whose clock runs ahead) tells nothing.
-    """
-    return since_ns < st.st_ctime_ns <= time.time_ns()
-
-
-def _written_error(name: str, key: str) -> SourceChangedError:
-    return SourceChangedError(
-        f"{name}: chunk {key!r} was written after the store was opened, so this "
-        f"computation would mix old and new data; {REREAD_ADVICE}"
-    )
-
-
 # --- format 2 -------------------------------------------------------------------------------------
 
 
-def _v2_decoder(metadata: Any) -> Callable[[bytes, Region, Any], np.ndarray]:
+def v2_decoder(metadata: Any) -> Callable[[bytes, Region, Any], np.ndarray]:
+    """``decode(chunk file, box inside the chunk, fill)`` for a format 2 array; :class:`NotDecodedHere` when
+    zarr must decode it."""
     dtype = np.dtype(metadata.dtype.to_native_dtype())
     if dtype.hasobject:
-        raise _NotDecodedHere
+        raise NotDecodedHere
     compressor, filters = metadata.compressor, tuple(metadata.filters or ())
     shape, order = tuple(metadata.chunks), metadata.order
     nbytes = math.prod(shape) * dtype.itemsize
     bounded = bounded_decoder(compressor) if compressor is not None else None
-    if compressor is not None and bounded is None and not _declares_no_growth(compressor):
-        raise _NotDecodedHere  # a codec that could expand a chunk past its size unchecked: zarr's
+    if compressor is not None and bounded is None and not declares_no_growth(compressor):
+        raise NotDecodedHere  # a codec that could expand a chunk past its size unchecked: zarr's
 
     def decompress(data: bytes) -> Any:
         if bounded is None:
@@ -311,36 +185,56 @@ def _v2_decoder(metadata: Any) -> Callable[[bytes, Region, Any], np.ndarray]:
         # Filters may store the chunk in another dtype: then its size is only bounded.
         return bounded(data, nbytes if not filters else _FILTERED_BOUND * nbytes + 65536, not filters)
 
+    # A filter may be a compressor too: each is bounded as the compressor is.
+    unfilter = [_v2_filter_step(codec, _FILTERED_BOUND * nbytes + 65536) for codec in reversed(filters)]
+
     def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
         buffer: Any = decompress(data) if compressor is not None else data
-        for codec in reversed(filters):
-            buffer = codec.decode(buffer)
+        for step in unfilter:
+            buffer = step(buffer)
         chunk = np.frombuffer(buffer, dtype=np.uint8).view(dtype).reshape(shape, order=order)
         return chunk[inside]
 
     return decode
 
 
+# numcodecs filters whose output is their input reordered, retyped or repacked: at most 8 times its size.
+_RESHAPING_FILTERS = frozenset({"delta", "fixedscaleoffset", "quantize", "bitround", "astype", "packbits"})
+
+
+def _v2_filter_step(codec: Any, size: int) -> Callable[[Any], Any]:
+    """Undo one format 2 filter: a compressor within ``size`` bytes, a filter that cannot grow past a
+    multiple of its input as numcodecs does; any other is left to zarr."""
+    bounded = bounded_decoder(codec)
+    if bounded is not None:
+        return lambda data: bounded(data, size, False)
+    if declares_no_growth(codec) or getattr(codec, "codec_id", None) in _RESHAPING_FILTERS:
+        return codec.decode
+    raise NotDecodedHere
+
+
 # --- format 3 -------------------------------------------------------------------------------------
 
 
-def _v3_decoder(
+def v3_decoder(
     codecs: tuple, chunk_shape: tuple[int, ...], metadata: Any
 ) -> Callable[[bytes, Region, Any], np.ndarray]:
+    """``decode(chunk or shard file, box inside it, fill)`` for a format 3 array; :class:`NotDecodedHere`
+    when zarr must decode it."""
     from zarr.codecs import BytesCodec, ShardingCodec
 
-    *array_codecs, to_bytes = [c for c in codecs if not _is_bytes_to_bytes(c)]
+    *array_codecs, to_bytes = [c for c in codecs if not is_bytes_to_bytes(c)]
     if array_codecs:
-        raise _NotDecodedHere  # transpose and other array-to-array codecs: zarr's
+        raise NotDecodedHere  # transpose and other array-to-array codecs: zarr's
     dtype = np.dtype(metadata.data_type.to_native_dtype())
     nbytes = math.prod(chunk_shape) * max(dtype.itemsize, 1)
     if isinstance(to_bytes, ShardingCodec):
         # A shard holds its inner chunks (each compressed) and an index: its size is only bounded.
-        unwrap = _bytes_steps([c for c in codecs if _is_bytes_to_bytes(c)], _FILTERED_BOUND * nbytes + 65536, False)
+        unwrap = _bytes_steps([c for c in codecs if is_bytes_to_bytes(c)], _FILTERED_BOUND * nbytes + 65536, False)
         return _shard_decoder(to_bytes, chunk_shape, unwrap, metadata)
     if not isinstance(to_bytes, BytesCodec):
-        raise _NotDecodedHere
-    unwrap = _bytes_steps([c for c in codecs if _is_bytes_to_bytes(c)], nbytes, True)
+        raise NotDecodedHere
+    unwrap = _bytes_steps([c for c in codecs if is_bytes_to_bytes(c)], nbytes, True)
     dtype = _v3_dtype(metadata, to_bytes)
 
     def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
@@ -357,14 +251,14 @@ def _shard_decoder(
 
     inner_shape = tuple(sharding.chunk_shape)
     per_shard = tuple(s // c for s, c in zip(shard_shape, inner_shape))
-    inner_to_bytes = [c for c in sharding.codecs if not _is_bytes_to_bytes(c)]
+    inner_to_bytes = [c for c in sharding.codecs if not is_bytes_to_bytes(c)]
     if len(inner_to_bytes) != 1 or not isinstance(inner_to_bytes[0], BytesCodec):
-        raise _NotDecodedHere  # nested shards, transposes: zarr's
+        raise NotDecodedHere  # nested shards, transposes: zarr's
     inner_bytes = math.prod(inner_shape) * max(np.dtype(metadata.data_type.to_native_dtype()).itemsize, 1)
-    inner_unwrap = _bytes_steps([c for c in sharding.codecs if _is_bytes_to_bytes(c)], inner_bytes, True)
+    inner_unwrap = _bytes_steps([c for c in sharding.codecs if is_bytes_to_bytes(c)], inner_bytes, True)
     index_codecs = list(sharding.index_codecs)
     if not isinstance(index_codecs[0], BytesCodec):
-        raise _NotDecodedHere
+        raise NotDecodedHere
     index_size = 16 * math.prod(per_shard) + 4 * sum(type(c).__name__ == "Crc32cCodec" for c in index_codecs[1:])
     index_unwrap = _bytes_steps(index_codecs[1:], 16 * math.prod(per_shard), True)
     at_end = sharding.index_location == ShardingCodecIndexLocation.end
@@ -380,7 +274,7 @@ def _shard_decoder(
         out = np.empty(tuple(s.stop - s.start for s in inside), dtype=dtype)
         for grid, part, target in storage_pieces(inside, inner_shape):
             offset, nbytes = index[grid]
-            if offset == _EMPTY and nbytes == _EMPTY:
+            if offset == EMPTY and nbytes == EMPTY:
                 out[target] = fill
                 continue
             encoded = shard[int(offset) : int(offset) + int(nbytes)]
@@ -393,16 +287,10 @@ def _shard_decoder(
 def _v3_dtype(metadata: Any, to_bytes: Any) -> np.dtype:
     dtype = np.dtype(metadata.data_type.to_native_dtype())
     if dtype.hasobject or dtype.itemsize == 0:
-        raise _NotDecodedHere
+        raise NotDecodedHere
     if to_bytes.endian is not None and dtype.itemsize > 1:
         dtype = dtype.newbyteorder("<" if to_bytes.endian.value == "little" else ">")
     return dtype
-
-
-def _is_bytes_to_bytes(codec: Any) -> bool:
-    from zarr.abc.codec import BytesBytesCodec
-
-    return isinstance(codec, BytesBytesCodec)
 
 
 def _bytes_steps(codecs: list, size: int, exact: bool) -> Callable[[Any], Any]:
@@ -415,7 +303,7 @@ def _bytes_steps(codecs: list, size: int, exact: bool) -> Callable[[Any], Any]:
     steps = []
     for position, codec in enumerate(undo):
         checksums = sum(type(c).__name__ == "Crc32cCodec" for c in undo[position + 1 :])
-        steps.append(_numcodecs_for(codec, size + 4 * checksums, exact))
+        steps.append(numcodecs_step(codec, size + 4 * checksums, exact))
 
     def unwrap(data: Any) -> Any:
         for step in steps:
@@ -430,7 +318,7 @@ def _bytes_steps(codecs: list, size: int, exact: bool) -> Callable[[Any], Any]:
 _FILTERED_BOUND = 2
 
 
-def _declares_no_growth(codec: Any) -> bool:
+def declares_no_growth(codec: Any) -> bool:
     """Codecs that do not decompress (checksums, byte shuffles), so a chunk cannot grow through them."""
     return getattr(codec, "codec_id", None) in (
         "crc32",
@@ -442,7 +330,7 @@ def _declares_no_growth(codec: Any) -> bool:
     )
 
 
-def _numcodecs_for(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
+def numcodecs_step(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
     from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
     if isinstance(codec, ZstdCodec):
@@ -453,7 +341,7 @@ def _numcodecs_for(codec: Any, size: int, exact: bool) -> Callable[[Any], Any]:
         return lambda data: gzip_decode(data, size, exact=exact)
     if isinstance(codec, Crc32cCodec):
         return _checked_crc32c
-    raise _NotDecodedHere
+    raise NotDecodedHere
 
 
 def _checked_crc32c(data: Any) -> np.ndarray:

@@ -1,0 +1,200 @@
+"""Where a Zarr array's chunk bytes come from: files of a directory, objects of a store, members of a zip.
+
+Each fetcher gives a box's chunk (or shard) bytes in turn, checked on the way:
+a chunk written after the source was opened is a :class:`SourceChangedError`,
+a missing one reads as the fill value, and one larger than the array's codecs
+can store a chunk in (:func:`~daskstream.sources.zarr_bounds.largest_chunk_file`)
+is refused before it is read.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from daskstream.errors import CorruptSourceError, SourceChangedError, SourceRemovedError
+from daskstream.files import open_regular
+from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
+from daskstream.sources.zarr_bounds import check_chunk_size
+from daskstream.sources.zip_members import ZipMembers
+
+
+class LocalChunkFiles:
+    """Chunk files in an array's directory, each read with one system call.
+
+    A file changed after the source was opened, or one missing where its
+    folder changed since then (deleted, in a format 3 store whose nested
+    ``c/i/j`` folders no stamp covers), raises :class:`SourceChangedError`.
+    """
+
+    def __init__(self, root: str, largest: int | None = None) -> None:
+        self.root = root
+        self.largest = largest
+
+    def fetch_each(
+        self, keys: list[str], name: str, written_before_ns: int | None
+    ) -> Iterator[tuple[int, bytes | None]]:
+        """Each chunk file's bytes in turn, ``(position in keys, bytes or None for a missing chunk)``: one
+        file is held at a time, none larger than ``largest``."""
+        for position, key in enumerate(keys):
+            try:
+                with open_regular(os.path.join(self.root, key)) as f:
+                    st = os.fstat(f.fileno())
+                    if written_before_ns is not None and _written_since(st, written_before_ns):
+                        raise _written_error(name, key)
+                    check_chunk_size(name, key, st.st_size, self.largest)
+                    data = f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                if written_before_ns is not None and self._folder_changed(key, written_before_ns):
+                    raise SourceRemovedError(
+                        f"{name}: chunk {key!r} is missing and its folder changed after the store was opened "
+                        f"(a chunk deleted or replaced meanwhile); {REREAD_ADVICE}"
+                    ) from None
+                data = None  # Zarr: a chunk never written is the fill value
+            except IsADirectoryError:
+                raise CorruptSourceError(
+                    f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
+                ) from None
+            yield position, data
+
+    def _folder_changed(self, key: str, since_ns: int) -> bool:
+        """Whether the nearest existing folder of a missing chunk file changed after ``since_ns``."""
+        folder = posixpath.dirname(key)
+        while True:
+            try:
+                st = os.stat(os.path.join(self.root, folder))
+            except (FileNotFoundError, NotADirectoryError):
+                if not folder:
+                    return True  # the array's folder itself is gone
+                folder = posixpath.dirname(folder)
+                continue
+            return _written_since(st, since_ns)
+
+
+class ChunkObjects:
+    """Chunk (or shard) objects of an array on an object store, fetched concurrently with their versions.
+
+    Parameters
+    ----------
+    place
+        The array's prefix (:class:`~daskstream.sources.objects.Place`).
+    versions
+        ``versions()`` returns each object's version when the source was
+        listed (key relative to the array -> version). A read object whose
+        version differs, one missing that was listed, or one listed nowhere,
+        raises :class:`SourceChangedError`.
+    """
+
+    def __init__(self, place: Any, versions: Callable[[], dict[str, str]]) -> None:
+        self.place = place
+        self.versions = versions
+        self.root = place.url
+        self.largest: int | None = None  # the most bytes a chunk object may hold, once the array is known
+
+    def fetch_each(
+        self, keys: list[str], name: str, written_before_ns: int | None
+    ) -> Iterator[tuple[int, bytes | None]]:
+        """Each object's bytes as it arrives, ``(position in keys, bytes or None)``: the caller decodes one
+        while the others are on their way."""
+        listed = self.versions()
+        for position, got in self.place.get_each(keys):
+            key = keys[position]
+            expected = listed.get(key)
+            if got.data is None and expected is not None:
+                raise SourceRemovedError(
+                    f"{name}: chunk object {key!r} was deleted after the store was opened; {REREAD_ADVICE}"
+                )
+            if got.data is not None and (expected is None or (got.version is not None and got.version != expected)):
+                raise SourceChangedError(
+                    f"{name}: chunk object {key!r} was "
+                    + (
+                        "written"
+                        if expected is None
+                        else f"rewritten (version {expected} when opened, {got.version} now)"
+                    )
+                    + f" after the store was opened, so this computation would mix old and new data; {REREAD_ADVICE}"
+                )
+            if got.data is not None:
+                check_chunk_size(name, key, len(got.data), self.largest)
+            yield position, got.data
+
+
+class ZipChunkFiles:
+    """Chunk (or shard) members of an array in a zip file, each read within ``largest`` bytes.
+
+    Parameters
+    ----------
+    members
+        The zip file's members (:class:`~daskstream.sources.zip_members.ZipMembers`).
+    prefix
+        The array's path inside the zip.
+    largest
+        The most bytes one member may declare.
+    """
+
+    def __init__(self, members: ZipMembers, prefix: str, largest: int) -> None:
+        self.members = members
+        self.prefix = prefix.strip("/")
+        self.largest = largest
+        self.root = f"{members.path}::{self.prefix}"
+
+    def fetch_each(
+        self, keys: list[str], name: str, written_before_ns: int | None
+    ) -> Iterator[tuple[int, bytes | None]]:
+        """Each member's bytes in turn (``None`` for a chunk never written); the zip's own stamp covers changes."""
+        for position, key in enumerate(keys):
+            yield position, self.members.read(posixpath.join(self.prefix, key) if self.prefix else key, self.largest)
+
+
+def check_chunk_files(
+    root: str,
+    chunk_key: Callable[[tuple[int, ...]], str],
+    storage_chunks: tuple[int, ...],
+    box: Region,
+    name: str,
+    written_before_ns: int,
+    largest: int | None = None,
+) -> None:
+    """Check the chunk files ``box`` reads before zarr reads them: regular files, none written since opening,
+    none larger than ``largest``.
+
+    For arrays zarr reads itself (transposed, or codecs decoded only by
+    zarr): chunk files deep in a store change no metadata or directory the
+    source stamps, and a named pipe in a chunk's place would block zarr's read
+    forever.
+    """
+    for grid, _, _ in storage_pieces(box, storage_chunks):
+        key = chunk_key(grid)
+        path = os.path.join(root, key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # never written: the fill value
+        if not stat.S_ISREG(st.st_mode):
+            file_stamp(path)  # raises NotARegularFileError naming the kind
+            raise CorruptSourceError(f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged")
+        if _written_since(st, written_before_ns):
+            raise _written_error(name, key)
+        check_chunk_size(name, key, st.st_size, largest)
+
+
+def _written_since(st: os.stat_result, since_ns: int) -> bool:
+    """Whether the file was written or replaced after ``since_ns``.
+
+    The change time, not the modification time: a chunk replaced by a copy
+    that keeps an older modification time (``cp -p``, ``rsync -a``) still gets
+    a new change time, and a modification time in the future (a copy from a
+    machine whose clock runs ahead) tells nothing.
+    """
+    return since_ns < st.st_ctime_ns <= time.time_ns()
+
+
+def _written_error(name: str, key: str) -> SourceChangedError:
+    return SourceChangedError(
+        f"{name}: chunk {key!r} was written after the store was opened, so this "
+        f"computation would mix old and new data; {REREAD_ADVICE}"
+    )
