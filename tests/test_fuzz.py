@@ -7,14 +7,17 @@ past a bound: each example runs under an alarm and with allocations traced.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import signal
 import struct
+import sys
 import tempfile
 import tracemalloc
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -406,3 +409,185 @@ def test_any_cluster_file_is_loaded_as_screened_data_or_refused(text, consent):
             hosts = [host for host, _ in listen_points(value)]
             assert all(host in ("127.0.0.1", "::1", "localhost") for host in hosts), value
     assert config.kind not in ("ssh", "slurm", "pbs", "kubernetes")
+
+
+# ---------------------------------------------------------------------------
+# Sizes chunk indexes and zip directories state: any value is read as the file holds it or refused, never
+# believed into an allocation (tests/sources/hostile_files.py builds the files; test_hostile_sizes.py the attacks).
+
+
+def _hostile_files():
+    folder = str(Path(__file__).parent / "sources")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import hostile_files
+
+    return hostile_files
+
+
+@functools.cache
+def _hdf5_template(compression: str | None) -> tuple[bytes, list[tuple[int, int]], np.ndarray]:
+    """An HDF5 file indexed by a version 1 B-tree (no checksums to forge), where each chunk's entry is, and
+    the data it holds."""
+    hostile = _hostile_files()
+    with tempfile.TemporaryDirectory() as folder:
+        path = hostile.hdf5_file(Path(folder) / "t.h5", "btree-v1", compression=compression)
+        raw = path.read_bytes()
+        chunks = hostile.stored_chunks(path)
+    return raw, [hostile.btree_v1_entry(raw, info, rank=2) for info in chunks], hostile.values()
+
+
+@FUZZ
+@given(
+    compression=st.sampled_from(["gzip", None]),
+    which=st.integers(0, 3),
+    size=st.one_of(
+        st.none(), st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 65535, 65536, 65537, 2**31, 2**32 - 1])
+    ),
+    address=st.one_of(st.none(), st.integers(0, 2**64 - 1), st.integers(0, 300_000)),
+)
+def test_any_hdf5_chunk_size_or_address_is_read_or_refused_within_bounds(compression, which, size, address):
+    raw, entries, expected = _hdf5_template(compression)
+    forged = bytearray(raw)
+    key, pointer = entries[which]
+    if size is not None:
+        forged[key : key + 4] = size.to_bytes(4, "little")
+    if address is not None:
+        forged[pointer : pointer + 8] = address.to_bytes(8, "little")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "forged.h5"
+        path.write_bytes(forged)
+        with bounded("reading an HDF5 file with a forged chunk index entry"):
+            got = read_or_refuse(f"{path}::x")
+    if got is not None and forged == raw:
+        assert_same_values(got, expected)
+
+
+@functools.cache
+def _zip_template() -> tuple[bytes, np.ndarray]:
+    hostile = _hostile_files()
+    with tempfile.TemporaryDirectory() as folder:
+        store = Path(folder) / "s"
+        expected = np.arange(256.0, dtype="f4").reshape(16, 16)
+        zarr.create_array(store, shape=(16, 16), chunks=(8, 8), dtype="f4", compressors=None)[...] = expected
+        path = hostile.zipped_store(store, Path(folder) / "s.zip", compression=zipfile.ZIP_DEFLATED)
+        return path.read_bytes(), expected
+
+
+# Fields of a zip member's local header (signature PK\3\4) and central directory entry (PK\1\2): where each
+# is, its width, and values worth trying besides random ones.
+_ZIP_FIELDS = {
+    "flags": ((6, 8), 2, [0, 1, 8]),
+    "method": ((8, 10), 2, [0, 8, 12, 14, 99]),
+    "crc": ((14, 16), 4, [0]),
+    "packed size": ((18, 20), 4, [0, 1, 2**32 - 1]),
+    "size": ((22, 24), 4, [0, 1, 256, 4096, 2**31, 2**32 - 1]),
+}
+
+
+@FUZZ
+@given(
+    member=st.sampled_from(["c/0/0", "c/1/1", "zarr.json"]),
+    field=st.sampled_from(sorted(_ZIP_FIELDS)),
+    where=st.sampled_from(["local", "central", "both"]),
+    data=st.data(),
+)
+def test_any_zip_member_size_or_method_is_read_or_refused_within_bounds(member, field, where, data):
+    raw, expected = _zip_template()
+    (local_at, central_at), width, interesting = _ZIP_FIELDS[field]
+    value = data.draw(st.one_of(st.sampled_from(interesting), st.integers(0, 256**width - 1)))
+    forged = bytearray(raw)
+    name = member.encode()
+    for signature, at, name_at in ((b"PK\x03\x04", local_at, 30), (b"PK\x01\x02", central_at, 46)):
+        if where not in ("both", "local" if signature == b"PK\x03\x04" else "central"):
+            continue
+        start = forged.find(signature)
+        while start != -1:
+            if forged[start + name_at : start + name_at + len(name)] == name:
+                forged[start + at : start + at + width] = value.to_bytes(width, "little")
+            start = forged.find(signature, start + 1)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "forged.zip"
+        path.write_bytes(forged)
+        with bounded("reading a zipped Zarr store with a forged member header"):
+            got = read_or_refuse(str(path))
+    if got is not None:
+        # Every member daskstream reads matches the size and CRC-32 it declares: a read is the data.
+        assert_same_values(got, expected)
+
+
+# --out under any spelling of what the command reads: refused, and nothing there changes.
+
+
+def _aliasing_folder():
+    """Sources in a folder of their own, with links to them, made once for every example."""
+    folder = Path(tempfile.mkdtemp(prefix="daskstream-fuzz-out-"))
+    data = np.arange(24.0).reshape(4, 6)
+    np.save(folder / "a.npy", data)
+    zarr.save_array(str(folder / "a.zarr"), data)
+    group = zarr.open_group(str(folder / "tree.zarr"), mode="w")
+    group.create_array("x", data=data)
+    import h5py
+
+    with h5py.File(folder / "a.h5", "w") as f:
+        f["x"] = data
+        f["kept"] = np.ones(3)
+    (folder / "sub").mkdir()
+    (folder / "up").symlink_to(folder)
+    for name in ("a.npy", "a.h5"):
+        (folder / f"soft-{name}").symlink_to(folder / name)
+        (folder / f"hard-{name}").hardlink_to(folder / name)
+    return folder
+
+
+_ALIASING = functools.cache(_aliasing_folder)
+# What each source is read as, and the names that lead to its data.
+_READS = {
+    "a.npy": ["a.npy", "soft-a.npy", "hard-a.npy"],
+    "a.zarr": ["a.zarr"],
+    "tree.zarr::x": ["tree.zarr"],
+    "a.h5::/x": ["a.h5", "soft-a.h5", "hard-a.h5"],
+}
+
+
+@st.composite
+def _spellings(draw):
+    source = draw(st.sampled_from(sorted(_READS)))
+    name = draw(st.sampled_from(_READS[source]))
+    detours = draw(st.lists(st.sampled_from([".", "sub/..", "up", "up/sub/.."]), max_size=3))
+    parts = [*detours, name]
+    text = "/".join(parts).replace("/", draw(st.sampled_from(["/", "//"])))
+    if source.endswith((".zarr", "::x")) and draw(st.booleans()):
+        text += "/"
+    absolute = draw(st.booleans())
+    return source, text, absolute
+
+
+def _tree_bytes(folder):
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink() and "up" not in p.relative_to(folder).parts
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_spellings(), st.sampled_from(["reduce", "describe"]))
+def test_out_under_any_spelling_of_what_is_read_is_refused_and_changes_nothing(spelling, command):
+    from click.testing import CliRunner
+
+    from daskstream.cli import main
+
+    folder = _ALIASING()
+    source, text, absolute = spelling
+    before = _tree_bytes(folder)
+    out = str(folder / text) if absolute else text
+    args = ["--op", "sum", "--axis", "0"] if command == "reduce" else ["--axis", "0"]
+    # describe's several statistics go in no .npy file: that refusal comes first and proves nothing here.
+    if command == "describe" and text.rstrip("/").endswith(".npy"):
+        return
+    with contextlib.chdir(folder):
+        result = CliRunner().invoke(main, [command, source, *args, "--quiet", "--out", out])
+    assert result.exit_code == 2, (out, result.output)
+    assert "destroy the data it reads" in result.output, (out, result.output)
+    assert _tree_bytes(folder) == before

@@ -92,8 +92,8 @@ class TuneCache:
             return self._read()
         except _NotACache as exc:
             warn(
-                f"{self.path}: {exc}; the tuning cache is treated as empty, and that file is left as it is. "
-                "Set daskstream.tune.cache to another file, or move it away.",
+                f"{self.path}: the tuning cache cannot be read ({exc}); it is treated as empty, and that file is "
+                "left as it is. Set daskstream.tune.cache to another file, or move it away.",
                 TuneCacheWarning,
             )
             return {}
@@ -109,7 +109,7 @@ class TuneCache:
         except (OSError, ValueError, RecursionError) as exc:
             # RecursionError: JSON nested deeper than the parser's stack (a damaged or planted file).
             reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
-            raise _NotACache(f"it cannot be read as a tuning cache ({reason})") from None
+            raise _NotACache(str(reason)) from None
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or "version" not in data:
             raise _NotACache("it is not a tuning cache daskstream wrote")
         if data["version"] != VERSION:

@@ -335,9 +335,13 @@ def test_attributes_xarray_cannot_decode_are_one_clear_error_at_open(tmp_path, a
     from daskstream.errors import AttributeDecodingError
 
     path = _netcdf_with(tmp_path / "bad.nc", **attrs)
+
+    def opened_and_loaded():
+        # A failure inside a task of .load() would be a traceback from xarray or numpy.
+        return (ds.open_dataset(path) if opener == "daskstream" else xr.open_dataset(path, engine="daskstream")).load()
+
     with pytest.raises(AttributeDecodingError, match=says) as raised:
-        opened = ds.open_dataset(path) if opener == "daskstream" else xr.open_dataset(path, engine="daskstream")
-        opened.load()  # a failure inside a task of .load() would be a traceback from xarray or numpy
+        opened_and_loaded()
     message = str(raised.value)
     assert message.startswith(f"{path}: ")
     assert switch in message
