@@ -174,7 +174,9 @@ def test_a_composition_over_a_source_eight_times_the_budget_stays_within_it(eigh
     nbytes = ROWS * 1024 * 4 * (2 if work == "two-sources" else 1)
     # Halos are read with their blocks: a stencil reads a little more than its source.
     most = PASSES[work] * nbytes * HALO_READ.get(work, 1.05)
-    assert PASSES[work] * nbytes <= measured["read"] <= most, f"{work}: read {measured['read'] / nbytes:.2f}x the source"
+    assert PASSES[work] * nbytes <= measured["read"] <= most, (
+        f"{work}: read {measured['read'] / nbytes:.2f}x the source"
+    )
 
 
 _DISTRIBUTED = """
