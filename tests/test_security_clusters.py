@@ -486,22 +486,29 @@ def test_files_built_to_exhaust_the_reader_are_refused_at_once_in_one_line(tmp_p
         assert "Traceback" not in result[2]
 
 
-def test_a_deeply_nested_tuning_cache_is_treated_as_unreadable_and_replaced(tmp_path):
+def test_a_deeply_nested_tuning_cache_is_treated_as_unreadable_and_never_replaced(tmp_path):
     from daskstream.tuning import TuneCache
 
     path = tmp_path / "tune.json"
-    path.write_text("[" * 100_000 + "]" * 100_000)
+    planted = "[" * 100_000 + "]" * 100_000
+    path.write_text(planted)
     cache = TuneCache(path)
 
     with pytest.warns(TuneCacheWarning, match="nests too deeply"):
         assert cache.entries() == {}
+    # Not daskstream's file: a result is not saved over it, and emptying the cache refuses to touch it.
+    with pytest.warns(TuneCacheWarning, match="this result is not saved, and that file is left as it is"):
+        cache.put({"format": "npy"}, {"multiples": [1]})
+    assert path.read_text() == planted
+    done = _run_all([["tune", "--clear"]], env={"DASK_DASKSTREAM__TUNE__CACHE": str(path)})[0]
+    assert done[0] == 2, done
+    assert "nothing was removed: move the file away yourself" in done[2]
+    assert path.read_text() == planted
+    # Moved away, the cache works again.
+    path.unlink()
     cache.put({"format": "npy"}, {"multiples": [1]})
-
     assert json.loads(path.read_text())["version"] == 1
     assert next(iter(cache.entries().values()))["tuned"] == {"multiples": [1]}
-    done = _run_all([["tune", "--clear"]], env={"DASK_DASKSTREAM__TUNE__CACHE": str(path)})[0]
-    assert done[0] == 0, done[2]
-    assert "removed 1 remembered result(s)" in done[1] + done[2]
 
 
 def test_check_shows_a_harmless_file_as_before(tmp_path):

@@ -1,5 +1,8 @@
 """Exact quantiles and medians out of core, equal to ``numpy.quantile(..., method="linear")``.
 
+(Longer than most modules: the two strategies share numpy's typing and interpolation rules, which
+must stay in one place to stay exactly numpy's.)
+
 Two strategies, both lazy (one dask graph, nothing read until computed):
 
 * **Along axes** (``axis`` given, the rest kept): the array is rechunked so

@@ -235,7 +235,7 @@ def fit_halo_chunks(
     unit: tuple[int, ...] | None = None,
     what: str = "a kernel",
 ) -> tuple[int, ...]:
-    """The largest chunks, of at most the cells of ``chunks``, whose blocks with ``halo`` cells on each side fit one task.
+    """``chunks``, or where their blocks with ``halo`` cells on each side do not fit one task, the largest that do.
 
     A task holds its haloed block times ``working_set_factor`` plus
     ``decode_bytes``. Chunks shrink by halving, each time, the axis whose
@@ -270,14 +270,15 @@ def fit_halo_chunks(
             f"(x{working_set_factor:g}{f', and {format_size(decode_bytes)} to decode storage' if decode_bytes else ''}),"
             f" more than the {format_size(per_task_bytes)} one task may hold; lower the depth or raise memory_budget"
         )
-    # Blocks of at most as many cells as ``chunks`` (which the planner sized for the budget and the
-    # workers); with a halo, of any shape (the halving below makes them as square as the halo wants) and up
-    # to HALO_BLOCK_GROWTH times larger, within the task's share: each block reads its halo again.
-    cells = math.prod(max(1, min(c, n)) if n else 0 for c, n in zip(chunks, shape))
-    start = shape if any(halo) else chunks
-    if any(halo):
+    # ``chunks`` as they are when their blocks fit with the halo (the planner's, or the user's own). When
+    # they must change anyway: blocks of any shape (the halving below makes them as square as the halo
+    # wants) up to HALO_BLOCK_GROWTH times the cells of ``chunks``, within the task's share, since each
+    # block reads its halo again.
+    current = [max(1, min(c, n)) if n else 0 for c, n in zip(chunks, shape)]
+    cells = math.prod(current)
+    if any(halo) and cost(tuple(current)) > per_task_bytes:
         cells *= HALO_BLOCK_GROWTH
-    current = [max(1, min(c, n)) if n else 0 for c, n in zip(start, shape)]
+        current = [max(1, n) if n else 0 for n in shape]
     steps = [max(1, min(u, n)) if n else 1 for u, n in zip(unit or smallest, shape)]
 
     def growth(axis: int) -> float:

@@ -140,19 +140,27 @@ class TuneCache:
             entry["adaptive"] = setting
 
     def clear(self) -> int:
-        """Remove every entry; returns how many there were."""
-        with self._editing() as entries:
+        """Remove every entry; returns how many there were.
+
+        Raises
+        ------
+        TargetExistsError
+            When a file is at the cache's place that is not a tuning cache:
+            it is not daskstream's to empty.
+        """
+        with self._editing(strict=True) as entries:
             count = len(entries)
             entries.clear()
         return count
 
     @contextlib.contextmanager
-    def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
+    def _editing(self, *, strict: bool = False) -> Iterator[dict[str, dict[str, Any]]]:
         """The entries to change, written back whole under the lock; nothing written over a file of another kind.
 
         The cache's place may be set to any path: a file there that is not a
         tuning cache (a data file named by mistake) is never replaced, and the
-        change is not saved (:class:`~daskstream.errors.TuneCacheWarning`).
+        change is not saved (:class:`~daskstream.errors.TuneCacheWarning`; with
+        ``strict``, a :class:`~daskstream.errors.TargetExistsError`).
         """
         option = f"the tuning cache {self.path}"
         try:
@@ -170,9 +178,16 @@ class TuneCache:
                 entries = self._read()
                 check_replaceable(os.fspath(self.path), folder=False, is_own=lambda _: False, option=option)
             except (_NotACache, TargetExistsError) as exc:
+                reason = exc if isinstance(exc, _NotACache) else "a folder or a device is there"
+                if strict:
+                    raise TargetExistsError(
+                        f"{self.path}: the tuning cache cannot be read ({reason}); daskstream empties only a cache "
+                        "it wrote, so nothing was removed: move the file away yourself, or set "
+                        "daskstream.tune.cache to another file"
+                    ) from None
                 warn(
-                    f"{self.path}: {exc}; this tuning result is not saved, and that file is left as it is. Set "
-                    "daskstream.tune.cache to another file, or move it away.",
+                    f"{self.path}: the tuning cache cannot be read ({reason}); this result is not saved, and that "
+                    "file is left as it is. Set daskstream.tune.cache to another file, or move it away.",
                     TuneCacheWarning,
                 )
                 yield {}
