@@ -23,6 +23,7 @@ may too.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -38,6 +39,7 @@ from daskstream.runtime.schedulers import uses_processes
 __all__ = ["Interrupted", "raise_if_stopped", "stop_child_processes", "stopping_on_signals"]
 
 _STOP = threading.Event()
+_SHUTDOWN_LOGGERS = ("distributed", "tornado", "asyncio")
 _signal_received: int | None = None
 
 
@@ -77,6 +79,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         os._exit(128 + signum)
     _signal_received = signum
     _STOP.set()
+    # What a client's event loop logs while its cluster is torn down mid-task (callbacks of cancelled
+    # futures, closed comms) is the stop itself, not news: the one line the caller prints says it all.
+    for name in _SHUTDOWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     if uses_processes():
         # The process pool's workers run every task queued to them before any exception reaches them, and
         # the pool waits for them: ended now instead. What they write is put in place whole or not at all.
@@ -97,6 +103,7 @@ def stopping_on_signals() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    levels = {name: logging.getLogger(name).level for name in _SHUTDOWN_LOGGERS}
     callback = _NoNewTasks()
     _STOP.clear()
     _signal_received = None
@@ -109,6 +116,8 @@ def stopping_on_signals() -> Iterator[None]:
         callback.unregister()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
         _STOP.clear()
         _signal_received = None
 
