@@ -411,9 +411,13 @@ class Hdf5Target(Target):
         if self.compressor is None:
             return {}
         if isinstance(self.compressor, str):
-            if self.compressor == "default":
-                return {"compression": "gzip", "compression_opts": 1, "shuffle": True}
-            return dict(named_codec(self.compressor, "hdf5") or {})
+            # "default" is gzip level 1 with shuffle: fast to write, and every HDF5 reader decodes it.
+            named = (
+                named_codec("gzip", "hdf5", level=1)
+                if self.compressor == "default"
+                else named_codec(self.compressor, "hdf5")
+            )
+            return dict(named or {})
         if isinstance(self.compressor, Mapping):
             return dict(self.compressor)
         raise InvalidArgumentError(

@@ -385,16 +385,10 @@ class ZarrTarget(Target):
             zarr.create_array(self._store(), name=where, data=found[1], zarr_format=self.zarr_format, **naming)
 
     def _compressors(self) -> Any:
-        if isinstance(self.compressor, str) and self.compressor == "default":
-            if self.zarr_format == 2:
-                import numcodecs
-
-                return numcodecs.Zstd(level=3)
-            from zarr.codecs import ZstdCodec
-
-            return ZstdCodec(level=3)
         if isinstance(self.compressor, str):
-            return named_codec(self.compressor, "zarr", zarr_format=self.zarr_format)
+            # "default" is zstd at its named level (3): ZstdCodec in format 3, numcodecs.Zstd in format 2.
+            name = "zstd" if self.compressor == "default" else self.compressor
+            return named_codec(name, "zarr", zarr_format=self.zarr_format)
         return self.compressor
 
     def _delete(self) -> None:
