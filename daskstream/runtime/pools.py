@@ -8,16 +8,20 @@ batches keeps one pool for all of them instead.
 from __future__ import annotations
 
 import contextlib
+import copy
+import multiprocessing.context
 import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
+from typing import Any
 
 import dask
 import dask.multiprocessing
 
 from daskstream.runtime.schedulers import uses_processes
+from daskstream.runtime.stopping import ctrl_c_kept_from_children
 
 
 @contextlib.contextmanager
@@ -37,13 +41,56 @@ def one_process_pool() -> Iterator[None]:
         user_initializer=dask.config.get("multiprocessing.initializer", None),
     )
     workers = dask.config.get("num_workers", None) or os.cpu_count() or 1
-    context = dask.multiprocessing.get_context()
+    context = without_ctrl_c(dask.multiprocessing.get_context())
     with (
         worker_hash_seed(),
         ProcessPoolExecutor(workers, mp_context=context, initializer=initializer) as pool,
-        dask.config.set(pool=pool),
+        # The pool carries the initializer: dask warns when one is configured beside a pool.
+        dask.config.set({"pool": pool, "multiprocessing.initializer": None}),
     ):
         yield
+
+
+# Started by dask.multiprocessing's contexts; pickled by name to a spawned child, so defined here.
+class _SpawnProcess(multiprocessing.context.SpawnProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        with ctrl_c_kept_from_children():
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+
+
+class _ForkServerProcess(multiprocessing.context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        # The fork server itself starts here the first time: its children inherit its mask.
+        with ctrl_c_kept_from_children():
+            return multiprocessing.context.ForkServerProcess._Popen(process_obj)
+
+
+class _ForkProcess(multiprocessing.context.ForkProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        with ctrl_c_kept_from_children():
+            return multiprocessing.context.ForkProcess._Popen(process_obj)
+
+
+_WITHOUT_CTRL_C = {"spawn": _SpawnProcess, "forkserver": _ForkServerProcess, "fork": _ForkProcess}
+
+
+def without_ctrl_c(context: Any) -> Any:
+    """``context`` (a multiprocessing context) whose processes never take SIGINT.
+
+    Ctrl-C reaches every process of the terminal's job; the pool's workers are
+    ended by the process that takes it instead (see
+    :func:`daskstream.runtime.stopping.ctrl_c_kept_from_children`). A context
+    of another kind is returned as it is.
+    """
+    process = _WITHOUT_CTRL_C.get(context.get_start_method())
+    if process is None:
+        return context
+    quiet = copy.copy(context)
+    quiet.Process = process
+    return quiet
 
 
 _HASH_SEED_LOCK = threading.Lock()
@@ -82,4 +129,4 @@ def worker_hash_seed() -> Iterator[None]:
                     os.environ["PYTHONHASHSEED"] = _hash_seed_before
 
 
-__all__ = ["one_process_pool"]
+__all__ = ["one_process_pool", "without_ctrl_c"]

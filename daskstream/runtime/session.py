@@ -49,10 +49,12 @@ from daskstream.runtime import clusters
 from daskstream.runtime.addresses import check_scheduler_address
 from daskstream.runtime.clusters import join
 from daskstream.runtime.metering import ReadMeter, process_initializer, shared_counter
+from daskstream.runtime.pools import one_process_pool
 from daskstream.runtime.progress import ReadProgress, TaskProgress, planned_bytes, progress_bar
 from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
 from daskstream.runtime.scheduler_loss import close_client, guard_scheduler, lost_scheduler_error, scheduler_lost
 from daskstream.runtime.schedulers import enter, leave
+from daskstream.runtime.stopping import ctrl_c_kept_from_children, quiet_workers_when_stopped
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -239,6 +241,8 @@ class Session:
                 stack.enter_context(dask.config.set(scheduler=self.kind))
                 if self.kind == "processes":
                     self._share_read_counter(stack)
+                    # One pool for the session's computations, whose workers Ctrl-C does not reach.
+                    stack.enter_context(one_process_pool())
             else:
                 # Entered before the Client exists: the Client's own config change is then undone
                 # on its close and this one on exit, restoring whatever an outer session had set.
@@ -306,13 +310,17 @@ class Session:
             # LocalCluster sizes workers x threads and each worker's memory limit to this machine.
             # Without a dashboard the scheduler still serves /health on 8787 unless told otherwise;
             # a free loopback port keeps a second session from colliding with the first one's.
-            self.cluster = LocalCluster(
-                host="127.0.0.1", dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}
-            )
+            with ctrl_c_kept_from_children():  # its workers are stopped by this process, not by Ctrl-C
+                self.cluster = LocalCluster(
+                    host="127.0.0.1", dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}
+                )
             stack.callback(self.cluster.close)
             self.client = Client(self.cluster)
 
         stack.callback(close_client, self.client)
+        if self.cluster is not None:
+            # Before the client closes (callbacks run last-in first-out): the workers share this terminal.
+            stack.callback(quiet_workers_when_stopped, self.client)
 
     # -- what the planner sees -----------------------------------------------
 

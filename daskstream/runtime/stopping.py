@@ -29,6 +29,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from types import FrameType
 from typing import Any
 
@@ -36,7 +37,14 @@ from dask.callbacks import Callback
 
 from daskstream.runtime.schedulers import uses_processes
 
-__all__ = ["Interrupted", "raise_if_stopped", "stop_child_processes", "stopping_on_signals"]
+__all__ = [
+    "Interrupted",
+    "ctrl_c_kept_from_children",
+    "quiet_workers_when_stopped",
+    "raise_if_stopped",
+    "stop_child_processes",
+    "stopping_on_signals",
+]
 
 _STOP = threading.Event()
 _SHUTDOWN_LOGGERS = ("distributed", "tornado", "asyncio")
@@ -81,8 +89,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     _STOP.set()
     # What a client's event loop logs while its cluster is torn down mid-task (callbacks of cancelled
     # futures, closed comms) is the stop itself, not news: the one line the caller prints says it all.
-    for name in _SHUTDOWN_LOGGERS:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    _quiet_shutdown_loggers()
     if uses_processes():
         # The process pool's workers run every task queued to them before any exception reaches them, and
         # the pool waits for them: ended now instead. What they write is put in place whole or not at all.
@@ -103,7 +110,11 @@ def stopping_on_signals() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    levels = {name: logging.getLogger(name).level for name in _SHUTDOWN_LOGGERS}
+    levels = {
+        name: logging.getLogger(name).level
+        for name in [*_SHUTDOWN_LOGGERS, *logging.root.manager.loggerDict]
+        if name.split(".")[0] in _SHUTDOWN_LOGGERS
+    }
     callback = _NoNewTasks()
     _STOP.clear()
     _signal_received = None
@@ -116,10 +127,60 @@ def stopping_on_signals() -> Iterator[None]:
         callback.unregister()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
+        for name in [*_SHUTDOWN_LOGGERS, *logging.root.manager.loggerDict]:
+            if name.split(".")[0] in _SHUTDOWN_LOGGERS:  # one made since starts at its default again
+                logging.getLogger(name).setLevel(levels.get(name, logging.NOTSET))
         _STOP.clear()
         _signal_received = None
+
+
+@contextlib.contextmanager
+def ctrl_c_kept_from_children() -> Iterator[None]:
+    """Threads and processes started in this thread within the block never take SIGINT.
+
+    Ctrl-C in a terminal signals every process of the foreground job: a process pool's or a local
+    cluster's workers as well as this one. Each would end in a ``KeyboardInterrupt`` traceback on the
+    user's screen, mid-task, while this process is already stopping them in order. A blocked signal
+    stays blocked across ``fork`` and ``exec`` and in the threads a thread starts, so the workers
+    never see it; this process still takes it, in its other threads or here when the block ends (a
+    signal that came during the block is not lost). Where threads cannot block signals the block
+    runs as it is.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    # multiprocessing starts its resource tracker with the first process or shared object, in whatever
+    # thread that happens, and then unblocks SIGINT in that thread instead of restoring its mask: started
+    # now, it is not started again within the block.
+    resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _quiet_shutdown_loggers() -> None:
+    # distributed sets the levels of some of its loggers itself: each one is raised, not only the parents.
+    names = {name for name in list(logging.root.manager.loggerDict) if name.split(".")[0] in _SHUTDOWN_LOGGERS}
+    for name in {*_SHUTDOWN_LOGGERS, *names}:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def quiet_workers_when_stopped(client: Any) -> None:
+    """After a stop was asked, quiet the shutdown logs of the worker and nanny processes of ``client``.
+
+    A cluster this process started shares its terminal: torn down mid-task, its
+    workers log their interrupted heartbeats and closed comms with tracebacks,
+    which would bury the one line that says what was kept. Call it only for
+    such a cluster (a remote cluster's logs are its operators'), before the
+    client closes. Nothing happens when no stop was asked.
+    """
+    if not _STOP.is_set():
+        return
+    for nanny in (False, True):
+        with contextlib.suppress(Exception):  # a worker already gone has nothing left to say
+            client.run(_quiet_shutdown_loggers, nanny=nanny)
 
 
 def stop_child_processes(timeout: float = 2.0) -> None:

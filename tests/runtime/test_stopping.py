@@ -36,12 +36,23 @@ def field(tmp_path_factory):
     return path, data
 
 
-def _daskstream(*args):
+@pytest.fixture(scope="module")
+def tall_field(tmp_path_factory):
+    # A median or quartiles of `field` take under a second, about when the progress bar first shows (0.5 s):
+    # four times the rows run for some seconds, time to be stopped mid-way on a fast machine too.
+    path = tmp_path_factory.mktemp("stop") / "tall.npy"
+    np.save(path, np.random.default_rng(4).standard_normal((4 * SHAPE[0], SHAPE[1])).astype("f4"))
+    return path
+
+
+def _daskstream(*args, job=False):
+    # job: a process group of its own, as a shell starts a command; Ctrl-C signals the whole group.
     return subprocess.Popen(
         [sys.executable, "-m", "daskstream", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=job,
     )
 
 
@@ -80,6 +91,10 @@ STOPPED = {
         ("processes", signal.SIGTERM, ()),
         ("distributed", signal.SIGINT, ()),  # a LocalCluster of worker processes: its tasks cancelled
         ("threads", signal.SIGINT, ("--adaptive",)),  # waves of blocks, tried and chosen while it runs
+        # Ctrl-C in a terminal: every process of the job is signalled, the workers too. They leave the
+        # stopping to this process: no traceback of theirs on the screen, no task cut short.
+        ("processes", signal.SIGINT, ("job",)),
+        ("distributed", signal.SIGINT, ("job",)),
     ],
     ids=[
         "threads-SIGINT",
@@ -88,15 +103,21 @@ STOPPED = {
         "processes-SIGTERM",
         "distributed-SIGINT",
         "adaptive-SIGINT",
+        "processes-Ctrl-C",
+        "distributed-Ctrl-C",
     ],
 )
 def test_a_store_into_zarr_stops_on_a_signal_keeps_its_blocks_and_resumes(field, tmp_path, scheduler, signum, extra):
     path, data = field
     target = tmp_path / "out.zarr"
-    args = ["store", path, target, *STORE, "--scheduler", scheduler, *extra]
-    process = _daskstream(*args)
+    job = "job" in extra
+    args = ["store", path, target, *STORE, "--scheduler", scheduler, *(flag for flag in extra if flag != "job")]
+    process = _daskstream(*args, job=job)
     _wait_until(lambda: _zarr_done(target) >= 1, process)
-    process.send_signal(signum)
+    if job:
+        os.killpg(process.pid, signum)
+    else:
+        process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signum, stderr
     assert _last_line(stderr) == STOPPED[signum]
@@ -143,8 +164,8 @@ def test_a_store_into_hdf5_stops_on_a_signal_with_the_file_readable_and_resumes(
     ],
     ids=["reduce", "describe"],
 )
-def test_a_reduction_stops_on_ctrl_c_with_one_line(field, tmp_path, command):
-    path, _ = field
+def test_a_reduction_stops_on_ctrl_c_with_one_line(tall_field, tmp_path, command):
+    path = tall_field
     out = tmp_path / "result.zarr"
     process = _daskstream(command[0], path, *command[1:], "--out", out, "--memory-budget", "8MiB")
     seen: list[str] = []

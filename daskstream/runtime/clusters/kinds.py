@@ -25,6 +25,7 @@ from daskstream.errors import ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import check_scheduler_address, listen_points
 from daskstream.runtime.clusters.config import ClusterCheck, ClusterConfig, leaves, lookup
 from daskstream.runtime.clusters.rules import is_dask_image, screen
+from daskstream.runtime.stopping import ctrl_c_kept_from_children
 
 # Only checks render job scripts; this address is never contacted.
 _RENDER_SCHEDULER = "tcp://127.0.0.1:8786"
@@ -89,14 +90,15 @@ def _start_local(config: ClusterConfig) -> Any:
     from distributed import LocalCluster
 
     local = local_options(config)
-    return LocalCluster(
-        host="127.0.0.1",
-        # The scheduler always serves HTTP (8787 on its host when unset): pin it to loopback.
-        dashboard_address=_dashboard_points(local["dashboard-address"]) or "127.0.0.1:0",
-        n_workers=local["n-workers"],
-        threads_per_worker=local["threads-per-worker"],
-        memory_limit=local["memory-limit"],
-    )
+    with ctrl_c_kept_from_children():  # its workers are stopped by this process, not by Ctrl-C
+        return LocalCluster(
+            host="127.0.0.1",
+            # The scheduler always serves HTTP (8787 on its host when unset): pin it to loopback.
+            dashboard_address=_dashboard_points(local["dashboard-address"]) or "127.0.0.1:0",
+            n_workers=local["n-workers"],
+            threads_per_worker=local["threads-per-worker"],
+            memory_limit=local["memory-limit"],
+        )
 
 
 def _start_jobqueue(config: ClusterConfig) -> Any:
