@@ -17,6 +17,7 @@ __all__ = [
     "AttributeDecodingError",
     "ChunkSplitWarning",
     "ClusterConnectionError",
+    "ClusterVersionError",
     "ConfigFileNotFoundError",
     "CorruptSourceError",
     "DaskstreamError",
@@ -227,6 +228,11 @@ class ObjectStoreCredentialsError(DaskstreamError, PermissionError):
 
 class ClusterConnectionError(DaskstreamError, ConnectionError):
     """No scheduler answered at the address given, or it refused the connection."""
+
+
+class ClusterVersionError(DaskstreamError, RuntimeError):
+    """The scheduler or a worker cannot import daskstream, or imports another version of it (or of dask,
+    distributed or numpy) than this client: the message names each such process and what it has."""
 
 
 class AttributeDecodingError(DaskstreamError, ValueError):

@@ -45,13 +45,21 @@ def _fresh_handles():
 
 @contextlib.contextmanager
 def dask_processes(
-    folder: Path, *, options: tuple[str, ...] = (), security=None, nworkers: int = 2, memory_limit: str = "1GiB"
+    folder: Path,
+    *,
+    options: tuple[str, ...] = (),
+    security=None,
+    nworkers: int = 2,
+    memory_limit: str = "1GiB",
+    scheduler_options: tuple[str, ...] = (),
+    worker_options: tuple[str, ...] = (),
 ):
     """A ``dask scheduler`` and ``nworkers`` single-threaded ``dask worker`` processes on 127.0.0.1.
 
     Yields the scheduler file path once the workers have joined. The processes
     are real, started from the command line as a user would, and killed on exit.
-    ``options`` go to both commands (the TLS flags, say); ``security`` is what
+    ``options`` go to both commands (the TLS flags, say), ``scheduler_options``
+    and ``worker_options`` to one (a ``--preload``, say); ``security`` is what
     a Client needs to check that the workers joined.
     """
     scheduler_file = folder / "scheduler.json"
@@ -61,7 +69,7 @@ def dask_processes(
     logs = [(folder / "scheduler.log").open("w"), (folder / "workers.log").open("w")]
     scheduler = subprocess.Popen(
         [*base, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-         "--scheduler-file", str(scheduler_file), *options],
+         "--scheduler-file", str(scheduler_file), *options, *scheduler_options],
         stdout=subprocess.DEVNULL, stderr=logs[0], env=env, start_new_session=True,
     )  # fmt: skip
     workers = []
@@ -70,7 +78,8 @@ def dask_processes(
         workers.append(
             subprocess.Popen(
                 [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers",
-                 str(nworkers), "--nthreads", "1", "--memory-limit", memory_limit, "--no-dashboard", *options],
+                 str(nworkers), "--nthreads", "1", "--memory-limit", memory_limit, "--no-dashboard", *options,
+                 *worker_options],
                 stdout=subprocess.DEVNULL, stderr=logs[1], env=env, start_new_session=True,
             )
         )  # fmt: skip

@@ -43,7 +43,7 @@ from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.graph.layers import places_read
 from daskstream.planning.budget import format_size, parse_budget
-from daskstream.runtime.clusters import check_cluster_config
+from daskstream.runtime.clusters import check_cluster
 from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.progress import BlockProgress, close_open_bars
 from daskstream.runtime.stopping import Interrupted, stop_child_processes, stopping_on_signals
@@ -1314,22 +1314,33 @@ def cluster() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @_consent_options
 def cluster_check(file: str, as_json: bool) -> None:
-    """Validate a cluster YAML without starting anything; print the job script or cluster spec it makes."""
+    """Validate a cluster YAML without starting anything, and compare versions with its running cluster.
 
-    check = check_cluster_config(file)
+    Prints the job script or cluster spec the file makes, then the versions of
+    daskstream, dask, distributed and numpy on this client, the scheduler and
+    the workers where its cluster runs. FILE may also be the address of a running
+    scheduler (tcp://host:8786). Where the scheduler or a worker differs from this
+    client, the command fails with one line naming them.
+    """
+
+    check = check_cluster(file)
     if as_json:
+        versions = check.versions.as_dict() if check.versions is not None else None
         click.echo(
             json.dumps(
-                {"kind": check.kind, "lines": check.lines, "job_script": check.job_script, "spec": check.spec},
+                {"kind": check.kind, "lines": check.lines, "job_script": check.job_script, "spec": check.spec,
+                 "versions": versions},
                 default=str,
             )
-        )
-        return
-    for line in check.lines:
-        click.echo(line)
-    if check.job_script:
-        click.echo("\n" + check.job_script)
-    if check.spec:
-        # Written out in full: a value the spec shares (the scheduler's and workers' resources) is
-        # repeated rather than shown as a YAML anchor and alias (&id001, *id001).
-        click.echo("\n" + yaml.dump(check.spec, Dumper=_PlainDumper, sort_keys=False).rstrip("\n"))
+        )  # fmt: skip
+    else:
+        for line in check.lines:
+            click.echo(line)
+        if check.job_script:
+            click.echo("\n" + check.job_script)
+        if check.spec:
+            # Written out in full: a value the spec shares (the scheduler's and workers' resources) is
+            # repeated rather than shown as a YAML anchor and alias (&id001, *id001).
+            click.echo("\n" + yaml.dump(check.spec, Dumper=_PlainDumper, sort_keys=False).rstrip("\n"))
+    if check.versions is not None:
+        check.versions.check()  # after the listing, which shows what differs

@@ -21,11 +21,17 @@ Backends outside distributed are imported only by the kinds that need them.
 The kinds are one registry (:mod:`~daskstream.runtime.clusters.kinds`); what a
 cluster file may set, and the consent that lets it set more, is decided in
 :mod:`~daskstream.runtime.clusters.rules`.
+
+daskstream's optimizer runs in the scheduler's process and its tasks in the
+workers' (:mod:`~daskstream.runtime.versions`): joining a running scheduler,
+or starting one whose processes run elsewhere, compares the daskstream, dask,
+distributed and numpy they import with this client's, once per connection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +49,21 @@ from daskstream.runtime.addresses import SCHEDULER_SCHEMES, check_scheduler_addr
 from daskstream.runtime.clusters.config import ClusterCheck, ClusterConfig, lookup
 from daskstream.runtime.clusters.kinds import CLUSTER_KINDS, applied, job_count, remote_address
 from daskstream.runtime.clusters.rules import ALLOW_CODE, ALLOW_NETWORK_LISTEN, allowance, screen, sections
+from daskstream.runtime.versions import ClusterVersions, ask_versions, check_cluster_versions, this_process
 
 if TYPE_CHECKING:
     import distributed
 
-__all__ = ["KINDS", "ClusterCheck", "ClusterConfig", "check_cluster_config", "connect", "join", "load_cluster_config"]
+__all__ = [
+    "KINDS",
+    "ClusterCheck",
+    "ClusterConfig",
+    "check_cluster",
+    "check_cluster_config",
+    "connect",
+    "join",
+    "load_cluster_config",
+]
 
 #: The kinds of cluster a file can name, in the order messages list them.
 KINDS = tuple(CLUSTER_KINDS)
@@ -130,6 +146,78 @@ def check_cluster_config(
     return CLUSTER_KINDS[config.kind].check(config)
 
 
+def check_cluster(
+    target: str | Path, *, allow_code: bool | None = None, allow_network_listen: bool | None = None
+) -> ClusterCheck:
+    """What ``daskstream cluster check`` reports: a file checked, and the versions its running cluster imports.
+
+    Parameters
+    ----------
+    target
+        A cluster configuration file, checked as :func:`check_cluster_config`
+        does; or the address of a running scheduler (``tcp://host:8786``).
+    allow_code, allow_network_listen
+        As for :func:`load_cluster_config`.
+
+    Returns
+    -------
+    ClusterCheck
+        Its ``lines`` end with the versions of daskstream, dask, distributed
+        and numpy on this client, the scheduler and the workers, and its
+        ``versions`` hold them (call ``versions.check()`` to raise where they
+        differ). For a file of a cluster that is not running (every kind that
+        starts one, a remote scheduler nothing answers for) the last line says
+        they cannot be compared until it runs, and ``versions`` is ``None``.
+
+    Raises
+    ------
+    ClusterConnectionError
+        ``target`` is an address and no scheduler answers there.
+    """
+    if isinstance(target, str) and "://" in target:
+        kind = "tls" if target.startswith("tls://") else "remote"
+        return _with_versions(ClusterCheck(kind, [f"the running scheduler at {target}"]), target, None, None)
+    config = load_cluster_config(target, allow_code=allow_code, allow_network_listen=allow_network_listen)
+    check = CLUSTER_KINDS[config.kind].check(config)
+    if config.kind == "local":
+        here = ", ".join(f"{name} {version}" for name, version in this_process().versions.items())
+        return _added(check, [f"versions: its processes run this Python environment's ({here})"])
+    if CLUSTER_KINDS[config.kind].start is not None:
+        return _added(
+            check,
+            [
+                "versions: cannot compare until the cluster runs; once it does, `daskstream cluster check` with "
+                "its scheduler's address (tcp://HOST:PORT) compares its scheduler's and workers' with this client's"
+            ],
+        )
+    address, security = remote_address(config)
+    with applied(config):
+        try:
+            _probe(address, _connect_timeout())
+        except OSError as exc:
+            return _added(
+                check, [f"versions: cannot compare until the cluster runs (nothing answers at {address}: {exc})"]
+            )
+        return _with_versions(check, address, security, str(config.path))
+
+
+def _with_versions(check: ClusterCheck, address: str, security: Any, source: str | None) -> ClusterCheck:
+    """``check`` with the versions the scheduler at ``address`` and its workers import, beside this client's."""
+    client = _client(address, security=security, source=source)
+    try:
+        found = ask_versions(client)
+    finally:
+        client.close()
+    return _added(check, found.lines(), found)
+
+
+def _added(check: ClusterCheck, lines: list[str], versions: ClusterVersions | None = None) -> ClusterCheck:
+    """``check`` with ``lines`` about versions added to its summary, and the ``versions`` found."""
+    # A job script's summary ends with the line that introduces the script, printed just after it.
+    at = len(check.lines) - 1 if check.job_script else len(check.lines)
+    return dataclasses.replace(check, lines=[*check.lines[:at], *lines, *check.lines[at:]], versions=versions)
+
+
 def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
     """A Client for the configured cluster, and the cluster object started for it.
 
@@ -137,6 +225,13 @@ def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
     already running (``remote``, ``tls``): close only what this returned.
     The configuration is screened again first, with the consent it was loaded
     with, so a hand-made :class:`ClusterConfig` gets no further than a file.
+
+    Raises
+    ------
+    ClusterVersionError
+        The scheduler, or a worker already connected, of a cluster that runs
+        elsewhere (not ``local``) cannot import daskstream or imports other
+        versions than this client (see :mod:`daskstream.runtime.versions`).
     """
     from distributed import Client
 
@@ -158,11 +253,26 @@ def connect(config: ClusterConfig) -> tuple[distributed.Client, object | None]:
     except BaseException:
         cluster.close()
         raise
+    if kind.listens is not None:
+        # Its scheduler or workers run on other machines, in Python environments of their own; a local
+        # cluster's processes run this one.
+        try:
+            check_cluster_versions(client)
+        except BaseException:
+            client.close()
+            cluster.close()
+            raise
     return client, cluster
 
 
 def join(address: str, *, security: Any = None, source: str | None = None) -> distributed.Client:
-    """A Client to the scheduler running at ``address``; a clear error when none answers.
+    """A Client to the scheduler running at ``address``, once its processes import what this client does.
+
+    A clear error when no scheduler answers, or when the scheduler or a
+    worker cannot import daskstream or imports other versions of it, dask,
+    distributed or numpy (see :mod:`daskstream.runtime.versions`): daskstream
+    plans each computation in the scheduler's process and runs it in the
+    workers'.
 
     Parameters
     ----------
@@ -179,7 +289,20 @@ def join(address: str, *, security: Any = None, source: str | None = None) -> di
         ``address`` is not one daskstream can join.
     ClusterConnectionError
         Nothing listens there, the connection timed out, or the TLS handshake failed.
+    ClusterVersionError
+        The scheduler or a worker differs from this client; the Client is closed.
     """
+    client = _client(address, security=security, source=source)
+    try:
+        check_cluster_versions(client)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _client(address: str, *, security: Any, source: str | None) -> distributed.Client:
+    """A Client to the scheduler at ``address``, its versions not yet compared (see :func:`join`)."""
     from distributed import Client
     from distributed.security import Security
 
@@ -194,7 +317,7 @@ def join(address: str, *, security: Any = None, source: str | None = None) -> di
                 f"{address} is a TLS scheduler and no client certificate is configured; connect through a "
                 "cluster file with the certificates (see cluster-configs/tls.yaml: daskstream --cluster tls.yaml)"
             )
-    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    timeout = _connect_timeout()
     try:
         _probe(address, timeout)
         return Client(address, security=security, timeout=timeout)
@@ -207,6 +330,14 @@ def join(address: str, *, security: Any = None, source: str | None = None) -> di
             "certificates of a cluster file, see cluster-configs/tls.yaml)"
         )
         raise ClusterConnectionError(f"no dask scheduler answered at {address}{where} ({exc}); {hint}") from None
+
+
+def _connect_timeout() -> Any:
+    """How long a Client waits to connect: ``distributed.comm.timeouts.connect``."""
+    # distributed's defaults enter dask.config when it is imported.
+    import distributed  # noqa: F401
+
+    return dask.config.get("distributed.comm.timeouts.connect")
 
 
 def _probe(address: str, timeout: Any) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from daskstream.runtime.versions import ClusterVersions
 
 
 @dataclass(frozen=True)
@@ -53,12 +56,17 @@ class ClusterCheck:
         For ``slurm`` and ``pbs``: the batch script dask-jobqueue would submit per job.
     spec
         For ``kubernetes``: the ``DaskCluster`` resource the operator would be given.
+    versions
+        What the running cluster's scheduler and workers import, beside this
+        client's (:func:`~daskstream.runtime.clusters.check_cluster`); ``None``
+        when nothing running was asked.
     """
 
     kind: str
     lines: list[str]
     job_script: str | None = None
     spec: dict | None = field(default=None)
+    versions: ClusterVersions | None = None
 
 
 def leaves(settings: Mapping, prefix: str = "") -> Iterator[tuple[str, Any]]:
