@@ -29,7 +29,7 @@ from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
-from daskstream.runtime.resources import resolve_settings
+from daskstream.runtime.resources import planned_cluster_resources, resolve_settings
 from daskstream.sources import Source, open_source
 from daskstream.sources.detect import is_matlab_73
 from daskstream.sources.many import check_family, expand_paths, names_many
@@ -211,6 +211,8 @@ def plan(
     working_set_factor: float | None = None,
     min_tasks_per_thread: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    cluster: str | os.PathLike[str] | None = None,
+    memory_limit: int | str | None = None,
 ) -> ChunkPlan:
     """The chunk plan :func:`open` makes for a file or an open :class:`Source`, and why.
 
@@ -223,6 +225,13 @@ def plan(
     memory_budget, threads, workers, reduce_axis, target_chunk_bytes, working_set_factor, min_tasks_per_thread
         As for :func:`plan_chunks`; ``None`` takes the settings and the place
         the computation runs (the active session, Client or this machine).
+    cluster, memory_limit
+        Plan for a dask.distributed cluster that is not running yet, to size a
+        job before submitting it: ``cluster`` a cluster file (its workers,
+        threads and memory limit), or ``workers``, ``threads`` and
+        ``memory_limit`` (bytes per worker) given here, which win over the
+        file. The budget is the share of the limit a running cluster of that
+        size gives, so the plan is the one it will make.
 
     Returns
     -------
@@ -243,6 +252,12 @@ def plan(
         raise InvalidArgumentError(
             f"{source.name}: dataset= and storage_options= apply when planning a path, not an open Source"
         )
+    planned_cluster = None
+    if cluster is not None or memory_limit is not None:
+        planned_cluster = planned_cluster_resources(
+            cluster, workers=workers, threads=threads, memory_limit=memory_limit
+        )
+        threads = workers = None
     settings = resolve_settings(
         memory_budget=memory_budget,
         threads=threads,
@@ -250,6 +265,7 @@ def plan(
         target_chunk_bytes=target_chunk_bytes,
         working_set_factor=working_set_factor,
         min_tasks_per_thread=min_tasks_per_thread,
+        cluster=planned_cluster,
     )
     return source.plan(settings, reduce_axis=reduce_axis)
 

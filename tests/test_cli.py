@@ -300,8 +300,8 @@ def test_cluster_file_starts_its_cluster_for_the_command_and_progress_goes_to_st
         (["--scheduler", "threads", "--cluster", "local.yaml"], "give one of them"),
         (["--cluster", "no-such-cluster.yaml"], "no-such-cluster.yaml"),
         (["--budget", "lots"], "--memory-budget lots is not a size"),
-        # A budget so small the plan would have more tasks than the ceiling: refused before planning them.
-        (["--budget", "100"], "more than the 1,000 daskstream plans at most"),
+        # A budget so small the computation would have more tasks than the ceiling: refused before it runs.
+        (["--budget", "100"], "tasks, more than the 1,000 whose graph the client and scheduler may hold at once"),
     ],
     ids=["nothing-listening", "unknown-scheduler", "both", "missing-cluster-file", "bad-budget", "tiny-budget"],
 )

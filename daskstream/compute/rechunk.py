@@ -167,7 +167,7 @@ def rechunk(
             )
         folder = _intermediate_folder(intermediate, boxes, plan)
         boxes = _through_intermediate(boxes, plan, folder)
-    record_plan(boxes.dask.layers[boxes.name], settings.resources)
+    record_plan(boxes.dask.layers[boxes.name], settings)
     # Named by the data and the chunks only: the same values whatever the plan (a store resumed with another
     # budget plans other boxes but keeps the blocks it wrote).
     name = f"daskstream-rechunk-{tokenize(source.token if source is not None else x.name, target)}"

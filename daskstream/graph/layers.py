@@ -9,6 +9,10 @@ output block takes, and how large its blocks are. Arrays record on their read
 layer the memory budget and threads they were planned for
 (:func:`record_plan`), so that a plan is the same wherever dask optimizes the
 graph.
+
+Longer than most modules: reading layers and reading back what they were
+planned for are one subject (both walk the same annotations and layer kinds),
+and splitting them would put each half's helpers in the other's module.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dask.typing import Key
 from dask.utils import key_split
 
 from daskstream.planning.passes import LayerFacts
-from daskstream.planning.settings import Resources
+from daskstream.planning.settings import PlanSettings, Resources
 from daskstream.sources.base import Source
 from daskstream.sources.objects import is_url
 
@@ -331,13 +335,19 @@ def blockwise_like(layer: Blockwise, *, task: Any = None, indices: Any = None, n
     return copy
 
 
-def record_plan(layer: Layer, resources: Resources) -> None:
-    """Write on ``layer`` the budget and threads its array is planned for, resolved where it was opened."""
+def record_plan(layer: Layer, settings: PlanSettings | Resources) -> None:
+    """Write on ``layer`` the budget, threads and task ceiling its array is planned for, resolved where it was
+    opened."""
     annotations = layer.collection_annotations
     if not isinstance(annotations, MutableMapping):
         # None when dask's collection_annotations setting is unset and no array annotated the layer yet.
         annotations = layer.collection_annotations = dict(annotations or {})
-    annotations[PLANNED_FOR] = {"memory_budget": resources.memory_budget, "threads": resources.threads}
+    resources = settings.resources if isinstance(settings, PlanSettings) else settings
+    annotations[PLANNED_FOR] = {
+        "memory_budget": resources.memory_budget,
+        "threads": resources.threads,
+        "max_tasks": settings.max_tasks if isinstance(settings, PlanSettings) else None,
+    }
 
 
 def _planned(graph: Any) -> list[dict[str, int]]:
@@ -345,6 +355,11 @@ def _planned(graph: Any) -> list[dict[str, int]]:
         graph = graph.__dask_graph__()
     layers = getattr(graph, "layers", {})
     return [p for p in ((layer.collection_annotations or {}).get(PLANNED_FOR) for layer in layers.values()) if p]
+
+
+def planned_max_tasks(graph: Any) -> int | None:
+    """The fewest tasks the arrays in ``graph`` were opened to hold at once (``None``: no ceiling recorded)."""
+    return min((int(p["max_tasks"]) for p in _planned(graph) if p.get("max_tasks") is not None), default=None)
 
 
 def opened_budget(graph: Any) -> int | None:

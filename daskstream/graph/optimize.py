@@ -18,6 +18,7 @@ builds them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from daskstream.graph.layers import (
     layer_array,
     layer_names,
     needed_layers,
+    planned_max_tasks,
     planned_resources,
     reads_sources,
 )
@@ -66,8 +68,18 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
         if planned is not None:
             wanted = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
             dsk, plan = plan_graph(dsk, wanted, planned)
-            plan.check()
+            ceiling = planned_max_tasks(dsk)
+            if ceiling is not None and plan.tasks > ceiling:
+                # The plan counts every block of the layers it reads, a part of the array or not: what the
+                # keys need is counted by culling, which costs as many steps as the tasks it keeps.
+                plan = dataclasses.replace(plan, tasks=_needed_tasks(dsk, wanted))
+            dataclasses.replace(plan, max_tasks=ceiling).check()
     return dask_optimize(dsk, keys, **kwargs)
+
+
+def _needed_tasks(graph: HighLevelGraph, keys: list[Key]) -> int:
+    """Tasks computing ``keys`` takes: ``graph`` culled to what they need."""
+    return sum(len(layer) for layer in graph.cull(set(keys)).layers.values())
 
 
 def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> tuple[HighLevelGraph, ComputePlan]:

@@ -13,6 +13,7 @@ from dask.base import tokenize
 
 from daskstream.errors import ChunkSplitWarning, InvalidChunksError, MemoryBudgetError, warn
 from daskstream.graph.layers import record_plan
+from daskstream.planning.budget import format_size
 from daskstream.planning.grid import read_amplification, regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.planning.settings import PlanSettings
@@ -32,7 +33,7 @@ def source_array(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> 
     array = read_array(source, dask_chunks, name)
     # Computations over this array keep the budget and threads it was planned for (the smallest budget,
     # over several arrays), wherever dask optimizes their graph.
-    record_plan(array.dask.layers[name], settings.resources)
+    record_plan(array.dask.layers[name], settings)
     return array
 
 
@@ -59,7 +60,9 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
     ``settings``), ``"storage"``, a tuple, dict or int (dask's meanings) or a :class:`ChunkPlan`."""
     if isinstance(chunks, str):
         if chunks == "auto":
-            return source.plan(settings).dask_chunks
+            plan = source.plan(settings)
+            check_block_count(source, plan.chunks, settings.max_tasks, within=plan.budget_within_ceiling)
+            return plan.dask_chunks
         if chunks == "storage":
             if source.storage_chunks is None:
                 raise InvalidChunksError(
@@ -91,21 +94,35 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
     return dask_chunks
 
 
-def check_block_count(source: Source, chunk_shape: tuple[int, ...], max_tasks: int | None) -> None:
-    """Refuse a grid of more blocks than ``max_tasks`` (``daskstream.planning.max-tasks``) before listing them.
+def check_block_count(
+    source: Source, chunk_shape: tuple[int, ...], max_tasks: int | None, *, within: int | None = None
+) -> None:
+    """Refuse chunks whose grid dask would list with more entries than ``max_tasks``, before listing them.
+
+    Opening lists the chunk lengths along each axis (their sum, not their
+    product, is what opening holds): an array of more blocks than a
+    computation may take opens, and its parts compute; computing more blocks
+    at once than the graph may hold is refused where it is computed
+    (:meth:`daskstream.planning.computation.ComputePlan.check`).
 
     Raises
     ------
     MemoryBudgetError
-        Naming the source, the chunks and how many blocks they make.
+        Naming the source, the chunks and how many entries they would list;
+        for planned chunks, ``within``: the least budget whose plan lists few
+        enough.
     """
-    blocks = math.prod(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
-    ceiling = max_tasks
-    if ceiling is not None and blocks > ceiling:
+    listed = sum(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
+    if max_tasks is not None and listed > max_tasks:
+        advice = (
+            "give larger chunks, or chunks='auto'"
+            if within is None
+            else f"raise memory_budget to at least {format_size(within)}"
+        )
         raise MemoryBudgetError(
-            f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {blocks:,} blocks, "
-            f"more than the {ceiling:,} daskstream plans at most (daskstream.planning.max-tasks: the task graph "
-            "alone would outgrow memory); give larger chunks, or chunks='auto'"
+            f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {listed:,} chunks along "
+            f"its axes, more than the {max_tasks:,} tasks a computation may hold (daskstream.planning.max-tasks): "
+            + advice
         )
 
 

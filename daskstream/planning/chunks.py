@@ -43,14 +43,15 @@ The rules, in the order they bind:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from numpy.typing import DTypeLike
 
 from daskstream.errors import InvalidArgumentError, InvalidBudgetError, InvalidChunksError, MemoryBudgetError
-from daskstream.planning.budget import format_size
+from daskstream.planning.budget import MAX_BUDGET_BYTES, format_size
 from daskstream.planning.grid import normalize_axes, read_amplification
 from daskstream.planning.plan import LAYOUTS, ChunkPlan, aim, per_task_cap
-from daskstream.planning.settings import PlanSettings, checked_dtype
+from daskstream.planning.settings import PlanSettings, SchedulerCost, checked_dtype
 
 
 def plan_chunks(
@@ -118,7 +119,7 @@ def plan_chunks(
         working_set_factor=settings.working_set_factor_for(dtype),
         min_tasks_per_thread=settings.min_tasks_per_thread,
         decode_bytes=decode_bytes,
-        max_tasks=settings.max_tasks,
+        scheduler=settings.scheduler,
     )
 
 
@@ -136,12 +137,17 @@ def plan_chunks_exact(
     working_set_factor: float,
     min_tasks_per_thread: int,
     decode_bytes: int = 0,
-    max_tasks: int | None = None,
+    scheduler: SchedulerCost | None = None,
 ) -> ChunkPlan:
     """:func:`plan_chunks` with every input given as a plain value.
 
-    ``max_tasks`` (``None``: no ceiling) refuses plans with more tasks.
+    ``scheduler`` (default: :class:`SchedulerCost`'s defaults, no task ceiling)
+    sets the floors chunks grow to; a plan whose chunks at the per-chunk cap
+    still make more tasks than its ``max_tasks`` is returned with the budget
+    that would bring it within (``budget_within_ceiling``): parts of such an
+    array compute, the whole at once is refused where it is computed.
     """
+    scheduler = scheduler or SchedulerCost()
     shape = _normalize_shape(shape)
     dtype = checked_dtype(dtype)
     ndim = len(shape)
@@ -171,34 +177,51 @@ def plan_chunks_exact(
             f"{format_size(threads * (decode_bytes + math.ceil(working_set_factor * itemsize)))} or lower threads"
         )
     nbytes = math.prod(shape) * itemsize
-    target = aim(cap, target_chunk_bytes, nbytes // (min_tasks_per_thread * threads * workers), itemsize)
 
-    notes: list[tuple[int, str]] = []
-    if nbytes == 0:
-        chunks = tuple(max(n, 0) for n in shape)
-        notes.append((-1, "the array is empty: one task"))
-        amplification = 1.0
-    elif storage_chunks is None or (layout in ("C", "F") and storage_chunks == shape):
-        order = range(ndim) if layout != "F" else range(ndim - 1, -1, -1)
-        chunks = _contiguous_slabs(shape, itemsize, list(order), target, notes)
-        amplification = 1.0
-        storage_chunks = None
-    else:
-        chunks = _aligned_chunks(shape, itemsize, storage_chunks, reduce_axes, target, cap, notes)
-        amplification = None
-
-    n_tasks = math.prod(math.ceil(n / c) if c else 1 for n, c in zip(shape, chunks))
-    if max_tasks is not None and n_tasks > max_tasks:
-        raise MemoryBudgetError(
-            f"memory_budget={format_size(memory_budget)} leaves {format_size(cap)} per chunk for {threads} "
-            f"thread(s), so {shape} {dtype} ({format_size(nbytes)}) would take {n_tasks:,} tasks, more than "
-            f"the {max_tasks:,} daskstream plans at most (daskstream.planning.max-tasks; the task graph alone "
-            f"would outgrow the budget); raise memory_budget to at least "
-            f"{format_size(_budget_for_tasks(nbytes, max_tasks, threads, working_set_factor, decode_bytes))}"
+    def cut(budget: int, notes: list[tuple[int, str]]) -> tuple[int, ...]:
+        # The chunk shape for ``budget``: grown towards the aim, in whole storage chunks or slabs.
+        cap = per_task_cap(budget, threads, working_set_factor, decode_bytes)
+        target = aim(
+            cap,
+            target_chunk_bytes,
+            nbytes // (min_tasks_per_thread * threads * workers),
+            itemsize,
+            load_floor=scheduler.load_floor_bytes(threads * workers),
+            graph_floor=scheduler.graph_floor_bytes(nbytes),
         )
-    if amplification is None:
-        # Only now: it costs one step per task, and a plan past the ceiling must fail at once.
-        amplification = read_amplification(shape, storage_chunks, chunks)
+        if nbytes == 0:
+            notes.append((-1, "the array is empty: one task"))
+            return tuple(max(n, 0) for n in shape)
+        while True:
+            said: list[tuple[int, str]] = []
+            if storage_chunks is None or (layout in ("C", "F") and storage_chunks == shape):
+                order = range(ndim) if layout != "F" else range(ndim - 1, -1, -1)
+                chunks = _contiguous_slabs(shape, itemsize, list(order), target, said)
+            else:
+                chunks = _aligned_chunks(shape, itemsize, storage_chunks, reduce_axes, target, cap, said)
+            # Whole storage chunks, evened out, hold less than the aim: where the graph's ceiling set it, the
+            # aim grows (an eighth at a time, within the cap) until the blocks are within the ceiling.
+            if ceiling is None or tasks(chunks) <= ceiling or target >= cap:
+                notes.extend(said)
+                return chunks
+            target = min(cap, target + max(target // 8, itemsize))
+
+    def tasks(chunks: tuple[int, ...]) -> int:
+        return math.prod(math.ceil(n / c) if c else 1 for n, c in zip(shape, chunks))
+
+    ceiling = scheduler.max_blocks
+    notes: list[tuple[int, str]] = []
+    chunks = cut(memory_budget, notes)
+    within = None
+    if ceiling is not None and tasks(chunks) > ceiling:
+        # Even chunks at the per-chunk cap make too many tasks: the least budget whose plan is within the
+        # ceiling, found by planning (chunks are whole storage chunks, evened out: only a plan says how many).
+        within = _least_budget(memory_budget, lambda budget: tasks(cut(budget, [])) <= ceiling)
+    if storage_chunks is None or (layout in ("C", "F") and storage_chunks == shape):
+        storage_chunks = None  # contiguous: cut in slabs, each one byte range
+        amplification = 1.0
+    else:
+        amplification = 1.0 if nbytes == 0 else read_amplification(shape, storage_chunks, chunks)
     return ChunkPlan(
         shape=shape,
         dtype=dtype,
@@ -214,7 +237,9 @@ def plan_chunks_exact(
         target_chunk_bytes=target_chunk_bytes,
         min_tasks_per_thread=min_tasks_per_thread,
         decode_bytes=decode_bytes,
+        scheduler=scheduler,
         axis_notes=tuple(text for _, text in sorted(notes, key=lambda note: note[0])),
+        budget_within_ceiling=within,
     )
 
 
@@ -299,9 +324,22 @@ def fit_halo_chunks(
     return tuple(current)
 
 
-def _budget_for_tasks(nbytes: int, max_tasks: int, threads: int, working_set_factor: float, decode_bytes: int) -> int:
-    """The budget whose chunks cut ``nbytes`` into ``max_tasks`` tasks or fewer."""
-    return threads * (math.ceil(working_set_factor * math.ceil(nbytes / max_tasks)) + decode_bytes)
+def _least_budget(budget: int, fits: Callable[[int], bool]) -> int | None:
+    """The least budget above ``budget`` (to a sixteenth) that ``fits``; ``None`` if not even 1 EiB does.
+
+    Doubling finds one that fits, bisection the least; a plan costs
+    microseconds, so some hundred of them stay well within a second.
+    """
+    high = max(budget, 1) * 2
+    while not fits(high):
+        if high > MAX_BUDGET_BYTES:
+            return None
+        high *= 2
+    low = high // 2
+    while high - low > max(high // 16, 1):
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high
 
 
 def _balanced(n_units: int, k: int) -> int:

@@ -93,6 +93,9 @@ class ComputePlan:
     held
         ``(what, bytes)`` kept in memory between tasks: aggregates that later
         passes take whole, blocks waiting for a second consumer.
+    max_tasks
+        Tasks whose graph the client and scheduler may hold at once, as the
+        arrays were planned (``None``: no ceiling).
     """
 
     budget: int
@@ -105,6 +108,7 @@ class ComputePlan:
     worst: TaskMemory | None
     held: tuple[tuple[str, int], ...] = field(default=())
     reads: Mapping[str, int] = field(default_factory=dict)
+    max_tasks: int | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -126,7 +130,17 @@ class ComputePlan:
         return sum(self.times_read(source) * self.source_bytes.get(source, 0) for source in self.read_passes)
 
     def check(self) -> None:
-        """Raise :class:`MemoryBudgetError` when the projected peak exceeds the budget."""
+        """Raise :class:`MemoryBudgetError` when the projected peak exceeds the budget, or the tasks the ceiling."""
+        if self.max_tasks is not None and self.tasks > self.max_tasks:
+            # Each task's chunk grows with the budget where the budget bounds it: this many times the
+            # budget cuts as many times fewer tasks (a plan names the least: ds.plan(...).explain()).
+            times = -(-self.tasks // self.max_tasks)
+            raise MemoryBudgetError(
+                f"this computation has {self.tasks:,} tasks, more than the {self.max_tasks:,} whose graph the "
+                f"client and scheduler may hold at once (daskstream.planning.max-tasks): compute a part of the "
+                f"array at a time, or open it with a memory_budget of at least {format_size(times * self.budget)} "
+                "(the array's chunk plan names the least that fits)"
+            )
         if self.projected_peak_bytes <= self.budget or self.worst is None:
             return
         held = f" + {format_size(self.held_bytes)} held between tasks" if self.held_bytes else ""

@@ -40,15 +40,46 @@ def read_amplification(
     # One entry per axis in either form (typed so, as zip over the union of the two forms types it object).
     per_axis: tuple[int | tuple[int, ...], ...] = chunks
     for n, sc, c in zip(shape, storage_chunks, per_axis):
-        lengths = axis_chunks(n, c) if isinstance(c, int) else c
-        bounds = np.cumsum((0, *lengths), dtype=np.int64)
-        starts, stops = bounds[:-1], bounds[1:]
-        starts, stops = starts[stops > starts], stops[stops > starts]
-        # Summed over tasks rather than storage chunks (there may be far more of those): each task
-        # decodes the whole storage chunks it overlaps, from the first to the last.
-        covered = np.minimum(n, (stops - 1) // sc * sc + sc) - starts // sc * sc
-        total *= int(covered.sum()) / n
+        if isinstance(c, int):
+            if c % sc == 0 or c >= n:
+                continue  # whole storage chunks per task (the last clipped to the axis): each decoded once
+            total *= _regular_axis_covered(n, sc, c) / n
+            continue
+        bounds = np.cumsum((0, *c), dtype=np.int64)
+        total *= _covered(n, sc, bounds[:-1], bounds[1:]) / n
     return total
+
+
+def _covered(n: int, sc: int, starts: np.ndarray, stops: np.ndarray) -> int:
+    """Elements decoded along an axis by tasks spanning ``[starts, stops)``, each decoding the whole storage
+    chunks it overlaps, from the first to the last (summed over tasks: there may be far more storage chunks)."""
+    keep = stops > starts
+    starts, stops = starts[keep], stops[keep]
+    return int((np.minimum(n, (stops - 1) // sc * sc + sc) - starts // sc * sc).sum())
+
+
+# Tasks along one axis whose bounds are listed at once: a regular grid repeats, so longer axes are summed
+# over one period of the pattern (or in batches of this many), never listed whole.
+_LISTED_TASKS = 1 << 20
+
+
+def _regular_axis_covered(n: int, sc: int, c: int) -> int:
+    """:func:`_covered` for tasks of ``c`` along an axis of ``n``, in memory bounded however long the axis is."""
+    tasks = -(-n // c)
+
+    def span(first: int, last: int) -> int:
+        starts = np.arange(first, last, dtype=np.int64) * c
+        return _covered(n, sc, starts, np.minimum(starts + c, n))
+
+    if tasks <= _LISTED_TASKS:
+        return span(0, tasks)
+    # Task j starts at j*c: the pattern of starts within storage chunks repeats every lcm(c, sc) elements.
+    period = math.lcm(c, sc) // c
+    if period <= _LISTED_TASKS:
+        full = (tasks - 1) // period  # whole periods before the last (possibly clipped) task's period
+        one = span(0, period)
+        return full * one + span(full * period, tasks)
+    return sum(span(first, min(first + _LISTED_TASKS, tasks)) for first in range(0, tasks, _LISTED_TASKS))
 
 
 def regular_grid(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:

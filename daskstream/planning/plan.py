@@ -10,6 +10,7 @@ import numpy as np
 from daskstream.display import card, details, grid_figure, table
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import regular_grid
+from daskstream.planning.settings import SchedulerCost
 
 LAYOUTS = ("C", "F", "chunked")
 
@@ -42,6 +43,9 @@ class ChunkPlan:
         The preferred chunk size, below the memory and parallelism bounds.
     min_tasks_per_thread
         Tasks each thread gets at least, when the storage grid allows.
+    scheduler
+        What tasks cost the scheduler: chunks grow past the preferred size
+        until the scheduler keeps up and the graph fits (:class:`SchedulerCost`).
     """
 
     shape: tuple[int, ...]
@@ -58,7 +62,10 @@ class ChunkPlan:
     target_chunk_bytes: int
     min_tasks_per_thread: int
     decode_bytes: int = 0
+    scheduler: SchedulerCost = field(default_factory=SchedulerCost)
     axis_notes: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    #: For a plan beyond the graph ceiling: the least budget whose plan is within it (found by planning).
+    budget_within_ceiling: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def dask_chunks(self) -> tuple[tuple[int, ...], ...]:
@@ -77,8 +84,8 @@ class ChunkPlan:
 
     @property
     def n_tasks(self) -> int:
-        """Number of chunks, i.e. read tasks."""
-        return math.prod(len(c) for c in self.dask_chunks)
+        """Number of chunks, i.e. read tasks (counted, not listed: there may be more than memory holds)."""
+        return math.prod(max(1, -(-n // c)) if c else 1 for n, c in zip(self.shape, self.chunks))
 
     @property
     def task_working_set_bytes(self) -> int:
@@ -96,10 +103,41 @@ class ChunkPlan:
         return self.min_tasks_per_thread * self.threads * self.workers
 
     @property
+    def per_chunk_cap(self) -> int:
+        """Bytes one chunk may hold within the budget: a thread's share, less decoding, over the working set."""
+        return per_task_cap(self.memory_budget, self.threads, self.working_set_factor, self.decode_bytes)
+
+    @property
+    def load_floor_bytes(self) -> int:
+        """The smallest chunk the scheduler dispatches as fast as every thread of every worker finishes them."""
+        return self.scheduler.load_floor_bytes(self.threads * self.workers)
+
+    @property
+    def graph_floor_bytes(self) -> int:
+        """The smallest chunk whose tasks fit the graph ceiling (``scheduler.max_tasks``); 0 without one."""
+        return self.scheduler.graph_floor_bytes(self.nbytes)
+
+    @property
     def aim_bytes(self) -> int:
-        """The chunk size the plan grows towards: the tightest of its three bounds."""
-        cap = per_task_cap(self.memory_budget, self.threads, self.working_set_factor, self.decode_bytes)
-        return aim(cap, self.target_chunk_bytes, self.nbytes // self.min_tasks, self.dtype.itemsize)
+        """The chunk size the plan grows towards (see :func:`aim`)."""
+        return self.size_terms()[0]
+
+    def size_terms(self) -> tuple[int, str]:
+        """The chunk size the plan grows towards, and the term that set it."""
+        return aim_with_reason(
+            self.per_chunk_cap,
+            self.target_chunk_bytes,
+            self.nbytes // self.min_tasks,
+            self.dtype.itemsize,
+            load_floor=self.load_floor_bytes,
+            graph_floor=self.graph_floor_bytes,
+        )
+
+    @property
+    def beyond_graph_ceiling(self) -> bool:
+        """True when even chunks at the per-chunk cap make more blocks than a computation's graph may hold."""
+        ceiling = self.scheduler.max_blocks
+        return ceiling is not None and self.n_tasks > ceiling
 
     @property
     def splits_storage_chunks(self) -> bool:
@@ -107,19 +145,31 @@ class ChunkPlan:
         return self.read_amplification > 1.0
 
     def explain(self) -> str:
-        """Plain-text account of the inputs and why each axis was cut as it was."""
-        per_task = per_task_cap(self.memory_budget, self.threads, self.working_set_factor, self.decode_bytes)
+        """Plain-text account of the inputs, the terms of the chunk size, and why each axis was cut as it was."""
+        per_task = self.per_chunk_cap
         storage = "contiguous" if self.storage_chunks is None else f"storage chunks {self.storage_chunks}"
         decode = f" and {format_size(self.decode_bytes)} to decode storage" if self.decode_bytes else ""
+        cost = self.scheduler
+        threads = self.threads * self.workers
+        aim_bytes, reason = self.size_terms()
+        ceiling = (
+            "no ceiling"
+            if cost.max_blocks is None
+            else f"at most {cost.max_tasks:,} tasks in a graph, {cost.tasks_per_block} per block read"
+        )
         lines = [
             f"Chunk plan for {self.shape} {self.dtype} ({format_size(self.nbytes)}), layout {self.layout}, {storage}",
             f"Budget: {format_size(self.memory_budget)} per worker, {self.threads} thread(s) x "
             f"{self.workers} worker(s); a task holds its chunk times {self.working_set_factor:g} (working "
             f"set){decode}, so at most {format_size(per_task)} per chunk",
-            f"Chunk size aim: {format_size(self.aim_bytes)}, the least of the per-chunk budget "
-            f"({format_size(per_task)}), the preferred size ({format_size(self.target_chunk_bytes)}) "
-            f"and 1/{self.min_tasks} of the array ({format_size(self.nbytes // self.min_tasks)}, "
-            f"for at least {self.min_tasks} tasks: {self.min_tasks_per_thread} per thread)",
+            f"Scheduler: {cost.task_seconds * 1e3:g} ms per task, {threads} thread(s) at "
+            f"{format_size(cost.thread_bytes_per_second)}/s each, at most {cost.scheduler_share:.0%} of the time on "
+            f"tasks: chunks of at least {format_size(self.load_floor_bytes)}; {ceiling}"
+            + (f": chunks of at least {format_size(self.graph_floor_bytes)}" if cost.max_tasks is not None else ""),
+            f"Chunk size aim: {format_size(aim_bytes)}, set by {reason} (the least of the per-chunk budget "
+            f"({format_size(per_task)}), 1/{self.min_tasks} of the array ({format_size(self.nbytes // self.min_tasks)}, "
+            f"for at least {self.min_tasks} tasks: {self.min_tasks_per_thread} per thread) and the largest of "
+            f"the preferred size ({format_size(self.target_chunk_bytes)}) and the scheduler's floors)",
         ]
         if self.reduce_axis is not None:
             lines.append(f"Reduction over axes {self.reduce_axis}")
@@ -129,6 +179,12 @@ class ChunkPlan:
             f"read amplification {self.read_amplification:.2f}, projected peak "
             f"{format_size(self.projected_peak_bytes)} of {format_size(self.memory_budget)}"
         )
+        if self.beyond_graph_ceiling:
+            lines.append(
+                f"Warning: {self.n_tasks:,} blocks, more than the {cost.max_blocks:,} a graph may hold, though "
+                f"every chunk is as large as the budget allows: parts of the array compute, the whole at once "
+                f"is refused; raise memory_budget to at least {format_size(self.budget_within_ceiling or 0)}"
+            )
         if self.splits_storage_chunks:
             lines.append(
                 "Warning: one storage chunk is larger than the per-chunk budget, so storage chunks "
@@ -172,9 +228,33 @@ class ChunkPlan:
         )
 
 
-def aim(cap: int, preferred: int, parallel: int, itemsize: int) -> int:
-    """The chunk size a plan grows towards: the tightest of its bounds, at least one element."""
-    return max(itemsize, min(cap, preferred, parallel))
+def aim(cap: int, preferred: int, parallel: int, itemsize: int, *, load_floor: int = 0, graph_floor: int = 0) -> int:
+    """The chunk size a plan grows towards (see :func:`aim_with_reason`)."""
+    return aim_with_reason(cap, preferred, parallel, itemsize, load_floor=load_floor, graph_floor=graph_floor)[0]
+
+
+def aim_with_reason(
+    cap: int, preferred: int, parallel: int, itemsize: int, *, load_floor: int = 0, graph_floor: int = 0
+) -> tuple[int, str]:
+    """The chunk size a plan grows towards, and which term set it.
+
+    The preferred size, raised to the scheduler's floors (``load_floor``: the
+    scheduler keeps up with the threads; ``graph_floor``: the graph fits its
+    ceiling), then bounded by the per-chunk ``cap`` of the budget and by
+    ``parallel`` (every thread gets tasks); at least one element.
+
+    >>> aim_with_reason(2**30, 8 * 2**20, 2**40, 4, graph_floor=32 * 2**20)
+    (33554432, "the task graph's ceiling")
+    >>> aim_with_reason(16 * 2**20, 8 * 2**20, 2**40, 4, load_floor=40 * 2**20)
+    (16777216, 'the per-chunk budget')
+    """
+    wanted = max((preferred, "the preferred size"), (load_floor, "the scheduler's load"), (graph_floor, "the task graph's ceiling"),
+                 key=lambda term: term[0])  # fmt: skip
+    bound = min((cap, "the per-chunk budget"), (parallel, "the parallelism: tasks for every thread"), wanted,
+                key=lambda term: term[0])  # fmt: skip
+    if bound[0] < itemsize:
+        return itemsize, "one element, the least a chunk holds"
+    return bound
 
 
 def per_task_cap(memory_budget: int, threads: int, working_set_factor: float, decode_bytes: int = 0) -> int:
@@ -182,4 +262,4 @@ def per_task_cap(memory_budget: int, threads: int, working_set_factor: float, de
     return int((memory_budget // threads - decode_bytes) // working_set_factor)
 
 
-__all__ = ["LAYOUTS", "ChunkPlan", "aim", "per_task_cap"]
+__all__ = ["LAYOUTS", "ChunkPlan", "aim", "aim_with_reason", "per_task_cap"]

@@ -14,7 +14,8 @@ session, Client or machine, once; everything below receives the result.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -54,6 +55,69 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class SchedulerCost:
+    """What tasks cost the scheduler: the terms that set how many tasks a plan may have.
+
+    A plan's chunks grow past the preferred size until the scheduler keeps up
+    with every thread of the cluster and the task graph fits in memory (up to
+    the per-task cap the budget allows); see :func:`scheduler_floor_bytes`.
+
+    Attributes
+    ----------
+    task_seconds
+        Scheduler time one task takes (building, ordering, dispatching and
+        finishing it): about 1 ms on dask.distributed, 0.1 ms on the local
+        schedulers (``benchmarks/scale.py`` measures both).
+    thread_bytes_per_second
+        Bytes one thread reads, decodes and reduces a second.
+    scheduler_share
+        The largest share of a computation's time the scheduler's per-task
+        work may take.
+    max_tasks
+        Tasks whose graph the client and scheduler hold at once: the graph
+        memory over the memory one task takes in it (``None``: no ceiling).
+    tasks_per_block
+        Tasks a computation makes for each block it reads (the read, the work
+        on it, its share of the combining): an array is planned for
+        ``max_tasks / tasks_per_block`` blocks at most.
+    """
+
+    task_seconds: float = 1e-4
+    thread_bytes_per_second: float = 5e8
+    scheduler_share: float = 0.1
+    max_tasks: int | None = None
+    tasks_per_block: int = 4
+
+    @property
+    def max_blocks(self) -> int | None:
+        """Blocks an array is planned for at most, so that a computation over it stays within :attr:`max_tasks`."""
+        return None if self.max_tasks is None else max(1, self.max_tasks // self.tasks_per_block)
+
+    def load_floor_bytes(self, threads: int) -> int:
+        """The smallest chunk whose tasks the scheduler dispatches as fast as ``threads`` threads finish them.
+
+        ``threads`` threads finish ``threads * thread_bytes_per_second / chunk``
+        tasks a second; the scheduler spends ``task_seconds`` on each, which is
+        at most ``scheduler_share`` of its time when the chunk holds at least
+        ``task_seconds * threads * thread_bytes_per_second / scheduler_share``
+        bytes.
+
+        >>> SchedulerCost(task_seconds=1e-3).load_floor_bytes(threads=8)
+        40000000
+        """
+        return math.ceil(self.task_seconds * threads * self.thread_bytes_per_second / self.scheduler_share)
+
+    def graph_floor_bytes(self, nbytes: int) -> int:
+        """The smallest chunk that cuts ``nbytes`` into no more than :attr:`max_blocks` blocks (0: no ceiling).
+
+        >>> SchedulerCost(max_tasks=4000).graph_floor_bytes(2**30)
+        1073742
+        """
+        blocks = self.max_blocks
+        return 0 if blocks is None else -(-nbytes // blocks)
+
+
+@dataclass(frozen=True)
 class PlanSettings:
     """Everything a chunk plan depends on besides the array and its storage.
 
@@ -70,8 +134,8 @@ class PlanSettings:
         Float64 copies of a chunk one analysis step holds, for that default.
     min_tasks_per_thread
         Tasks each thread gets at least, when the storage grid allows.
-    max_tasks
-        Plans with more tasks are refused (``None``: no ceiling).
+    scheduler
+        What tasks cost the scheduler (:class:`SchedulerCost`).
     object_store_task_bytes
         Preferred chunk size, at least, for data on an object store: fewer,
         larger tasks keep more requests in flight and decode some objects
@@ -83,7 +147,7 @@ class PlanSettings:
     working_set_factor: float | None = None
     float64_copies: int = 3
     min_tasks_per_thread: int = 2
-    max_tasks: int | None = None
+    scheduler: SchedulerCost = field(default_factory=SchedulerCost)
     object_store_task_bytes: int = 64 * 2**20
 
     @property
@@ -95,6 +159,11 @@ class PlanSettings:
     def threads(self) -> int:
         """Tasks a worker runs at once."""
         return self.resources.threads
+
+    @property
+    def max_tasks(self) -> int | None:
+        """Tasks whose graph the client and scheduler hold at most (``None``: no ceiling)."""
+        return self.scheduler.max_tasks
 
     def working_set_factor_for(self, dtype: DTypeLike) -> float:
         """One task's memory as a multiple of its chunk, for data of ``dtype``."""
@@ -134,4 +203,4 @@ def checked_dtype(dtype: DTypeLike) -> np.dtype:
         raise InvalidArgumentError(f"dtype={dtype!r} is not a numpy dtype ({exc}); give one like 'float32'") from None
 
 
-__all__ = ["PlanSettings", "Resources", "analysis_working_set_factor", "checked_dtype"]
+__all__ = ["PlanSettings", "Resources", "SchedulerCost", "analysis_working_set_factor", "checked_dtype"]

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import pathlib
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dask.config
 import psutil
 from dask.system import cpu_count
+from dask.utils import parse_timedelta
 
 from daskstream import config
+from daskstream.errors import InvalidArgumentError
 from daskstream.planning.budget import format_size, parse_budget
-from daskstream.planning.settings import PlanSettings, Resources
+from daskstream.planning.settings import PlanSettings, Resources, SchedulerCost
+from daskstream.runtime.clusters import load_cluster_config
+from daskstream.runtime.clusters.kinds import job_count, local_options
 from daskstream.runtime.schedulers import current, scheduler_kind
 
 if TYPE_CHECKING:
@@ -65,10 +70,14 @@ def resolve_settings(
     target_chunk_bytes: int | str | None = None,
     working_set_factor: float | None = None,
     min_tasks_per_thread: int | None = None,
+    cluster: Resources | None = None,
 ) -> PlanSettings:
     """Everything a plan takes besides the array, resolved here and now: arguments first, then settings.
 
-    Resources come from :func:`resolve_resources`; the planner's settings from
+    Resources come from :func:`resolve_resources`, or for a cluster that is
+    not running yet from ``cluster`` (:func:`planned_cluster_resources`; a
+    ``memory_budget`` given still wins, and the scheduler is costed as
+    dask.distributed's); the planner's settings from
     ``daskstream.planning.*`` (``target-chunk-bytes: auto`` sized to the CPU
     cache, ``working-set-factor: auto`` from the dtype and ``float64-copies``).
 
@@ -78,20 +87,166 @@ def resolve_settings(
     >>> settings.memory_budget, settings.threads, settings.target_chunk_bytes
     (1073741824, 2, 4194304)
     """
-    resources = resolve_resources(memory_budget=memory_budget, threads=threads, workers=workers)
+    if cluster is None:
+        resources = resolve_resources(memory_budget=memory_budget, threads=threads, workers=workers)
+        kind = scheduler_kind()
+    else:
+        budget = config.get("memory-budget", memory_budget)
+        resources = cluster if budget == "auto" else dataclasses.replace(cluster, memory_budget=parse_budget(budget))
+        kind = "distributed"
     target = config.get("planning.target-chunk-bytes", target_chunk_bytes)
     factor = config.get("planning.working-set-factor", working_set_factor)
     return PlanSettings(
-        resources=dataclasses.replace(resources, threads_share_process=scheduler_kind() == "threads"),
+        resources=dataclasses.replace(resources, threads_share_process=kind == "threads"),
         target_chunk_bytes=cache_sized_chunk_bytes()
         if target == "auto"
         else parse_budget(target, name="target_chunk_bytes"),
         working_set_factor=None if factor == "auto" else float(factor),
         float64_copies=config.setting("planning.float64-copies"),
         min_tasks_per_thread=config.setting("planning.min-tasks-per-thread", min_tasks_per_thread),
-        max_tasks=config.setting("planning.max-tasks"),
+        scheduler=scheduler_cost(distributed=kind == "distributed"),
         object_store_task_bytes=parse_budget(config.get("objects.task-bytes"), name="daskstream.objects.task-bytes"),
     )
+
+
+#: Scheduler time per task, measured (benchmarks/scale.py): a dask.distributed scheduler's bookkeeping
+#: and messages for one task, and the local schedulers' (threads, processes, sync) in this process.
+TASK_SECONDS = {"distributed": 1e-3, "local": 1e-4}
+
+
+def scheduler_cost(*, distributed: bool) -> SchedulerCost:
+    """The scheduler's cost model from the ``daskstream.planning`` settings, for a distributed or a local scheduler.
+
+    ``max-tasks: auto`` is ``graph-memory-fraction`` of this machine's total
+    memory over ``task-graph-bytes``: configured figures, the same every run.
+
+    Examples
+    --------
+    >>> import dask.config
+    >>> with dask.config.set({"daskstream.planning.max-tasks": 1000}):
+    ...     cost = scheduler_cost(distributed=True)
+    >>> cost.task_seconds, cost.max_tasks
+    (0.001, 1000)
+    """
+    overhead = config.setting("planning.task-overhead")
+    if overhead == "auto":
+        seconds = TASK_SECONDS["distributed" if distributed else "local"]
+    else:
+        seconds = _seconds(overhead, "daskstream.planning.task-overhead")
+    ceiling = config.setting("planning.max-tasks")
+    if ceiling == "auto":
+        graph_bytes = parse_budget(config.get("planning.task-graph-bytes"), name="daskstream.planning.task-graph-bytes")
+        ceiling = max(1, int(total_memory() * config.setting("planning.graph-memory-fraction")) // graph_bytes)
+    elif isinstance(ceiling, str):
+        raise InvalidArgumentError(
+            f"daskstream.planning.max-tasks is {ceiling!r}, which is neither a whole number nor 'auto'; correct it"
+        )
+    return SchedulerCost(
+        task_seconds=seconds,
+        thread_bytes_per_second=parse_budget(
+            config.get("planning.thread-throughput"), name="daskstream.planning.thread-throughput"
+        ),
+        scheduler_share=config.setting("planning.scheduler-share"),
+        max_tasks=ceiling,
+        tasks_per_block=config.setting("planning.tasks-per-block"),
+    )
+
+
+def _seconds(value: str | float, name: str) -> float:
+    """``value`` ("1ms", "0.5 s", 0.001) in seconds, or an error naming the setting."""
+    try:
+        seconds = parse_timedelta(value, default="seconds")
+    except (ValueError, KeyError, TypeError):
+        seconds = None
+    if seconds is None or not 0 < seconds < 3600:
+        raise InvalidArgumentError(f'{name} is {value!r}, which is not a duration like "1ms"; correct it')
+    return float(seconds)
+
+
+@functools.cache
+def total_memory() -> int:
+    """This machine's total memory, or its cgroup's limit where lower: what is configured, not what is free."""
+    total = int(psutil.virtual_memory().total)
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = pathlib.Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def planned_cluster_resources(
+    cluster: str | os.PathLike[str] | None = None,
+    *,
+    workers: int | None = None,
+    threads: int | None = None,
+    memory_limit: int | str | None = None,
+) -> Resources:
+    """The budget and parallelism of a cluster that is not running yet: from its file, or as given.
+
+    ``cluster`` names a cluster file (``cluster-configs/``): a ``local`` one
+    gives its ``daskstream.local`` workers, threads and memory limit, a
+    ``slurm`` or ``pbs`` one its jobs x processes, cores and memory; a
+    ``memory-budget`` in the file wins over the limit's share, as when it runs.
+    ``workers``, ``threads`` and ``memory_limit`` (per worker) given here win
+    over the file; without a file all three are needed.
+
+    Examples
+    --------
+    >>> r = planned_cluster_resources(workers=1000, threads=8, memory_limit="32GiB")
+    >>> r.workers, r.threads, r.memory_budget // 2**30
+    (1000, 8, 18)
+    """
+    spec: dict[str, Any] = {}
+    file_budget = None
+    where = "a cluster of the size given"
+    if cluster is not None:
+        # Only its sizes are read: nothing starts, listens or runs, so nothing needs the user's consent.
+        config_file = load_cluster_config(os.fspath(cluster), allow_code=True, allow_network_listen=True)
+        spec = _cluster_file_spec(config_file)
+        file_budget = config_file.daskstream.get("memory-budget")
+        where = f"cluster configuration {config_file.path}"
+    given = {"workers": workers, "threads": threads, "memory_limit": memory_limit}
+    spec.update({key: value for key, value in given.items() if value is not None})
+    missing = [key for key in given if spec.get(key) is None]
+    if missing:
+        raise InvalidArgumentError(
+            f"{where}: its {' and '.join(missing)} are not known before it runs; give "
+            + ", ".join(f"{key}=" for key in missing)
+        )
+    for key in ("workers", "threads"):
+        if isinstance(spec[key], bool) or not isinstance(spec[key], int) or spec[key] < 1:
+            raise InvalidArgumentError(f"{where}: {key}={spec[key]!r} must be a positive whole number")
+    limit = parse_budget(spec["memory_limit"], name="memory_limit")
+    found = worker_resources(limit, spec["threads"], spec["workers"], where=where)
+    if file_budget not in (None, "auto"):
+        budget = parse_budget(file_budget, name=f"{where}: daskstream.memory-budget")
+        return dataclasses.replace(found, memory_budget=budget, origin=f"{where}: its memory-budget")
+    return found
+
+
+def _cluster_file_spec(config_file: Any) -> dict[str, Any]:
+    """Workers, threads and memory limit per worker a cluster file asks for, where it says them."""
+    if config_file.kind == "local":
+        local = local_options(config_file)
+        threads = local["threads-per-worker"]
+        limit = local["memory-limit"]
+        if limit == "auto":
+            # LocalCluster's own rule: this machine's memory shared by the workers.
+            limit = total_memory() // local["n-workers"]
+        return {"workers": local["n-workers"], "threads": threads, "memory_limit": limit}
+    if config_file.kind in ("slurm", "pbs"):
+        queue = (config_file.settings.get("jobqueue") or {}).get(config_file.kind) or {}
+        processes = queue.get("processes") or 1
+        cores, memory = queue.get("cores"), queue.get("memory")
+        return {
+            "workers": job_count(config_file) * processes,
+            "threads": None if cores is None else max(1, cores // processes),
+            "memory_limit": None if memory is None else parse_budget(memory, name="jobqueue memory") // processes,
+        }
+    return {}
 
 
 def detect_resources() -> Resources:
@@ -103,15 +258,15 @@ def detect_resources() -> Resources:
 
 
 def machine_resources() -> Resources:
-    """A share of this machine's available memory and its usable CPUs."""
+    """A share of this machine's total memory and its usable CPUs: the same figures every run."""
     fraction = config.setting("planning.machine-memory-fraction")
-    budget = int(psutil.virtual_memory().available * fraction)
+    budget = int(total_memory() * fraction)
     threads = dask.config.get("num_workers", None) or _usable_cpus()
     return Resources(
         memory_budget=budget,
         threads=int(threads),
         workers=1,
-        origin=f"this machine ({fraction:.0%} of available memory, {threads} CPU(s))",
+        origin=f"this machine ({fraction:.0%} of its {format_size(total_memory())} of memory, {threads} CPU(s))",
     )
 
 
@@ -137,21 +292,41 @@ def _client_resources(client: Client | None = None) -> Resources | None:
     workers = list(client.scheduler_info(n_workers=-1)["workers"].values())
     if not workers or not all(w.get("memory_limit") for w in workers):
         return None
-    fraction = worker_memory_fraction()
-    limit = min(w["memory_limit"] for w in workers)
-    # What an idle worker already holds (the interpreter, the libraries, its caches) is not
-    # the tasks' to use: the thresholds act on the whole process.
-    baseline = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers)
-    floor = limit // 8
-    budget = max(min(int(w["memory_limit"] * fraction) for w in workers) - baseline, floor)
     threads = min(w["nthreads"] for w in workers)
+    return worker_resources(
+        min(w["memory_limit"] for w in workers),
+        threads,
+        len(workers),
+        where=f"the distributed Client at {client.scheduler.address}",
+    )
+
+
+def worker_resources(memory_limit: int, threads: int, workers: int, *, where: str) -> Resources:
+    """The budget and parallelism of ``workers`` workers of ``threads`` threads and ``memory_limit`` each.
+
+    The budget is the share of the limit distributed lets tasks fill
+    (:func:`worker_memory_fraction`) less what an idle worker holds
+    (``daskstream.planning.idle-worker-bytes``): figures of the cluster's
+    configuration, not of the moment, so one cluster always gives one plan.
+
+    Examples
+    --------
+    >>> worker_resources(8 * 2**30, 4, 10, where="a cluster").memory_budget // 2**20
+    4659
+    """
+    fraction = worker_memory_fraction()
+    # What an idle worker holds (the interpreter, the libraries) is not the tasks' to use: distributed's
+    # thresholds act on the whole process.
+    idle = parse_budget(config.get("planning.idle-worker-bytes"), name="daskstream.planning.idle-worker-bytes")
+    floor = memory_limit // 8
+    budget = max(int(memory_limit * fraction) - idle, floor)
     origin = (
-        f"the distributed Client at {client.scheduler.address}: {fraction:.0%} of the workers' memory limit "
-        f"({format_size(limit)}) less the {format_size(baseline)} an idle worker holds"
+        f"{where}: {fraction:.0%} of the workers' memory limit ({format_size(memory_limit)}) less the "
+        f"{format_size(idle)} an idle worker holds"
     )
     if budget == floor:
         origin += f"; that leaves less than {format_size(floor)}, so 1/8 of the limit (expect spilling)"
-    return Resources(memory_budget=budget, threads=threads, workers=len(workers), origin=origin)
+    return Resources(memory_budget=budget, threads=threads, workers=workers, origin=origin)
 
 
 def worker_memory_fraction() -> float:
