@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,8 +59,8 @@ def setting(key: str, value: Any = None) -> Any:
 
     Examples
     --------
-    >>> setting("planning.max-tasks")
-    500000
+    >>> setting("planning.float64-copies")
+    3
     >>> setting("planning.machine-memory-fraction", "0.5")
     0.5
     """
@@ -68,8 +69,12 @@ def setting(key: str, value: Any = None) -> Any:
     kinds = spec.get("type", [])
     kinds = [kinds] if isinstance(kinds, str) else list(kinds)
     checked = _typed(raw, kinds)
-    if checked is _MISSING:
-        wanted = " or ".join(_TYPES.get(kind, str(kind)) for kind in kinds)
+    # A pattern names the only text a setting takes beside its numbers ("auto"): said so when refused.
+    pattern = spec.get("pattern")
+    if checked is _MISSING or (isinstance(checked, str) and pattern and not re.fullmatch(pattern, checked)):
+        wanted = " or ".join(
+            repr(pattern.strip("^$")) if kind == "string" and pattern else _TYPES.get(kind, str(kind)) for kind in kinds
+        )
         raise _bad(key, raw, wanted)
     if isinstance(checked, (int, float)) and not isinstance(checked, bool):
         low, high = spec.get("minimum"), spec.get("maximum")
@@ -149,13 +154,21 @@ def check_section(values: Mapping[str, Any], *, where: str) -> None:
     >>> check_section({"planning": {"max-tasks": "many"}}, where="example.yaml")
     Traceback (most recent call last):
     ...
-    daskstream.errors.InvalidArgumentError: example.yaml: daskstream.planning.max-tasks is 'many', which is not of type 'integer'; correct it
+    daskstream.errors.InvalidArgumentError: example.yaml: daskstream.planning.max-tasks is 'many', which is not 'auto' nor a number; correct it
+    >>> check_section({"planning": {"float64-copies": "x"}}, where="example.yaml")
+    Traceback (most recent call last):
+    ...
+    daskstream.errors.InvalidArgumentError: example.yaml: daskstream.planning.float64-copies is 'x', which is not of type 'integer'; correct it
     """
     errors = sorted(_validator().iter_errors(dict(values)), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         first = errors[0]
         key = ".".join(["daskstream", *map(str, first.absolute_path)])
-        reason = first.message.split(" is ", 1)[1] if " is " in first.message else first.message
+        if first.validator == "pattern":
+            # jsonschema says the text does not match a regular expression; the pattern names the text allowed.
+            reason = f"not {first.validator_value.strip('^$')!r} nor a number"
+        else:
+            reason = first.message.split(" is ", 1)[1] if " is " in first.message else first.message
         raise InvalidArgumentError(f"{where}: {key} is {first.instance!r}, which is {reason}; correct it")
 
 

@@ -117,7 +117,8 @@ def test_every_default_is_of_the_type_its_schema_names():
         ("tune.batches", "many", "must be a whole number"),
         ("tune.batches", 0, "must be at least 1"),
         ("planning.machine-memory-fraction", 1.5, "must be more than 0, at most 1"),
-        ("planning.max-tasks", True, "must be text or a whole number"),  # "auto" or a count
+        ("planning.max-tasks", True, "must be 'auto' or a whole number"),
+        ("planning.max-tasks", "many", "must be 'auto' or a whole number"),
         ("sources.max-open-files", "inf", "must be a whole number"),
         ("tune.feedback", "sometimes", "must be true or false"),
     ],
