@@ -60,12 +60,14 @@ def test_environment_variable_sets_the_budget():
     assert out.stdout.strip() == str(96 * 2**20)
 
 
-def test_machine_default_budget_is_a_share_of_available_memory():
+def test_machine_default_budget_is_a_share_of_total_memory_not_of_what_is_free():
     import psutil
 
+    from daskstream.runtime.resources import total_memory
+
     plan = ds.plan_chunks((10,), "f4", threads=1, workers=1)
-    available = psutil.virtual_memory().available
-    assert 0.3 * available < plan.memory_budget <= 0.5 * available * 1.1
+    assert plan.memory_budget == int(total_memory() * 0.5)
+    assert total_memory() <= psutil.virtual_memory().total
 
 
 def test_cluster_config_file_sets_the_budget(repo_root):

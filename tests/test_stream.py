@@ -333,10 +333,12 @@ def test_ranks_on_machines_of_different_sizes_split_alike(tmp_path):
     zarr.create_array(path, shape=data.shape, chunks=(500, 32), dtype="f4")[...] = data
     cpus = sorted(os.sched_getaffinity(0))
     ranks = []
-    for rank, allowed in enumerate([cpus[:1], cpus[:2]]):
+    # Machines of different sizes: one CPU and a quarter of the memory, two CPUs and half of it.
+    for rank, (allowed, share) in enumerate([(cpus[:1], "0.25"), (cpus[:2], "0.5")]):
         script = RANK_ITEMS.format(cpus=set(allowed))
+        env = {**os.environ, "DASK_DASKSTREAM__PLANNING__MACHINE_MEMORY_FRACTION": share}
         done = subprocess.run(
-            [sys.executable, "-c", script, path, str(rank)], capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", script, path, str(rank)], capture_output=True, text=True, timeout=120, env=env
         )
         assert done.returncode == 0, done.stderr[-2000:]
         ranks.append(json.loads(done.stdout))

@@ -182,6 +182,7 @@ def test_an_adaptive_store_to_s3_puts_each_chunk_once_and_starts_from_the_target
             "daskstream.adaptive.trial-fraction": 0.5,
             "daskstream.memory-budget": "64MiB",
             "daskstream.planning.target-chunk-bytes": "64KiB",
+            "daskstream.planning.task-overhead": "10us",  # a scheduler that keeps up with tasks this small
             "daskstream.objects.task-bytes": "64KiB",
             "daskstream.objects.write-threads": 4,
             "daskstream.adaptive.tasks-per-thread": 1,

@@ -49,4 +49,5 @@ def cli_environment(tmp_path) -> dict[str, str]:
         "DASK_DASKSTREAM__ADAPTIVE__MIN_SECONDS": "0",
         "DASK_DASKSTREAM__ADAPTIVE__TRIAL_FRACTION": "0.5",
         "DASK_DASKSTREAM__PLANNING__TARGET_CHUNK_BYTES": "256KiB",
+        "DASK_DASKSTREAM__PLANNING__TASK_OVERHEAD": "10us",
     }

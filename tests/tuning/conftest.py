@@ -18,6 +18,9 @@ def adaptive(tmp_path):
             "daskstream.adaptive.trial-fraction": 0.5,
             "daskstream.memory-budget": "64MiB",
             "daskstream.planning.target-chunk-bytes": "256KiB",
+            # Tasks of 256 KiB: a scheduler costed at 10 us a task keeps up with them (the default 0.1 ms
+            # would grow them to 1 MB, too few for trials on arrays of a few MiB).
+            "daskstream.planning.task-overhead": "10us",
             "scheduler": "threads",
         }
     ):
