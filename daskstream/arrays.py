@@ -10,7 +10,6 @@ are resolved and arguments checked; the work itself is below, in ``compute``,
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Sequence
@@ -25,14 +24,21 @@ from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
 from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning, warn
 from daskstream.graph.layers import opened_source
-from daskstream.graph.reads import ChunksSpec, check_block_count, source_array
+from daskstream.graph.reads import (
+    ChunksSpec,
+    SharedPlans,
+    check_block_count,
+    chunked_source_array,
+    shared_settings,
+    source_array,
+)
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import planned_cluster_resources, resolve_settings
 from daskstream.sources import Source, open_source
 from daskstream.sources.detect import is_matlab_73
-from daskstream.sources.many import check_family, expand_paths, names_many
+from daskstream.sources.many import check_family, family_sources, names_many
 from daskstream.sources.metadata import cf_encoding, plain_scalar
 from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction
 from daskstream.tuning.adaptive_store import adaptive_store
@@ -59,7 +65,11 @@ def open(
         or a pattern (``"runs/day-*.h5"``, expanded in natural order: ``day-2``
         before ``day-10``), opens many files of one dtype and shape as one
         array, joined along ``axis`` (each file's own chunks planned alike and
-        aligned to its storage; no task reads from two files).
+        aligned to its storage; no task reads from two files). Of local HDF5
+        files, the first is opened in full and each other on its size (equal
+        to the first file's, with the HDF5 signature) or, where the size
+        differs, on its dataset's shape and dtype read from its header; each is
+        opened in full and checked at its first read.
     dataset
         HDF5 dataset or Zarr member, when the file holds more than one (for
         many files: in every one).
@@ -93,7 +103,9 @@ def open(
     Raises
     ------
     FileFamilyError
-        For many files, naming the first whose dtype or shape differs, and how.
+        For many files, naming the first whose dtype or shape differs, and how:
+        at open, or -- for a file of the first file's size whose full metadata
+        differs -- at its first read.
 
     Examples
     --------
@@ -147,22 +159,25 @@ def _open_many(
     paths: Any, *, dataset: str | None, chunks: ChunksSpec, memory_budget: int | str | None,
     storage_options: dict[str, Any] | None, axis: int, stack: bool,
 ) -> da.Array:  # fmt: skip
-    """Many files as one array: each opened and planned on its own, then joined (see :func:`open`)."""
-    sources = [
-        item if isinstance(item, Source) else open_source(item, dataset=dataset, storage_options=storage_options)
-        for item in expand_paths(paths, storage_options)
-    ]
+    """Many files as one array: each planned on its own, then joined (see :func:`open`).
+
+    The first file is opened in full and the others as members of its family
+    (:func:`~daskstream.sources.many.family_sources`): on their size or header,
+    checked in full at their first read.
+    """
+    sources = family_sources(paths, dataset=dataset, storage_options=storage_options)
     axis = check_family(sources, axis=axis, stack=stack)
     _warn_of_stored_numbers(sources[0])
     settings = resolve_settings(memory_budget=memory_budget)
     if isinstance(chunks, str) and chunks == "auto":
-        # The parallelism a plan asks for is the whole array's: each file supplies its share of the tasks.
-        share = -(-settings.min_tasks_per_thread // len(sources))
-        settings = dataclasses.replace(settings, min_tasks_per_thread=max(1, share))
+        settings = shared_settings(settings, len(sources))
     arrays = []
+    plans = SharedPlans(settings)
     for source in sources:
         if isinstance(chunks, str) and chunks == "tune":
             arrays.append(as_dask_array(source, chunks="tune", memory_budget=memory_budget))
+        elif isinstance(chunks, str) and chunks == "auto":
+            arrays.append(chunked_source_array(source, plans.chunks(source), settings))
         else:
             arrays.append(source_array(source, chunks, settings))
     joined = da.stack(arrays, axis=axis) if stack else da.concatenate(arrays, axis=axis)
@@ -244,7 +259,10 @@ def plan(
     >>> path = os.path.join(tempfile.mkdtemp(), "a.npy")
     >>> np.save(path, np.zeros((1000, 100)))
     >>> plan(path, memory_budget="4MiB", threads=2, workers=1, target_chunk_bytes="64KiB").chunks
-    (77, 100)
+    (250, 100)
+
+    The scheduler would not keep up with 64 KiB tasks (``plan(...).explain()``
+    says why), so the chunks grow to the parallelism's bound: 2 tasks per thread.
     """
     if not isinstance(source, Source):
         source = open_source(source, dataset=dataset, storage_options=storage_options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -158,3 +159,19 @@ def sample_files(tmp_path) -> dict[str, tuple[str, np.ndarray]]:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def full_opens(monkeypatch):
+    """How many times each HDF5 file's full metadata was read (a daskstream source of a dataset in it opened)."""
+    from daskstream.sources.hdf5 import Hdf5Source
+
+    opened = collections.Counter()
+    describe = Hdf5Source._describe
+
+    def counted(self, dset, h5py, in_this_file):
+        opened[self.path] += 1
+        return describe(self, dset, h5py, in_this_file)
+
+    monkeypatch.setattr(Hdf5Source, "_describe", counted)
+    return opened

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,7 @@ from daskstream.planning.grid import read_amplification, regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources.base import Source
+from daskstream.sources.objects import is_url
 
 ChunksSpec = str | int | tuple | Mapping | ChunkPlan
 
@@ -28,13 +30,52 @@ def source_array(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> 
     Its graph holds only the source's description, never a file handle or the
     data; the same unchanged file in the same chunks gives the same name.
     """
-    dask_chunks = resolve_chunks(source, chunks, settings)
+    return chunked_source_array(source, resolve_chunks(source, chunks, settings), settings)
+
+
+def chunked_source_array(source: Source, dask_chunks: tuple[tuple[int, ...], ...], settings: PlanSettings) -> da.Array:
+    """A dask array reading ``source`` in ``dask_chunks`` already resolved (a plan made once for many files
+    of one shape), recorded as planned with ``settings``."""
     name = f"daskstream-{source.format}-{tokenize(source.token, dask_chunks)}"
     array = read_array(source, dask_chunks, name)
     # Computations over this array keep the budget and threads it was planned for (the smallest budget,
     # over several arrays), wherever dask optimizes their graph.
     record_plan(array.dask.layers[name], settings)
     return array
+
+
+def shared_settings(settings: PlanSettings, files: int) -> PlanSettings:
+    """``settings`` for planning each of ``files`` files read together as one array.
+
+    The parallelism a plan asks for is the whole array's: each file supplies
+    its share of the tasks, rather than each asking for all of them.
+    """
+    share = -(-settings.min_tasks_per_thread // max(files, 1))
+    return dataclasses.replace(settings, min_tasks_per_thread=max(1, share))
+
+
+class SharedPlans:
+    """The ``"auto"`` chunks of many sources planned with one ``settings``, planned once per kind of source.
+
+    The files of a family share shape, dtype and storage: planning each of ten
+    thousand alike would make the same plan ten thousand times. A plan depends
+    on nothing else of a source (see :meth:`Source.plan`), so it is looked up
+    by those.
+    """
+
+    def __init__(self, settings: PlanSettings) -> None:
+        self.settings = settings
+        self._made: dict[tuple[Any, ...], tuple[tuple[int, ...], ...]] = {}
+
+    def chunks(self, source: Source) -> tuple[tuple[int, ...], ...]:
+        """``source``'s planned chunks, as ``resolve_chunks(source, "auto", settings)`` gives them."""
+        kind = (
+            source.shape, source.dtype.str, source.storage_chunks, source.layout, source.decode_bytes,
+            source.element_bytes, is_url(source.path),
+        )  # fmt: skip
+        if kind not in self._made:
+            self._made[kind] = resolve_chunks(source, "auto", self.settings)
+        return self._made[kind]
 
 
 def read_array(source: Source, chunks: tuple[tuple[int, ...], ...], name: str) -> da.Array:
@@ -164,4 +205,13 @@ def _normalize_user_chunks(source: Source, chunks: Any, max_tasks: int | None) -
     return out
 
 
-__all__ = ["ChunksSpec", "check_block_count", "read_array", "resolve_chunks", "source_array"]
+__all__ = [
+    "ChunksSpec",
+    "SharedPlans",
+    "check_block_count",
+    "chunked_source_array",
+    "read_array",
+    "resolve_chunks",
+    "shared_settings",
+    "source_array",
+]

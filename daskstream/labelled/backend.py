@@ -9,6 +9,13 @@ for it in ``encoding["preferred_chunks"]``: ``chunks={}`` gives those chunks,
 aligned to storage and sized to the memory budget. With ``chunks=None``
 (xarray's default) variables load lazily, as with any engine.
 :func:`daskstream.open_dataset` gives daskstream's own dask arrays instead.
+
+A list of files or a pattern (``xr.open_dataset("runs/day-*.nc",
+engine="daskstream")``) opens many files as :func:`daskstream.open_dataset`
+does: the first file's labels in full and a header of each other file (see
+:mod:`daskstream.labelled.family`), its variables daskstream's dask arrays.
+``xr.open_mfdataset(paths, engine="daskstream")`` works too, but xarray then
+opens every file in full itself, one call of this engine each.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from daskstream.arrays import as_dask_array
-from daskstream.errors import DaskstreamError
-from daskstream.labelled.dataset import decoded, labelled_variables
+from daskstream.errors import DaskstreamError, InvalidArgumentError
+from daskstream.labelled.dataset import open_dataset
+from daskstream.labelled.variables import decoded, labelled_variables
 from daskstream.sources import Source
 from daskstream.sources.detect import guess_format, is_url, local_path
+from daskstream.sources.many import names_many
 
 
 class SourceArray(BackendArray):
@@ -51,7 +60,7 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
     url = "https://github.com/daskstream/daskstream#labelled-data"
     open_dataset_parameters = (
         "filename_or_obj", "drop_variables", "mask_and_scale", "decode_times", "concat_characters",
-        "decode_coords", "use_cftime", "decode_timedelta", "group", "memory_budget", "storage_options",
+        "decode_coords", "use_cftime", "decode_timedelta", "group", "memory_budget", "storage_options", "concat_dim",
     )  # fmt: skip
 
     def open_dataset(
@@ -68,7 +77,22 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         memory_budget: int | str | None = None,
         storage_options: dict[str, Any] | None = None,
+        concat_dim: str | None = None,
     ) -> Any:
+        if names_many(filename_or_obj):
+            decoders: dict[str, Any] = {
+                "mask_and_scale": mask_and_scale, "decode_times": decode_times, "concat_characters": concat_characters,
+                "decode_coords": decode_coords, "use_cftime": use_cftime, "decode_timedelta": decode_timedelta,
+            }  # fmt: skip
+            return open_dataset(
+                filename_or_obj, group=group, memory_budget=memory_budget, drop_variables=drop_variables,
+                concat_dim=concat_dim, storage_options=storage_options, **decoders,
+            )  # fmt: skip
+        if concat_dim is not None:
+            raise InvalidArgumentError(
+                f"concat_dim={concat_dim!r} joins many files; {filename_or_obj} is one: give a list or a pattern"
+            )
+
         def lazily(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
             planned = as_dask_array(source, memory_budget=memory_budget).chunks
             return indexing.LazilyIndexedArray(SourceArray(source)), planned
@@ -85,6 +109,8 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
         return dataset
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
+        if names_many(filename_or_obj):
+            return False  # (many files are opened by this engine when it is named)
         if not isinstance(filename_or_obj, str | os.PathLike):
             return False
         location = str(filename_or_obj)

@@ -42,6 +42,30 @@ def test_a_pattern_joins_the_files_in_natural_order_with_each_files_reads_aligne
     assert x.npartitions < 11 * one.npartitions
 
 
+def test_opening_many_files_reads_the_full_metadata_of_one_and_each_other_at_its_first_read(tmp_path, full_opens):
+    values = write_days(tmp_path, 30)
+    x = ds.open(str(tmp_path / "day-*.h5::t"))
+    assert list(full_opens) == [str(tmp_path / "day-1.h5")]  # the others: their size and signature
+    np.testing.assert_array_equal(x.compute(scheduler="sync"), np.concatenate(values))
+    # Each file was opened in full at its first read, once, whatever number of its blocks were read.
+    assert full_opens == {str(tmp_path / f"day-{day}.h5"): 1 for day in range(1, 31)}
+    x.compute(scheduler="sync")
+    assert sum(full_opens.values()) == 30
+
+
+def test_a_file_of_the_same_size_but_another_shape_is_named_at_its_first_read(tmp_path):
+    for day in (1, 2, 3):
+        with h5py.File(tmp_path / f"day-{day}.h5", "w") as f:
+            f["t"] = np.full((50, 8) if day != 2 else (100, 4), day, dtype="f4")
+    assert len({(tmp_path / f"day-{day}.h5").stat().st_size for day in (1, 2, 3)}) == 1
+    x = ds.open(str(tmp_path / "day-*.h5::t"))
+    assert x.shape == (150, 8)  # as its size says, until it is read
+    with pytest.raises(FileFamilyError, match=r"day-2.h5::/t: its shape is \(100, 4\), not \(50, 8\)") as caught:
+        x.compute(scheduler="sync")
+    assert "its full metadata, read now, differs" in str(caught.value)
+    np.testing.assert_array_equal(x[:50].compute(), np.full((50, 8), 1, "f4"))  # the files that fit still read
+
+
 def test_a_list_is_taken_in_its_order_and_files_of_different_lengths_join_along_the_axis(tmp_path):
     write_days(tmp_path, 2)
     np.save(tmp_path / "short.npy", np.full((7, 8), -1, dtype="f4"))
