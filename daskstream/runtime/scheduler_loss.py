@@ -10,11 +10,11 @@ what was being done, and close such a Client quietly.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Any
 
 from daskstream.errors import ClusterConnectionError
+from daskstream.runtime.stopping import quieted_loggers
 
 __all__ = ["close_client", "guard_scheduler", "lost_scheduler_error", "scheduler_lost"]
 
@@ -98,15 +98,5 @@ def close_client(client: Any) -> None:
         client.close()
         return
 
-    # distributed sets the levels of some of its loggers itself: each one is raised, not only the parent.
-    names = [name for name in list(logging.root.manager.loggerDict) if name.split(".")[0] == "distributed"]
-    quieted = [logging.getLogger(name) for name in ["distributed", *names]]
-    levels = [logger.level for logger in quieted]
-    for logger in quieted:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        with contextlib.suppress(Exception):
-            client.close(timeout=2)
-    finally:
-        for logger, level in zip(quieted, levels, strict=True):
-            logger.setLevel(level)
+    with quieted_loggers(("distributed",)), contextlib.suppress(Exception):
+        client.close(timeout=2)

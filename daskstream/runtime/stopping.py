@@ -41,6 +41,7 @@ __all__ = [
     "Interrupted",
     "ctrl_c_kept_from_children",
     "quiet_workers_when_stopped",
+    "quieted_loggers",
     "raise_if_stopped",
     "stop_child_processes",
     "stopping_on_signals",
@@ -110,11 +111,7 @@ def stopping_on_signals() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    levels = {
-        name: logging.getLogger(name).level
-        for name in [*_SHUTDOWN_LOGGERS, *logging.root.manager.loggerDict]
-        if name.split(".")[0] in _SHUTDOWN_LOGGERS
-    }
+    levels = {logger.name: logger.level for logger in _loggers_under(_SHUTDOWN_LOGGERS)}
     callback = _NoNewTasks()
     _STOP.clear()
     _signal_received = None
@@ -127,9 +124,7 @@ def stopping_on_signals() -> Iterator[None]:
         callback.unregister()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for name in [*_SHUTDOWN_LOGGERS, *logging.root.manager.loggerDict]:
-            if name.split(".")[0] in _SHUTDOWN_LOGGERS:  # one made since starts at its default again
-                logging.getLogger(name).setLevel(levels.get(name, logging.NOTSET))
+        _restore_levels(levels, _SHUTDOWN_LOGGERS)
         _STOP.clear()
         _signal_received = None
 
@@ -160,11 +155,36 @@ def ctrl_c_kept_from_children() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _quiet_shutdown_loggers() -> None:
-    # distributed sets the levels of some of its loggers itself: each one is raised, not only the parents.
-    names = {name for name in list(logging.root.manager.loggerDict) if name.split(".")[0] in _SHUTDOWN_LOGGERS}
-    for name in {*_SHUTDOWN_LOGGERS, *names}:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+def _loggers_under(roots: tuple[str, ...]) -> list[logging.Logger]:
+    """The loggers named ``roots`` and every logger made so far below them.
+
+    distributed sets the levels of some of its loggers itself: quieting means
+    raising each one, not only the parents.
+    """
+    names = [name for name in list(logging.root.manager.loggerDict) if name.split(".")[0] in roots]
+    return [logging.getLogger(name) for name in dict.fromkeys([*roots, *names])]
+
+
+def _restore_levels(levels: dict[str, int], roots: tuple[str, ...]) -> None:
+    """Put back the ``levels`` of the loggers under ``roots``; one made since starts at its default again."""
+    for logger in _loggers_under(roots):
+        logger.setLevel(levels.get(logger.name, logging.NOTSET))
+
+
+def _quiet_shutdown_loggers(roots: tuple[str, ...] = _SHUTDOWN_LOGGERS) -> None:
+    for logger in _loggers_under(roots):
+        logger.setLevel(logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def quieted_loggers(roots: tuple[str, ...] = _SHUTDOWN_LOGGERS) -> Iterator[None]:
+    """Within the block the loggers under ``roots`` log nothing below CRITICAL; their levels as they were after."""
+    levels = {logger.name: logger.level for logger in _loggers_under(roots)}
+    _quiet_shutdown_loggers(roots)
+    try:
+        yield
+    finally:
+        _restore_levels(levels, roots)
 
 
 def quiet_workers_when_stopped(client: Any) -> None:
