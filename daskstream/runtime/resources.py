@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import pathlib
 import sys
 from typing import TYPE_CHECKING, Any
 
 import dask.config
-import psutil
 from dask.system import cpu_count
 from dask.utils import parse_timedelta
 
@@ -163,18 +163,15 @@ def _seconds(value: str | float, name: str) -> float:
     return float(seconds)
 
 
-@functools.cache
 def total_memory() -> int:
-    """This machine's total memory, or its cgroup's limit where lower: what is configured, not what is free."""
-    total = int(psutil.virtual_memory().total)
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = pathlib.Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
+    """This machine's memory as distributed counts it: its total, or its cgroup's or rlimit's where lower.
+
+    What is configured, not what is free; the figure distributed sizes its
+    workers' ``memory_limit: auto`` from.
+    """
+    from distributed.system import MEMORY_LIMIT
+
+    return int(MEMORY_LIMIT)
 
 
 def planned_cluster_resources(
@@ -229,13 +226,14 @@ def planned_cluster_resources(
 
 def _cluster_file_spec(config_file: Any) -> dict[str, Any]:
     """Workers, threads and memory limit per worker a cluster file asks for, where it says them."""
+    from distributed.worker_memory import parse_memory_limit
+
     if config_file.kind == "local":
         local = local_options(config_file)
         threads = local["threads-per-worker"]
-        limit = local["memory-limit"]
-        if limit == "auto":
-            # LocalCluster's own rule: this machine's memory shared by the workers.
-            limit = total_memory() // local["n-workers"]
+        # The limit each worker of the running LocalCluster takes: distributed's own reading of it ("auto"
+        # is this machine's memory in the share of its cores the worker's threads are; none above it).
+        limit = parse_memory_limit(local["memory-limit"], threads, logger=logging.getLogger("distributed.worker"))
         return {"workers": local["n-workers"], "threads": threads, "memory_limit": limit}
     if config_file.kind in ("slurm", "pbs"):
         queue = (config_file.settings.get("jobqueue") or {}).get(config_file.kind) or {}
