@@ -291,16 +291,12 @@ class FamilyMember(Source):
                 f"{self.name}: {first_line(exc)}; it was opened as a file of the family of {self.family}, whose "
                 "dataset it lacks: leave it out of the list or pattern, or open it on its own"
             ) from None
-        what = ""
         if not isinstance(full, Hdf5Source):
             what = f"it is a {full.format} file, not HDF5"
-        elif full.dtype != self.dtype:
-            what = f"its dtype is {full.dtype}, not {self.dtype}"
-        elif full.shape != self.shape:
-            axis = next((i for i, (a, b) in enumerate(zip(full.shape, self.shape)) if a != b), None)
-            which = f" (axis {axis}: {full.shape[axis]}, not {self.shape[axis]})" if axis is not None else ""
-            what = f"its shape is {full.shape}, not {self.shape}{which}"
-        elif self.expected_dims is not None and full.dims != self.expected_dims:
+        else:
+            # What it was opened as, compared on every axis (as files stacked are): the family's own check.
+            what = _difference(self, full, axis=0, stack=True)
+        if not what and self.expected_dims is not None and full.dims != self.expected_dims:
             what = f"its dimensions are {full.dims}, not {self.expected_dims}"
         if what:
             raise FileFamilyError(
