@@ -169,7 +169,8 @@ def test_the_same_file_gives_the_same_default_plan_in_two_processes_whatever_mem
     assert first == second
 
 
-def test_a_cluster_file_plans_before_it_runs_the_plan_its_running_cluster_makes(tmp_path):
+@pytest.mark.parametrize("limit", ["1GiB", "auto"])
+def test_a_cluster_file_plans_before_it_runs_the_plan_its_running_cluster_makes(tmp_path, limit):
     path = tmp_path / "a.zarr"
     zarr.create_array(str(path), shape=(4096, 8192), chunks=(256, 256), dtype="f4")
     # No memory-budget in the file: the budget comes from the workers' memory limit, as on a real cluster.
@@ -179,7 +180,7 @@ def test_a_cluster_file_plans_before_it_runs_the_plan_its_running_cluster_makes(
             {
                 "daskstream": {
                     "cluster": "local",
-                    "local": {"n-workers": 2, "threads-per-worker": 2, "memory-limit": "1GiB"},
+                    "local": {"n-workers": 2, "threads-per-worker": 2, "memory-limit": limit},
                 }
             }
         )
@@ -195,7 +196,8 @@ def test_a_cluster_file_plans_before_it_runs_the_plan_its_running_cluster_makes(
         held.result()
         later = ds.plan(path)
     assert before == running == again == later
-    assert ds.plan(path, workers=2, threads=2, memory_limit="1GiB") == before
+    if limit != "auto":
+        assert ds.plan(path, workers=2, threads=2, memory_limit=limit) == before
 
 
 def test_planning_for_a_cluster_not_running_needs_its_size(tmp_path):
