@@ -188,6 +188,7 @@ def plan_chunks_exact(
             itemsize,
             load_floor=scheduler.load_floor_bytes(threads * workers),
             graph_floor=scheduler.graph_floor_bytes(nbytes),
+            start_floor=scheduler.start_floor_bytes(nbytes),
         )
         if nbytes == 0:
             notes.append((-1, "the array is empty: one task"))
@@ -199,9 +200,10 @@ def plan_chunks_exact(
                 chunks = _contiguous_slabs(shape, itemsize, list(order), target, said)
             else:
                 chunks = _aligned_chunks(shape, itemsize, storage_chunks, reduce_axes, target, cap, said)
-            # Whole storage chunks, evened out, hold less than the aim: where the graph's ceiling set it, the
-            # aim grows (an eighth at a time, within the cap) until the blocks are within the ceiling.
-            if ceiling is None or tasks(chunks) <= ceiling or target >= cap:
+            # Whole storage chunks, evened out, hold less than the aim: where the graph's ceiling or the time to
+            # the first task set it, the aim grows (an eighth at a time, within the cap) until the blocks are
+            # within both.
+            if most_blocks is None or tasks(chunks) <= most_blocks or target >= cap:
                 notes.extend(said)
                 return chunks
             target = min(cap, target + max(target // 8, itemsize))
@@ -210,6 +212,7 @@ def plan_chunks_exact(
         return math.prod(math.ceil(n / c) if c else 1 for n, c in zip(shape, chunks))
 
     ceiling = scheduler.max_blocks
+    most_blocks = min((b for b in (ceiling, scheduler.start_blocks) if b is not None), default=None)
     notes: list[tuple[int, str]] = []
     chunks = cut(memory_budget, notes)
     within = None

@@ -118,6 +118,11 @@ class ChunkPlan:
         return self.scheduler.graph_floor_bytes(self.nbytes)
 
     @property
+    def start_floor_bytes(self) -> int:
+        """The smallest chunk whose computation over the whole array starts in time (``scheduler.first_task_seconds``)."""
+        return self.scheduler.start_floor_bytes(self.nbytes)
+
+    @property
     def aim_bytes(self) -> int:
         """The chunk size the plan grows towards (see :func:`aim`)."""
         return self.size_terms()[0]
@@ -131,6 +136,7 @@ class ChunkPlan:
             self.dtype.itemsize,
             load_floor=self.load_floor_bytes,
             graph_floor=self.graph_floor_bytes,
+            start_floor=self.start_floor_bytes,
         )
 
     @property
@@ -165,7 +171,13 @@ class ChunkPlan:
             f"Scheduler: {cost.task_seconds * 1e3:g} ms per task, {threads} thread(s) at "
             f"{format_size(cost.thread_bytes_per_second)}/s each, at most {cost.scheduler_share:.0%} of the time on "
             f"tasks: chunks of at least {format_size(self.load_floor_bytes)}; {ceiling}"
-            + (f": chunks of at least {format_size(self.graph_floor_bytes)}" if cost.max_tasks is not None else ""),
+            + (f": chunks of at least {format_size(self.graph_floor_bytes)}" if cost.max_tasks is not None else "")
+            + (
+                ""
+                if cost.first_task_seconds is None
+                else f"; {cost.build_seconds * 1e6:g} us to build a task, the first within "
+                f"{cost.first_task_seconds:g} s: chunks of at least {format_size(self.start_floor_bytes)}"
+            ),
             f"Chunk size aim: {format_size(aim_bytes)}, set by {reason} (the least of the per-chunk budget "
             f"({format_size(per_task)}), 1/{self.min_tasks} of the array ({format_size(self.nbytes // self.min_tasks)}, "
             f"for at least {self.min_tasks} tasks: {self.min_tasks_per_thread} per thread) and the largest of "
@@ -228,27 +240,49 @@ class ChunkPlan:
         )
 
 
-def aim(cap: int, preferred: int, parallel: int, itemsize: int, *, load_floor: int = 0, graph_floor: int = 0) -> int:
+def aim(
+    cap: int,
+    preferred: int,
+    parallel: int,
+    itemsize: int,
+    *,
+    load_floor: int = 0,
+    graph_floor: int = 0,
+    start_floor: int = 0,
+) -> int:
     """The chunk size a plan grows towards (see :func:`aim_with_reason`)."""
-    return aim_with_reason(cap, preferred, parallel, itemsize, load_floor=load_floor, graph_floor=graph_floor)[0]
+    return aim_with_reason(
+        cap, preferred, parallel, itemsize, load_floor=load_floor, graph_floor=graph_floor, start_floor=start_floor
+    )[0]
 
 
 def aim_with_reason(
-    cap: int, preferred: int, parallel: int, itemsize: int, *, load_floor: int = 0, graph_floor: int = 0
+    cap: int,
+    preferred: int,
+    parallel: int,
+    itemsize: int,
+    *,
+    load_floor: int = 0,
+    graph_floor: int = 0,
+    start_floor: int = 0,
 ) -> tuple[int, str]:
     """The chunk size a plan grows towards, and which term set it.
 
     The preferred size, raised to the scheduler's floors (``load_floor``: the
     scheduler keeps up with the threads; ``graph_floor``: the graph fits its
-    ceiling), then bounded by the per-chunk ``cap`` of the budget and by
-    ``parallel`` (every thread gets tasks); at least one element.
+    ceiling; ``start_floor``: the graph is built soon enough for the first
+    task to start in time), then bounded by the per-chunk ``cap`` of the
+    budget and by ``parallel`` (every thread gets tasks); at least one element.
 
     >>> aim_with_reason(2**30, 8 * 2**20, 2**40, 4, graph_floor=32 * 2**20)
     (33554432, "the task graph's ceiling")
     >>> aim_with_reason(16 * 2**20, 8 * 2**20, 2**40, 4, load_floor=40 * 2**20)
     (16777216, 'the per-chunk budget')
+    >>> aim_with_reason(2**30, 8 * 2**20, 2**40, 4, start_floor=400 * 2**20)
+    (419430400, 'the time to the first task')
     """
-    wanted = max((preferred, "the preferred size"), (load_floor, "the scheduler's load"), (graph_floor, "the task graph's ceiling"),
+    wanted = max((preferred, "the preferred size"), (load_floor, "the scheduler's load"),
+                 (graph_floor, "the task graph's ceiling"), (start_floor, "the time to the first task"),
                  key=lambda term: term[0])  # fmt: skip
     bound = min((cap, "the per-chunk budget"), (parallel, "the parallelism: tasks for every thread"), wanted,
                 key=lambda term: term[0])  # fmt: skip

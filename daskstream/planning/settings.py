@@ -80,6 +80,13 @@ class SchedulerCost:
         Tasks a computation makes for each block it reads (the read, the work
         on it, its share of the combining): an array is planned for
         ``max_tasks / tasks_per_block`` blocks at most.
+    build_seconds
+        Client time one task takes before the first task runs (dask builds,
+        culls, converts and fuses the graph task by task: about 50 us here).
+    first_task_seconds
+        The longest a computation over a whole array may wait for its first
+        task: chunks grow so that building its graph takes no longer
+        (``None``: no such floor).
     """
 
     task_seconds: float = 1e-4
@@ -87,6 +94,8 @@ class SchedulerCost:
     scheduler_share: float = 0.1
     max_tasks: int | None = None
     tasks_per_block: int = 4
+    build_seconds: float = 5e-5
+    first_task_seconds: float | None = None
 
     @property
     def max_blocks(self) -> int | None:
@@ -115,6 +124,28 @@ class SchedulerCost:
         """
         blocks = self.max_blocks
         return 0 if blocks is None else -(-nbytes // blocks)
+
+    @property
+    def start_blocks(self) -> int | None:
+        """Blocks whose computation's graph is built within :attr:`first_task_seconds` (``None``: no limit)."""
+        if self.first_task_seconds is None or self.first_task_seconds <= 0:
+            return None
+        return max(1, int(self.first_task_seconds / (self.tasks_per_block * self.build_seconds)))
+
+    def start_floor_bytes(self, nbytes: int) -> int:
+        """The smallest chunk whose computation over ``nbytes`` starts within :attr:`first_task_seconds` (0: none).
+
+        Building a graph costs the client ``build_seconds`` a task before any
+        runs, ``tasks_per_block`` tasks a block: ``nbytes`` in blocks of at
+        least ``nbytes * tasks_per_block * build_seconds / first_task_seconds``
+        bytes start in time.
+
+        >>> SchedulerCost(first_task_seconds=5.0).start_floor_bytes(10 * 2**40)
+        439804652
+        """
+        if self.first_task_seconds is None or self.first_task_seconds <= 0:
+            return 0
+        return math.ceil(nbytes * self.tasks_per_block * self.build_seconds / self.first_task_seconds)
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,7 @@ def scheduler_cost(*, distributed: bool) -> SchedulerCost:
         seconds = TASK_SECONDS["distributed" if distributed else "local"]
     else:
         seconds = _seconds(overhead, "daskstream.planning.task-overhead")
+    within = config.setting("planning.first-task-within")
     ceiling = config.setting("planning.max-tasks")
     if ceiling == "auto":
         graph_bytes = parse_budget(config.get("planning.task-graph-bytes"), name="daskstream.planning.task-graph-bytes")
@@ -149,6 +150,8 @@ def scheduler_cost(*, distributed: bool) -> SchedulerCost:
         scheduler_share=config.setting("planning.scheduler-share"),
         max_tasks=ceiling,
         tasks_per_block=config.setting("planning.tasks-per-block"),
+        build_seconds=_seconds(config.setting("planning.task-build"), "daskstream.planning.task-build"),
+        first_task_seconds=None if within is None else _seconds(within, "daskstream.planning.first-task-within"),
     )
 
 

@@ -56,8 +56,10 @@ def four_tib(tmp_path):
 
 
 def test_an_array_of_small_storage_chunks_past_the_old_ceiling_opens_with_chunks_grown_to_fit(four_tib):
-    x = ds.open(four_tib, memory_budget="1TiB")
-    planned = ds.plan(four_tib, memory_budget="1TiB")
+    # The graph's ceiling alone: without the floor the time to the first task sets (tested below).
+    with dask.config.set({"daskstream.planning.first-task-within": None}):
+        x = ds.open(four_tib, memory_budget="1TiB")
+        planned = ds.plan(four_tib, memory_budget="1TiB")
     assert x.chunksize == planned.chunks
     assert planned.scheduler.max_blocks is not None
     assert x.npartitions <= planned.scheduler.max_blocks  # grown past the preferred size, within the ceiling
@@ -66,6 +68,36 @@ def test_an_array_of_small_storage_chunks_past_the_old_ceiling_opens_with_chunks
     assert "set by the task graph's ceiling" in planned.explain()
     # Parts of it compute as the oracle says: fill values.
     np.testing.assert_array_equal(x[:3, :5].compute(), np.zeros((3, 5), "f4"))
+
+
+@pytest.mark.parametrize("within", ["5s", "2s"])
+def test_chunks_of_a_huge_array_grow_until_its_graph_is_built_within_the_time_to_the_first_task(tmp_path, within):
+    # ERA5's layout at 10 TiB: storage chunks of 100 MB would be 110k blocks, 220k tasks for a mean, and
+    # dask builds a graph at about 50 us a task before the first runs.
+    path = tmp_path / "era5.zarr"
+    steps = 10 * 2**40 // (721 * 1440 * 4)
+    zarr.create_array(str(path), shape=(steps, 721, 1440), chunks=(24, 721, 1440), dtype="f4")
+    with dask.config.set({"daskstream.planning.first-task-within": within, "daskstream.planning.task-build": "50us"}):
+        planned = ds.plan(path, memory_budget="16GiB", threads=2, workers=1)
+        assert ds.open(path, memory_budget="16GiB").chunksize == ds.plan(path, memory_budget="16GiB").chunks
+    seconds = float(within[:-1])
+    cost = planned.scheduler
+    assert planned.chunks[1:] == (721, 1440)
+    assert planned.chunks[0] % 24 == 0  # whole storage chunks
+    assert planned.n_tasks * cost.tasks_per_block * cost.build_seconds <= seconds * 1.01
+    assert planned.chunk_bytes <= planned.per_chunk_cap
+    assert "set by the time to the first task" in planned.explain()
+    # With no such floor, the storage chunk is the plan: four times the blocks or more.
+    with dask.config.set({"daskstream.planning.first-task-within": None}):
+        assert ds.plan(path, memory_budget="16GiB", threads=2, workers=1).n_tasks >= 4 * planned.n_tasks
+
+
+def test_the_time_to_the_first_task_never_grows_chunks_past_the_budget(tmp_path):
+    path = tmp_path / "era5.zarr"
+    zarr.create_array(str(path), shape=(2**22, 721, 1440), chunks=(24, 721, 1440), dtype="f4")  # 16 TiB
+    planned = ds.plan(path, memory_budget="2GiB", threads=2, workers=1)
+    assert planned.chunk_bytes <= planned.per_chunk_cap
+    assert "set by the per-chunk budget" in planned.explain()
 
 
 def test_a_budget_too_small_for_the_ceiling_opens_and_names_the_least_budget_that_fits(tmp_path):
