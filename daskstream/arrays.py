@@ -22,7 +22,7 @@ from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.labels import axes_by_name, described, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
-from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, MemoryBudgetError, PackedDataWarning, warn
+from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, PackedDataWarning, warn
 from daskstream.graph.layers import opened_source
 from daskstream.graph.reads import (
     ChunksSpec,
@@ -180,13 +180,9 @@ def _open_many(
             arrays.append(chunked_source_array(source, plans.chunks(source), settings))
         else:
             arrays.append(source_array(source, chunks, settings))
-    joined = da.stack(arrays, axis=axis) if stack else da.concatenate(arrays, axis=axis)
-    if settings.max_tasks is not None and joined.npartitions > settings.max_tasks:
-        raise MemoryBudgetError(
-            f"{len(sources)} files in {joined.npartitions} tasks, more than daskstream.planning.max-tasks "
-            f"({settings.max_tasks}): raise the memory budget or the setting, or open fewer files at once"
-        )
-    return joined
+    # More blocks than a computation may hold open as one file's do: their parts compute, and computing
+    # more at once than daskstream.planning.max-tasks is refused where it is computed.
+    return da.stack(arrays, axis=axis) if stack else da.concatenate(arrays, axis=axis)
 
 
 def _warn_if_matlab(source: Source) -> None:
@@ -344,8 +340,10 @@ def plan_chunks(
     Raises
     ------
     MemoryBudgetError
-        When the budget leaves a task less than one element, or the plan
-        would have more than ``daskstream.planning.max-tasks`` tasks.
+        When the budget leaves a task less than one element. A plan of more
+        blocks than a computation may hold (``daskstream.planning.max-tasks``)
+        is returned with the least budget within it
+        (:attr:`ChunkPlan.budget_within_ceiling`).
 
     Examples
     --------

@@ -29,7 +29,9 @@ from dask.array.optimization import optimize as dask_optimize
 from dask.callbacks import Callback
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.optimization import cull
 from dask.typing import Key
+from dask.utils import ensure_dict
 
 from daskstream import config
 from daskstream.graph.layers import (
@@ -78,8 +80,14 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
 
 
 def _needed_tasks(graph: HighLevelGraph, keys: list[Key]) -> int:
-    """Tasks computing ``keys`` takes: ``graph`` culled to what they need."""
-    return sum(len(layer) for layer in graph.cull(set(keys)).layers.values())
+    """Tasks computing ``keys`` takes: ``graph`` culled to what they need.
+
+    Culled layer by layer first (cheap, and most of a huge graph goes), then
+    task by task: the layer-wise cull keeps whole layers that a join (many
+    files concatenated) takes only a few blocks of.
+    """
+    culled = graph.cull(set(keys))
+    return len(cull(ensure_dict(culled), keys)[0])
 
 
 def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> tuple[HighLevelGraph, ComputePlan]:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import itertools
 
+import dask
 import h5py
 import numpy as np
 import pytest
 import zarr
 
 import daskstream as ds
-from daskstream.errors import DaskstreamError, FileFamilyError, InvalidAxisError, SourceNotFoundError
+from daskstream.errors import (
+    DaskstreamError,
+    FileFamilyError,
+    InvalidAxisError,
+    MemoryBudgetError,
+    SourceNotFoundError,
+)
 
 
 def write_days(folder, count, rows=50, fmt="h5"):
@@ -40,6 +47,23 @@ def test_a_pattern_joins_the_files_in_natural_order_with_each_files_reads_aligne
     # The files share the parallelism a plan asks for instead of each asking for all of it.
     one = ds.open(str(tmp_path / "day-1.h5::t"))
     assert x.npartitions < 11 * one.npartitions
+
+
+def test_many_files_of_more_blocks_than_a_computation_may_hold_open_and_compute_in_parts(tmp_path):
+    values = [np.arange(50 * 16, dtype="f4").reshape(50, 16) + day for day in range(12)]
+    for day, part in enumerate(values):
+        with h5py.File(tmp_path / f"day-{day}.h5", "w") as f:
+            f.create_dataset("t", data=part, chunks=(10, 8))
+    with h5py.File(tmp_path / "whole.h5", "w") as f:
+        f.create_dataset("t", data=np.concatenate(values), chunks=(10, 8))
+    with dask.config.set({"daskstream.planning.max-tasks": 70}):
+        x = ds.open(str(tmp_path / "day-*.h5::t"), chunks=(10, 8))  # 120 blocks, as one file of 600 rows
+        alone = ds.open(tmp_path / "whole.h5", dataset="t", chunks=(10, 8))
+        assert x.npartitions == alone.npartitions == 120
+        np.testing.assert_array_equal(x[95:130].compute(), np.concatenate(values)[95:130])
+        for array in (x, alone):  # many files as one file of as many blocks: the whole at once is refused
+            with pytest.raises(MemoryBudgetError, match="max-tasks"):
+                array.sum().compute()
 
 
 def test_opening_many_files_reads_the_full_metadata_of_one_and_each_other_at_its_first_read(tmp_path, full_opens):
