@@ -35,7 +35,8 @@ from daskstream.graph.reads import (
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.plan import ChunkPlan
-from daskstream.runtime.resources import planned_cluster_resources, resolve_settings
+from daskstream.planning.settings import PlanSettings
+from daskstream.runtime.resources import planned_cluster_resources, resolve_settings, settings_for
 from daskstream.sources import Source, open_source
 from daskstream.sources.detect import is_matlab_73
 from daskstream.sources.many import check_family, family_sources, names_many
@@ -116,22 +117,33 @@ def open(
     >>> float(x.sum().compute())
     66.0
     """
-    if names_many(path):
-        return _open_many(
-            path, dataset=dataset, chunks=chunks, memory_budget=memory_budget,
-            storage_options=storage_options, axis=axis, stack=stack,
-        )  # fmt: skip
-    if isinstance(path, Source):
+    many = names_many(path)
+    if many:
+        # The first file is opened in full and the others as members of its family: on their size or header,
+        # checked in full at their first read.
+        sources = family_sources(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
+        axis = check_family(sources, axis=axis, stack=stack)
+    elif isinstance(path, Source):
         if dataset is not None or storage_options is not None:
             raise InvalidArgumentError(
                 f"{path.name}: dataset= and storage_options= apply when opening a path, not an open Source; "
                 "pass them to open_source instead"
             )
-        source = path
+        sources = [path]
     else:
-        source = open_source(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
-    _warn_of_stored_numbers(source)
-    return as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
+        sources = [open_source(path, dataset=dataset, storage_options=storage_options)]  # type: ignore[arg-type]
+    _warn_of_stored_numbers(sources[0])
+    settings = resolve_settings(memory_budget=memory_budget)
+    # The reads that time chunks="tune"'s candidates are planned as any array opened here, whatever budget the
+    # candidates are sized for (see daskstream.tune).
+    sampling = resolve_settings() if memory_budget is not None and _tunes(chunks) else settings
+    if many:
+        return _joined(sources, chunks=chunks, settings=settings, sampling=sampling, axis=axis, stack=stack)
+    return as_dask_array(sources[0], settings, chunks=chunks, sampling=sampling)
+
+
+def _tunes(chunks: ChunksSpec) -> bool:
+    return isinstance(chunks, str) and chunks == "tune"
 
 
 def _warn_of_stored_numbers(source: Source) -> None:
@@ -155,27 +167,19 @@ def _warn_if_packed(source: Source) -> None:
     )
 
 
-def _open_many(
-    paths: Any, *, dataset: str | None, chunks: ChunksSpec, memory_budget: int | str | None,
-    storage_options: dict[str, Any] | None, axis: int, stack: bool,
+def _joined(
+    sources: list[Source], *, chunks: ChunksSpec, settings: PlanSettings, sampling: PlanSettings, axis: int,
+    stack: bool,
 ) -> da.Array:  # fmt: skip
-    """Many files as one array: each planned on its own, then joined (see :func:`open`).
-
-    The first file is opened in full and the others as members of its family
-    (:func:`~daskstream.sources.many.family_sources`): on their size or header,
-    checked in full at their first read.
-    """
-    sources = family_sources(paths, dataset=dataset, storage_options=storage_options)
-    axis = check_family(sources, axis=axis, stack=stack)
-    _warn_of_stored_numbers(sources[0])
-    settings = resolve_settings(memory_budget=memory_budget)
+    """Many files of one family as one array: each planned on its own within ``settings``, then joined (see
+    :func:`open`; ``sampling`` as for :func:`as_dask_array`)."""
     if isinstance(chunks, str) and chunks == "auto":
         settings = shared_settings(settings, len(sources))
     arrays = []
     plans = SharedPlans(settings)
     for source in sources:
-        if isinstance(chunks, str) and chunks == "tune":
-            arrays.append(as_dask_array(source, chunks="tune", memory_budget=memory_budget))
+        if _tunes(chunks):
+            arrays.append(as_dask_array(source, settings, chunks="tune", sampling=sampling))
         elif isinstance(chunks, str) and chunks == "auto":
             arrays.append(chunked_source_array(source, plans.chunks(source), settings))
         else:
@@ -200,11 +204,16 @@ def _warn_if_matlab(source: Source) -> None:
     warn(said, MatlabLayoutWarning)
 
 
-def as_dask_array(source: Source, *, chunks: ChunksSpec = "auto", memory_budget: int | str | None = None) -> da.Array:
-    """A dask array reading an open ``source`` in the chunks given (see :func:`open`)."""
-    settings = resolve_settings(memory_budget=memory_budget)
-    if isinstance(chunks, str) and chunks == "tune":
-        tuned = tuned_chunks(source, memory_budget=memory_budget)
+def as_dask_array(
+    source: Source, settings: PlanSettings, *, chunks: ChunksSpec = "auto", sampling: PlanSettings | None = None
+) -> da.Array:
+    """A dask array reading an open ``source`` in the chunks given (see :func:`open`), planned within ``settings``.
+
+    ``sampling``: for ``chunks="tune"``, what the reads that time candidates
+    are planned for (by default ``settings``; see :func:`daskstream.tune`).
+    """
+    if _tunes(chunks):
+        tuned = tuned_chunks(source, settings, sampling=settings if sampling is None else sampling)
         check_block_count(source, tuned, settings.max_tasks)
         chunks = regular_grid(source.shape, tuned)
     return source_array(source, chunks, settings)
@@ -457,7 +466,8 @@ def reduce(
         raise InvalidArgumentError(
             f"adaptive=True takes dtype, ddof, q, keepdims and memory_budget; not {', '.join(sorted(unknown))}"
         )
-    run = adaptive_reduction(x, op, axis, progress=progress, **options)
+    settings = settings_for(x, memory_budget=options.pop("memory_budget", None))
+    run = adaptive_reduction(x, op, axis, settings=settings, progress=progress, **options)
     if labelled is not None:
         keepdims, q = options.get("keepdims", False), options.get("q")
         run.relabel = functools.partial(reduced, labelled, op=op, axis=axis, keepdims=keepdims, q=q)
@@ -539,8 +549,9 @@ def describe(
             "make: leave adaptive out, or quartiles"
         )
     run = adaptive_description(
-        x, axis, bins, bin_range=range, ddof=ddof, memory_budget=memory_budget, progress=progress
-    )
+        x, axis, bins, bin_range=range, ddof=ddof, settings=settings_for(x, memory_budget=memory_budget),
+        progress=progress,
+    )  # fmt: skip
     run.relabel = relabel
     return run
 
@@ -586,9 +597,10 @@ def store(
         says what was tried and chosen; the choice is remembered for the next
         adaptive store of this kind of data. It needs ``x`` computed region by
         region from its sources (``open``, ``map_blocks`` kernels and
-        element-wise expressions over them) and the threaded scheduler; an
-        HDF5 target, a resumed store or another array is written as planned,
-        and ``adaptation`` says why.
+        element-wise expressions over them) and the threaded scheduler or a
+        distributed cluster (whose workers then write); an HDF5 target, a
+        resumed store, another array or scheduler is written as planned, and
+        ``adaptation`` says why.
     progress
         As for :func:`daskstream.compute.store`; with ``adaptive``, ``True``
         shows the adaptive run's bar, whose postfix names the setting tried.
@@ -612,5 +624,8 @@ def store(
     False
     """
     if adaptive:
-        return adaptive_store(unlabelled(x), target, progress=progress, **options)
+        # The waves plan as the store does: for a budget given, else for what x was planned with.
+        array = unlabelled(x)
+        settings = settings_for(array, memory_budget=options.get("memory_budget"))
+        return adaptive_store(array, target, settings=settings, progress=progress, **options)
     return store_as_planned(unlabelled(x), target, progress=progress, **options)

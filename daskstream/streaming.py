@@ -38,8 +38,9 @@ import numpy as np
 from daskstream.compute.labels import axes_by_name, unlabelled
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, SourceChangedError
-from daskstream.graph.layers import opened_budget, opened_source
+from daskstream.graph.layers import opened_source, planned_with
 from daskstream.planning.budget import format_size, parse_budget
+from daskstream.planning.settings import Resources
 from daskstream.planning.streams import (
     SHARES,
     SPLIT_BUDGET,
@@ -52,7 +53,7 @@ from daskstream.planning.streams import (
     runs,
     worker_share,
 )
-from daskstream.runtime.resources import resolve_resources
+from daskstream.runtime.resources import resources_for
 from daskstream.sources import Source, open_source
 from daskstream.sources.base import REREAD_ADVICE
 
@@ -90,8 +91,6 @@ class _Input:
                 f"stream takes paths, Sources or dask arrays (from daskstream.open), not {type(x).__name__}"
             )
 
-        # The budget an array from daskstream.open was opened with, for the stream to keep.
-        self.opened_budget = opened_budget(x) if hasattr(x, "__dask_graph__") else None
         held = self.source if self.source is not None else self.array
         self.shape: tuple[int, ...] = tuple(held.shape)
         self.dtype = np.dtype(held.dtype)
@@ -202,15 +201,26 @@ def stream(
     # A DataArray streams its data (its labels name axes the batches do not keep).
     axis = axes_by_name(x[0] if isinstance(x, tuple) else x, axis)
     x = tuple(unlabelled(one) for one in x) if isinstance(x, tuple) else unlabelled(x)
+    items = x if isinstance(x, (tuple, list)) else (x,)
+    # The budget given, else the smallest the arrays were opened with, which the stream keeps.
+    planned = planned_with(*items)
+    given = memory_budget if memory_budget is not None or planned is None else planned.memory_budget
+    resources = resources_for(*items, memory_budget=memory_budget)
+    # The shards are the same on every rank: sized by a budget given or opened with, never by this machine's.
+    split_budget = SPLIT_BUDGET if given is None else parse_budget(given)
     return Stream(
         x, axis=axis, batch_size=batch_size, prefetch=prefetch, shuffle=shuffle, seed=seed, drop_last=drop_last,
-        memory_budget=memory_budget, rank=rank, world_size=world_size, shuffle_blocks=shuffle_blocks,
-        shares=shares, worker=worker, num_workers=num_workers,
+        resources=resources, split_budget=split_budget, rank=rank, world_size=world_size,
+        shuffle_blocks=shuffle_blocks, shares=shares, worker=worker, num_workers=num_workers,
     )  # fmt: skip
 
 
 class Stream:
     """Epochs of batches over one array or several zipped ones; made by :func:`stream`.
+
+    It reads within ``resources`` and cuts shards for ``split_budget``, as
+    :func:`stream` resolved them: the budget and threads of the place it runs,
+    and a budget that is the same on every rank.
 
     Attributes
     ----------
@@ -240,7 +250,8 @@ class Stream:
         shuffle: bool,
         seed: int | None,
         drop_last: bool,
-        memory_budget: int | str | None,
+        resources: Resources,
+        split_budget: int,
         rank: int,
         world_size: int,
         shuffle_blocks: int,
@@ -295,8 +306,7 @@ class Stream:
             raise InvalidArgumentError(f"batch_size={batch_size!r} must be a positive int")
         if prefetch != "auto" and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
             raise InvalidArgumentError(f"prefetch={prefetch!r} must be a positive int or 'auto'")
-        given = self._budget(memory_budget)
-        self.resources = resolve_resources(memory_budget=given)
+        self.resources = resources
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
         self.rank, self.world_size, self.shuffle_blocks = rank, world_size, shuffle_blocks
         self.shares, self.worker, self.num_workers = shares, worker, num_workers
@@ -312,7 +322,6 @@ class Stream:
         # Reading threads, kept between epochs, and the next epoch's first reads, begun during the last one.
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._primed: tuple[int, list[tuple[int, int]], deque] | None = None
-        split_budget = SPLIT_BUDGET if given is None else parse_budget(given)
         self.block_bounds = self._shards(split_budget, batch_size, prefetch)
         if batch_size is None:
             batch_size = max(1, self.block_bounds[0][1] - self.block_bounds[0][0]) if self.block_bounds else 1
@@ -321,12 +330,6 @@ class Stream:
         self.read_rows, self.extra_reads = self._reads(prefetch)
         self.prefetch = self._prefetch(prefetch)
         self.epoch = 0
-
-    def _budget(self, memory_budget: int | str | None) -> int | str | None:
-        """The budget given, else the smallest one the arrays were opened with."""
-        if memory_budget is not None:
-            return memory_budget
-        return min((i.opened_budget for i in self.inputs if i.opened_budget), default=None)
 
     # -- planning: the split (the same on every rank) ---------------------------------
 

@@ -124,3 +124,135 @@ def test_the_checks_catch_what_they_are_for():
     assert (_top_module(node), guarded) == ("daskstream", False)
     ((node, guarded),) = _function_level_imports(optional)
     assert guarded
+
+
+# Settings stay on one route (as cubed's Spec does): the budget, threads and workers are resolved into one
+# Resources or PlanSettings where a call enters daskstream, and passed down; nothing below looks them up again.
+RESOLVERS = {
+    "detect_resources",
+    "machine_resources",
+    "planned_cluster_resources",
+    "resolve_resources",
+    "resolve_settings",
+    "resources_for",
+    "settings_for",
+}
+
+# Modules whose every function may resolve settings or take a raw memory_budget.
+RESOLVING_MODULES = {
+    "runtime/resources.py": "the resolvers themselves",
+    "runtime/session.py": "a session sets daskstream.memory-budget and finds the resources of its place",
+    "cli/__init__.py": "the CLI's commands take their options as typed and call the public API",
+}
+
+# Functions that may, each an entry point: where a call enters daskstream.
+ENTRY_POINTS = {
+    "arrays.py:open": "daskstream.open",
+    "arrays.py:plan": "daskstream.plan",
+    "arrays.py:plan_chunks": "daskstream.plan_chunks",
+    "arrays.py:describe": "daskstream.describe",
+    "arrays.py:reduce": "daskstream.reduce (adaptive=True: the waves' settings)",
+    "arrays.py:store": "daskstream.store (adaptive=True: the waves' settings)",
+    "compute/computation.py:plan_compute": "daskstream.plan_compute",
+    "compute/describe.py:describe": "daskstream.compute.describe",
+    "compute/kernels.py:map_blocks": "daskstream.map_blocks, which every kernel of daskstream.kernels calls",
+    "compute/quantiles.py:median": "daskstream.compute.median",
+    "compute/quantiles.py:quantile": "daskstream.compute.quantile",
+    "compute/rechunk.py:rechunk": "daskstream.rechunk",
+    "compute/reductions.py:histogram": "daskstream.compute.histogram",
+    "compute/reductions.py:reduce": "daskstream.compute.reduce",
+    "compute/store/__init__.py:store": "daskstream.compute.store",
+    "compute/store/codecs.py:choose_codec": "daskstream.choose_codec",
+    "labelled/backend.py:DaskstreamBackendEntrypoint.open_dataset": "xarray.open_dataset(engine='daskstream')",
+    "labelled/dataset.py:open_dataset": "daskstream.open_dataset",
+    "streaming.py:stream": "daskstream.stream",
+    "tuning/tuner.py:tune": "daskstream.tune",
+}
+
+
+def _resolves(call: ast.Call) -> bool:
+    """Whether ``call`` looks settings up: a resolver, the memory-budget setting, or a memory budget parsed."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name in RESOLVERS:
+        return True
+    settings = isinstance(func, ast.Attribute) and ast.unparse(func.value) in ("config", "dask.config")
+    if name in ("get", "setting") and settings:
+        first = call.args[0] if call.args else None
+        return isinstance(first, ast.Constant) and first.value in ("memory-budget", "daskstream.memory-budget")
+    if name == "parse_budget":
+        # parse_budget names what it parses "memory_budget" unless told otherwise.
+        named = [k.value for k in call.keywords if k.arg == "name"]
+        return not named or "memory" in ast.unparse(named[0])
+    return False
+
+
+def _raw_budget(arg: ast.arg) -> bool:
+    """A ``memory_budget`` parameter that is not yet a number of bytes (``int | str | None``, or untyped)."""
+    return arg.arg == "memory_budget" and not (isinstance(arg.annotation, ast.Name) and arg.annotation.id == "int")
+
+
+def _settings_looked_up(tree: ast.Module) -> list[tuple[str, int, str]]:
+    """``(function, line, what)`` for every call that resolves settings and every raw ``memory_budget``
+    parameter in a module; functions named as ``Class.method`` and ``outer.inner``."""
+    found: list[tuple[str, int, str]] = []
+
+    def visit(node: ast.AST, scope: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                inner = f"{scope}.{child.name}" if scope else child.name
+                if not isinstance(child, ast.ClassDef):
+                    arguments = child.args
+                    for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                        if _raw_budget(arg):
+                            found.append((inner, child.lineno, "takes a raw memory_budget"))
+                visit(child, inner)
+                continue
+            if isinstance(child, ast.Call) and _resolves(child):
+                found.append((scope or "<module>", child.lineno, f"calls {ast.unparse(child.func)}"))
+            visit(child, scope)
+
+    visit(tree, "")
+    return found
+
+
+def _settings_lookups_in(package: pathlib.Path) -> dict[str, list[str]]:
+    """Each function of ``package`` that resolves settings or takes a raw budget (as ``path:function``), with
+    where and how; the modules of :data:`RESOLVING_MODULES` left out."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        module = path.relative_to(package).as_posix()
+        if module in RESOLVING_MODULES:
+            continue
+        for function, line, what in _settings_looked_up(ast.parse(path.read_text())):
+            found.setdefault(f"{module}:{function}", []).append(f"{module}:{line}: {function} {what}")
+    return found
+
+
+def test_settings_are_resolved_where_a_call_enters_and_passed_down():
+    found = _settings_lookups_in(PACKAGE)
+    stray = [where for function, places in found.items() if function not in ENTRY_POINTS for where in places]
+    assert not stray, (
+        "resolve settings where the call enters daskstream (a public function: add it to ENTRY_POINTS with why) "
+        "and pass the Resources or PlanSettings down:\n" + "\n".join(stray)
+    )
+    # An entry that no longer resolves anything is taken off the list, which stays the list of entry points.
+    assert not set(ENTRY_POINTS) - set(found), sorted(set(ENTRY_POINTS) - set(found))
+
+
+def test_the_settings_check_catches_what_it_is_for():
+    below = ast.parse(
+        "class Writer:\n"
+        "    def window(self, x, memory_budget=None):\n"
+        "        return resolve_resources(memory_budget=memory_budget)\n"
+        "def size(budget):\n"
+        "    return parse_budget(budget) + config.get('memory-budget')\n"
+        "def share(memory_budget: int, text):\n"
+        "    return memory_budget // 2 + parse_budget(text, name='size')\n"
+    )
+    assert _settings_looked_up(below) == [
+        ("Writer.window", 2, "takes a raw memory_budget"),
+        ("Writer.window", 3, "calls resolve_resources"),
+        ("size", 5, "calls parse_budget"),
+        ("size", 5, "calls config.get"),
+    ]

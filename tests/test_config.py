@@ -8,12 +8,15 @@ import sys
 from pathlib import Path
 
 import dask
+import dask.array as da
+import numpy as np
 import pytest
 import yaml
 
 import daskstream as ds
 from daskstream import config
 from daskstream.errors import InvalidArgumentError
+from daskstream.runtime.resources import resources_for
 
 PACKAGE = Path(ds.__file__).parent
 
@@ -51,6 +54,20 @@ def test_config_budget_is_used_and_an_argument_wins():
     with dask.config.set({"daskstream.memory-budget": "48MiB"}):
         assert ds.plan_chunks((1000,), "f4", threads=1, workers=1).memory_budget == 48 * 2**20
         assert ds.plan_chunks((1000,), "f4", threads=1, workers=1, memory_budget="1GiB").memory_budget == 2**30
+
+
+def test_an_array_is_computed_for_the_budget_it_was_opened_with_over_the_setting_and_an_argument_wins(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones((100, 10)))
+    x = ds.open(tmp_path / "a.npy", memory_budget="64MiB")
+    with dask.config.set({"daskstream.memory-budget": "48MiB"}):
+        assert resources_for(x.sum()).memory_budget == 64 * 2**20
+        assert ds.plan_compute(x.sum()).budget == 64 * 2**20
+        assert ds.plan_compute(x.sum(), memory_budget="1GiB").budget == 2**30
+        # What daskstream did not open follows the setting.
+        assert resources_for(da.ones(10), np.ones(3), "a path").memory_budget == 48 * 2**20
+        # Of several arrays, the smallest budget any was opened with.
+        y = ds.open(tmp_path / "a.npy", memory_budget="32MiB")
+        assert resources_for(x, y).memory_budget == 32 * 2**20
 
 
 def test_environment_variable_sets_the_budget():

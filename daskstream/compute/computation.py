@@ -7,18 +7,18 @@ read from daskstream sources is planned against its memory budget.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import dask.config
 
 from daskstream import config
 from daskstream.errors import InvalidArgumentError
-from daskstream.graph.layers import merged_graph, planned_resources
+from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import optimize, plan_graph
 from daskstream.planning.computation import ComputePlan
+from daskstream.planning.settings import Resources
 from daskstream.runtime.allocator import limit_malloc_arenas
-from daskstream.runtime.resources import resolve_resources
+from daskstream.runtime.resources import resources_for
 
 
 def plan_compute(*collections: Any, memory_budget: int | str | None = None) -> ComputePlan:
@@ -34,7 +34,8 @@ def plan_compute(*collections: Any, memory_budget: int | str | None = None) -> C
         Dask arrays (or other dask collections).
     memory_budget
         Bytes per worker to plan for; by default the smallest budget the
-        arrays were opened with, else as for :func:`daskstream.plan_chunks`.
+        arrays were opened with, else as for :func:`daskstream.plan_chunks`
+        (:func:`~daskstream.runtime.resources.resources_for`).
 
     Returns
     -------
@@ -56,14 +57,13 @@ def plan_compute(*collections: Any, memory_budget: int | str | None = None) -> C
     found = [c for c in collections if hasattr(c, "__dask_graph__")]
     if not found:
         raise InvalidArgumentError("plan_compute needs dask collections, e.g. plan_compute(x.mean(), y.std())")
-    graph, keys = merged_graph(found)
-    planned = planned_resources(graph)
-    if planned is None or memory_budget is not None:
-        found_here = resolve_resources(memory_budget=memory_budget)
-        planned = (
-            found_here if planned is None else dataclasses.replace(planned, memory_budget=found_here.memory_budget)
-        )
-    return plan_graph(graph, keys, planned)[1]
+    return computation_plan(found, resources_for(*found, memory_budget=memory_budget))
+
+
+def computation_plan(collections: list[Any], resources: Resources) -> ComputePlan:
+    """:func:`plan_compute` of dask ``collections`` for ``resources`` resolved by the caller."""
+    graph, keys = merged_graph(collections)
+    return plan_graph(graph, keys, resources)[1]
 
 
 def install() -> None:
@@ -73,4 +73,4 @@ def install() -> None:
     limit_malloc_arenas(config.get("compute.malloc-arenas"))
 
 
-__all__ = ["install", "plan_compute"]
+__all__ = ["computation_plan", "install", "plan_compute"]

@@ -23,9 +23,10 @@ from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.quantiles import nanquantile
 from daskstream.compute.reductions import chunk_moments, edges_of_data_range, known_bin_edges, merge_moments
 from daskstream.errors import UnsupportedDtypeError
-from daskstream.graph.layers import budget_of
 from daskstream.graph.rewrites import clone_array
 from daskstream.planning.grid import normalize_axes
+from daskstream.planning.settings import Resources
+from daskstream.runtime.resources import resources_for
 
 STATISTICS = ("count", "nan_count", "mean", "std", "min", "max")
 
@@ -75,7 +76,8 @@ def describe(
     split_every
         Fan-in of the merge tree; by default as wide as the memory budget allows.
     memory_budget
-        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+        Bytes a worker may use; default: the budget ``x`` was opened with, else
+        as for :func:`daskstream.plan_chunks`.
     name
         What the description calls the array (:func:`daskstream.describe` gives a
         source's name).
@@ -106,7 +108,6 @@ def describe(
     (3, 1, 2.6666666666666665, 5.0)
     """
     x = da.asarray(x)
-    memory_budget = budget_of(x, memory_budget)
     if x.dtype.kind not in "biufc":
         raise UnsupportedDtypeError(
             f"describe needs numbers (integer, float or complex); dtype {x.dtype} is not one of them"
@@ -121,9 +122,10 @@ def describe(
             f"quartiles of dtype {x.dtype} are not defined (numpy refuses them too): describe without quartiles"
         )
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
-    edges = histogram_edges(x.dtype, bins, range, memory_budget=memory_budget)
+    resources = resources_for(x, memory_budget=memory_budget)
+    edges = histogram_edges(x.dtype, bins, range, resources=resources)
     fan_in = split_every or combine_fan_in(
-        x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), memory_budget=memory_budget
+        x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), resources=resources
     )
     whole = statistics_of(x, axes, edges, fan_in)
     if bins is not None and edges is None:
@@ -137,9 +139,7 @@ def describe(
     if quartiles:
         # Each quartile as numpy.nanquantile gives it asked alone ("25%" is nanquantile(x, 0.25)), in the
         # data's float dtype, the three found in the same passes.
-        quartile_values = nanquantile(
-            x, list(QUARTILES.values()), axis=axes, memory_budget=memory_budget, each_alone=True
-        )
+        quartile_values = nanquantile(x, list(QUARTILES.values()), axis=axes, resources=resources, each_alone=True)
     facts = {"name": name, "shape": tuple(int(n) for n in x.shape), "dtype": x.dtype, "axes": axes}
     finished = dask.delayed(finish, pure=True)(whole, axes, edges, ddof, x.dtype, quartile_values, facts)
     return LazyDescription(finished, n_chunks=math.prod(x.numblocks))
@@ -209,14 +209,12 @@ def _merged_over(x: da.Array, axes: tuple[int, ...], fan_in: int, of_chunk: Any,
     )
 
 
-def histogram_edges(
-    dtype: np.dtype, bins: Any, bin_range: Any, *, memory_budget: int | str | None
-) -> np.ndarray | None:
+def histogram_edges(dtype: np.dtype, bins: Any, bin_range: Any, *, resources: Resources) -> np.ndarray | None:
     """The histogram's edges where they are known before reading: ``None`` without bins, or for a bin count
     without a range (the data's range decides them). Checked against the budget before numpy allocates them."""
     if bins is None:
         return None
-    return known_bin_edges(bins, bin_range, dtype, memory_budget=memory_budget)
+    return known_bin_edges(bins, bin_range, dtype, resources=resources)
 
 
 def _tree(parts: list[Any], merge: Any, axes: tuple[int, ...], fan_in: int) -> Any:

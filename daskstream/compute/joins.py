@@ -41,6 +41,7 @@ from daskstream.compute.reductions import (
 )
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.grid import normalize_axes
+from daskstream.planning.settings import Resources
 
 # Partials merged by the same numpy function, or (for sums and counts) by a sum.
 _MERGED_BY = {
@@ -172,11 +173,12 @@ class PieceDescription:
 
     @classmethod
     def of(
-        cls, x: da.Array, axis: Any, *, bins: Any, bin_range: Any, ddof: int, memory_budget: int | str | None
+        cls, x: da.Array, axis: Any, *, bins: Any, bin_range: Any, ddof: int, resources: Resources
     ) -> PieceDescription:
-        """The pieces of ``describe(x, axis, bins, range=bin_range, ddof=ddof)``, checked as it checks them."""
+        """The pieces of ``describe(x, axis, bins, range=bin_range, ddof=ddof)`` planned for ``resources``,
+        checked and planned as it checks and plans them."""
         axes = tuple(range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
-        edges = histogram_edges(x.dtype, bins, bin_range, memory_budget=memory_budget)
+        edges = histogram_edges(x.dtype, bins, bin_range, resources=resources)
         if bins is not None and edges is None:
             raise InvalidArgumentError(
                 f"bins={bins!r} without range=: an adaptive describe reads the data once, so it cannot spread "
@@ -184,7 +186,7 @@ class PieceDescription:
                 "(the range is then found by the statistics' pass, and the counts take a second)"
             )
         width = 8 * (5 + (0 if edges is None else len(edges)))
-        fan_in = combine_fan_in(x, axes, partial_itemsize=width, memory_budget=memory_budget)
+        fan_in = combine_fan_in(x, axes, partial_itemsize=width, resources=resources)
         return cls(axes, edges, ddof, x.dtype, fan_in)
 
     def piece(self, x: da.Array) -> Any:

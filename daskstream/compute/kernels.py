@@ -38,11 +38,11 @@ from dask.utils import funcname, has_keyword
 from daskstream.compute.labels import is_labelled, relabelled, unlabelled
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
-from daskstream.graph.layers import budget_of
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
 from daskstream.planning.chunks import fit_halo_chunks, plan_chunks
 from daskstream.planning.grid import normalize_axes, regular_chunk_shape, regular_grid
-from daskstream.runtime.resources import resolve_resources, resolve_settings
+from daskstream.planning.settings import PlanSettings
+from daskstream.runtime.resources import settings_for
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -203,12 +203,14 @@ def map_blocks(
         out_dtype = _as_dtype(dtype, "dtype")
 
     kernel = _CheckedKernel(fn, out_dtype, depths, passes_block_info, kwargs)
+    settings = settings_for(*inputs)
     if not dropped and not added and chunks is None:
-        limit = _constant_limit(inputs)
+        # An aggregate goes whole into every task of the kernel: an eighth of a task's share at most.
+        limit = settings.resources.per_task_bytes // 8
         readable = [regions_of(a, constant_limit=limit) for a in inputs]
         if all(r is not None for r in readable):
-            return _map_regions(kernel, inputs, readable, depths, fill)
-    inputs = _align_chunks(inputs)
+            return _map_regions(kernel, inputs, readable, depths, fill, settings)
+    inputs = _align_chunks(inputs, settings)
     if dropped:
         inputs = [a.rechunk(dict.fromkeys(dropped, -1)) for a in inputs]
     out_ndim = ndim - len(dropped) + len(added)
@@ -236,26 +238,24 @@ def map_blocks(
     return da.overlap.trim_internal(mapped, dict(enumerate(out_depth)), boundary=dict(enumerate(out_edges)))
 
 
-def _constant_limit(inputs: list[da.Array]) -> int:
-    """The most bytes an aggregate may take to go whole into every task of a kernel (an eighth of a task's share)."""
-    budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
-    return resolve_resources(memory_budget=min(budgets) if budgets else None).per_task_bytes // 8
-
-
 def _map_regions(
-    kernel: _CheckedKernel, inputs: list[da.Array], readable: list[Any], depths: tuple[int, ...], fill: Any
+    kernel: _CheckedKernel,
+    inputs: list[da.Array],
+    readable: list[Any],
+    depths: tuple[int, ...],
+    fill: Any,
+    settings: PlanSettings,
 ) -> da.Array:
     """The kernel as one task per block, each reading its haloed region straight from the sources.
 
     Blocks follow the first array's chunks, made smaller when a block with
     every halo on the way (this kernel's and those of the kernels it reads
-    through) would not fit one task's share of the memory budget.
+    through) would not fit one task's share of the memory budget (``settings``,
+    what the inputs were planned with).
     """
     regions = [r.regions for r in readable]
     constants = {name: array for r in readable for name, array in r.constants.items()}
     first = inputs[0]
-    budgets = [b for b in (budget_of(a) for a in inputs) if b is not None]
-    settings = resolve_settings(memory_budget=min(budgets) if budgets else None)
     resources = settings.resources
     halo = tuple(d + max(r.reach[a] for r in regions) for a, d in enumerate(depths))
     sources = {s.token: s for r in regions for s in r.sources}.values()
@@ -435,8 +435,9 @@ def _infer_dtype(
     return result.dtype if hasattr(result, "dtype") else np.asarray(result).dtype
 
 
-def _align_chunks(inputs: list[da.Array]) -> list[da.Array]:
-    """All inputs on one chunk grid: the planner's for the first array, aligned to its grid when regular."""
+def _align_chunks(inputs: list[da.Array], settings: PlanSettings) -> list[da.Array]:
+    """All inputs on one chunk grid: the planner's for the first array within ``settings``, aligned to its grid
+    when regular."""
     first = inputs[0]
     if all(a.chunks == first.chunks for a in inputs[1:]):
         return inputs
@@ -445,7 +446,7 @@ def _align_chunks(inputs: list[da.Array]) -> list[da.Array]:
     else:
         grid = regular_chunk_shape(first.chunks)
         layout = "C" if grid is None else "chunked"
-        plan = plan_chunks(first.shape, first.dtype, resolve_settings(), storage_chunks=grid, layout=layout)
+        plan = plan_chunks(first.shape, first.dtype, settings, storage_chunks=grid, layout=layout)
         target = plan.dask_chunks
     return [a.rechunk(target) for a in inputs]
 

@@ -10,7 +10,7 @@ import dask.array as da
 import numpy as np
 
 from daskstream.graph.layers import whole_input
-from daskstream.runtime.resources import resolve_resources
+from daskstream.planning.settings import Resources
 
 # Python's per-object overhead of one partial result held by a combine task, on top of its array bytes.
 _PARTIAL_OVERHEAD_BYTES = 1024
@@ -18,16 +18,19 @@ _PARTIAL_OVERHEAD_BYTES = 1024
 _MAX_SPLIT_EVERY = 1024
 
 
-def combine_fan_in(
-    x: da.Array, axes: tuple[int, ...], *, partial_itemsize: int, memory_budget: int | str | None = None
-) -> int:
+def combine_fan_in(x: da.Array, axes: tuple[int, ...], *, partial_itemsize: int, resources: Resources) -> int:
     """How many partial results one combine task may merge, from the memory budget.
 
     A partial result of one chunk holds ``partial_itemsize`` bytes per element of
     the chunk's output (the chunk's extent along the kept axes). A combine task
-    holds ``split_every`` of them, within its share of the worker's budget.
+    holds ``split_every`` of them, within its share of the worker's budget
+    (``resources``, as the caller's entry point resolved them).
+
+    >>> import dask.array as da
+    >>> combine_fan_in(da.ones((100, 10), chunks=10), (0,), partial_itemsize=8,
+    ...                resources=Resources(2**20, threads=1, workers=1, origin="arguments"))
+    237
     """
-    resources = resolve_resources(memory_budget=memory_budget)
     kept = [max(x.chunksize[a], 1) for a in range(x.ndim) if a not in axes]
     partial_bytes = math.prod(kept) * partial_itemsize + _PARTIAL_OVERHEAD_BYTES
     # A combine task holds its inputs and its output; the partials waiting for it are held too, so a
@@ -60,10 +63,10 @@ def per_chunk_rows(x: da.Array, fn: Any, width: int, *arrays: da.Array, **kwargs
     )
 
 
-def sum_rows(rows: da.Array, *, split_every: int | None = None, memory_budget: int | str | None = None) -> da.Array:
-    """Sum per-chunk rows of counts into one row, in a tree as wide as the budget allows."""
+def sum_rows(rows: da.Array, *, resources: Resources, split_every: int | None = None) -> da.Array:
+    """Sum per-chunk rows of counts into one row, in a tree as wide as ``resources`` allow."""
     reduced = tuple(builtins.range(rows.ndim - 1))
-    fan_in = split_every or combine_fan_in(rows, reduced, partial_itemsize=8, memory_budget=memory_budget)
+    fan_in = split_every or combine_fan_in(rows, reduced, partial_itemsize=8, resources=resources)
     return rows.sum(axis=reduced, split_every=fan_in)
 
 

@@ -42,12 +42,12 @@ import numpy as np
 
 from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
-from daskstream.graph.layers import budget_of
 from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.graph.rewrites import clone_array
 from daskstream.planning.budget import QUANTILE_BLOCK_COPIES
 from daskstream.planning.grid import normalize_axes
-from daskstream.runtime.resources import resolve_resources
+from daskstream.planning.settings import Resources
+from daskstream.runtime.resources import resources_for
 
 DIGIT_BITS = 16
 # Up to this many wanted order statistics (two per quantile) use 16-bit digits: 8 x 512 KiB of counts per task.
@@ -79,7 +79,8 @@ def quantile(
     keepdims
         Keep reduced axes with length one.
     memory_budget
-        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+        Bytes a worker may use; default: the budget ``x`` was opened with, else
+        as for :func:`daskstream.plan_chunks`.
 
     Returns
     -------
@@ -96,16 +97,18 @@ def quantile(
     >>> quantile(x, 0.5, axis=0).compute()
     array([2., 3.])
     """
-    return _order_statistic(x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False)
+    x = da.asarray(x)
+    resources = resources_for(x, memory_budget=memory_budget)
+    return order_statistic(x, q, axis, keepdims=keepdims, resources=resources, median=False)
 
 
 def nanquantile(
-    x: Any,
+    x: da.Array,
     q: float | Sequence[float],
     axis: int | Sequence[int] | None = None,
     *,
+    resources: Resources,
     keepdims: bool = False,
-    memory_budget: int | str | None = None,
     each_alone: bool = False,
 ) -> da.Array:
     """The ``q``-th quantile(s) of ``x``'s values that are not NaN, exactly as ``numpy.nanquantile`` (linear).
@@ -115,15 +118,17 @@ def nanquantile(
     ``each_alone``, a sequence ``q`` gives what ``numpy.nanquantile`` gives
     each of its numbers asked alone (as a Python float, interpolated in the
     data's float dtype: float16 and float32 stay so), computed in the same
-    passes: ``[numpy.nanquantile(x, v) for v in q]`` stacked.
+    passes: ``[numpy.nanquantile(x, v) for v in q]`` stacked. Planned within
+    ``resources``, as the caller's entry point resolved them.
 
     >>> import dask.array as da, numpy as np
     >>> x = da.from_array(np.array([1.0, np.nan, 3.0, 2.0]), chunks=2)
-    >>> nanquantile(x, [0.25, 0.5]).compute()
+    >>> resources = Resources(2**30, threads=4, workers=1, origin="arguments")
+    >>> nanquantile(x, [0.25, 0.5], resources=resources).compute()
     array([1.5, 2. ])
     """
-    return _order_statistic(
-        x, q, axis, keepdims=keepdims, memory_budget=memory_budget, median=False, skipna=True, each_alone=each_alone
+    return order_statistic(
+        x, q, axis, keepdims=keepdims, resources=resources, median=False, skipna=True, each_alone=each_alone
     )
 
 
@@ -136,22 +141,24 @@ def median(
     >>> float(median(da.arange(10, chunks=4)).compute())
     4.5
     """
-    return _order_statistic(x, 0.5, axis, keepdims=keepdims, memory_budget=memory_budget, median=True)
+    x = da.asarray(x)
+    resources = resources_for(x, memory_budget=memory_budget)
+    return order_statistic(x, 0.5, axis, keepdims=keepdims, resources=resources, median=True)
 
 
-def _order_statistic(
-    x: Any,
+def order_statistic(
+    x: da.Array,
     q: Any,
     axis: int | Sequence[int] | None,
     *,
     keepdims: bool,
-    memory_budget: int | str | None,
+    resources: Resources,
     median: bool,
     skipna: bool = False,
     each_alone: bool = False,
 ) -> da.Array:
-    x = da.asarray(x)
-    memory_budget = budget_of(x, memory_budget)
+    """The quantiles ``q`` (or with ``median``, numpy's median) of the dask array ``x`` over ``axis``, planned
+    within ``resources``; ``skipna`` leaves NaNs out and ``each_alone`` is as for :func:`nanquantile`."""
     if x.dtype.kind not in "iuf":
         raise UnsupportedDtypeError(
             f"quantiles of dtype {x.dtype} are not defined; numpy refuses them too. Use a real numeric dtype"
@@ -164,13 +171,12 @@ def _order_statistic(
     if any(x.shape[a] == 0 for a in axes):
         raise InvalidArgumentError(f"quantile of an empty selection (shape {x.shape}, axes {axes}) has no value")
     kept = [a for a in range(x.ndim) if a not in axes]
-    resources = resolve_resources(memory_budget=memory_budget)
     column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * QUANTILE_BLOCK_COPIES
     if kept and column_bytes <= resources.per_task_bytes:
         per_task = resources.per_task_bytes // column_bytes
         result = _quantile_along_axes(x, q, q_array, axes, kept, per_task, median, skipna, each_alone)
     elif not kept:
-        result = _radix_quantile(x, 0.5 if each_alone else q, q_array, weak, median, memory_budget, skipna)
+        result = _radix_quantile(x, 0.5 if each_alone else q, q_array, weak, median, resources, skipna)
     else:
         # The reduced extent is too long for one task: radix select per kept position would hold a
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
@@ -303,15 +309,15 @@ def _radix_quantile(
     q: np.ndarray,
     weak: bool,
     median: bool,
-    memory_budget: int | str | None,
+    resources: Resources,
     skipna: bool = False,
 ) -> da.Array:
     bits = x.dtype.itemsize * 8
-    digit_bits = min(_digit_bits(_n_targets(q), resolve_resources(memory_budget=memory_budget).per_task_bytes), bits)
+    digit_bits = min(_digit_bits(_n_targets(q), resources.per_task_bytes), bits)
     levels = bits // digit_bits
     # Level 0 counts every value's top digit and the NaNs; it fixes n and so the ranks wanted.
     counts = sum_rows(
-        per_chunk_rows(x, _top_digit_counts, (1 << digit_bits) + 1, digit_bits=digit_bits), memory_budget=memory_budget
+        per_chunk_rows(x, _top_digit_counts, (1 << digit_bits) + 1, digit_bits=digit_bits), resources=resources
     )
     state = da.map_blocks(
         _first_state, counts, q=q, median=median, digit_bits=digit_bits, dtype="u8", chunks=((_state_len(q),),)
@@ -323,7 +329,7 @@ def _radix_quantile(
         # are fused into the tasks that count them, which wait for the state.
         again = clone_array(x, seed=level)
         rows = per_chunk_rows(again, _next_digit_counts, width, state, level=level, digit_bits=digit_bits)
-        counts = sum_rows(rows, memory_budget=memory_budget)
+        counts = sum_rows(rows, resources=resources)
         # The state goes in as a graph input, not a keyword: see per_chunk_rows.
         state = da.blockwise(
             _next_state, "s", counts, "c", state, "s", concatenate=True, level=level, digit_bits=digit_bits, dtype="u8"

@@ -44,7 +44,6 @@ from daskstream.graph.layers import (
     COMPUTED_ONCE,
     RECHUNK_ANNOTATION,
     RechunkRecord,
-    budget_of,
     places_read,
     read_layers,
     rechunk_records,
@@ -54,7 +53,7 @@ from daskstream.graph.reads import source_array
 from daskstream.planning.budget import plannable_bytes
 from daskstream.planning.grid import block_slices, regular_chunk_shape, regular_grid
 from daskstream.planning.rechunk import RechunkPlan, plan_rechunk
-from daskstream.runtime.resources import resolve_settings
+from daskstream.runtime.resources import settings_for
 from daskstream.safe_writes import refuse_onto_reads
 from daskstream.sources.base import Source, checked_path
 from daskstream.sources.contiguous import pread_into
@@ -137,7 +136,7 @@ def rechunk(
             f"rechunk takes a dask array, not {type(x).__name__}; open a file with daskstream.open"
         )
     target = _target_chunks(x, chunks)
-    settings = resolve_settings(memory_budget=budget_of(x, memory_budget))
+    settings = settings_for(x, memory_budget=memory_budget)
     source = _plain_read_of(x)
     if source is not None:
         source_chunks = source.storage_chunks

@@ -22,18 +22,18 @@ import numpy as np
 from dask.utils import deepmap
 
 from daskstream.compute.partials import combine_fan_in, per_chunk_rows, sum_rows
-from daskstream.compute.quantiles import median, quantile
+from daskstream.compute.quantiles import order_statistic
 from daskstream.errors import (
     InvalidArgumentError,
     MemoryBudgetError,
     UnknownOperationError,
     UnsupportedDtypeError,
 )
-from daskstream.graph.layers import budget_of
 from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import normalize_axes
-from daskstream.runtime.resources import resolve_resources
+from daskstream.planning.settings import Resources
+from daskstream.runtime.resources import resources_for
 
 _ACCUMULATING = {"sum", "mean", "prod", "nansum", "nanmean"}
 _MOMENTS = {"var", "std", "nanvar", "nanstd"}
@@ -79,7 +79,8 @@ def reduce(
         Fan-in of the combine tree; by default as wide as the memory budget allows
         for the size of the partial results.
     memory_budget
-        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+        Bytes a worker may use; default: the budget ``x`` was opened with, else
+        as for :func:`daskstream.plan_chunks`.
 
     Returns
     -------
@@ -103,25 +104,24 @@ def reduce(
     13.0
     """
     x = da.asarray(x)
-    memory_budget = budget_of(x, memory_budget)
     if op not in OPERATIONS:
         raise UnknownOperationError(f"unknown reduction {op!r}; choose one of: {', '.join(sorted(OPERATIONS))}")
     if op != "histogram":  # (a histogram says what it counts itself)
         refuse_unreducible(op, x.dtype)
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
+    if op == "histogram" and axis is not None:
+        raise InvalidArgumentError('op="histogram" counts all values, as numpy.histogram does; give no axis')
+    if op == "quantile" and q is None:
+        raise InvalidArgumentError('op="quantile" needs q=, a number or a sequence of numbers in [0, 1]')
+    resources = resources_for(x, memory_budget=memory_budget)
     if op == "histogram":
-        if axis is not None:
-            raise InvalidArgumentError('op="histogram" counts all values, as numpy.histogram does; give no axis')
-        return histogram(x, bins=bins, range=range, split_every=split_every, memory_budget=memory_budget)
+        return histogram_of(x, bins=bins, range=range, split_every=split_every, resources=resources)
     if op in ("median", "quantile"):
-        if op == "median":
-            return median(x, axis=axis, keepdims=keepdims, memory_budget=memory_budget)
-        if q is None:
-            raise InvalidArgumentError('op="quantile" needs q=, a number or a sequence of numbers in [0, 1]')
-        return quantile(x, q, axis=axis, keepdims=keepdims, memory_budget=memory_budget)
+        median = op == "median"
+        return order_statistic(x, 0.5 if median else q, axis, keepdims=keepdims, resources=resources, median=median)
     if x.size == 0:
         return _reduce_empty(x, op, axes, keepdims=keepdims, dtype=dtype, ddof=ddof)
-    fan_in = split_every or combine_fan_in(x, axes, partial_itemsize=8 * 3, memory_budget=memory_budget)
+    fan_in = split_every or combine_fan_in(x, axes, partial_itemsize=8 * 3, resources=resources)
     if op in _MOMENTS:
         variance = moments(x, axes, ddof=ddof, skipna=op.startswith("nan"), keepdims=keepdims, split_every=fan_in)
         return da.sqrt(variance) if op.endswith("std") else variance
@@ -456,18 +456,33 @@ def histogram(
     dtype). With a bin count and no ``range``, the range is the data's min and
     max, found in an extra pass, so the edges are a lazy array too.
 
+    ``memory_budget``: as for :func:`reduce`.
+
     >>> import dask.array as da, numpy as np
     >>> counts, edges = histogram(da.arange(10, chunks=3), bins=5)
     >>> counts.compute().tolist(), np.asarray(edges).tolist()
     ([2, 2, 2, 2, 2], [0.0, 1.8, 3.6, 5.4, 7.2, 9.0])
     """
     x = da.asarray(x)
-    memory_budget = budget_of(x, memory_budget)
-    edges = known_bin_edges(bins, range, x.dtype, empty=x.size == 0, memory_budget=memory_budget)
+    return histogram_of(
+        x, bins=bins, range=range, split_every=split_every, resources=resources_for(x, memory_budget=memory_budget)
+    )
+
+
+def histogram_of(
+    x: da.Array,
+    *,
+    bins: int | Sequence[float],
+    range: tuple[float, float] | None,
+    split_every: int | None,
+    resources: Resources,
+) -> tuple[da.Array, Any]:
+    """:func:`histogram` of a dask array ``x`` within ``resources``, resolved by the caller."""
+    edges = known_bin_edges(bins, range, x.dtype, empty=x.size == 0, resources=resources)
     if edges is None:
         assert isinstance(bins, (int, np.integer))  # known_bin_edges leaves only a bin count's edges unknown
         fan_in = split_every or combine_fan_in(
-            x, tuple(builtins.range(x.ndim)), partial_itemsize=8, memory_budget=memory_budget
+            x, tuple(builtins.range(x.ndim)), partial_itemsize=8, resources=resources
         )
         extremes = da.stack([da.min(x, split_every=fan_in), da.max(x, split_every=fan_in)]).rechunk(2)
         edge_dtype = _edge_dtype(x.dtype)
@@ -480,7 +495,7 @@ def histogram(
         )
     # One row of counts per chunk, in place of the chunk (no reshape, so no rechunk), summed down.
     rows = per_chunk_rows(x, _chunk_counts, len(edges) - 1, edges=edges)
-    return sum_rows(rows, split_every=split_every, memory_budget=memory_budget), edges
+    return sum_rows(rows, split_every=split_every, resources=resources), edges
 
 
 def known_bin_edges(
@@ -488,8 +503,8 @@ def known_bin_edges(
     bin_range: tuple[float, float] | None,
     dtype: np.dtype,
     *,
+    resources: Resources,
     empty: bool = False,
-    memory_budget: int | str | None = None,
 ) -> np.ndarray | None:
     """Histogram edges that are known before reading, by numpy's rules; ``None`` for a bare count.
 
@@ -505,11 +520,10 @@ def known_bin_edges(
         ``(low, high)`` for a bin count: finite, ``low <= high``; ignored with edges, as numpy does.
     dtype
         The data's dtype; the edges are in numpy's dtype for it.
+    resources
+        The budget a bin count is checked against (see :func:`check_bin_count`).
     empty
         Whether there is no data, so that a count without a range takes numpy's ``(0, 1)``.
-    memory_budget
-        The budget a bin count is checked against (see :func:`check_bin_count`); default as for
-        :func:`daskstream.plan_chunks`.
 
     Returns
     -------
@@ -530,9 +544,10 @@ def known_bin_edges(
 
     Examples
     --------
-    >>> known_bin_edges(4, (0, 1), np.dtype("f8")).tolist()
+    >>> resources = Resources(2**30, threads=4, workers=1, origin="arguments")
+    >>> known_bin_edges(4, (0, 1), np.dtype("f8"), resources=resources).tolist()
     [0.0, 0.25, 0.5, 0.75, 1.0]
-    >>> known_bin_edges(4, None, np.dtype("f8")) is None
+    >>> known_bin_edges(4, None, np.dtype("f8"), resources=resources) is None
     True
     """
     if np.dtype(dtype).kind not in "biufc":
@@ -542,7 +557,7 @@ def known_bin_edges(
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
         raise InvalidArgumentError(f"bins={_shown(bins)} must be a positive int or a sequence of edges")
     count = int(bins)
-    check_bin_count(count, dtype, memory_budget=memory_budget)
+    check_bin_count(count, dtype, resources=resources)
     if bin_range is not None:
         bin_range = _checked_range(bin_range)
     if bin_range is None and not empty:
@@ -560,7 +575,7 @@ def known_bin_edges(
         ) from None
 
 
-def check_bin_count(bins: int, dtype: np.dtype, *, memory_budget: int | str | None = None) -> None:
+def check_bin_count(bins: int, dtype: np.dtype, *, resources: Resources) -> None:
     """Refuse a bin count whose edges and one row of counts do not fit a task's share of the budget.
 
     Every task that counts holds all the edges and a row of int64 counts, so a
@@ -574,8 +589,8 @@ def check_bin_count(bins: int, dtype: np.dtype, *, memory_budget: int | str | No
         The number of bins.
     dtype
         The data's dtype, which decides the edges' dtype.
-    memory_budget
-        Bytes a worker may use; default as for :func:`daskstream.plan_chunks`.
+    resources
+        The budget and threads of the place the counting runs.
 
     Raises
     ------
@@ -584,15 +599,15 @@ def check_bin_count(bins: int, dtype: np.dtype, *, memory_budget: int | str | No
 
     Examples
     --------
-    >>> check_bin_count(10**6, np.dtype("f8"), memory_budget="1GiB")
-    >>> check_bin_count(10**9, np.dtype("f8"), memory_budget="1GiB")  # doctest: +ELLIPSIS
+    >>> resources = Resources(2**30, threads=4, workers=1, origin="arguments")
+    >>> check_bin_count(10**6, np.dtype("f8"), resources=resources)
+    >>> check_bin_count(10**9, np.dtype("f8"), resources=resources)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     daskstream.errors.MemoryBudgetError: bins=1000000000 needs 14.90 GiB in every task that counts ...
     """
     edge_bytes = (bins + 1) * _edge_dtype(dtype).itemsize
     count_bytes = bins * np.dtype("i8").itemsize
-    resources = resolve_resources(memory_budget=memory_budget)
     if edge_bytes + count_bytes <= resources.per_task_bytes:
         return
     raise MemoryBudgetError(

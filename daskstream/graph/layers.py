@@ -6,9 +6,9 @@ a computation needs into :class:`~daskstream.planning.passes.LayerFacts` for the
 pure planners: which read daskstream sources (a read of a ``Source``, or a
 region array reading its halos itself), how many blocks of each input one
 output block takes, and how large its blocks are. Arrays record on their read
-layer the memory budget and threads they were planned for
-(:func:`record_plan`), so that a plan is the same wherever dask optimizes the
-graph.
+layer the memory budget, threads and workers they were planned for
+(:func:`record_plan`, read back by :func:`planned_with`), so that a plan is the
+same wherever dask optimizes the graph.
 
 Longer than most modules: reading layers and reading back what they were
 planned for are one subject (both walk the same annotations and layer kinds),
@@ -40,7 +40,7 @@ from daskstream.sources.objects import is_url
 
 # On a region array's layer: the regions each of its blocks reads (see :mod:`daskstream.graph.regions`).
 REGIONS_ANNOTATION = "daskstream-regions"
-# What a read layer was planned for: the memory budget and threads per worker where its array was opened.
+# What a read layer was planned for: the memory budget, threads and workers where its array was opened.
 # It travels with the graph: dask may optimize the graph in another process (a distributed scheduler).
 PLANNED_FOR = "daskstream-planned-for"
 
@@ -336,8 +336,8 @@ def blockwise_like(layer: Blockwise, *, task: Any = None, indices: Any = None, n
 
 
 def record_plan(layer: Layer, settings: PlanSettings | Resources) -> None:
-    """Write on ``layer`` the budget, threads and task ceiling its array is planned for, resolved where it was
-    opened."""
+    """Write on ``layer`` the budget, threads, workers and task ceiling its array is planned for, resolved where
+    it was opened."""
     annotations = layer.collection_annotations
     if not isinstance(annotations, MutableMapping):
         # None when dask's collection_annotations setting is unset and no array annotated the layer yet.
@@ -346,6 +346,7 @@ def record_plan(layer: Layer, settings: PlanSettings | Resources) -> None:
     annotations[PLANNED_FOR] = {
         "memory_budget": resources.memory_budget,
         "threads": resources.threads,
+        "workers": resources.workers,
         "max_tasks": settings.max_tasks if isinstance(settings, PlanSettings) else None,
     }
 
@@ -362,27 +363,33 @@ def planned_max_tasks(graph: Any) -> int | None:
     return min((int(p["max_tasks"]) for p in _planned(graph) if p.get("max_tasks") is not None), default=None)
 
 
-def opened_budget(graph: Any) -> int | None:
-    """The smallest memory budget the arrays in ``graph`` (a graph or a collection) were opened with, if any."""
-    return min((int(p["memory_budget"]) for p in _planned(graph)), default=None)
+def planned_with(*collections: Any) -> Resources | None:
+    """What the arrays in ``collections`` were planned with where they were opened; ``None`` when none is
+    from daskstream.
 
+    The smallest memory budget and the most threads and workers recorded on
+    their read layers (:func:`record_plan`). Recorded in the graph, so that the
+    same plan is made wherever dask optimizes it.
 
-def budget_of(x: Any, memory_budget: int | str | None = None) -> int | str | None:
-    """``memory_budget`` when given, else the one ``x``'s arrays were opened with (``None``: the default)."""
-    return memory_budget if memory_budget is not None else opened_budget(x)
+    Parameters
+    ----------
+    *collections
+        Dask collections or their graphs; anything else (a path, a Source, a
+        numpy array) records nothing and is passed over.
 
-
-def planned_resources(graph: Any) -> Resources | None:
-    """What a computation over ``graph`` plans for: the smallest budget and the most threads its arrays were
-    opened with (recorded in the graph, so that the same plan is made wherever dask optimizes it);
-    ``None`` when no array in it is from daskstream."""
-    planned = _planned(graph)
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> planned_with(da.ones(4)) is None
+    True
+    """
+    planned = [p for collection in collections for p in _planned(collection)]
     if not planned:
         return None
     return Resources(
         memory_budget=min(int(p["memory_budget"]) for p in planned),
         threads=max(int(p["threads"]) for p in planned),
-        workers=1,
+        workers=max(int(p.get("workers", 1)) for p in planned),
         origin="the budget the arrays were opened with",
     )
 
@@ -494,15 +501,13 @@ __all__ = [
     "annotated_blocks",
     "as_node",
     "blockwise_like",
-    "budget_of",
     "describe",
     "layer_array",
     "layer_names",
     "merged_graph",
     "needed_layers",
-    "opened_budget",
     "opened_source",
-    "planned_resources",
+    "planned_with",
     "read_layers",
     "reads_sources",
     "rechunk_records",

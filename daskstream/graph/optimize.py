@@ -41,7 +41,7 @@ from daskstream.graph.layers import (
     layer_names,
     needed_layers,
     planned_max_tasks,
-    planned_resources,
+    planned_with,
     reads_sources,
 )
 from daskstream.graph.projection import project
@@ -66,7 +66,7 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """
 
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and reads_sources(dsk):
-        planned = planned_resources(dsk)
+        planned = planned_with(dsk)
         if planned is not None:
             wanted = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
             dsk, plan = plan_graph(dsk, wanted, planned)
@@ -137,7 +137,7 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
     keys = list(flatten(x.__dask_keys__()))
     graph = reread_rechunks(graph, needed_layers(graph, keys))
     described = describe(graph, needed_layers(graph, keys))
-    planned = planned_resources(graph) or resources
+    planned = planned_with(graph) or resources
     plan = plan_passes(described.facts, hold_limit=planned.per_task_bytes)
     if plan.passes <= 1:
         return x

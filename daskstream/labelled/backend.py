@@ -33,6 +33,7 @@ from daskstream.arrays import as_dask_array
 from daskstream.errors import DaskstreamError, InvalidArgumentError
 from daskstream.labelled.dataset import open_dataset
 from daskstream.labelled.variables import decoded, labelled_variables
+from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source
 from daskstream.sources.detect import guess_format, is_url, local_path
 from daskstream.sources.many import names_many
@@ -92,9 +93,10 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
             raise InvalidArgumentError(
                 f"concat_dim={concat_dim!r} joins many files; {filename_or_obj} is one: give a list or a pattern"
             )
+        settings = resolve_settings(memory_budget=memory_budget)
 
         def lazily(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
-            planned = as_dask_array(source, memory_budget=memory_budget).chunks
+            planned = as_dask_array(source, settings).chunks
             return indexing.LazilyIndexedArray(SourceArray(source)), planned
 
         variables, attrs, close = labelled_variables(

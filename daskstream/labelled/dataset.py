@@ -33,6 +33,9 @@ from daskstream.labelled.variables import (
     planned_data,
     xarray_module,
 )
+from daskstream.planning.settings import PlanSettings
+from daskstream.runtime.resources import resolve_settings
+from daskstream.sources import Source
 from daskstream.sources.many import expand_paths, names_many
 
 
@@ -133,27 +136,23 @@ def open_dataset(
         )
     options = {name: decoders.get(name, decode_cf) for name in DECODERS}
     options["use_cftime"] = decoders.get("use_cftime")
+    settings = resolve_settings(memory_budget=memory_budget)
+    # The reads that time chunks="tune"'s candidates are planned as any array opened here (see daskstream.tune).
+    tunes = isinstance(chunks, str) and chunks == "tune"
+    sampling = resolve_settings() if memory_budget is not None and tunes else settings
+    opened: dict[str, Any] = {
+        "group": group, "storage_options": storage_options, "chunks": chunks, "settings": settings,
+        "sampling": sampling, "drop_variables": drop_variables, "options": options,
+    }  # fmt: skip
     if names_many(path):
         paths = expand_paths(path, storage_options)  # type: ignore[arg-type]
         family = open_family(
-            xr, paths, group=group, memory_budget=memory_budget, chunks=chunks, drop_variables=drop_variables,
-            concat_dim=concat_dim, options=options,
+            xr, paths, group=group, settings=settings, sampling=sampling, chunks=chunks,
+            drop_variables=drop_variables, concat_dim=concat_dim, options=options,
         )  # fmt: skip
         if family is not None:
             return family
-        datasets = [
-            open_dataset(
-                one,
-                group=group,
-                memory_budget=memory_budget,
-                chunks=chunks,
-                decode_cf=decode_cf,
-                drop_variables=drop_variables,
-                storage_options=storage_options,
-                **decoders,
-            )
-            for one in paths
-        ]
+        datasets = [_opened(xr, one, **opened) for one in paths]
         # Only what varies along the joined dimension is joined; the rest is taken from the first file
         # (the stations of a time series are not repeated per day), and coordinates must agree exactly.
         combine = {"data_vars": "minimal", "coords": "minimal", "compat": "override", "join": "exact",
@@ -161,11 +160,21 @@ def open_dataset(
         if concat_dim is not None:
             return xr.combine_nested(datasets, concat_dim=concat_dim, **combine)
         return xr.combine_by_coords(datasets, **combine)
-    variables, attrs, close = labelled_variables(
-        path,  # type: ignore[arg-type]
-        group=group, storage_options=storage_options,
-        data_of=lambda source, coordinate: planned_data(source, chunks, memory_budget, eager=coordinate),
-    )  # fmt: skip
+    return _opened(xr, path, **opened)
+
+
+def _opened(
+    xr: Any, path: Any, *, group: str | None, storage_options: dict[str, Any] | None, chunks: ChunksSpec,
+    settings: PlanSettings, sampling: PlanSettings, drop_variables: str | Iterable[str] | None,
+    options: dict[str, Any],
+) -> Any:  # fmt: skip
+    """One file or store as a Dataset: its variables planned within ``settings`` (``sampling``: as for
+    :func:`daskstream.arrays.as_dask_array`), decoded by xarray's switches ``options``."""
+
+    def data_of(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+        return planned_data(source, chunks, settings, eager=coordinate, sampling=sampling)
+
+    variables, attrs, close = labelled_variables(path, group=group, storage_options=storage_options, data_of=data_of)
     dataset = decoded(xr, variables, attrs, where=str(path), drop_variables=drop_variables, **options)
     dataset.set_close(close)
     return dataset

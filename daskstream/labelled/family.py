@@ -63,7 +63,7 @@ from daskstream.arrays import as_dask_array
 from daskstream.errors import DaskstreamError, FileFamilyError
 from daskstream.graph.reads import ChunksSpec, SharedPlans, chunked_source_array, shared_settings
 from daskstream.labelled.variables import decoded, decoded_variables, dropped_names, labelled_variables, planned_data
-from daskstream.runtime.resources import resolve_settings
+from daskstream.planning.settings import PlanSettings
 from daskstream.sources.base import Source, file_stamp
 from daskstream.sources.detect import guess_format, is_url
 from daskstream.sources.hdf5 import import_h5py
@@ -83,7 +83,8 @@ def open_family(
     paths: Sequence[Any],
     *,
     group: str | None,
-    memory_budget: int | str | None,
+    settings: PlanSettings,
+    sampling: PlanSettings,
     chunks: ChunksSpec,
     drop_variables: str | Iterable[str] | None,
     concat_dim: str | None,
@@ -97,8 +98,11 @@ def open_family(
         The xarray module.
     paths
         Two or more local NetCDF4/HDF5 files, in the order given.
-    group, memory_budget, chunks, drop_variables, concat_dim
+    group, chunks, drop_variables, concat_dim
         As for :func:`daskstream.open_dataset`.
+    settings, sampling
+        What the variables are planned for, and for ``chunks="tune"`` the
+        reads that time candidates (see :func:`daskstream.arrays.as_dask_array`).
     options
         xarray's decoding switches (``mask_and_scale``, ``decode_times``...).
 
@@ -118,7 +122,7 @@ def open_family(
         return None  # (the file's own open says what is wrong with it)
     if fmt != "hdf5":
         return None
-    return _Family(xr, locations, group, memory_budget, chunks, drop_variables, concat_dim, options).open()
+    return _Family(xr, locations, group, settings, sampling, chunks, drop_variables, concat_dim, options).open()
 
 
 def _local_files(paths: Sequence[Any]) -> list[str] | None:
@@ -139,11 +143,13 @@ class _Family:
     """One opening of a family of files (see the module): what the first file gave, and what the others add."""
 
     def __init__(
-        self, xr: Any, locations: list[str], group: str | None, memory_budget: int | str | None, chunks: ChunksSpec,
-        drop_variables: str | Iterable[str] | None, concat_dim: str | None, options: dict[str, Any],
+        self, xr: Any, locations: list[str], group: str | None, settings: PlanSettings, sampling: PlanSettings,
+        chunks: ChunksSpec, drop_variables: str | Iterable[str] | None, concat_dim: str | None,
+        options: dict[str, Any],
     ) -> None:  # fmt: skip
         self.xr, self.locations, self.group = xr, locations, group
-        self.memory_budget, self.chunks, self.concat_dim = memory_budget, chunks, concat_dim
+        self.settings, self.sampling = settings, sampling
+        self.chunks, self.concat_dim = chunks, concat_dim
         self.drop_variables, self.options = drop_variables, options
         self.sources: dict[str, Source] = {}
         self.plans: SharedPlans | None = None
@@ -154,7 +160,7 @@ class _Family:
     def open(self) -> Any | None:
         def data_of(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
             self.sources[source.dataset or ""] = source
-            return planned_data(source, self.chunks, self.memory_budget, eager=coordinate)
+            return planned_data(source, self.chunks, self.settings, eager=coordinate, sampling=self.sampling)
 
         self.variables, attrs, close = labelled_variables(
             self.locations[0], group=self.group, storage_options=None, data_of=data_of
@@ -172,7 +178,7 @@ class _Family:
             # xarray takes what is not joined from the file first along the dimension: that file comes first.
             reordered = [self.locations[i] for i in found]
             return _Family(
-                self.xr, reordered, self.group, self.memory_budget, self.chunks, self.drop_variables,
+                self.xr, reordered, self.group, self.settings, self.sampling, self.chunks, self.drop_variables,
                 self.concat_dim, self.options,
             ).open()  # fmt: skip
         if found is None:
@@ -386,10 +392,9 @@ class _Family:
         """A dask array of ``source`` in the chunks asked for: for ``"auto"``, the plan of one file among
         all of them (:func:`~daskstream.graph.reads.shared_settings`), made once per kind of file."""
         if not (isinstance(self.chunks, str) and self.chunks == "auto"):
-            return as_dask_array(source, chunks=self.chunks, memory_budget=self.memory_budget)
+            return as_dask_array(source, self.settings, chunks=self.chunks, sampling=self.sampling)
         if self.plans is None:
-            settings = resolve_settings(memory_budget=self.memory_budget)
-            self.plans = SharedPlans(shared_settings(settings, len(self.locations)))
+            self.plans = SharedPlans(shared_settings(self.settings, len(self.locations)))
         return chunked_source_array(source, self.plans.chunks(source), self.plans.settings)
 
     def _merged_attrs(self, headers: list[FileHeader]) -> dict[str, Any] | None:

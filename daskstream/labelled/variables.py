@@ -25,6 +25,7 @@ from daskstream.errors import (
     UnknownFormatError,
 )
 from daskstream.graph.reads import ChunksSpec
+from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source, open_source
 from daskstream.sources.base import first_line
 from daskstream.sources.contiguous import ObjectBytes, ObjectFile
@@ -58,11 +59,11 @@ def h5netcdf_module() -> Any:
 
 
 def planned_data(
-    source: Source, chunks: ChunksSpec, memory_budget: int | str | None, *, eager: bool
+    source: Source, chunks: ChunksSpec, settings: PlanSettings, *, eager: bool, sampling: PlanSettings | None = None
 ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
-    """``source``'s data as daskstream plans it, and its chunks; read now when ``eager`` and small
-    (a dimension coordinate)."""
-    data = as_dask_array(source, chunks=chunks, memory_budget=memory_budget)
+    """``source``'s data as daskstream plans it within ``settings``, and its chunks; read now when ``eager`` and
+    small (a dimension coordinate). ``sampling``: as for :func:`daskstream.arrays.as_dask_array`."""
+    data = as_dask_array(source, settings, chunks=chunks, sampling=sampling)
     if eager and source.nbytes <= EAGER_COORDINATE_BYTES:
         # Read now, as xarray reads its indexes: here, in one read, rather than through a scheduler.
         return source.read(), data.chunks

@@ -21,10 +21,10 @@ from typing import Any
 import dask
 from dask.callbacks import Callback
 
-from daskstream.graph.layers import merged_graph, planned_resources
+from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.budget import format_size
-from daskstream.runtime.resources import resolve_resources
+from daskstream.planning.settings import Resources
 from daskstream.sources.reads import bytes_read_here
 
 
@@ -135,8 +135,9 @@ class TaskProgress(Callback):
         self._bar.update(1)
 
 
-def planned_bytes(objs: tuple[Any, ...]) -> int | None:
-    """The bytes computing ``objs`` will read from sources, as daskstream plans it; ``None`` where unknown.
+def planned_bytes(objs: tuple[Any, ...], resources: Resources) -> int | None:
+    """The bytes computing ``objs`` within ``resources`` will read from sources, as daskstream plans it;
+    ``None`` where unknown.
 
     A bar that counts these shows how far the reading is, its rate and the
     time left, whatever the shape of the graph (one output chunk of a
@@ -147,8 +148,7 @@ def planned_bytes(objs: tuple[Any, ...]) -> int | None:
         return None
     try:
         graph, keys = merged_graph(found)
-        planned = planned_resources(graph) or resolve_resources()
-        total = plan_graph(graph, keys, planned)[1].bytes_to_read
+        total = plan_graph(graph, keys, resources)[1].bytes_to_read
     except Exception:  # a bar only watches: a graph it cannot plan is computed with a bar of tasks
         return None
     return int(total) or None

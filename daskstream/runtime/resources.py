@@ -4,12 +4,15 @@ Precedence for the memory budget and thread counts: an explicit argument,
 then the setting ``daskstream.memory-budget`` when it is not ``"auto"`` (an
 active :func:`daskstream.session` with a budget sets it), then the active
 session's place (its workers, or this machine as its scheduler uses it), then
-the active distributed Client's workers, then this machine.
+the active distributed Client's workers, then this machine. A call over arrays
+daskstream opened takes, before those, what the arrays were planned with
+(:func:`resources_for`, :func:`settings_for`).
 
-:func:`resolve_settings` is called once where a call enters daskstream: it
-adds the ``daskstream.planning.*`` settings and returns the frozen
+These are called once where a call enters daskstream (a public function, a
+CLI command, a session): :func:`resolve_settings` adds the
+``daskstream.planning.*`` settings and returns the frozen
 :class:`~daskstream.planning.settings.PlanSettings` that everything below
-(the planner, sources, graph rewrites) receives.
+(the planner, sources, graph rewrites, the computations) receives.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dask.utils import parse_timedelta
 
 from daskstream import config
 from daskstream.errors import InvalidArgumentError
+from daskstream.graph.layers import planned_with
 from daskstream.planning.budget import format_size, parse_budget
 from daskstream.planning.settings import PlanSettings, Resources, SchedulerCost
 from daskstream.runtime.clusters import load_cluster_config
@@ -71,13 +75,15 @@ def resolve_settings(
     working_set_factor: float | None = None,
     min_tasks_per_thread: int | None = None,
     cluster: Resources | None = None,
+    resources: Resources | None = None,
 ) -> PlanSettings:
     """Everything a plan takes besides the array, resolved here and now: arguments first, then settings.
 
-    Resources come from :func:`resolve_resources`, or for a cluster that is
+    Resources come from :func:`resolve_resources`; or as ``resources`` gives
+    them, resolved already (:func:`resources_for`); or for a cluster that is
     not running yet from ``cluster`` (:func:`planned_cluster_resources`; a
     ``memory_budget`` given still wins, and the scheduler is costed as
-    dask.distributed's); the planner's settings from
+    dask.distributed's). The planner's settings come from
     ``daskstream.planning.*`` (``target-chunk-bytes: auto`` sized to the CPU
     cache, ``working-set-factor: auto`` from the dtype and ``float64-copies``).
 
@@ -87,7 +93,9 @@ def resolve_settings(
     >>> settings.memory_budget, settings.threads, settings.target_chunk_bytes
     (1073741824, 2, 4194304)
     """
-    if cluster is None:
+    if resources is not None:
+        kind = scheduler_kind()
+    elif cluster is None:
         resources = resolve_resources(memory_budget=memory_budget, threads=threads, workers=workers)
         kind = scheduler_kind()
     else:
@@ -107,6 +115,38 @@ def resolve_settings(
         scheduler=scheduler_cost(distributed=kind == "distributed"),
         object_store_task_bytes=parse_budget(config.get("objects.task-bytes"), name="daskstream.objects.task-bytes"),
     )
+
+
+def resources_for(*collections: Any, memory_budget: int | str | None = None) -> Resources:
+    """The budget and parallelism a call over ``collections`` plans for: a ``memory_budget`` given, else what
+    the arrays were planned with, else :func:`resolve_resources`.
+
+    What the arrays were planned with is read back from their graphs
+    (:func:`~daskstream.graph.layers.planned_with`: the smallest budget they
+    were opened with, their most threads and workers), so that a computation
+    over an array opened with ``memory_budget="64MiB"`` plans for 64 MiB
+    wherever it is built. A budget given replaces only their budget. Arrays
+    daskstream did not open, paths and Sources record nothing: the settings,
+    session, Client or machine decide, as :func:`resolve_resources` says.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> resources_for(da.ones(4), memory_budget="64MiB").memory_budget // 2**20
+    64
+    """
+    planned = planned_with(*collections)
+    if planned is None:
+        return resolve_resources(memory_budget=memory_budget)
+    if memory_budget is None:
+        return planned
+    given = resolve_resources(memory_budget=memory_budget)
+    return dataclasses.replace(planned, memory_budget=given.memory_budget, origin="arguments")
+
+
+def settings_for(*collections: Any, memory_budget: int | str | None = None) -> PlanSettings:
+    """:func:`resources_for` ``collections``, with the planner's settings (:func:`resolve_settings`)."""
+    return resolve_settings(resources=resources_for(*collections, memory_budget=memory_budget))
 
 
 #: Scheduler time per task, measured (benchmarks/scale.py): a dask.distributed scheduler's bookkeeping

@@ -51,7 +51,7 @@ from daskstream.runtime.clusters import join
 from daskstream.runtime.metering import ReadMeter, process_initializer, shared_counter
 from daskstream.runtime.pools import one_process_pool
 from daskstream.runtime.progress import ReadProgress, TaskProgress, planned_bytes, progress_bar
-from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources
+from daskstream.runtime.resources import Resources, _client_resources, _usable_cpus, machine_resources, resources_for
 from daskstream.runtime.scheduler_loss import close_client, guard_scheduler, lost_scheduler_error, scheduler_lost
 from daskstream.runtime.schedulers import enter, leave
 from daskstream.runtime.stopping import ctrl_c_kept_from_children, quiet_workers_when_stopped
@@ -377,7 +377,7 @@ class Session:
             raise InvalidArgumentError(f"{self!r}: compute inside `with session(...) as s:`")
 
         desc = label or _label(objs)
-        to_read = planned_bytes(objs) if self.progress else None
+        to_read = planned_bytes(objs, resources_for(*objs)) if self.progress else None
         bar = None
         if self.progress:
             bar = (
@@ -404,7 +404,7 @@ class Session:
         return results[0] if len(objs) == 1 else tuple(results)
 
     def _compute_distributed(self, objs: tuple[Any, ...], bar: Any, *, counts_bytes: bool = False) -> tuple[Any, ...]:
-        from distributed import as_completed, futures_of
+        from distributed import futures_of
         from distributed import wait as wait_for
 
         # Without the guard, a lost scheduler surfaces as cancelled futures, or as calls that
@@ -412,36 +412,32 @@ class Session:
         with guard_scheduler(self.client, _described(objs)):
             if bar is None:
                 return tuple(self.client.gather(self.client.compute(list(objs))))
-            # Persist first so the bar can follow every output chunk, then assemble them.
             client = self.client
-            if counts_bytes:
-                # The bytes the workers' sources deliver, asked of them twice a second: the bar moves
-                # with every block read, also while a single output chunk is being reduced.
-                with ReadMeter(self) as meter:
-                    persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
-                    futures = futures_of(persisted)
-                    pending = list(futures)
-                    while pending and not scheduler_lost(client):
-                        with contextlib.suppress(TimeoutError):  # not all done within the half second
-                            wait_for(pending, timeout=0.5)
-                        pending = [future for future in pending if not future.done()]
+            # Persist first so the bar can follow every output chunk, then assemble them. The futures are
+            # followed half a second at a time, so that a lost scheduler is noticed within that, never
+            # only when the Client's reconnection times out.
+            with ReadMeter(self) if counts_bytes else contextlib.nullcontext() as meter:
+                persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
+                futures = futures_of(persisted)
+                if meter is None:
+                    bar.total += len(futures)
+                    bar.refresh()
+                pending = list(futures)
+                while pending and not scheduler_lost(client):
+                    with contextlib.suppress(TimeoutError):  # not all done within the half second
+                        wait_for(pending, timeout=0.5, return_when="FIRST_COMPLETED")
+                    still = [future for future in pending if not future.done()]
+                    finished, pending = len(pending) - len(still), still
+                    if meter is None:
+                        bar.update(finished)
+                    else:
+                        # The bytes the workers' sources deliver, asked of them as the futures are followed:
+                        # the bar moves with every block read, also while one output chunk is being reduced.
                         bar.set_postfix_str(f"{len(futures) - len(pending)}/{len(futures)} chunks", refresh=False)
                         bar.update(max(min(meter.so_far(), bar.total) - bar.n, 0))
-                    if scheduler_lost(client):
-                        raise ConnectionError("the scheduler was lost while the results were computed")
-                return tuple(client.gather(client.compute(persisted)))
-            persisted = [client.persist(obj) if dask.is_dask_collection(obj) else obj for obj in objs]
-            futures = futures_of(persisted)
-            bar.total += len(futures)
-            bar.refresh()
-            for future in as_completed(futures):
-                # A future cancelled with the scheduler's loss is not a finished chunk.
-                if future.status == "cancelled" or scheduler_lost(self.client):
-                    break
-                bar.update(1)
-            if scheduler_lost(self.client):
-                raise ConnectionError("the scheduler was lost while the results were computed")
-            return tuple(self.client.gather(self.client.compute(persisted)))
+                if scheduler_lost(client):
+                    raise ConnectionError("the scheduler was lost while the results were computed")
+            return tuple(client.gather(client.compute(persisted)))
 
 
 def _label(objs: tuple[Any, ...]) -> str:

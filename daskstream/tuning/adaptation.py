@@ -63,6 +63,11 @@ class Adaptation:
         ``"planner"`` or where a remembered setting came from.
     adapted
         False when the run went as planned without trials (``reason`` says why).
+    cluster
+        The distributed cluster the run went to (its kind, address and size:
+        ``"LocalCluster at tcp://127.0.0.1:40213 (2 workers x 1 thread)"``),
+        where ``threads`` are the tasks it had in flight; ``None`` on this
+        process's threads.
     """
 
     source: str
@@ -76,6 +81,7 @@ class Adaptation:
     seconds: float
     started_from: str
     adapted: bool
+    cluster: str | None = None
 
     @property
     def chunks(self) -> tuple[int, ...]:
@@ -96,11 +102,14 @@ class Adaptation:
 
     def explain(self) -> str:
         """The run for people: what was tried, on how much of the data, what won and why."""
-        lines = [f"adaptive {self.operation} over {self.source} ({format_size(self.nbytes)}), {self.seconds:.2f} s"]
+        on = "" if self.cluster is None else f" on {self.cluster}"
+        lines = [f"adaptive {self.operation} over {self.source} ({format_size(self.nbytes)}){on}, {self.seconds:.2f} s"]
+        # On a cluster, a setting's threads are the tasks it has in flight there.
+        threads = "threads" if self.cluster is None else "in flight"
         if not self.adapted:
             lines.append(f"  ran as planned: {self.reason}")
             row = self.tried[0]
-            lines.append(f"  {row.chunks}, {format_size(row.chunk_bytes)} x {row.threads} threads")
+            lines.append(f"  {row.chunks}, {format_size(row.chunk_bytes)} x {row.threads} {threads}")
             return "\n".join(lines)
         share = self.trial_bytes / self.nbytes if self.nbytes else 0.0
         lines.append(
@@ -112,7 +121,7 @@ class Adaptation:
             speed = "-" if t.throughput is None else f"{t.throughput / 1e9:.2f} GB/s ± {t.spread:.0%}"
             mark = "  <- chosen" if i == self.chosen else ""
             lines.append(
-                f"    {t.role:<{width}}  {t.chunks!s:<16} {format_size(t.chunk_bytes):>10} x {t.threads:>2} threads"
+                f"    {t.role:<{width}}  {t.chunks!s:<16} {format_size(t.chunk_bytes):>10} x {t.threads:>2} {threads}"
                 f"  {speed}{mark}"
             )
         lines.append(f"  {self.reason}; the rest ran with it")

@@ -15,9 +15,10 @@ the progress bar's postfix while it runs), and the winner is remembered in the
 tuning cache under the same kind-of-data key :func:`daskstream.tune` uses, so
 the next adaptive run of that kind of data starts from it.
 
-Adaptation needs the threaded scheduler (threads are one of its knobs); on
-another scheduler, or an array too small for trials, the reduction runs as
-planned and the :class:`Adaptation` says why.
+Waves run on this process's threads, or as futures on a distributed cluster
+(:mod:`daskstream.tuning.wave_runner`); on another scheduler, or an array too
+small for trials, the reduction runs as planned and the :class:`Adaptation`
+says why.
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import source_array
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import PlanSettings
-from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source
 from daskstream.tuning.adaptation import Adaptation
 from daskstream.tuning.search import Multiples, SearchSpace
 from daskstream.tuning.tuner import cache_key, search_space, source_of
-from daskstream.tuning.wave_reads import RegionWaves, WaveBar, compute_wave, readable_for_waves, rows_array
+from daskstream.tuning.wave_reads import (
+    Cluster,
+    RegionWaves,
+    WaveBar,
+    compute_wave,
+    readable_for_waves,
+    rows_array,
+)
 from daskstream.tuning.wave_runner import AdaptiveJob, WaveRunner, row_bytes
 from daskstream.tuning.waves import (
     Setting,
@@ -79,7 +86,7 @@ class AdaptiveRun(AdaptiveJob):
         pieces: PieceReduction | PieceDescription,
         single_run: Any,
         *,
-        memory_budget: int | str | None,
+        settings: PlanSettings,
         progress: bool | None,
         computed: Computed | None = None,
     ) -> None:
@@ -92,7 +99,7 @@ class AdaptiveRun(AdaptiveJob):
         self.pieces = pieces
         # The computation done in one piece, as planned (what runs when nothing can be tried).
         self.single_run = single_run
-        self.memory_budget = memory_budget
+        self.settings = settings
         self.progress = progress
         self.adaptation: Adaptation | None = None
         # What turns the answer into the one given back (labelling it for a DataArray), or None.
@@ -161,14 +168,16 @@ class AdaptiveRun(AdaptiveJob):
             return "the data is stored with its last axis slowest; waves cut the first"
         return self.pieces.why_not(self.source.ndim)
 
-    def run_wave(self, space: SearchSpace, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float, float]:
+    def run_wave(
+        self, space: SearchSpace, setting: Setting, wave: Wave, bar: Any, cluster: Cluster | None
+    ) -> tuple[Any, float, float]:
         chunks = space.chunks(setting.multiples)
         if self.computed is not None and self.computed.waves is not None:
             piece = self.computed.waves.rows(wave.start, wave.stop, chunks)
         else:
             piece = rows_array(self.source, wave.start, wave.stop, chunks)
         nbytes = (wave.stop - wave.start) * row_bytes(space)
-        return compute_wave(self.pieces.piece(piece), setting.threads, bar, nbytes)
+        return compute_wave(self.pieces.piece(piece), setting.threads, bar, nbytes, cluster)
 
     def run_whole(self, bar: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -193,18 +202,16 @@ class Computed:
     chunks: tuple[int, ...]
 
 
-def _as_run(
-    x: Any, memory_budget: int | str | None, planned: Callable[[Any], Any]
-) -> tuple[Source, Any, Any, Computed | None]:
+def _as_run(x: Any, settings: PlanSettings, planned: Callable[[Any], Any]) -> tuple[Source, Any, Any, Computed | None]:
     """The source read, the array as planned, ``planned`` of it (the computation as one run) and, for an
     array computed from a source, what it computes."""
     opened = hasattr(x, "__dask_graph__") and any(name == x.name for name, _, _ in read_layers(x))
     if not hasattr(x, "__dask_graph__") or opened:
         source = source_of(x, as_opened=True)
-        array = source_array(source, "auto", resolve_settings(memory_budget=memory_budget))
+        array = source_array(source, "auto", settings)
         return source, array, planned(array), None
     single = planned(x)
-    readable, why = readable_for_waves(x, single, memory_budget)
+    readable, why = readable_for_waves(x, single, settings.resources)
     sources = list(readable.regions.sources) if readable is not None else [s for _, s, _ in read_layers(x)]
     if not sources:
         raise InvalidArgumentError(
@@ -215,7 +222,7 @@ def _as_run(
         readable, why = None, "the array is computed from several sources, or from one of another shape"
     label = readable.regions.label if readable is not None else "computed array"
     computed = Computed(
-        None if readable is None else RegionWaves(readable, memory_budget),
+        None if readable is None else RegionWaves(readable, settings.resources),
         why,
         label,
         np.dtype(x.dtype),
@@ -233,19 +240,18 @@ def adaptive_reduction(
     dtype: Any = None,
     ddof: int = 0,
     q: Any = None,
-    memory_budget: int | str | None = None,
+    settings: PlanSettings,
     progress: bool | None = None,
 ) -> AdaptiveRun:
     """``reduce(x, op, ..., adaptive=True)``: ``x`` a path, a :class:`Source`, an array made by
     ``daskstream.open`` or one computed from it region by region (``map_blocks`` kernels, element-wise
-    expressions)."""
+    expressions); ``settings`` resolved where the call entered."""
     options = {"keepdims": keepdims, "dtype": dtype, "ddof": ddof, "q": q}
-    source, _, single, computed = _as_run(x, memory_budget, lambda a: reduce(a, op, axis, **options))
+    budget = settings.resources.memory_budget
+    source, _, single, computed = _as_run(x, settings, lambda a: reduce(a, op, axis, memory_budget=budget, **options))
     axes = tuple(range(source.ndim)) if axis is None else normalize_axes(axis, source.ndim)
     pieces = PieceReduction(op, axes, keepdims=keepdims, dtype=dtype, ddof=ddof, q=q)
-    return AdaptiveRun(
-        source, op, axis, pieces, single, memory_budget=memory_budget, progress=progress, computed=computed
-    )
+    return AdaptiveRun(source, op, axis, pieces, single, settings=settings, progress=progress, computed=computed)
 
 
 def adaptive_description(
@@ -255,16 +261,16 @@ def adaptive_description(
     *,
     bin_range: Any = None,
     ddof: int = 0,
-    memory_budget: int | str | None = None,
+    settings: PlanSettings,
     progress: bool | None = None,
 ) -> AdaptiveRun:
-    """``describe(x, ..., adaptive=True)``: ``x`` as for :func:`adaptive_reduction`."""
+    """``describe(x, ..., adaptive=True)``: ``x`` and ``settings`` as for :func:`adaptive_reduction`."""
 
     def described(a: Any) -> Any:
-        return describe(a, axis, bins, range=bin_range, ddof=ddof, memory_budget=memory_budget)
+        return describe(a, axis, bins, range=bin_range, ddof=ddof, memory_budget=settings.resources.memory_budget)
 
-    source, planned, single, computed = _as_run(x, memory_budget, described)
-    pieces = PieceDescription.of(planned, axis, bins=bins, bin_range=bin_range, ddof=ddof, memory_budget=memory_budget)
+    source, planned, single, computed = _as_run(x, settings, described)
+    pieces = PieceDescription.of(planned, axis, bins=bins, bin_range=bin_range, ddof=ddof, resources=settings.resources)
     return AdaptiveRun(
-        source, "describe", axis, pieces, single, memory_budget=memory_budget, progress=progress, computed=computed
+        source, "describe", axis, pieces, single, settings=settings, progress=progress, computed=computed
     )

@@ -11,9 +11,11 @@ once -- one read of their sources and one halo instead of one per chunk --
 then encodes and writes each) and threads. Every trial wave writes its part
 of the target, so nothing is computed or read twice.
 
-A store that cannot run in waves (an HDF5 target, written by one process; a
-resumed store; an array that is not computed region by region; another
-scheduler than threads) writes as planned, and its
+On a distributed cluster each wave's tasks are submitted as futures and write
+from the workers, as a planned store's do there, each block once and marked
+done as it is written. A store that cannot run in waves (an HDF5 target,
+written by one process; a resumed store; an array that is not computed region
+by region; the ``sync`` or ``processes`` scheduler) writes as planned, and its
 :class:`~daskstream.tuning.adaptation.Adaptation` says why.
 """
 
@@ -31,12 +33,12 @@ from daskstream.compute.store.target import target_format
 from daskstream.compute.store.zarr_writes import PendingWrites, runs_blocks_with
 from daskstream.graph.layers import read_layers
 from daskstream.planning.settings import PlanSettings
-from daskstream.runtime.resources import resolve_settings
+from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.detect import split_dataset
 from daskstream.tuning.adaptation import Adaptation, Tried
 from daskstream.tuning.search import Multiples, SearchSpace
 from daskstream.tuning.tuner import cache_key
-from daskstream.tuning.wave_reads import RegionWaves, WaveBar, clocked, readable_for_waves
+from daskstream.tuning.wave_reads import Cluster, RegionWaves, WaveBar, clocked, readable_for_waves
 from daskstream.tuning.wave_runner import AdaptiveJob, WaveRunner, row_bytes
 from daskstream.tuning.waves import Setting, Wave
 from daskstream.tuning.work import Work
@@ -46,6 +48,7 @@ def adaptive_store(
     x: da.Array,
     target: str | os.PathLike[str],
     *,
+    settings: PlanSettings,
     progress: Any = None,
     **options: Any,
 ) -> da.Array:
@@ -58,9 +61,7 @@ def adaptive_store(
     by default.
     """
     started = time.perf_counter()
-    job = StoreJob(
-        target, memory_budget=options.get("memory_budget"), progress=None if callable(progress) else progress
-    )
+    job = StoreJob(target, settings=settings, progress=None if callable(progress) else progress)
     with runs_blocks_with(job.write):
         stored = store(x, target, progress=progress if callable(progress) else False, **options)
     if job.adaptation is None:
@@ -85,9 +86,9 @@ class StoreJob(AdaptiveJob):
 
     operation = "store"
 
-    def __init__(self, target: Any, *, memory_budget: int | str | None, progress: bool | None) -> None:
+    def __init__(self, target: Any, *, settings: PlanSettings, progress: bool | None) -> None:
         self.name = os.fspath(target)
-        self.memory_budget = memory_budget
+        self.settings = settings
         self.progress = progress
         self.writes: PendingWrites | None = None
         self.waves: RegionWaves | None = None
@@ -99,18 +100,19 @@ class StoreJob(AdaptiveJob):
     def write(self, writes: PendingWrites) -> None:
         self.writes = writes
         self.name = writes.target.name
-        readable, self.not_readable = readable_for_waves(writes.x, writes.x, self.memory_budget)
-        self.waves = None if readable is None else RegionWaves(readable, self.memory_budget)
+        readable, self.not_readable = readable_for_waves(writes.x, writes.x, self.settings.resources)
+        self.waves = None if readable is None else RegionWaves(readable, self.settings.resources)
         _, self.adaptation = WaveRunner(self).run()
 
     def as_planned(self, x: da.Array, reason: str, *, seconds: float, written: bool) -> Adaptation:
         """The record of a store the adaptive run never entered, and why (``written``: it wrote ``x``)."""
         chunks = tuple(c[0] if c else 0 for c in x.chunks)
+        cluster = Cluster.active() if scheduler_kind() == "distributed" else None
         row = Tried(
             role="planner",
             chunks=chunks,
             chunk_bytes=math.prod(chunks) * x.dtype.itemsize,
-            threads=resolve_settings(memory_budget=self.memory_budget).resources.threads,
+            threads=self.settings.resources.threads if cluster is None else cluster.threads,
             waves=int(written),
             nbytes=int(x.nbytes) if written else 0,
             seconds=seconds if written else 0.0,
@@ -129,6 +131,7 @@ class StoreJob(AdaptiveJob):
             seconds=seconds,
             started_from="planner",
             adapted=False,
+            cluster=None if cluster is None else str(cluster),
         )
 
     @property
@@ -178,7 +181,9 @@ class StoreJob(AdaptiveJob):
             return "a 0-d array is one chunk"
         return None
 
-    def run_wave(self, space: SearchSpace, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float, float]:
+    def run_wave(
+        self, space: SearchSpace, setting: Setting, wave: Wave, bar: Any, cluster: Cluster | None
+    ) -> tuple[Any, float, float]:
         writes = self._writes
         assert self.waves is not None
         rows = space.unit[0]
@@ -187,6 +192,11 @@ class StoreJob(AdaptiveJob):
         tasks = self.waves.rows(wave.start, wave.stop, chunks)
         blocks = [b for b in writes.pending if wave.start <= b[0] * rows < wave.stop]
         nbytes = (wave.stop - wave.start) * row_bytes(space)
+
+        if cluster is not None:
+            # Futures on the cluster's workers (the store's own way there), which write and mark each block.
+            wall = cluster.clocked(lambda: writes.write(tasks, blocks, first_row=wave.start), bar, nbytes)
+            return None, wall, wall
 
         def run(callbacks: list[Any]) -> None:
             writes.write(tasks, blocks, first_row=wave.start, threads=setting.threads, callbacks=callbacks)

@@ -449,12 +449,17 @@ class Tuner:
         }
 
 
-def tuned_chunks(source: Source, memory_budget: int | str | None = None) -> tuple[int, ...]:
+def tuned_chunks(source: Source, settings: PlanSettings, *, sampling: PlanSettings) -> tuple[int, ...]:
     """The chunks ``open(path, chunks="tune")`` uses: remembered, else measured now for the default op.
 
-    When nothing could be measured, the planner's chunks, with a warning that says why.
+    As :func:`tune` with its defaults: candidates sized to ``settings``, the
+    reads that time them planned for ``sampling``. When nothing could be
+    measured, the planner's chunks, with a warning that says why.
     """
-    result = tune(source, op=config.get("tune.default-op"), memory_budget=memory_budget)
+    started = time.perf_counter()
+    work = work_for(config.get("tune.default-op"), None, ndim=source.ndim, dtype=source.dtype, axis=None, depth=0)
+    tuner = Tuner(source, work, settings, sampling=sampling)
+    result = tuner.run(_seconds(config.get("tune.time-budget")), started=started)
     if not result.from_cache and result.speedup_vs_auto is None:
         warn(
             f"{source.name}: chunks='tune' measured nothing ({result.stopped}); opened in the planner's chunks "

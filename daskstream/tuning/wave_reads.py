@@ -1,12 +1,13 @@
 """What one wave of an adaptive run reads and how it is timed: rows of a source (or of regions computed
 from sources) as their own dask array, the run's progress bar moved by the wave's bytes, and the clock of
-its tasks."""
+its tasks -- on this process's threads, or as futures on a distributed cluster (:class:`Cluster`)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -17,7 +18,9 @@ from dask.callbacks import Callback
 
 from daskstream.compute.computation import plan_compute
 from daskstream.graph.regions import Readable, Regions, region_array, regions_of
-from daskstream.runtime.resources import resolve_settings
+from daskstream.planning.settings import Resources
+from daskstream.runtime.scheduler_loss import guard_scheduler
+from daskstream.runtime.schedulers import active_client
 from daskstream.sources import Source
 from daskstream.sources.base import Region
 
@@ -37,7 +40,7 @@ def rows_array(source: Source, start: int, stop: int, chunks: tuple[int, ...]) -
     )
 
 
-def readable_for_waves(x: da.Array, planned: Any, memory_budget: int | str | None) -> tuple[Readable | None, str]:
+def readable_for_waves(x: da.Array, planned: Any, resources: Resources) -> tuple[Readable | None, str]:
     """What ``x``'s blocks are computed from region by region, for waves of an adaptive run; ``None`` and why
     not when they are not, or when waves would read more than ``planned`` (the computation as planned).
 
@@ -45,7 +48,7 @@ def readable_for_waves(x: da.Array, planned: Any, memory_budget: int | str | Non
     compute them once, first, which reads the data twice where the planned computation holds what it
     reads for them within the budget and reads it once.
     """
-    share = resolve_settings(memory_budget=memory_budget).resources.per_task_bytes
+    share = resources.per_task_bytes
     readable = regions_of(x, constant_limit=share // 8)
     if readable is None:
         return None, (
@@ -65,9 +68,9 @@ class RegionWaves:
     computed with (``x - x.mean()``) computed once, when the first wave needs them, and handed to every
     wave's tasks as the small arrays they are."""
 
-    def __init__(self, readable: Readable, memory_budget: int | str | None) -> None:
+    def __init__(self, readable: Readable, resources: Resources) -> None:
         self.readable = readable
-        self.resources = resolve_settings(memory_budget=memory_budget).resources
+        self.resources = resources
         self.computed = not readable.constants
 
     def rows(self, start: int, stop: int, chunks: tuple[int, ...]) -> da.Array:
@@ -83,9 +86,15 @@ class RegionWaves:
         return region_array(Readable(rows, self.readable.constants), grid, self.resources)
 
 
-def compute_wave(lazy: Any, threads: int, bar: Any, nbytes: int) -> tuple[Any, float, float]:
-    """Compute ``lazy`` on ``threads`` threads: its result, and its seconds as :func:`clocked` gives them."""
+def compute_wave(
+    lazy: Any, threads: int, bar: Any, nbytes: int, cluster: Cluster | None = None
+) -> tuple[Any, float, float]:
+    """Compute ``lazy`` on ``threads`` threads, or as futures on ``cluster``: its result, and its seconds as
+    :func:`clocked` (:meth:`Cluster.clocked`) gives them."""
     found: list[Any] = []
+    if cluster is not None:
+        wall = cluster.clocked(lambda: found.append(cluster.gathered(lazy)), bar, nbytes)
+        return found[0], wall, wall
 
     def run(callbacks: list[Callback]) -> None:
         with contextlib.ExitStack() as stack:
@@ -106,6 +115,104 @@ def clocked(run: Callable[[list[Callback]], None], bar: Any, nbytes: int) -> tup
     run([clock, *([WaveBar(bar, nbytes)] if bar is not None else [])])
     wall = time.perf_counter() - t0
     return wall, clock.seconds or wall
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The distributed cluster an adaptive run's waves go to: its Client, what kind of cluster it is and its size.
+
+    Each wave is submitted whole as futures (``client.compute``) and its result
+    gathered here; the scheduler spreads its tasks over every worker thread,
+    so a wave has as many tasks in flight as the cluster has threads.
+
+    Attributes
+    ----------
+    client
+        The distributed Client ``dask.compute`` uses now.
+    kind
+        The cluster's class (``"LocalCluster"``, ``"SSHCluster"``...), or
+        ``"joined cluster"`` for a scheduler joined by its address.
+    address
+        The scheduler's address.
+    threads_per_worker
+        Each connected worker's threads, fewest first.
+    """
+
+    client: Any
+    kind: str
+    address: str
+    threads_per_worker: tuple[int, ...]
+
+    @classmethod
+    def active(cls) -> Cluster | None:
+        """The cluster of the Client ``dask.compute`` would use now, or ``None`` when it uses none."""
+        client = active_client()
+        if client is None:
+            return None
+        with guard_scheduler(client, "asking the scheduler for its workers"):
+            workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        cluster = getattr(client, "cluster", None)
+        return cls(
+            client,
+            "joined cluster" if cluster is None else type(cluster).__name__,
+            client.scheduler.address,
+            tuple(sorted(int(w["nthreads"]) for w in workers)),
+        )
+
+    @property
+    def workers(self) -> int:
+        return len(self.threads_per_worker)
+
+    @property
+    def threads(self) -> int:
+        """Threads of all the workers: the tasks a wave has in flight."""
+        return sum(self.threads_per_worker)
+
+    @property
+    def size(self) -> str:
+        """``"2 workers x 1 thread"`` (``"3 workers, 10 threads"`` when they differ).
+
+        >>> Cluster(None, "LocalCluster", "tcp://127.0.0.1:8786", (2, 2)).size
+        '2 workers x 2 threads'
+        >>> Cluster(None, "SSHCluster", "tcp://10.0.0.5:8786", (1, 4, 4)).size
+        '3 workers, 9 threads'
+        """
+        each = set(self.threads_per_worker)
+        workers = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
+        if len(each) == 1:
+            (threads,) = each
+            return f"{workers} x {threads} thread{'s' if threads != 1 else ''}"
+        return f"{workers}, {self.threads} threads"
+
+    @property
+    def key(self) -> str:
+        """What names it in the tuning cache: its kind and size, not its address (a local cluster's port
+        changes with every start)."""
+        return f"{self.kind}: {self.size}"
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.address} ({self.size})"
+
+    def gathered(self, lazy: Any) -> Any:
+        """``lazy`` (a dask collection, or a list of them) computed as futures on the cluster, gathered here."""
+        futures = self.client.compute(lazy)
+        try:
+            return self.client.gather(futures)
+        except BaseException:
+            self.client.cancel(futures)
+            raise
+
+    def clocked(self, run: Callable[[], None], bar: Any, nbytes: int) -> float:
+        """Run one wave, ``run()`` computing it on the cluster: its wall seconds on this process's clock (no
+        task's clock reaches it), submission and gathering included. ``bar`` (if any) moves by ``nbytes``
+        once the wave is done."""
+        t0 = time.perf_counter()
+        with guard_scheduler(self.client, "running a wave of an adaptive run"):
+            run()
+        wall = time.perf_counter() - t0
+        if bar is not None:
+            bar.update(nbytes)
+        return wall
 
 
 class WaveBar(Callback):

@@ -7,9 +7,15 @@ blocks written); :class:`WaveRunner` lays out the waves
 :class:`~daskstream.tuning.adaptation.Adaptation` and remembers the winner in
 the tuning cache under the job's key.
 
-Adaptation needs the threaded scheduler (threads are one of its knobs); on
-another scheduler, or with an array too small for trials, the job runs as
-planned and the record says why.
+Waves run on this process's threads (the threaded scheduler: how many is one
+of the knobs), or on a distributed cluster (an active ``ds.session`` of one,
+or a ``distributed.Client`` made the default): there each wave is submitted
+as futures and gathered, every thread of the cluster takes its tasks (the
+threads knob becomes the tasks in flight, the cluster's threads: no more can
+run at once), the rows per task are tried as on threads, and the winner is
+remembered under a key naming the cluster's kind and size. On another
+scheduler (``sync``, ``processes``), or with an array too small for trials,
+the job runs as planned and the record says why.
 """
 
 from __future__ import annotations
@@ -22,11 +28,11 @@ from daskstream import config
 from daskstream.planning.budget import format_size
 from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.progress import progress_bar
-from daskstream.runtime.resources import resolve_settings
 from daskstream.runtime.schedulers import current, scheduler_kind
 from daskstream.runtime.tune_cache import TuneCache
 from daskstream.tuning.adaptation import Adaptation, Tried
 from daskstream.tuning.search import Multiples, SearchSpace
+from daskstream.tuning.wave_reads import Cluster
 from daskstream.tuning.waves import (
     Choice,
     Setting,
@@ -52,7 +58,8 @@ class AdaptiveJob:
     name: str
     #: The operation: a reduction's name, ``"describe"``, ``"store"``.
     operation: str
-    memory_budget: int | str | None
+    #: The planner's settings, resolved where the run was asked for (the budget, the threads).
+    settings: PlanSettings
     progress: bool | None
 
     def search_space(self, settings: PlanSettings) -> SearchSpace:
@@ -78,9 +85,12 @@ class AdaptiveJob:
         """Why this job cannot run in waves (``None`` when it can)."""
         return None
 
-    def run_wave(self, space: SearchSpace, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float, float]:
-        """Rows ``[wave.start, wave.stop)`` computed with ``setting``: the wave's result, its wall seconds and
-        its seconds from first task to last (see :func:`daskstream.tuning.wave_reads.compute_wave`)."""
+    def run_wave(
+        self, space: SearchSpace, setting: Setting, wave: Wave, bar: Any, cluster: Cluster | None
+    ) -> tuple[Any, float, float]:
+        """Rows ``[wave.start, wave.stop)`` computed with ``setting`` on this process's threads, or as
+        futures on ``cluster``: the wave's result, its wall seconds and its seconds from first task to last
+        (see :func:`daskstream.tuning.wave_reads.compute_wave`)."""
         raise NotImplementedError
 
     def run_whole(self, bar: Any) -> tuple[Any, float]:
@@ -102,18 +112,25 @@ class WaveRunner:
 
     def __init__(self, job: AdaptiveJob) -> None:
         self.job = job
-        self.settings = resolve_settings(memory_budget=job.memory_budget)
+        self.settings = job.settings
+        self.kind = scheduler_kind()
+        # Where the waves run: this process's threads, or a distributed cluster's as futures.
+        self.cluster = Cluster.active() if self.kind == "distributed" else None
         self.space = job.search_space(self.settings)
         self.row_bytes = row_bytes(self.space)
         self.key = job.cache_key(self.space, self.settings)
+        if self.cluster is not None:
+            # A laptop's choice is not a cluster's, nor a small cluster's a large one's.
+            self.key["cluster"] = self.cluster.key
         # The planner's task as whole units (None when it is not: then nothing is tried).
         self.planned_multiples = job.planned_multiples(self.space, self.settings)
-        self.planner = Setting(
-            self.planned_multiples or (1,) * len(self.space.shape), job.planned_threads(self.settings), "planner"
-        )
+        # Tasks at once: the job's threads, or on a cluster all of its threads (a wave's futures fill them).
+        threads = job.planned_threads(self.settings) if self.cluster is None else self.cluster.threads
+        self.planner = Setting(self.planned_multiples or (1,) * len(self.space.shape), threads, "planner")
         self.memory_factor = job.memory_factor(self.settings)
-        # What one worker's tasks may hold at once.
-        self.budget = self.space.per_task_bytes * self.settings.resources.threads
+        # What one worker's tasks may hold at once; on a cluster, all workers' (as many tasks run on each).
+        at_once = self.settings.resources.threads if self.cluster is None else self.cluster.threads
+        self.budget = self.space.per_task_bytes * at_once
         # Seconds each wave took (wall, and first task to last), by its first row.
         self.spent: dict[int, float] = {}
         self.busy: dict[int, float] = {}
@@ -124,11 +141,11 @@ class WaveRunner:
         entry = TuneCache().get(self.key) or {}
         remembered = entry.get("adaptive")
         if isinstance(remembered, dict) and isinstance(remembered.get("multiples"), list):
-            setting = Setting(
-                self.space.clip(tuple(int(m) for m in remembered["multiples"])),
-                int(remembered.get("threads", self.planner.threads)),
-                "remembered",
-            )
+            # On a cluster every wave has the cluster's threads in flight, whatever was remembered.
+            threads = self.planner.threads
+            if self.cluster is None:
+                threads = int(remembered.get("threads", threads))
+            setting = Setting(self.space.clip(tuple(int(m) for m in remembered["multiples"])), threads, "remembered")
             if self._in_budget(setting):
                 return (
                     setting,
@@ -147,7 +164,7 @@ class WaveRunner:
             start.multiples,
             start.threads,
             memory_factor=self.memory_factor,
-            max_threads=int(config.setting("adaptive.max-threads")),
+            max_threads=self._max_threads(),
             budget_bytes=self.budget,
             role=start.role,
         )
@@ -157,6 +174,12 @@ class WaveRunner:
             others = [s for s in tried[1:] if (s.multiples, s.threads) != (planner.multiples, planner.threads)]
             return [start, planner, *others]
         return tried
+
+    def _max_threads(self) -> int:
+        """The most threads a setting may have: ``adaptive.max-threads``; on a cluster, its threads as well
+        (more tasks submitted at once than that would wait in the workers' queues)."""
+        most = int(config.setting("adaptive.max-threads"))
+        return most if self.cluster is None else min(most, self.cluster.threads)
 
     # -- running -----------------------------------------------------------------
 
@@ -193,9 +216,15 @@ class WaveRunner:
 
     def _why_not(self) -> str | None:
         """Why this run cannot adapt, or ``None``."""
-        if scheduler_kind() != "threads":
+        if self.kind == "distributed":
+            if self.cluster is None:
+                return "no distributed Client is active to submit waves to"
+            if not self.cluster.threads:
+                return f"the {self.cluster.kind} at {self.cluster.address} has no workers to run waves on"
+        elif self.kind != "threads":
             return (
-                f"adaptive runs choose threads, so they need the threaded scheduler; this one is {scheduler_kind()!r}"
+                "adaptive runs choose how many tasks run at once, so they need the threaded scheduler or a "
+                f"distributed cluster; this one is {self.kind!r}"
             )
         own = self.job.why_not(self.space)
         if own is None and self.planned_multiples is None:
@@ -290,7 +319,7 @@ class WaveRunner:
         )
 
     def _run_wave(self, setting: Setting, wave: Wave, bar: Any) -> tuple[Any, float, float]:
-        return self.job.run_wave(self.space, setting, wave, bar)
+        return self.job.run_wave(self.space, setting, wave, bar, self.cluster)
 
     # -- the record ----------------------------------------------------------------
 
@@ -334,6 +363,7 @@ class WaveRunner:
             seconds=time.perf_counter() - started,
             started_from=started_from,
             adapted=adapted,
+            cluster=None if self.cluster is None else str(self.cluster),
         )
 
     def _remember(self, winner: Setting, adaptation: Adaptation) -> None:

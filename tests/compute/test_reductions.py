@@ -26,6 +26,7 @@ from daskstream.errors import (
     UnknownOperationError,
     UnsupportedDtypeError,
 )
+from daskstream.planning.settings import Resources
 from daskstream.runtime.metering import ReadMeter
 
 # numpy's own function for each op, with float inputs accumulated in float64 as daskstream does.
@@ -413,9 +414,9 @@ def test_quantile_refuses_complex_and_bool():
 def test_fan_in_comes_from_the_budget():
     x = da.ones((4096, 4096), chunks=(64, 4096))
     # Scalar partials are tiny: one combine level merges many.
-    wide = combine_fan_in(x, (0, 1), partial_itemsize=24, memory_budget="1GiB")
+    wide = combine_fan_in(x, (0, 1), partial_itemsize=24, resources=Resources(2**30, 2, 1, origin="arguments"))
     # Per-row partials along a kept axis of 4096: a small budget merges few at a time.
-    narrow = combine_fan_in(x, (0,), partial_itemsize=24, memory_budget="4MiB")
+    narrow = combine_fan_in(x, (0,), partial_itemsize=24, resources=Resources(4 * 2**20, 2, 1, origin="arguments"))
     assert wide > 100
     assert 2 <= narrow < 32
     assert narrow != 4 or wide != 4
@@ -644,3 +645,27 @@ def test_the_spread_of_complex_data_is_numpys_from_a_file(tmp_path, op, axis):
     want = getattr(np, op)(values.astype("c16"), axis=axis, ddof=1)
     assert got.dtype == np.float64  # a spread of complex numbers is real, as in numpy
     np.testing.assert_allclose(got, want, rtol=1e-10, equal_nan=True)
+
+
+# Each computation of an array, as the user calls it: a budget given to it is passed as memory_budget=.
+PLANNED_COMPUTATIONS = {
+    "sum": lambda x, **budget: ds.reduce(x, "sum", **budget),
+    "var": lambda x, **budget: ds.reduce(x, "var", axis=0, **budget),
+    "quantile": lambda x, **budget: ds.reduce(x, "quantile", q=0.25, **budget),
+    "median": lambda x, **budget: ds.reduce(x, "median", **budget),
+    "histogram": lambda x, **budget: ds.reduce(x, "histogram", bins=10, range=(0, 1), **budget)[0],
+    "describe": lambda x, **budget: ds.describe(x, bins=10, range=(0, 1), **budget),
+}
+
+
+@pytest.mark.parametrize("computation", sorted(PLANNED_COMPUTATIONS))
+def test_a_computation_plans_for_the_budget_its_array_was_opened_with_and_a_budget_given_wins(tmp_path, computation):
+    np.save(tmp_path / "a.npy", np.random.default_rng(0).random((1024, 64)))
+    x = ds.open(tmp_path / "a.npy", memory_budget="64KiB")
+    planned = PLANNED_COMPUTATIONS[computation]
+    # A computation's name says what it computes and how it is planned (its combine trees, its passes).
+    assert dask.base.tokenize(planned(x)) == dask.base.tokenize(planned(x, memory_budget="64KiB"))
+    assert dask.base.tokenize(planned(x)) != dask.base.tokenize(planned(x, memory_budget="1GiB"))
+    with dask.config.set({"daskstream.memory-budget": "1GiB"}):
+        # The array's own budget over the setting: it was opened (and chunked) for it.
+        assert dask.base.tokenize(planned(x)) == dask.base.tokenize(planned(x, memory_budget="64KiB"))

@@ -693,6 +693,17 @@ def test_hdf5_batches_follow_the_memory_budget(tmp_path, blocks, recorded):
     assert calls == recorded
 
 
+def test_hdf5_batches_follow_the_budget_the_array_was_opened_with_and_a_budget_given_wins(tmp_path):
+    np.save(tmp_path / "a.npy", oracle(np.float64, (64, 128)))
+    with dask.config.set(scheduler="threads", num_workers=2):
+        budget = budget_for_batches(ds.open(tmp_path / "a.npy", chunks=(8, 128)), 1)
+        x = ds.open(tmp_path / "a.npy", chunks=(8, 128), memory_budget=budget)  # 8 blocks of 8 KiB
+        for target, given, recorded in [("a", {}, list(range(9))), ("b", {"memory_budget": "1GiB"}, [0, 8])]:
+            calls = []
+            store(x, f"{tmp_path}/{target}.h5::/d", **given, progress=lambda d, t, seen=calls: seen.append(d))
+            assert calls == recorded
+
+
 def _slowly(block):
     time.sleep(0.25)
     return block

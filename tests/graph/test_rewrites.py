@@ -9,7 +9,7 @@ import pytest
 from dask._task_spec import GraphNode
 
 import daskstream as ds
-from daskstream.graph.layers import planned_resources
+from daskstream.graph.layers import planned_with
 from daskstream.graph.rewrites import clone_array
 
 # What each array's graph holds beyond blockwise layers.
@@ -56,6 +56,6 @@ def test_the_copy_of_a_read_keeps_what_it_was_planned_for(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(60.0).reshape(10, 6))
     x = ds.open(tmp_path / "a.npy", memory_budget="1MiB")[2:9]
     again = clone_array(x, seed=1)
-    assert planned_resources(again.__dask_graph__()) == planned_resources(x.__dask_graph__())
-    assert planned_resources(again.__dask_graph__()).memory_budget == 2**20
+    assert planned_with(again) == planned_with(x)
+    assert planned_with(again).memory_budget == 2**20
     np.testing.assert_array_equal(again.compute(), np.arange(60.0).reshape(10, 6)[2:9])

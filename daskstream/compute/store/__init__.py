@@ -41,12 +41,13 @@ from daskstream.errors import (
     InvalidChunksError,
     UnsupportedDtypeError,
 )
-from daskstream.graph.layers import budget_of, read_layers, rechunk_records
+from daskstream.graph.layers import read_layers, rechunk_records
 from daskstream.graph.optimize import computed_once_layers, with_layers_computed
 from daskstream.graph.reads import source_array
 from daskstream.planning.grid import regular_chunk_shape, regular_grid
+from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.progress import BlockProgress
-from daskstream.runtime.resources import resolve_settings
+from daskstream.runtime.resources import settings_for
 from daskstream.runtime.schedulers import current as current_session
 from daskstream.sources import open_source
 from daskstream.sources.base import checked_path
@@ -137,7 +138,8 @@ def store(
     memory_budget
         Bytes one worker may use (``"2GiB"``); bounds how many computed blocks
         the HDF5 writer holds at once, and the threads writing to an object
-        store. Default: as for :func:`daskstream.open`.
+        store; the array returned is planned for it. Default: the budget ``x``
+        was opened with, else as for :func:`daskstream.open`.
     storage_options
         fsspec options for a target URL (``s3://bucket/out.zarr``): endpoint
         (``{"client_kwargs": {"endpoint_url": ...}}``), ``profile``, ``anon``,
@@ -149,7 +151,8 @@ def store(
     Returns
     -------
     dask.array.Array
-        ``daskstream.open`` of the written array: lazy, reading from disk.
+        ``daskstream.open`` of the written array with the budget the store
+        planned for: lazy, reading from disk.
 
     Raises
     ------
@@ -233,12 +236,16 @@ def store(
     kind = target_format(path)
     if storage_options is not None and kind != "zarr-url":
         raise InvalidArgumentError(f"{path}: storage_options are for targets on object stores (URLs), not local paths")
+    # What x was planned with (the chunks a resumed store compares with the planner's), and what the store plans
+    # for: a budget given wins.
+    as_opened = settings_for(x)
+    settings = as_opened if memory_budget is None else settings_for(x, memory_budget=memory_budget)
     if kind == "hdf5":
         if not member or not member.strip("/"):
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
         if inner_chunks is not None:
             raise InvalidArgumentError(f"{path}: inner_chunks (shards) are for Zarr targets; HDF5 has none")
-        writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, memory_budget, Carried.of(x))
+        writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, settings.resources, Carried.of(x))
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
@@ -246,7 +253,9 @@ def store(
         inner = None if inner_chunks is None else tuple(int(c) for c in inner_chunks)
         version: Literal[2, 3] = 2 if zarr_format == 2 else 3
         if kind == "zarr-url":
-            writer = ObjectZarrTarget(path, member, codec, version, Carried.of(x), inner, storage_options)
+            writer = ObjectZarrTarget(
+                path, member, codec, version, Carried.of(x), inner, storage_options, resources=settings.resources
+            )
         else:
             writer = ZarrTarget(path, member, codec, version, Carried.of(x), inner)
     writer.check_sources([source for _, source, _ in read_layers(x)])
@@ -257,10 +266,14 @@ def store(
         creating = overwrite or (finished is None and writer.recorded() is None)
         target_kind = "hdf5" if isinstance(writer, Hdf5Target) else "zarr"
         folder = None if kind == "zarr-url" else os.path.dirname(os.path.abspath(path))
-        choice = choose_codec(x, target_kind, optimize=optimize, folder=folder) if creating else None
+        choice = (
+            choose_codec(x, target_kind, optimize=optimize, folder=folder, threads=settings.threads)
+            if creating
+            else None
+        )
         writer.compressor = "default" if choice is None else choice.compressor(zarr_format)
     if resume and not overwrite:
-        x, identity = _as_recorded(x, identity, writer.recorded(), finished=finished is not None)
+        x, identity = _as_recorded(x, identity, writer.recorded(), finished=finished is not None, settings=as_opened)
     if finished is not None and not finished.differences(identity):
         # The same computation stored there before, to the end: nothing to write.
         total = math.prod(x.numblocks)
@@ -280,7 +293,7 @@ def store(
             shutil.rmtree(record.folder, ignore_errors=True)
 
     written = open_source(writer.path, dataset=writer.member, storage_options=storage_options)
-    return source_array(written, "auto", resolve_settings())
+    return source_array(written, "auto", settings)
 
 
 def stored_bytes(
@@ -309,7 +322,7 @@ def stored_bytes(
 
 
 def _as_recorded(
-    x: da.Array, identity: StoreIdentity, recorded: StoreIdentity | None, *, finished: bool
+    x: da.Array, identity: StoreIdentity, recorded: StoreIdentity | None, *, finished: bool, settings: PlanSettings
 ) -> tuple[da.Array, StoreIdentity]:
     """``x`` read again in the chunks a store recorded, when it is a plain read of one source.
 
@@ -317,8 +330,9 @@ def _as_recorded(
     reading in the recorded chunks keeps the blocks already written. A
     ``finished`` store is taken as complete only when ``x``'s chunks are the
     planner's (another budget), not chunks the caller chose: those ask for the
-    data in new chunks. Anything else (other data, or a computed array) is
-    returned unchanged, for the target to refuse.
+    data in new chunks. ``settings``: what ``x`` was planned with. Anything
+    else (other data, or a computed array) is returned unchanged, for the
+    target to refuse.
     """
     if recorded is None or not recorded.differences(identity) or recorded.chunks == identity.chunks:
         return x, identity
@@ -327,7 +341,6 @@ def _as_recorded(
         return x, identity
 
     try:
-        settings = resolve_settings(memory_budget=budget_of(x))
         if finished and source_array(reads[0][1], "auto", settings).chunks != x.chunks:
             return x, identity  # chunks the caller chose, not the planner: theirs to keep
         again = source_array(reads[0][1], recorded.chunks, settings)

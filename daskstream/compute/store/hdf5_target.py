@@ -22,7 +22,7 @@ import dask.array as da
 import numpy as np
 from dask.optimization import cull
 
-from daskstream.compute.computation import plan_compute
+from daskstream.compute.computation import computation_plan
 from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
 from daskstream.compute.store.named_codecs import named_codec
 from daskstream.compute.store.record import (
@@ -52,12 +52,12 @@ from daskstream.errors import (
     UnsupportedDtypeError,
     warn,
 )
-from daskstream.graph.layers import budget_of, source_places
+from daskstream.graph.layers import source_places
 from daskstream.graph.optimize import with_aggregates_computed
 from daskstream.planning.budget import FILTERED_WRITE_COPIES, plannable_bytes
 from daskstream.planning.grid import regular_block_slices
+from daskstream.planning.settings import Resources
 from daskstream.runtime.pools import one_process_pool
-from daskstream.runtime.resources import resolve_resources
 from daskstream.runtime.schedulers import active_client, active_get
 from daskstream.safe_writes import same_path
 from daskstream.sources.base import Source, own_writes
@@ -86,7 +86,7 @@ class Hdf5Target(Target):
         path: str,
         member: str,
         compressor: Any,
-        memory_budget: int | str | None,
+        resources: Resources,
         carried: Carried | None = None,
     ) -> None:
         # Sources of the array stored that read other datasets of this file (see check_sources).
@@ -94,7 +94,8 @@ class Hdf5Target(Target):
         self.path = os.path.abspath(path)
         self.member = member
         self.compressor = compressor
-        self.memory_budget = memory_budget
+        # The budget and parallelism the store plans for: they bound the blocks held at once (see window).
+        self.resources = resources
         self.carried = carried or Carried()
 
     def write(
@@ -436,11 +437,10 @@ class Hdf5Target(Target):
         computed, so two batches are in memory.
         """
 
-        budget = budget_of(x, self.memory_budget)
-        resources = resolve_resources(memory_budget=budget)
+        resources = self.resources
         block_bytes = max(1, math.prod(chunk_shape(x)) * x.dtype.itemsize)
         wanted = max(2 * resources.threads * resources.workers, BATCH_BYTES // block_bytes)
-        computing = plan_compute(x, memory_budget=resources.memory_budget).projected_peak_bytes
+        computing = computation_plan([x], resources).projected_peak_bytes
         # HDF5 writes a block through its filters: a shuffled copy and the compressed bytes beside it.
         free = plannable_bytes(resources.memory_budget) - computing - FILTERED_WRITE_COPIES * block_bytes
         return max(1, min(wanted, free // (2 * block_bytes)))
@@ -468,7 +468,7 @@ class Hdf5Writer:
         self.unrecorded: list[tuple[int, ...]] = []
         self.count = int(done.sum())
         # Aggregates that later passes take (a mean to centre with) are computed once, not per batch.
-        x = self.x = with_aggregates_computed(x, resolve_resources())
+        x = self.x = with_aggregates_computed(x, target.resources)
         # Where the tasks can encode the chunks (see hdf5_encoder), they return the bytes to put in place.
         self.encoder = hdf5_encoder_for(dset) if dask.config.get("daskstream.compute.encode-in-tasks", True) else None
         computed = self.encoder.encoded_blocks(x) if self.encoder is not None else x

@@ -51,8 +51,7 @@ from daskstream.compute.store.record import (
 from daskstream.compute.store.target import Carried, write_error
 from daskstream.compute.store.zarr_target import ZarrTarget
 from daskstream.errors import DaskstreamError, TargetMismatchError, TargetWriteError
-from daskstream.graph.layers import budget_of
-from daskstream.runtime.resources import resolve_settings
+from daskstream.planning.settings import Resources
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.base import Source
 from daskstream.sources.objects import Place, is_url
@@ -69,6 +68,9 @@ class ObjectZarrTarget(ZarrTarget):
         The store's URL; ``member`` names an array inside it.
     storage_options
         fsspec options to reach it (endpoint, profile, credentials...).
+    resources
+        The budget and threads the store plans for, which bound the threads
+        writing; ``None`` for a target only read (what it holds, its size).
     """
 
     def __init__(
@@ -80,8 +82,11 @@ class ObjectZarrTarget(ZarrTarget):
         carried: Carried | None = None,
         inner_chunks: tuple[int, ...] | None = None,
         storage_options: dict[str, Any] | None = None,
+        *,
+        resources: Resources | None = None,
     ) -> None:
         super().__init__(url, member, compressor, zarr_format, carried, inner_chunks)
+        self.resources = resources
         self.path = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.place = Place(self.path, self.storage_options)
@@ -206,14 +211,14 @@ class ObjectZarrTarget(ZarrTarget):
 
     def _compute_options(self, x: da.Array) -> dict[str, Any]:
         """More threads than cores on the threaded scheduler: they wait on requests, each holding a block."""
-        if scheduler_kind() != "threads":
+        resources = self.resources
+        if scheduler_kind() != "threads" or resources is None:
             return {}
-        settings = resolve_settings(memory_budget=budget_of(x))
         block = max(1, math.prod(max(c[0], 1) for c in x.chunks) * x.dtype.itemsize) if x.ndim else x.dtype.itemsize
         # A block, its encoded bytes and the array it is computed from, per thread.
-        held = max(1, settings.memory_budget // (3 * block))
+        held = max(1, resources.memory_budget // (3 * block))
         most = int(config.setting("objects.write-threads"))
-        return {"num_workers": max(settings.threads, min(most, held))}
+        return {"num_workers": max(resources.threads, min(most, held))}
 
     def _finish(self, identity: StoreIdentity) -> None:
         if self._metadata_version is not None and _metadata_version(self.array_place) != self._metadata_version:
