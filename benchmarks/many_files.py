@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.open_sum import machine_info, usable_cpus
+from benchmarks.timing import write_results
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 XARRAY = "xr.open_mfdataset(parallel=True)"
@@ -215,11 +216,8 @@ def main() -> None:
     command = "python -m benchmarks.many_files " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     table = markdown(results, machine, command.strip(), (lat, lon))
     print(table)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".md").write_text(table + "\n")
-        document = {"machine": machine, "command": command.strip(), "shape": [1, lat, lon], "results": results}
-        Path(args.out + ".json").write_text(json.dumps(document, indent=1) + "\n")
+    document = {"machine": machine, "command": command.strip(), "shape": [1, lat, lon], "results": results}
+    write_results(args.out, table, document)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from benchmarks.open_sum import machine_info
+from benchmarks.timing import write_results
 
 DONE = Path(".daskstream-store") / "done"
 CASES = [
@@ -121,19 +122,16 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        after = "—" if r["blocks_after_signal_max"] is None else str(r["blocks_after_signal_max"])
+        most_after = "—" if r["blocks_after_signal_max"] is None else str(r["blocks_after_signal_max"])
         lines.append(
             f"| {r['scheduler']} | {r['signal']} | {r['target']} | {r['median_s']:.2f} | {r['max_s']:.2f} | "
-            f"{', '.join(map(str, r['statuses']))} | {after} |"
+            f"{', '.join(map(str, r['statuses']))} | {most_after} |"
         )
     lines += ["", f"Last line printed: `{results[0]['last_line']}`"]
     table = "\n".join(lines)
     results = [{"machine": machine}, *results]
     print(table)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".md").write_text(table + "\n")
-        Path(args.out + ".json").write_text(json.dumps(results, indent=1) + "\n")
+    write_results(args.out, table, results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,485 @@
+"""Scale: virtual arrays from a gibibyte to a pebibyte, a real scheduler summing up to a million chunks.
+
+Three sections, each contender in a fresh interpreter:
+
+``virtual``
+    Zarr v3 arrays of metadata only (no chunk written: every chunk reads as the
+    fill value, so the disk is no limit) in three layouts: ``small`` (square,
+    (512, 512) float32 storage chunks of 1 MiB), ``era5`` ((time, 721, 1440)
+    in (24, 721, 1440) chunks) and ``levels`` ((time, 37, 721, 1440) in
+    (1, 37, 721, 1440) chunks), of ``--sizes`` bytes. For ``x.mean()`` and the
+    centred ``(x - x.mean(axis=0)).std()``: the time to open, to build the
+    expression and from ``.compute()`` to the first task starting (a dask
+    callback stops the run there: the graph is built and optimized, nothing
+    read), the tasks, and the interpreter's peak memory (the client's; on
+    dask's threaded scheduler it is also the scheduler's). Contenders:
+    ``ds.open(path)``, ``da.from_zarr(path)`` and ``xr.open_zarr(path)``. A
+    run has ``--timeout`` seconds and ``--memory`` bytes of address space; a
+    contender that runs out of either at one size is not run at the larger
+    ones.
+``cluster``
+    A real ``dask scheduler`` and ``dask worker`` processes (one thread each)
+    on 127.0.0.1, fresh for every run; a client process sums a virtual array of
+    ``K`` storage chunks of (256, 256) float32. Wall time of ``.sum().compute()``,
+    tasks, the scheduler's CPU seconds and its peak memory; daskstream against
+    ``da.from_zarr``. Runs are ``chunks:workers`` pairs (``--runs``).
+``model``
+    A 1,000-worker cluster of 8 threads and 32 GiB each on a 1 PiB array,
+    planned with ``ds.plan(path, workers=, threads=, memory_limit=)`` (no
+    cluster needed): blocks, tasks, the scheduler's load at the per-task cost
+    measured in ``cluster`` and the projected time.
+
+    python -m benchmarks.scale [--sections virtual,cluster,model] [--sizes 1GiB,100GiB,10TiB,1PiB]
+                               [--layouts small,era5,levels] [--timeout 60] [--memory 16GiB]
+                               [--runs 10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4]
+                               [--cluster-timeout 600] [--out benchmarks/results/scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import dask.config
+import psutil
+from dask.utils import format_bytes, parse_bytes
+
+from benchmarks.open_sum import machine_info, usable_cpus
+from benchmarks.timing import write_results
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CONTENDERS = ("daskstream", "dask", "xarray")
+EXPRESSIONS = ("mean", "centred std")
+LAYOUTS = {
+    # name: (the shape of an array of ``nbytes`` float32, storage chunks, dimension names)
+    "small": (lambda n: (_side(n), _side(n)), (512, 512), ["y", "x"]),
+    "era5": (lambda n: (max(1, n // (721 * 1440 * 4)), 721, 1440), (24, 721, 1440), ["time", "lat", "lon"]),
+    "levels": (
+        lambda n: (max(1, n // (37 * 721 * 1440 * 4)), 37, 721, 1440),
+        (1, 37, 721, 1440),
+        ["time", "level", "lat", "lon"],
+    ),
+}
+
+# One contender's open, build and time to the first task over a virtual array, in an interpreter of its own.
+VIRTUAL_RUN = """
+import json, resource, sys, time
+contender, path, expression, memory = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+import dask.array as da
+import xarray as xr
+import daskstream as ds
+from dask.callbacks import Callback
+
+
+class Started(Exception):
+    pass
+
+
+class StopAtFirstTask(Callback):
+    def _start(self, dsk):
+        raise Started(len(dsk))
+
+
+result = {}
+try:
+    began = time.perf_counter()
+    if contender == "daskstream":
+        x = ds.open(path + "/v")
+    elif contender == "dask":
+        x = da.from_zarr(path, component="v")
+    else:
+        x = xr.open_zarr(path, consolidated=False)["v"].data
+    opened = time.perf_counter()
+    y = x.mean() if expression == "mean" else (x - x.mean(axis=0)).std()
+    built = time.perf_counter()
+    result.update(open_s=opened - began, build_s=built - opened, blocks=x.npartitions,
+                  chunk_bytes=x.nbytes // x.npartitions)
+    try:
+        with StopAtFirstTask():
+            y.compute(scheduler="threads")
+    except Started as started:
+        result.update(first_task_s=time.perf_counter() - built, tasks=started.args[0], outcome="started")
+except MemoryError:
+    result["outcome"] = "out of memory"
+except ds.DaskstreamError as error:
+    result.update(outcome="refused", message=str(error).splitlines()[0][:400])
+result["peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(result))
+"""
+
+# A client summing a virtual array on a running cluster; prints the wall time and the tasks.
+CLUSTER_RUN = """
+import json, sys, time
+import dask, dask.array as da
+import daskstream as ds
+from distributed import Client
+
+contender, path, scheduler_file = sys.argv[1:4]
+with Client(scheduler_file=scheduler_file) as client:
+    began = time.perf_counter()
+    x = ds.open(path + "/v") if contender == "daskstream" else da.from_zarr(path, component="v")
+    total = float(x.sum().compute())
+    seconds = time.perf_counter() - began
+    (optimized,) = dask.optimize(x.sum())
+    print(json.dumps({"seconds": seconds, "sum": total, "blocks": x.npartitions,
+                      "tasks": len(dict(optimized.__dask_graph__()))}))
+"""
+
+
+def _side(nbytes: int) -> int:
+    """The side of a square float32 array of about ``nbytes``, in whole 512-element storage chunks."""
+    return max(512, round(math.sqrt(nbytes / 4) / 512) * 512)
+
+
+def virtual_array(folder: Path, shape: tuple[int, ...], chunks: tuple[int, ...], dims: list[str]) -> Path:
+    """A Zarr v3 group holding array ``v`` of ``shape`` float32 in ``chunks``, with no chunk written."""
+    import zarr
+
+    group = zarr.open_group(str(folder), mode="w", zarr_format=3)
+    group.create_array("v", shape=shape, chunks=chunks, dtype="f4", fill_value=0.0, dimension_names=dims)
+    return folder
+
+
+def run_child(code: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """``code`` run with ``args`` in a fresh interpreter (this repository's daskstream), its last line as JSON."""
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPOSITORY, env=environment, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return {"outcome": f"not started in {timeout:g} s"}
+    lines = out.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        return {"outcome": "failed", "message": last[:400]}
+    return json.loads(lines[-1])
+
+
+def virtual(sizes: list[int], layouts: list[str], timeout: float, memory: int, folder: Path) -> list[dict[str, Any]]:
+    """Every layout x size x expression x contender, smallest size first; out-of-time contenders stop growing."""
+    rows = []
+    for layout in layouts:
+        shape_of, chunks, dims = LAYOUTS[layout]
+        stopped: set[tuple[str, str]] = set()
+        for nbytes in sizes:
+            shape = shape_of(nbytes)
+            path = virtual_array(folder / f"{layout}-{nbytes}.zarr", shape, chunks, dims)
+            for expression in EXPRESSIONS:
+                for contender in CONTENDERS:
+                    row = {"layout": layout, "nbytes": 4 * math.prod(shape), "shape": list(shape),
+                           "storage_chunks": list(chunks), "expression": expression, "contender": contender}  # fmt: skip
+                    if (contender, expression) in stopped:
+                        row["outcome"] = "not run (out of time or memory at a smaller size)"
+                    else:
+                        row.update(run_child(VIRTUAL_RUN, [contender, str(path), expression, str(memory)], timeout))
+                        if row["outcome"] not in ("started", "refused"):
+                            stopped.add((contender, expression))
+                    rows.append(row)
+                    print(_virtual_line(row), file=sys.stderr, flush=True)
+            shutil.rmtree(path, ignore_errors=True)
+    return rows
+
+
+class SchedulerWatch(threading.Thread):
+    """The scheduler process's peak memory, sampled every 0.2 s while a run lasts."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        super().__init__(daemon=True)
+        self.process, self.peak, self.done = process, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            try:
+                self.peak = max(self.peak, self.process.memory_info().rss)
+            except psutil.Error:
+                return
+
+
+def cluster_run(path: Path, contender: str, workers: int, timeout: float, folder: Path) -> dict[str, Any]:
+    """One contender's sum on a fresh ``dask scheduler`` and ``workers`` one-thread workers on 127.0.0.1."""
+    scheduler_file = folder / "scheduler.json"
+    scheduler_file.unlink(missing_ok=True)
+    base = [shutil.which("dask") or "dask"]
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    limit = psutil.virtual_memory().total // (workers + 2)
+    started = [
+        subprocess.Popen(
+            [*base, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(scheduler_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment, start_new_session=True,
+        )
+    ]  # fmt: skip
+    try:
+        while not scheduler_file.exists():
+            time.sleep(0.1)
+        started.append(
+            subprocess.Popen(
+                [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers",
+                 str(workers), "--nthreads", "1", "--memory-limit", str(limit), "--no-dashboard"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment, start_new_session=True,
+            )
+        )  # fmt: skip
+        from distributed import Client
+
+        with Client(scheduler_file=str(scheduler_file), timeout="60s") as client:
+            client.wait_for_workers(workers, timeout=120)
+        scheduler = psutil.Process(started[0].pid)
+        before = scheduler.cpu_times()
+        watch = SchedulerWatch(scheduler)
+        watch.start()
+        row = run_child(CLUSTER_RUN, [contender, str(path), str(scheduler_file)], timeout)
+        watch.done.set()
+        after = scheduler.cpu_times()
+        row["scheduler_cpu_s"] = (after.user + after.system) - (before.user + before.system)
+        row["scheduler_peak_bytes"] = watch.peak
+        row.setdefault("outcome", "finished")
+        return row
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def cluster(runs: list[tuple[int, int]], timeout: float, folder: Path) -> list[dict[str, Any]]:
+    """Each ``(chunks, workers)`` run for both contenders; plain dask is not run past a size it ran out of time at."""
+    rows = []
+    out_of_time: int | None = None
+    for chunks, workers in runs:
+        columns = 100
+        shape = (math.ceil(chunks / columns) * 256, columns * 256)
+        path = virtual_array(folder / f"sum-{chunks}.zarr", shape, (256, 256), ["y", "x"])
+        for contender in ("daskstream", "dask"):
+            row = {"storage_chunks": chunks, "workers": workers, "contender": contender, "shape": list(shape)}
+            if contender == "dask" and out_of_time is not None and chunks > out_of_time:
+                row["outcome"] = f"not run (out of time at {out_of_time:,} chunks)"
+            else:
+                row.update(cluster_run(path, contender, workers, timeout, folder))
+                if row["outcome"] != "finished" and contender == "dask":
+                    out_of_time = chunks if out_of_time is None else min(out_of_time, chunks)
+            rows.append(row)
+            print(_cluster_line(row), file=sys.stderr, flush=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return rows
+
+
+def model(cluster_rows: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
+    """A 1,000-worker cluster on 1 PiB, from its plan and the per-task scheduler cost measured here."""
+    import daskstream as ds
+    from daskstream.runtime.resources import scheduler_cost
+
+    cost = scheduler_cost(distributed=True)
+    per_task = marginal_task_seconds(cluster_rows) or cost.task_seconds
+    local_per_task = local_task_seconds()
+    graph_bytes = parse_bytes(dask.config.get("daskstream.planning.task-graph-bytes"))
+    workers, threads, memory_limit = 1000, 8, "32GiB"
+    rows = []
+    for layout in ("small", "era5"):
+        shape_of, chunks, dims = LAYOUTS[layout]
+        shape = shape_of(2**50)
+        path = virtual_array(folder / f"model-{layout}.zarr", shape, chunks, dims)
+        began = time.perf_counter()
+        plan = ds.plan(str(path / "v"), workers=workers, threads=threads, memory_limit=memory_limit)
+        planning_s = time.perf_counter() - began
+        tasks = plan.n_tasks * 2  # a read and its share of the sum per block, the combining tree's few besides
+        read_s = plan.nbytes / (workers * threads * cost.thread_bytes_per_second)
+        rows.append({
+            "layout": layout, "shape": list(shape), "chunks": list(plan.chunks), "chunk_bytes": plan.chunk_bytes,
+            "blocks": plan.n_tasks, "tasks": tasks, "planning_s": planning_s, "scheduler_s": tasks * per_task,
+            "read_s": read_s, "projected_s": max(read_s, tasks * per_task), "size_set_by": plan.size_terms()[1],
+            "graph_bytes": tasks * graph_bytes,
+        })  # fmt: skip
+        shutil.rmtree(path, ignore_errors=True)
+    return {"workers": workers, "threads": threads, "memory_limit": memory_limit, "per_task_s": per_task,
+            "local_per_task_s": local_per_task,
+            "thread_bytes_per_second": cost.thread_bytes_per_second, "rows": rows}  # fmt: skip
+
+
+def local_task_seconds(tasks: int = 200_000) -> float:
+    """Seconds dask's threaded scheduler takes per task, over ``tasks`` tasks that do nothing (median of 3)."""
+    import statistics
+
+    import dask.threaded
+
+    graph = {("empty", i): (int,) for i in range(tasks)}
+    keys = list(graph)
+    seconds = []
+    for _ in range(3):
+        began = time.perf_counter()
+        dask.threaded.get(graph, keys, num_workers=usable_cpus())
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds) / tasks
+
+
+def marginal_task_seconds(rows: list[dict[str, Any]]) -> float | None:
+    """The scheduler's CPU seconds per task: the slope of a least-squares line through the finished runs
+    (their intercept is the scheduler's own start and the client's connection), or ``None`` with fewer than two
+    task counts."""
+    points = [(r["tasks"], r["scheduler_cpu_s"]) for r in rows if r.get("outcome") == "finished"]
+    if len({tasks for tasks, _ in points}) < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_c = sum(c for _, c in points) / len(points)
+    slope = sum((t - mean_t) * (c - mean_c) for t, c in points) / sum((t - mean_t) ** 2 for t, _ in points)
+    return slope if slope > 0 else None
+
+
+def _seconds(row: dict[str, Any], key: str) -> str:
+    return f"{row[key]:.2f}" if key in row else "—"
+
+
+def _virtual_line(row: dict[str, Any]) -> str:
+    said = row["outcome"] if row.get("outcome") != "started" else "started"
+    return (f"{row['layout']} {format_bytes(row['nbytes'])} {row['expression']} {row['contender']}: "
+            f"open {_seconds(row, 'open_s')} s, first task {_seconds(row, 'first_task_s')} s, "
+            f"{row.get('tasks', '—')} tasks ({said})")  # fmt: skip
+
+
+def _cluster_line(row: dict[str, Any]) -> str:
+    return (f"{row['storage_chunks']:,} chunks, {row['workers']} workers, {row['contender']}: "
+            f"{_seconds(row, 'seconds')} s, {row.get('tasks', '—')} tasks ({row['outcome']})")  # fmt: skip
+
+
+def markdown(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    lines = [
+        f"`{report['command']}` on {machine['cpu']} ({machine['usable_cores']} usable cores, "
+        f"{machine['ram_bytes'] / 2**30:.0f} GiB), dask {machine['versions']['dask']}, zarr "
+        f"{machine['versions']['zarr']}; each run in a fresh interpreter",
+    ]
+    if report.get("virtual"):
+        lines += [
+            "",
+            "### Virtual arrays: open, build, time to the first task (threaded scheduler)",
+            "",
+            "| layout | size | expression | contender | open (s) | build (s) | first task (s) | tasks | chunk "
+            "| peak memory | first task vs plain dask |",
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in report["virtual"]:
+            dask_row = next(
+                (r for r in report["virtual"] if r["contender"] == "dask" and r["layout"] == row["layout"]
+                 and r["nbytes"] == row["nbytes"] and r["expression"] == row["expression"]), None,
+            )  # fmt: skip
+            ratio = (
+                f"{row['first_task_s'] / dask_row['first_task_s']:.2f}x"
+                if "first_task_s" in row and dask_row and "first_task_s" in dask_row
+                else "—"
+            )
+            outcome = (
+                ""
+                if row["outcome"] == "started"
+                else f" ({row['outcome']}{': ' + row['message'] if 'message' in row else ''})"
+            )
+            lines.append(
+                f"| {row['layout']} | {format_bytes(row['nbytes'])} | {row['expression']} | {row['contender']}"
+                f"{outcome} | {_seconds(row, 'open_s')} | {_seconds(row, 'build_s')} | "
+                f"{_seconds(row, 'first_task_s')} | {row.get('tasks', '—'):,} | "
+                f"{format_bytes(row['chunk_bytes']) if 'chunk_bytes' in row else '—'} | "
+                f"{format_bytes(row['peak_bytes']) if 'peak_bytes' in row else '—'} | {ratio} |"
+            )
+    if report.get("cluster"):
+        lines += [
+            "",
+            "### A real scheduler and workers on 127.0.0.1 summing virtual storage chunks of (256, 256) float32",
+            "",
+            "| storage chunks | workers | contender | wall (s) | tasks | scheduler CPU (s) | scheduler peak "
+            "| plain dask / daskstream |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for row in report["cluster"]:
+            mine = next(
+                (r for r in report["cluster"] if r["contender"] == "daskstream"
+                 and r["storage_chunks"] == row["storage_chunks"] and r["workers"] == row["workers"]), None,
+            )  # fmt: skip
+            ratio = "—"
+            if row["contender"] == "dask" and mine and "seconds" in mine:
+                ratio = (
+                    f"{row['seconds'] / mine['seconds']:.1f}x"
+                    if "seconds" in row
+                    else f"> {report['cluster_timeout'] / mine['seconds']:.0f}x"
+                )
+            outcome = "" if row["outcome"] == "finished" else f" ({row['outcome']})"
+            lines.append(
+                f"| {row['storage_chunks']:,} | {row['workers']} | {row['contender']}{outcome} | "
+                f"{_seconds(row, 'seconds')} | {row.get('tasks', '—'):,} | {_seconds(row, 'scheduler_cpu_s')} | "
+                f"{format_bytes(row['scheduler_peak_bytes']) if row.get('scheduler_peak_bytes') else '—'} | {ratio} |"
+            )
+    if report.get("model"):
+        m = report["model"]
+        lines += [
+            "",
+            f"### Model: {m['workers']:,} workers x {m['threads']} threads, {m['memory_limit']} each, on 1 PiB",
+            "",
+            f"Per-task scheduler cost: {m['per_task_s'] * 1e3:.2f} ms (the slope of the scheduler's CPU time over "
+            f"the tasks of the runs above; dask's threaded scheduler here: {m['local_per_task_s'] * 1e6:.0f} us a "
+            f"task, {200_000:,} empty tasks); each thread reads {format_bytes(m['thread_bytes_per_second'])}/s; a "
+            "sum makes about two tasks per block.",
+            "",
+            "| layout | chunks | chunk | blocks | tasks | graph memory | planning (s) | scheduler (s) | reading (s) "
+            "| projected (s) | chunk size set by |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in m["rows"]:
+            lines.append(
+                f"| {r['layout']} | {tuple(r['chunks'])} | {format_bytes(r['chunk_bytes'])} | {r['blocks']:,} | "
+                f"{r['tasks']:,} | {format_bytes(r['graph_bytes'])} | {r['planning_s']:.3f} | {r['scheduler_s']:.0f} | {r['read_s']:.0f} | "
+                f"{r['projected_s']:.0f} | {r['size_set_by']} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", default="virtual,cluster,model")
+    parser.add_argument("--sizes", default="1GiB,100GiB,10TiB,1PiB")
+    parser.add_argument("--layouts", default="small,era5,levels")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds a virtual run may take")
+    parser.add_argument("--memory", default="16GiB", help="address space a virtual run may take")
+    parser.add_argument("--runs", default="10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4")
+    parser.add_argument("--cluster-timeout", type=float, default=600.0)
+    parser.add_argument("--folder", default=None, help="where the virtual arrays go (default: a temporary folder)")
+    parser.add_argument("--out", default=None, help="write <out>.md and <out>.json")
+    args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    folder = Path(tempfile.mkdtemp(prefix="daskstream-bench-scale-", dir=args.folder))
+    command = "python -m benchmarks.scale " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report: dict[str, Any] = {"command": command.strip(), "machine": machine_info(usable_cpus()),
+                              "cluster_timeout": args.cluster_timeout}  # fmt: skip
+    try:
+        if "virtual" in sections:
+            sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+            report["virtual"] = virtual(sizes, args.layouts.split(","), args.timeout, parse_bytes(args.memory), folder)
+        if "cluster" in sections:
+            runs = [tuple(int(n) for n in run.split(":")) for run in args.runs.split(",")]
+            report["cluster"] = cluster(runs, args.cluster_timeout, folder)  # type: ignore[arg-type]
+        if "model" in sections:
+            report["model"] = model(report.get("cluster", []), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    table = markdown(report)
+    print(table)
+    write_results(args.out, table, report)
+
+
+if __name__ == "__main__":
+    main()
