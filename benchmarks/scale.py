@@ -30,7 +30,8 @@ Three sections, each contender in a fresh interpreter:
     measured in ``cluster`` and the projected time.
 
     python -m benchmarks.scale [--sections virtual,cluster,model] [--sizes 1GiB,100GiB,10TiB,1PiB]
-                               [--layouts small,era5,levels] [--timeout 60] [--memory 16GiB]
+                               [--layouts small,era5,levels] [--contenders daskstream,dask,xarray]
+                               [--timeout 60] [--memory 16GiB]
                                [--runs 10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4]
                                [--cluster-timeout 600] [--out benchmarks/results/scale]
 """
@@ -154,7 +155,7 @@ def virtual_array(folder: Path, shape: tuple[int, ...], chunks: tuple[int, ...],
     return folder
 
 
-def run_child(code: str, args: list[str], timeout: float) -> dict[str, Any]:
+def run_child(code: str, args: list[str], timeout: float, *, until: str = "started") -> dict[str, Any]:
     """``code`` run with ``args`` in a fresh interpreter (this repository's daskstream), its last line as JSON."""
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
     child = subprocess.Popen(
@@ -166,7 +167,7 @@ def run_child(code: str, args: list[str], timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)
         child.communicate()
-        return {"outcome": f"not started in {timeout:g} s"}
+        return {"outcome": f"not {until} in {timeout:g} s"}
     lines = out.strip().splitlines()
     if child.returncode != 0 or not lines:
         last = (err.strip().splitlines() or ["no output"])[-1]
@@ -174,7 +175,9 @@ def run_child(code: str, args: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def virtual(sizes: list[int], layouts: list[str], timeout: float, memory: int, folder: Path) -> list[dict[str, Any]]:
+def virtual(
+    sizes: list[int], layouts: list[str], timeout: float, memory: int, folder: Path, contenders: list[str]
+) -> list[dict[str, Any]]:
     """Every layout x size x expression x contender, smallest size first; out-of-time contenders stop growing."""
     rows = []
     for layout in layouts:
@@ -184,7 +187,7 @@ def virtual(sizes: list[int], layouts: list[str], timeout: float, memory: int, f
             shape = shape_of(nbytes)
             path = virtual_array(folder / f"{layout}-{nbytes}.zarr", shape, chunks, dims)
             for expression in EXPRESSIONS:
-                for contender in CONTENDERS:
+                for contender in contenders:
                     row = {"layout": layout, "nbytes": 4 * math.prod(shape), "shape": list(shape),
                            "storage_chunks": list(chunks), "expression": expression, "contender": contender}  # fmt: skip
                     if (contender, expression) in stopped:
@@ -246,7 +249,7 @@ def cluster_run(path: Path, contender: str, workers: int, timeout: float, folder
         before = scheduler.cpu_times()
         watch = SchedulerWatch(scheduler)
         watch.start()
-        row = run_child(CLUSTER_RUN, [contender, str(path), str(scheduler_file)], timeout)
+        row = run_child(CLUSTER_RUN, [contender, str(path), str(scheduler_file)], timeout, until="finished")
         watch.done.set()
         after = scheduler.cpu_times()
         row["scheduler_cpu_s"] = (after.user + after.system) - (before.user + before.system)
@@ -347,6 +350,10 @@ def _seconds(row: dict[str, Any], key: str) -> str:
     return f"{row[key]:.2f}" if key in row else "—"
 
 
+def _count(row: dict[str, Any], key: str) -> str:
+    return f"{row[key]:,}" if key in row else "—"
+
+
 def _virtual_line(row: dict[str, Any]) -> str:
     said = row["outcome"] if row.get("outcome") != "started" else "started"
     return (f"{row['layout']} {format_bytes(row['nbytes'])} {row['expression']} {row['contender']}: "
@@ -393,7 +400,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['layout']} | {format_bytes(row['nbytes'])} | {row['expression']} | {row['contender']}"
                 f"{outcome} | {_seconds(row, 'open_s')} | {_seconds(row, 'build_s')} | "
-                f"{_seconds(row, 'first_task_s')} | {row.get('tasks', '—'):,} | "
+                f"{_seconds(row, 'first_task_s')} | {_count(row, 'tasks')} | "
                 f"{format_bytes(row['chunk_bytes']) if 'chunk_bytes' in row else '—'} | "
                 f"{format_bytes(row['peak_bytes']) if 'peak_bytes' in row else '—'} | {ratio} |"
             )
@@ -421,7 +428,7 @@ def markdown(report: dict[str, Any]) -> str:
             outcome = "" if row["outcome"] == "finished" else f" ({row['outcome']})"
             lines.append(
                 f"| {row['storage_chunks']:,} | {row['workers']} | {row['contender']}{outcome} | "
-                f"{_seconds(row, 'seconds')} | {row.get('tasks', '—'):,} | {_seconds(row, 'scheduler_cpu_s')} | "
+                f"{_seconds(row, 'seconds')} | {_count(row, 'tasks')} | {_seconds(row, 'scheduler_cpu_s')} | "
                 f"{format_bytes(row['scheduler_peak_bytes']) if row.get('scheduler_peak_bytes') else '—'} | {ratio} |"
             )
     if report.get("model"):
@@ -448,11 +455,19 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _keep(path: Path | None, report: dict[str, Any]) -> None:
+    """``report`` as JSON at ``path`` (nothing when ``None``)."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", default="virtual,cluster,model")
     parser.add_argument("--sizes", default="1GiB,100GiB,10TiB,1PiB")
     parser.add_argument("--layouts", default="small,era5,levels")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="of the virtual section")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a virtual run may take")
     parser.add_argument("--memory", default="16GiB", help="address space a virtual run may take")
     parser.add_argument("--runs", default="10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4")
@@ -465,15 +480,27 @@ def main() -> None:
     command = "python -m benchmarks.scale " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report: dict[str, Any] = {"command": command.strip(), "machine": machine_info(usable_cpus()),
                               "cluster_timeout": args.cluster_timeout}  # fmt: skip
+    # The figures so far are kept after each section: a later one that fails loses only its own.
+    kept = Path(args.out + ".json") if args.out else None
     try:
-        if "virtual" in sections:
-            sizes = [parse_bytes(s) for s in args.sizes.split(",")]
-            report["virtual"] = virtual(sizes, args.layouts.split(","), args.timeout, parse_bytes(args.memory), folder)
         if "cluster" in sections:
             runs = [tuple(int(n) for n in run.split(":")) for run in args.runs.split(",")]
             report["cluster"] = cluster(runs, args.cluster_timeout, folder)  # type: ignore[arg-type]
+            _keep(kept, report)
         if "model" in sections:
             report["model"] = model(report.get("cluster", []), folder)
+            _keep(kept, report)
+        if "virtual" in sections:
+            sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+            report["virtual"] = virtual(
+                sizes,
+                args.layouts.split(","),
+                args.timeout,
+                parse_bytes(args.memory),
+                folder,
+                args.contenders.split(","),
+            )
+            _keep(kept, report)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     table = markdown(report)

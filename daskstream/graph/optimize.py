@@ -74,20 +74,29 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
             if ceiling is not None and plan.tasks > ceiling:
                 # The plan counts every block of the layers it reads, a part of the array or not: what the
                 # keys need is counted by culling, which costs as many steps as the tasks it keeps.
-                plan = dataclasses.replace(plan, tasks=_needed_tasks(dsk, wanted))
+                plan = dataclasses.replace(plan, tasks=_needed_tasks(dsk, wanted, ceiling))
             dataclasses.replace(plan, max_tasks=ceiling).check()
     return dask_optimize(dsk, keys, **kwargs)
 
 
-def _needed_tasks(graph: HighLevelGraph, keys: list[Key]) -> int:
+def _needed_tasks(graph: HighLevelGraph, keys: list[Key], ceiling: int) -> int:
     """Tasks computing ``keys`` takes: ``graph`` culled to what they need.
 
-    Culled layer by layer first (cheap, and most of a huge graph goes), then
-    task by task: the layer-wise cull keeps whole layers that a join (many
-    files concatenated) takes only a few blocks of.
+    Culled layer by layer first (most of a huge graph goes: a part of an
+    array), then, where that leaves no more than :data:`RECOUNTED` times the
+    ``ceiling``, task by task: the layer-wise cull keeps whole layers that a
+    join (many files concatenated) takes only a few blocks of. A graph still
+    larger is not listed task by task: listing it is what the ceiling spares.
     """
     culled = graph.cull(set(keys))
+    tasks = sum(len(layer) for layer in culled.layers.values())
+    if tasks > RECOUNTED * ceiling:
+        return tasks
     return len(cull(ensure_dict(culled), keys)[0])
+
+
+#: How far past the task ceiling a layer-wise count is recounted task by task (see :func:`_needed_tasks`).
+RECOUNTED = 4
 
 
 def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> tuple[HighLevelGraph, ComputePlan]:

@@ -135,26 +135,33 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
     return dask_chunks
 
 
+#: Chunk lengths dask may list per task a graph may hold: a listed length is an int in the chunks' tuples and
+#: their cumulative sums, about 1/64 of the 4 KiB a task takes in a graph.
+LISTED_PER_TASK = 64
+
+
 def check_block_count(
     source: Source, chunk_shape: tuple[int, ...], max_tasks: int | None, *, within: int | None = None
 ) -> None:
-    """Refuse chunks whose grid dask would list with more entries than ``max_tasks``, before listing them.
+    """Refuse chunks whose grid dask would list with more lengths than this machine holds, before listing them.
 
     Opening lists the chunk lengths along each axis (their sum, not their
-    product, is what opening holds): an array of more blocks than a
-    computation may take opens, and its parts compute; computing more blocks
-    at once than the graph may hold is refused where it is computed
+    product, is what opening holds), at most :data:`LISTED_PER_TASK` per task
+    of ``max_tasks``: an array of more blocks than a computation may take
+    opens, and its parts compute; computing more blocks at once than the graph
+    may hold is refused where it is computed
     (:meth:`daskstream.planning.computation.ComputePlan.check`).
 
     Raises
     ------
     MemoryBudgetError
-        Naming the source, the chunks and how many entries they would list;
+        Naming the source, the chunks and how many lengths they would list;
         for planned chunks, ``within``: the least budget whose plan lists few
         enough.
     """
     listed = sum(math.ceil(n / c) if n and c > 0 else 1 for n, c in zip(source.shape, chunk_shape))
-    if max_tasks is not None and listed > max_tasks:
+    most = None if max_tasks is None else max_tasks * LISTED_PER_TASK
+    if most is not None and listed > most:
         advice = (
             "give larger chunks, or chunks='auto'"
             if within is None
@@ -162,8 +169,8 @@ def check_block_count(
         )
         raise MemoryBudgetError(
             f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {listed:,} chunks along "
-            f"its axes, more than the {max_tasks:,} tasks a computation may hold (daskstream.planning.max-tasks): "
-            + advice
+            f"its axes, more than the {most:,} chunk lengths dask may list here ({LISTED_PER_TASK} per task of "
+            "daskstream.planning.max-tasks): " + advice
         )
 
 
@@ -206,6 +213,7 @@ def _normalize_user_chunks(source: Source, chunks: Any, max_tasks: int | None) -
 
 
 __all__ = [
+    "LISTED_PER_TASK",
     "ChunksSpec",
     "SharedPlans",
     "check_block_count",

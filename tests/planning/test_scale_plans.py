@@ -120,6 +120,26 @@ def test_a_budget_too_small_for_the_ceiling_opens_and_names_the_least_budget_tha
         assert float(ds.open(path, memory_budget=advised).sum().compute()) == 0.0
 
 
+def test_an_axis_of_more_blocks_than_a_graph_may_hold_opens_and_its_parts_compute(tmp_path):
+    # 20,000 blocks along time with room for 1,000 tasks in a graph: the listing of their lengths is small
+    # (64 a task), the blocks are not; the whole at once is refused before anything is read.
+    path = tmp_path / "long.zarr"
+    zarr.create_array(str(path), shape=(20_000, 4, 8), chunks=(1, 4, 8), dtype="f4", fill_value=1.5)
+    with dask.config.set({"daskstream.planning.max-tasks": 1000}):
+        x = ds.open(path, chunks="storage")
+        assert x.npartitions == 20_000
+        np.testing.assert_array_equal(x[100:103].compute(), np.full((3, 4, 8), 1.5, "f4"))
+        assert float(x[:10].sum().compute()) == 1.5 * 10 * 32
+        with pytest.raises(MemoryBudgetError, match="more than the 1,000 whose graph"):
+            x.sum().compute()
+    # A listing past 64 lengths a task (here 6,400) is refused where it is opened, before dask lists it.
+    with (
+        dask.config.set({"daskstream.planning.max-tasks": 100}),
+        pytest.raises(MemoryBudgetError, match="more than the 6,400 chunk lengths dask may list here"),
+    ):
+        ds.open(path, chunks="storage")
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     log_bytes=st.integers(30, 60),  # 1 GiB to 1 EiB
