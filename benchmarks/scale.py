@@ -114,10 +114,12 @@ try:
             y.compute(scheduler="threads")
     except Started as started:
         result.update(first_task_s=time.perf_counter() - built, tasks=started.args[0], outcome="started")
+except ds.DaskstreamError as error:  # before MemoryError: a MemoryBudgetError is one too
+    result.update(outcome="refused", message=str(error).splitlines()[0][:400])
+    if "build_s" in result:
+        result["refused_s"] = time.perf_counter() - built
 except MemoryError:
     result["outcome"] = "out of memory"
-except ds.DaskstreamError as error:
-    result.update(outcome="refused", message=str(error).splitlines()[0][:400])
 result["peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(result))
 """
@@ -350,6 +352,12 @@ def _seconds(row: dict[str, Any], key: str) -> str:
     return f"{row[key]:.2f}" if key in row else "—"
 
 
+def _first_task(row: dict[str, Any]) -> str:
+    if "refused_s" in row:
+        return f"refused after {row['refused_s']:.2f}"
+    return _seconds(row, "first_task_s")
+
+
 def _count(row: dict[str, Any], key: str) -> str:
     return f"{row[key]:,}" if key in row else "—"
 
@@ -357,7 +365,8 @@ def _count(row: dict[str, Any], key: str) -> str:
 def _virtual_line(row: dict[str, Any]) -> str:
     said = row["outcome"] if row.get("outcome") != "started" else "started"
     return (f"{row['layout']} {format_bytes(row['nbytes'])} {row['expression']} {row['contender']}: "
-            f"open {_seconds(row, 'open_s')} s, first task {_seconds(row, 'first_task_s')} s, "
+            f"open {_seconds(row, 'open_s')} s, build {_seconds(row, 'build_s')} s, first task "
+            f"{_seconds(row, 'first_task_s')} s, refused after {_seconds(row, 'refused_s')} s, "
             f"{row.get('tasks', '—')} tasks ({said})")  # fmt: skip
 
 
@@ -400,7 +409,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['layout']} | {format_bytes(row['nbytes'])} | {row['expression']} | {row['contender']}"
                 f"{outcome} | {_seconds(row, 'open_s')} | {_seconds(row, 'build_s')} | "
-                f"{_seconds(row, 'first_task_s')} | {_count(row, 'tasks')} | "
+                f"{_first_task(row)} | {_count(row, 'tasks')} | "
                 f"{format_bytes(row['chunk_bytes']) if 'chunk_bytes' in row else '—'} | "
                 f"{format_bytes(row['peak_bytes']) if 'peak_bytes' in row else '—'} | {ratio} |"
             )
@@ -420,11 +429,10 @@ def markdown(report: dict[str, Any]) -> str:
             )  # fmt: skip
             ratio = "—"
             if row["contender"] == "dask" and mine and "seconds" in mine:
-                ratio = (
-                    f"{row['seconds'] / mine['seconds']:.1f}x"
-                    if "seconds" in row
-                    else f"> {report['cluster_timeout'] / mine['seconds']:.0f}x"
-                )
+                if "seconds" in row:
+                    ratio = f"{row['seconds'] / mine['seconds']:.1f}x"
+                elif row["outcome"].startswith("not finished"):
+                    ratio = f"> {report['cluster_timeout'] / mine['seconds']:.0f}x"
             outcome = "" if row["outcome"] == "finished" else f" ({row['outcome']})"
             lines.append(
                 f"| {row['storage_chunks']:,} | {row['workers']} | {row['contender']}{outcome} | "
