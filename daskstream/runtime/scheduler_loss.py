@@ -65,9 +65,29 @@ def lost_scheduler_error(client: Any, exc: BaseException, doing: str) -> Cluster
     """
     if isinstance(exc, ClusterConnectionError):
         return None
-    if scheduler_lost(client) or _cancelled_by_lost_connection(exc):
+    if scheduler_lost(client) or _cancelled_by_lost_connection(exc) or _broke_with_scheduler(client, exc):
         return _lost(client, doing)
     return None
+
+
+def _broke_with_scheduler(client: Any, exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection to ``client``'s scheduler breaking (a call made as the scheduler died,
+    before the Client noticed and changed its status)."""
+    try:
+        address = client.scheduler.address
+    except AttributeError:
+        return False
+    broken = [e for e in _chain(exc) if isinstance(e, OSError) or type(e).__name__ == "CommClosedError"]
+    return bool(address) and any(f"remote={address}" in str(e) for e in broken)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from, in order."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return chain
 
 
 def _cancelled_by_lost_connection(exc: BaseException) -> bool:

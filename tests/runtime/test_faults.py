@@ -133,6 +133,38 @@ def test_a_scheduler_killed_mid_computation_is_one_clear_error_within_seconds(
     assert meter.bytes_read is None  # nothing could be counted, and nothing waited to try
 
 
+def test_a_call_that_breaks_as_the_scheduler_dies_is_the_lost_scheduler(tmp_path, start_dask_processes):
+    # The connection breaks before the Client has noticed (its status still "running"): the error of the broken
+    # connection to the scheduler, whatever distributed calls it, is the scheduler lost, said in one line.
+    from distributed import Client
+
+    from daskstream.runtime.scheduler_loss import close_client, guard_scheduler, lost_scheduler_error
+
+    address, scheduler_pid = _scheduler_of(start_dask_processes(tmp_path, nworkers=1))
+    client = Client(address, timeout="30s")
+    try:
+        os.kill(scheduler_pid, signal.SIGKILL)
+        lost = pytest.raises(ClusterConnectionError, match=f"lost the scheduler at {address} while counting")
+        with lost, guard_scheduler(client, "counting"):
+            client.run(os.getpid)
+        # A broken connection to another place (a worker) is not the scheduler's loss.
+        elsewhere = ConnectionResetError(f"in <TCP (closed) local={address} remote=tcp://127.0.0.1:1>: reset")
+        assert lost_scheduler_error(_RunningClient(address), elsewhere, "counting") is None
+        named = ConnectionResetError(f"in <TCP (closed) local=tcp://127.0.0.1:1 remote={address}>: reset")
+        assert isinstance(lost_scheduler_error(_RunningClient(address), named, "counting"), ClusterConnectionError)
+    finally:
+        close_client(client)
+
+
+class _RunningClient:
+    """What a Client shows of itself before it notices that its scheduler died."""
+
+    status = "running"
+
+    def __init__(self, address):
+        self.scheduler = type("Scheduler", (), {"address": address})()
+
+
 @pytest.mark.parametrize(
     ("command", "doing"),
     [(["reduce", "{x}", "--op", "median", "--json"], "while computing"), (["store", "{x}", "{out}"], "while working")],
