@@ -103,8 +103,12 @@ class ReadMeter:
 
     def so_far(self) -> int:
         """Bytes counted since the block began, while it runs (a progress bar's count); 0 where not counted."""
-        total = None if self._start is None else self._total(self._client())
-        return 0 if total is None or self._start is None else total - self._start
+        client = self._client()
+        if self._start is None or (client is not None and scheduler_lost(client)):
+            # A Client that lost its scheduler would wait out its reconnection to ask the workers.
+            return 0
+        total = self._total(client)
+        return 0 if total is None else total - self._start
 
     def _client(self) -> Any:
         session = self._session
