@@ -242,6 +242,15 @@ class AttributeDecodingError(DaskstreamError, ValueError):
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def error_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from (``__cause__``, else ``__context__``), in order, each once."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return chain
+
+
 def warn(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` pointing at the first line outside daskstream: the user's, whatever the depth.
 

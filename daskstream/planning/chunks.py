@@ -50,7 +50,7 @@ from numpy.typing import DTypeLike
 from daskstream.errors import InvalidArgumentError, InvalidBudgetError, InvalidChunksError, MemoryBudgetError
 from daskstream.planning.budget import MAX_BUDGET_BYTES, format_size
 from daskstream.planning.grid import normalize_axes, read_amplification
-from daskstream.planning.plan import LAYOUTS, ChunkPlan, aim, per_task_cap
+from daskstream.planning.plan import LAYOUTS, ChunkPlan, aim_with_reason, per_task_cap
 from daskstream.planning.settings import PlanSettings, SchedulerCost, checked_dtype
 
 
@@ -181,7 +181,7 @@ def plan_chunks_exact(
     def cut(budget: int, notes: list[tuple[int, str]]) -> tuple[int, ...]:
         # The chunk shape for ``budget``: grown towards the aim, in whole storage chunks or slabs.
         cap = per_task_cap(budget, threads, working_set_factor, decode_bytes)
-        target = aim(
+        target, _ = aim_with_reason(
             cap,
             target_chunk_bytes,
             nbytes // (min_tasks_per_thread * threads * workers),

@@ -124,7 +124,7 @@ class ChunkPlan:
 
     @property
     def aim_bytes(self) -> int:
-        """The chunk size the plan grows towards (see :func:`aim`)."""
+        """The chunk size the plan grows towards (see :func:`aim_with_reason`)."""
         return self.size_terms()[0]
 
     def size_terms(self) -> tuple[int, str]:
@@ -240,22 +240,6 @@ class ChunkPlan:
         )
 
 
-def aim(
-    cap: int,
-    preferred: int,
-    parallel: int,
-    itemsize: int,
-    *,
-    load_floor: int = 0,
-    graph_floor: int = 0,
-    start_floor: int = 0,
-) -> int:
-    """The chunk size a plan grows towards (see :func:`aim_with_reason`)."""
-    return aim_with_reason(
-        cap, preferred, parallel, itemsize, load_floor=load_floor, graph_floor=graph_floor, start_floor=start_floor
-    )[0]
-
-
 def aim_with_reason(
     cap: int,
     preferred: int,
@@ -296,4 +280,4 @@ def per_task_cap(memory_budget: int, threads: int, working_set_factor: float, de
     return int((memory_budget // threads - decode_bytes) // working_set_factor)
 
 
-__all__ = ["LAYOUTS", "ChunkPlan", "aim", "aim_with_reason", "per_task_cap"]
+__all__ = ["LAYOUTS", "ChunkPlan", "aim_with_reason", "per_task_cap"]

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from daskstream.errors import ClusterConnectionError
+from daskstream.errors import ClusterConnectionError, error_chain
 from daskstream.runtime.stopping import quieted_loggers
 
 __all__ = ["close_client", "guard_scheduler", "lost_scheduler_error", "scheduler_lost"]
@@ -77,17 +77,8 @@ def _broke_with_scheduler(client: Any, exc: BaseException) -> bool:
         address = client.scheduler.address
     except AttributeError:
         return False
-    broken = [e for e in _chain(exc) if isinstance(e, OSError) or type(e).__name__ == "CommClosedError"]
+    broken = [e for e in error_chain(exc) if isinstance(e, OSError) or type(e).__name__ == "CommClosedError"]
     return bool(address) and any(f"remote={address}" in str(e) for e in broken)
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the errors it was raised from, in order."""
-    chain: list[BaseException] = []
-    while exc is not None and exc not in chain:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return chain
 
 
 def _cancelled_by_lost_connection(exc: BaseException) -> bool:

@@ -37,6 +37,7 @@ from daskstream.errors import (
     ObjectStoreUnreachableError,
     SourceNotFoundError,
     SourcePermissionError,
+    error_chain,
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.object_requests import (
@@ -361,8 +362,8 @@ class Place:
         return f"{self.url}" + (f" (endpoint {endpoint})" if endpoint else "")
 
     def _translate(self, exc: BaseException, doing: str) -> Exception | None:
-        names = {type(e).__name__ for e in _chain(exc)}
-        text = " ".join(str(e) for e in _chain(exc))
+        names = {type(e).__name__ for e in error_chain(exc)}
+        text = " ".join(str(e) for e in error_chain(exc))
         where = self._where()
         if names & set(_CREDENTIAL_ERRORS) or any(code in text for code in _CREDENTIAL_CODES):
             return ObjectStoreCredentialsError(
@@ -416,14 +417,6 @@ def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     config_kwargs.setdefault("connect_timeout", float(config.setting("objects.connect-timeout")))
     config_kwargs.setdefault("retries", {"max_attempts": int(config.setting("objects.retries")), "mode": "standard"})
     return {**options, "config_kwargs": config_kwargs}
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return seen
 
 
 def _first_line(exc: BaseException) -> str:
