@@ -76,14 +76,26 @@ class StreamDataset(IterableDataset):
     **Orders.** With ``shuffle`` and no ``seed``, one is drawn now and
     shared with the workers. Call ``dataset.set_epoch(epoch)`` at the start
     of each epoch (as with ``DistributedSampler``) and epoch ``e``'s order is
-    fixed by ``(seed, e)``, also with ``persistent_workers=True``, whose
-    workers count the epochs themselves on top of the epoch they started
-    with. Without ``set_epoch`` the order still changes every epoch: without
-    workers or with persistent ones by the same count; with workers started
-    afresh each epoch, the items within each rank's share are mixed by the
-    DataLoader's per-epoch seed (reproducible with ``torch.manual_seed`` or
-    the DataLoader's ``generator``), while the split among ranks stays that
-    of the epoch last set.
+    fixed by ``(seed, e)``, for any sequence of epochs set: the epoch is
+    kept in shared memory, so ``set_epoch`` reaches workers already running
+    (``persistent_workers=True``) as well as new ones, with every start
+    method. Without ``set_epoch`` the order still changes every epoch:
+    without workers or with persistent ones, the epoch advances by one each
+    time; with workers started afresh each epoch, the items within each
+    rank's share are mixed by the DataLoader's per-epoch seed (reproducible
+    with ``torch.manual_seed`` or the DataLoader's ``generator``), while the
+    split among ranks stays that of the epoch last set.
+
+    **Checkpoints.** ``state_dict()`` and ``load_state_dict()`` follow
+    torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` saves and
+    restores each worker's position and a restored loader yields exactly
+    the batches an uninterrupted one would have, reading only what they need
+    (:class:`daskstream.Stream`). Without workers, the dataset's own
+    ``state_dict()`` is the position. ``load_state_dict`` in the main process
+    also takes a ``StatefulDataLoader``'s whole state: the workers started
+    next resume from it (a plain ``DataLoader`` then resumes too), and an
+    ``elastic=True`` dataset resumes it on another world size or number of
+    workers, continuing the same global order.
     """
 
     def __init__(self, x: Any, **stream_options: Any) -> None:
@@ -94,33 +106,155 @@ class StreamDataset(IterableDataset):
                 raise InvalidArgumentError(
                     f"{name}= is set from the DataLoader's workers; leave it out of StreamDataset's options"
                 )
-        if options.get("shuffle") and options.get("seed") is None:
+        # A seed drawn here is shared with the workers; a state saved by another run brings its own.
+        self._seed_drawn = bool(options.get("shuffle")) and options.get("seed") is None
+        if self._seed_drawn:
             options["seed"] = random.SystemRandom().randrange(2**63)
         for name in ("rank", "world_size"):
             if name in options and (isinstance(options[name], bool) or not isinstance(options[name], int)):
                 raise InvalidArgumentError(f"{name}={options[name]!r} must be an int")
         self.x, self.options = x, options
-        self.epoch = 0
-        self._epoch_set = False
-        # Epochs this copy has iterated: in a persistent worker, the epochs since it started.
-        self._iterations = 0
+        # In shared memory, so that a worker's copy (persistent ones included, whatever the start method)
+        # reads them at the start of each epoch: the epoch set last, how many times set_epoch was called,
+        # and whether a job position loaded in the main process is still to be resumed (1) or not (0).
+        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()
+        # This copy's count: the epoch it counts from, the set_epoch call that set it, epochs iterated since.
+        self._epoch_base, self._epoch_calls, self._iterations = 0, 0, 0
+        # An elastic job position loaded in the main process, which the workers resume from.
+        self._job_position: dict[str, Any] | None = None
         self._worker_stream: Any = None
         # Checks the arguments here, in the main process, and plans the split once.
         self._plan = self._stream()
 
     def _stream(self, worker: int = 0, num_workers: int = 1) -> Any:
+        made = stream(self.x, **self.options, worker=worker, num_workers=num_workers)
+        made.seed_given = not self._seed_drawn
+        return made
 
-        return stream(self.x, **self.options, worker=worker, num_workers=num_workers)
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields (in this process)."""
+        self._follow_set_epoch()
+        return self._epoch_base + self._iterations
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch`` does)."""
-        self.epoch = int(epoch)
-        self._epoch_set = True
-        self._iterations = 0
+        """Make the next iteration epoch ``epoch`` (as ``DistributedSampler.set_epoch`` does), in this process
+        and in every DataLoader worker, running or started later."""
+        epoch = int(epoch)
+        calls = int(self._shared[1]) + 1
+        self._shared[0], self._shared[1] = epoch, calls
+        self._epoch_base, self._epoch_calls, self._iterations = epoch, calls, 0
+        if self._job_position is not None and self._job_position["epoch"] != epoch:
+            self._drop_job_position()
+        self._plan.set_epoch(epoch)
+        if self._worker_stream is not None:
+            self._worker_stream.set_epoch(epoch)
+
+    def _follow_set_epoch(self) -> None:
+        """Take up an epoch set since this copy last looked (in the main process, for a worker)."""
+        calls = int(self._shared[1])
+        if calls != self._epoch_calls:
+            self._epoch_base, self._epoch_calls, self._iterations = int(self._shared[0]), calls, 0
+
+    def _consumer(self) -> Any:
+        """The stream this process iterates: the planned one, or in a DataLoader worker its own share."""
+        info = get_worker_info()
+        if info is None:
+            return self._plan
+        if self._worker_stream is None or self._worker_stream.num_workers != info.num_workers:
+            self._worker_stream = self._stream(info.id, info.num_workers)
+        return self._worker_stream
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the batches this copy handed out end (see :meth:`daskstream.Stream.state_dict`).
+
+        In a DataLoader worker, that worker's position (torchdata's
+        ``StatefulDataLoader`` gathers them); without workers, the dataset's.
+        """
+        self._follow_set_epoch()
+        return self._consumer().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` ends.
+
+        Parameters
+        ----------
+        state
+            This dataset's ``state_dict()`` (without workers; in a worker,
+            torchdata's ``StatefulDataLoader`` passes each its own), or, in the
+            main process, a ``StatefulDataLoader``'s ``state_dict()``: without
+            workers its position; with workers, for an ``elastic=True``
+            dataset, the job's global position, from which the workers
+            started next resume, on any world size and number of workers.
+
+        Raises
+        ------
+        SourceChangedError, InvalidArgumentError
+            As :meth:`daskstream.Stream.load_state_dict`: other data, or a
+            stream cut otherwise; a loader state with workers for a dataset
+            that is not elastic (load it into the ``StatefulDataLoader``,
+            which restores each worker's position and the order it takes
+            them back in).
+        """
+        info = get_worker_info()
+        if info is None and _is_loader_state(state):
+            workers = _dataset_states(state)
+            if "_snapshot" not in state:  # a loader without workers: the position is this process's
+                self._load(self._plan, workers[0])
+                return
+            position = _job_position(workers, self._plan)
+            # Checked here, in the main process, rather than in every worker.
+            self._stream(0, 1).load_state_dict(position)
+            self._job_position = position
+            self._shared[2] = 1
+            self._epoch_base, self._epoch_calls, self._iterations = position["epoch"], int(self._shared[1]), 0
+            return
+        if info is not None:
+            # A worker's own position (StatefulDataLoader): a fresh share, not one a job position moved.
+            self._worker_stream = self._stream(info.id, info.num_workers)
+        self._load(self._consumer(), state)
+
+    def _load(self, consumer: Any, state: dict[str, Any]) -> None:
+        consumer.load_state_dict(state)
+        # The next iteration is the state's epoch, whatever set_epoch said before it was loaded.
+        self._epoch_base, self._epoch_calls, self._iterations = consumer.epoch, int(self._shared[1]), 0
+
+    def _drop_job_position(self) -> None:
+        self._job_position = None
+        self._shared[2] = 0
+
+    def __iter__(self) -> Any:
+        # Eager, not a generator: the epoch and the position are taken now, as StatefulDataLoader reads
+        # state_dict() right after iter() and before the first batch.
+        info = get_worker_info()
+        self._follow_set_epoch()
+        batches = self._consumer()
+        epoch = self._epoch_base + self._iterations
+        self._iterations += 1
+        shared = None
+        resumed = False
+        if info is not None:
+            position = self._job_position
+            if position is not None and int(self._shared[2]) and position["epoch"] == epoch:
+                batches.load_state_dict(position)
+                resumed = True
+            elif not self._epoch_calls and batches.state_dict()["batches"] == 0:
+                # Workers started afresh each epoch see the same epoch every time: the DataLoader's
+                # per-epoch seed (shared by a loader's workers) changes the order of the items instead.
+                batches.order_entropy = int(info.seed) - int(info.id)
+            batches.in_caller_thread = True
+            shared = _SharedBatches()
+            batches.allocate = shared
+        if batches.epoch != epoch:
+            batches.set_epoch(epoch)
+        done = self._drop_job_position if resumed else None
+        return _as_tensors(iter(batches), shared, done)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Workers plan their own share; the main process's plan (and its open sources) stays here.
-        return {**self.__dict__, "_plan": None, "_worker_stream": None}
+        # Workers plan their own share; the main process's plan (and its open sources) stays here, but its
+        # seed (drawn when none was given, or loaded) goes with the options.
+        options = {**self.options, "seed": self._plan.seed} if self._plan is not None else self.options
+        return {**self.__dict__, "options": options, "_plan": None, "_worker_stream": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -131,34 +265,76 @@ class StreamDataset(IterableDataset):
         """Batches this rank yields each epoch, whatever the DataLoader's number of workers."""
         return self._plan.rank_batches
 
-    def __iter__(self) -> Any:
-        info = get_worker_info()
-        epoch = self.epoch + self._iterations
-        self._iterations += 1
-        if info is None:
-            batches = self._plan
-        else:
-            # A persistent worker keeps its stream, and with it the next epoch's first reads.
-            if self._worker_stream is None or self._worker_stream.num_workers != info.num_workers:
-                self._worker_stream = self._stream(info.id, info.num_workers)
-            batches = self._worker_stream
-            if not self._epoch_set:
-                # Workers started afresh each epoch see the same epoch every time: the DataLoader's
-                # per-epoch seed (shared by a loader's workers) changes the order of the items instead.
-                batches.order_entropy = int(info.seed) - int(info.id)
-            batches.in_caller_thread = True
-            shared = _SharedBatches()
-            batches.allocate = shared
-        batches.set_epoch(epoch)
-        as_tensor = torch.from_numpy if info is None else shared.tensor
-        for batch in batches:
-            if isinstance(batch, tuple):
-                yield Batch(*(as_tensor(part) for part in batch))
-            else:
-                yield as_tensor(batch)
-
     def __repr__(self) -> str:
         return f"<daskstream StreamDataset: {self._plan!r}>"
+
+
+def _as_tensors(batches: Any, shared: _SharedBatches | None, done: Any = None) -> Any:
+    """The stream's batches as tensors (made in shared memory in a worker), tuples as :class:`Batch`;
+    ``done()`` once they are all handed out."""
+    as_tensor = torch.from_numpy if shared is None else shared.tensor
+    for batch in batches:
+        if isinstance(batch, tuple):
+            yield Batch(*(as_tensor(part) for part in batch))
+        else:
+            yield as_tensor(batch)
+    if done is not None:
+        done()
+
+
+def _is_loader_state(state: Any) -> bool:
+    """Whether ``state`` is a torchdata ``StatefulDataLoader``'s (with or without workers)."""
+    return isinstance(state, dict) and ("_snapshot" in state or "_num_yielded" in state)
+
+
+def _dataset_states(loader_state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The dataset's state of each worker in a ``StatefulDataLoader`` state (worker 0 alone without workers)."""
+    if "_snapshot" not in loader_state:
+        single = loader_state.get("dataset_state")
+        return {0: single} if single else {}
+    workers = loader_state["_snapshot"].get("_worker_snapshots", {})
+    found = {}
+    for key, snapshot in workers.items():
+        dataset_state = (snapshot or {}).get("dataset_state")
+        if dataset_state:
+            found[int(str(key).rsplit("_", 1)[-1])] = dataset_state
+    return found
+
+
+def _job_position(states: dict[int, dict[str, Any]], plan: Any) -> dict[str, Any]:
+    """An elastic job's global position from its workers' states: where every rank resumes, on any world size.
+
+    A worker's state says only which of its rank's batches it yields next;
+    the rank has taken every batch before the least of these (the loader
+    takes them from its workers in turn), and with ranks in step the job has
+    taken that many times the world size of global batches from where the
+    epoch's shares were cut.
+    """
+    if not states:
+        raise InvalidArgumentError(
+            "the StatefulDataLoader state holds no StreamDataset position (it was saved before any batch was "
+            "taken, or from a loader over another dataset)"
+        )
+    first = next(iter(states.values()))
+    saved = first.get("plan", {})
+    if not saved.get("elastic"):
+        raise InvalidArgumentError(
+            "a StatefulDataLoader state with workers holds one position per worker, and the order the loader "
+            "takes them back in: load it into the StatefulDataLoader (loader.load_state_dict(state)); "
+            "StreamDataset.load_state_dict takes it for an elastic=True dataset, to resume on another world "
+            "size or number of workers"
+        )
+    epochs = {state["epoch"] for state in states.values()}
+    if len(epochs) != 1 or len(states) != saved["num_workers"]:
+        raise InvalidArgumentError(
+            f"the StatefulDataLoader state holds the positions of {len(states)} of {saved['num_workers']} workers "
+            f"in epochs {sorted(epochs)}: a job position needs every worker's, in one epoch"
+        )
+    workers, world = saved["num_workers"], saved["world_size"]
+    steps = min(state["plan"]["worker"] + state["batches"] * workers for state in states.values())
+    position = {**first, "batches": 0, "start": 0}
+    position["global_batches"] = min(first["start"] + steps * world, plan.global_batches)
+    return position
 
 
 class _SharedBatches:

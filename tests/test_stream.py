@@ -251,7 +251,14 @@ def test_what_a_stream_holds_fits_its_budget(stored, shuffle):
     path, data = stored
     budget = 512 * 2**10  # a shuffle window of four 16 KiB HDF5 chunks, with reads and batches, fits
     s = ds.stream(path, shuffle=shuffle, seed=0, memory_budget=budget)
-    assert set(s.memory_terms) == {"read ahead", "shuffle window", "batches ready", "batch forming", "batch in use"}
+    assert set(s.memory_terms) == {
+        "read ahead",
+        "shuffle window",
+        "shuffle order",
+        "batches ready",
+        "batch forming",
+        "batch in use",
+    }
     assert s.projected_peak_bytes <= budget
     assert (s.memory_terms["shuffle window"] > 0) == shuffle
     np.testing.assert_array_equal(np.sort(np.concatenate(list(s))[:, 0]), data[:, 0])

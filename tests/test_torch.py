@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ import zarr
 
 torch = pytest.importorskip("torch")
 
+from daskstream.errors import InvalidArgumentError  # noqa: E402 - after the skip without torch
 from daskstream.torch import Batch, StreamDataset  # noqa: E402 - after the skip without torch
 
 N, WIDTH = 3001, 8
@@ -86,17 +90,22 @@ def test_orders_change_every_epoch_and_repeat_with_the_seeds(arrays, persistent,
     assert three_epochs() == first
 
 
-def test_persistent_workers_follow_set_epoch_as_fresh_ones_do(arrays):
-    def epoch_two(persistent: bool) -> list[int]:
-        dataset = StreamDataset(arrays, batch_size=64, shuffle=True, seed=4)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=persistent)
-        for epoch in range(3):
-            dataset.set_epoch(epoch)
-            rows = epoch_rows(loader)
-        return rows
-
-    # Persistent workers never see set_epoch; they count the epochs from the one they started with.
-    assert epoch_two(persistent=True) == epoch_two(persistent=False)
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_set_epoch_reaches_persistent_workers_with_every_start_method(arrays, method):
+    epochs = [0, 0, 0, 10, 20, 3]  # the same epoch again, jumps, and back
+    dataset = StreamDataset(arrays, batch_size=128, shuffle=True, seed=4)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=method
+    )
+    seen = []
+    for epoch in epochs:
+        dataset.set_epoch(epoch)
+        seen.append(epoch_rows(loader))
+    for epoch, order in zip(epochs, seen):
+        fresh = StreamDataset(arrays, batch_size=128, shuffle=True, seed=4)
+        fresh.set_epoch(epoch)
+        assert order == epoch_rows(torch.utils.data.DataLoader(fresh, batch_size=None, num_workers=2))
+    assert seen[0] == seen[1] == seen[2] != seen[3]
 
 
 def test_a_dataset_pickles_without_its_open_files(arrays):
@@ -143,26 +152,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_of_different_sizes_train_an_epoch_in_step(tmp_path):
-    path = str(tmp_path / "x.npy")
-    np.save(path, indexed())
-    cpus = sorted(os.sched_getaffinity(0))
+def run_ranks(scripts: list[str], *args: str) -> list[Any]:
+    """Run one Python process per script (rank ``i`` runs ``scripts[i]`` with ``i``, a free port and ``args``),
+    and the JSON each prints last."""
     port = str(_free_port())
     ranks = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(DDP_RANK).format(cpus=set(allowed), width=WIDTH),
-                str(rank),
-                port,
-                path,
-            ],
+            [sys.executable, "-c", script, str(rank), port, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for rank, allowed in enumerate([cpus[:1], cpus[:2]])
+        for rank, script in enumerate(scripts)
     ]
     results = []
     for process in ranks:
@@ -174,6 +175,15 @@ def test_two_ranks_of_different_sizes_train_an_epoch_in_step(tmp_path):
                 process.communicate()
         assert process.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def test_two_ranks_of_different_sizes_train_an_epoch_in_step(tmp_path):
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed())
+    cpus = sorted(os.sched_getaffinity(0))
+    scripts = [textwrap.dedent(DDP_RANK).format(cpus=set(allowed), width=WIDTH) for allowed in (cpus[:1], cpus[:2])]
+    results = run_ranks(scripts, path)
     first, second = results
     # Equal steps, or the all-reduce of the longer rank would wait for ever.
     assert first["steps"] == second["steps"] == 2 * first["len"] == 2 * 24  # ceil(ceil(3001 / 2) / 64) per epoch
@@ -181,3 +191,96 @@ def test_two_ranks_of_different_sizes_train_an_epoch_in_step(tmp_path):
         one, two = (r["rows"][epoch * 1501 : (epoch + 1) * 1501] for r in results)
         assert set(one) | set(two) == set(range(N))
         assert len(set(one) & set(two)) == 1  # the row padding repeats
+
+
+# --- checkpoints: torchdata's StatefulDataLoader, and elastic jobs ----------------------------------
+
+
+def first_rows(loader_or_batches) -> list[int]:
+    return [int(batch[0][0, 0]) if isinstance(batch, tuple) else int(batch[0, 0]) for batch in loader_or_batches]
+
+
+# torchdata 0.11's StatefulDataLoader calls torch.set_vital, which torch 2.13 deprecates.
+TORCHDATA_CALLS_SET_VITAL = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
+
+@TORCHDATA_CALLS_SET_VITAL
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("elastic", [False, True], ids=["split", "elastic"])
+def test_a_stateful_dataloader_resumes_mid_epoch_exactly(arrays, num_workers, elastic):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def loader():
+        torch.manual_seed(5)  # the DataLoader's per-epoch seed mixes fresh workers' items
+        dataset = StreamDataset(arrays, batch_size=100, shuffle=True, seed=1, elastic=elastic)
+        return stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=num_workers)
+
+    uninterrupted = first_rows(loader())
+    interrupted = loader()
+    batches = iter(interrupted)
+    before = [int(next(batches)[0][0, 0]) for _ in range(7)]
+    buffer = io.BytesIO()
+    torch.save(interrupted.state_dict(), buffer)  # as a training checkpoint carries it
+    del batches
+    buffer.seek(0)
+    resumed = loader()
+    resumed.load_state_dict(torch.load(buffer, weights_only=False))
+    assert before + first_rows(resumed) == uninterrupted
+
+
+@TORCHDATA_CALLS_SET_VITAL
+def test_a_loader_state_with_workers_resumes_only_an_elastic_dataset_directly(arrays):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    dataset = StreamDataset(arrays, batch_size=100, shuffle=True, seed=1)
+    loader = stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    del batches
+    with pytest.raises(InvalidArgumentError, match=r"load it into the StatefulDataLoader"):
+        StreamDataset(arrays, batch_size=100, shuffle=True, seed=1).load_state_dict(state)
+
+
+ELASTIC_RANK = """
+import json, sys
+import torch, torch.distributed as dist
+from torchdata.stateful_dataloader import StatefulDataLoader
+from daskstream.torch import StreamDataset
+
+rank, port, path, checkpoint, phase = sys.argv[1:6]
+rank, world = int(rank), {world}
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=world,
+                        timeout=__import__("datetime").timedelta(seconds=60))
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear({width}, 1))
+dataset = StreamDataset(path, batch_size=50, shuffle=True, seed=7, rank=rank, world_size=world, elastic=True)
+if phase == "first":
+    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+else:
+    dataset.load_state_dict(torch.load(checkpoint, weights_only=False))  # saved by rank 0 of the first job
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=1)
+steps = []
+for x in loader:
+    model(x).sum().backward()  # an all-reduce across the ranks every step
+    steps.append(x[:, 0].long().tolist())
+    if phase == "first" and len(steps) == 9:
+        if rank == 0:
+            torch.save(loader.state_dict(), checkpoint)
+        break
+dist.barrier()
+dist.destroy_process_group()
+print(json.dumps(steps))
+"""
+
+
+def test_an_elastic_ddp_job_resumes_on_another_world_size_in_the_same_global_order(tmp_path):
+    pytest.importorskip("torchdata.stateful_dataloader")
+    path = str(tmp_path / "x.npy")
+    np.save(path, indexed(n=3000))  # 60 global batches of 50: nine steps of two ranks, then 14 of three
+    checkpoint = str(tmp_path / "loader.pt")
+    first = run_ranks([textwrap.dedent(ELASTIC_RANK).format(width=WIDTH, world=2)] * 2, path, checkpoint, "first")
+    second = run_ranks([textwrap.dedent(ELASTIC_RANK).format(width=WIDTH, world=3)] * 3, path, checkpoint, "second")
+    job = [batch for step in zip(*first) for batch in step] + [batch for step in zip(*second) for batch in step]
+    alone = StreamDataset(path, batch_size=50, shuffle=True, seed=7, elastic=True)
+    assert job == [batch[:, 0].long().tolist() for batch in alone]
+    assert sorted(list(itertools.chain.from_iterable(job))) == list(range(3000))

@@ -9,8 +9,11 @@ is named term by term (:func:`stream_terms`), the same terms its view shows.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size, plannable_bytes
@@ -41,6 +44,9 @@ class StreamLayout:
         Whether it shuffles, and over how many shards at a time.
     threads
         Reading threads on this machine.
+    held_windows
+        Shuffle windows held at once: 1, or 2 for an elastic stream, whose
+        global batches may span two windows.
     """
 
     length: int
@@ -48,6 +54,7 @@ class StreamLayout:
     shuffle: bool
     shuffle_blocks: int
     threads: int
+    held_windows: int = 1
 
     def terms(
         self, read: int, batch: int, prefetch: int, extra_reads: int, *, threads: int | None = None
@@ -55,16 +62,23 @@ class StreamLayout:
         """What the stream holds at most, term by term, for reads of ``read`` bytes and batches of ``batch``.
 
         >>> StreamLayout(1000, 8, shuffle=False, shuffle_blocks=0, threads=2).terms(800, 80, 2, 0)
-        {'read ahead': 2400, 'shuffle window': 0, 'batches ready': 2400, 'batch forming': 80, 'batch in use': 800}
+        {'read ahead': 2400, 'shuffle window': 0, 'shuffle order': 0, 'batches ready': 2400, 'batch forming': 80, 'batch in use': 800}
         """
         # A batch inside one read is a view of it: in order, each batch held keeps its read.
         pinned = batch if self.shuffle else max(batch, read)
         threads = self.threads if threads is None else threads
+        window_items = self.shuffle_blocks * read // max(1, self.item_bytes)
         return {
             # A read in flight per thread, one more queued, the next window when shuffling, and the
             # reads added when the consumer was found waiting.
             "read ahead": (threads + 1 + (self.shuffle_blocks if self.shuffle else 0) + extra_reads) * read,
-            "shuffle window": (self.shuffle_blocks * read) if self.shuffle else 0,
+            "shuffle window": (self.held_windows * self.shuffle_blocks * read) if self.shuffle else 0,
+            # The window's random order (4-byte positions below 2**31 items) and a batch's sorted share of it.
+            "shuffle order": (
+                self.held_windows * order_bytes(window_items) + 2 * order_bytes(batch // max(1, self.item_bytes))
+                if self.shuffle
+                else 0
+            ),
             # The batches in the queue, and the one waiting to enter it.
             "batches ready": (prefetch + 1) * pinned,
             # The batch being put together (and, shuffling, the rows gathered for it).
@@ -148,6 +162,82 @@ def auto_prefetch(layout: StreamLayout, read_rows: int, extra_reads: int, batch_
     return max(2, min(64, left // max(batch_bytes, 1)))
 
 
+def order_bytes(items: int) -> int:
+    """Bytes of a random order of ``items`` positions (4-byte positions below 2**31 items).
+
+    >>> order_bytes(1000), order_bytes(2**31)
+    (4000, 17179869184)
+    """
+    return items * (4 if items < 2**31 else 8)
+
+
+def window_order(rng: np.random.Generator, items: int) -> np.ndarray:
+    """A random order of ``items`` positions: ``rng.permutation(items)``'s, in half its memory below 2**31 items.
+
+    ``Generator.permutation(n)`` shuffles ``arange(n)``; shuffling a narrower
+    ``arange`` draws the same numbers, so the order is the same.
+
+    >>> a = window_order(np.random.default_rng(0), 10)
+    >>> a.dtype, a.tolist() == np.random.default_rng(0).permutation(10).tolist()
+    (dtype('int32'), True)
+    """
+    order = np.arange(items, dtype=np.int32 if items < 2**31 else np.int64)
+    rng.shuffle(order)
+    return order
+
+
+def elastic_steps(total: int, start: int, world_size: int, rank: int, shares: str) -> int:
+    """Global batches rank ``rank`` takes from global batch ``start`` on, when rank r takes ``start + r + k * world_size``.
+
+    ``"pad"`` gives every rank as many as the first (the last ones repeat the
+    epoch's first batches), ``"drop"`` as many as the last, ``"uneven"`` each
+    its own.
+
+    >>> [elastic_steps(10, 0, 4, r, "pad") for r in range(4)], [elastic_steps(10, 0, 4, r, "uneven") for r in range(4)]
+    ([3, 3, 3, 3], [3, 3, 2, 2])
+    >>> elastic_steps(10, 0, 4, 3, "drop"), elastic_steps(10, 8, 4, 0, "pad")
+    (2, 1)
+    """
+    remaining = max(0, total - start)
+    if shares == "uneven":
+        return len(range(rank, remaining, world_size))
+    return remaining // world_size if shares == "drop" else -(-remaining // world_size)
+
+
+def elastic_batches(
+    total: int, start: int, world_size: int, rank: int, shares: str, worker: int, workers: int
+) -> np.ndarray:
+    """The global batches a consumer takes, in order, with a global order independent of ranks and workers.
+
+    The epoch's global sequence is cut into ``total`` global batches. From
+    global batch ``start`` on (0, or where a resumed job left off), rank ``r``
+    of ``world_size`` takes global batches ``start + r``, ``start + r +
+    world_size``...: step ``k`` of the job is global batches ``start + k *
+    world_size`` to ``start + (k + 1) * world_size - 1``, whatever the world
+    size, so a job resumed on another one continues the same sequence. A
+    rank's batches go to its loader workers in turn (worker ``w`` of ``workers``
+    takes steps ``w``, ``w + workers``...), as a DataLoader takes them back, so
+    the loop sees the rank's batches in order. Past ``total`` (``"pad"``) the
+    epoch's first global batches are repeated.
+
+    >>> elastic_batches(10, 0, 2, 1, "pad", 0, 1).tolist()
+    [1, 3, 5, 7, 9]
+    >>> elastic_batches(10, 0, 4, 3, "pad", 1, 2).tolist(), elastic_batches(10, 4, 4, 0, "pad", 0, 1).tolist()
+    ([7], [4, 8])
+    """
+    steps = np.arange(worker, elastic_steps(total, start, world_size, rank, shares), workers, dtype=np.int64)
+    return (start + rank + steps * world_size) % max(total, 1)
+
+
+def shards_digest(bounds: list[tuple[int, int]]) -> str:
+    """A short stable name of a list of shards, to tell in a saved state that the split is the same.
+
+    >>> shards_digest([(0, 5), (5, 10)]) == shards_digest([(0, 5), (5, 10)]) != shards_digest([(0, 10)])
+    True
+    """
+    return hashlib.sha256(repr([(int(a), int(b)) for a, b in bounds]).encode()).hexdigest()[:16]
+
+
 def rank_run(length: int, world_size: int, rank: int, shares: str) -> tuple[int, int]:
     """Positions in an epoch's sequence of ``length`` items that rank ``rank`` takes (see ``shares``).
 
@@ -216,9 +306,14 @@ __all__ = [
     "StreamLayout",
     "auto_prefetch",
     "batch_count",
+    "elastic_batches",
+    "elastic_steps",
+    "order_bytes",
     "plan_reads",
     "plan_shards",
     "rank_run",
     "runs",
+    "shards_digest",
+    "window_order",
     "worker_share",
 ]
