@@ -1,7 +1,7 @@
 """daskstream: out-of-core arrays from .npy, HDF5 and Zarr files on dask.
 
 >>> import daskstream as ds
->>> x = ds.open  # ds.open, ds.open_dataset, ds.list, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
+>>> x = ds.open  # ds.open, ds.open_dataset, ds.open_images, ds.list, ds.plan, ds.plan_chunks, ds.plan_compute, ds.reduce, ds.describe, ds.store, ds.rechunk, ds.session, ds.tune...
 >>> all(hasattr(ds, name) for name in ds.__all__)
 True
 """
@@ -22,6 +22,7 @@ from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
+from daskstream.sources.images import ImageFolder, open_images
 from daskstream.sources.listing import Listing
 from daskstream.sources.listing import list_file as list
 from daskstream.streaming import Stream, stream
@@ -33,6 +34,7 @@ __all__ = [
     "ChunkPlan",
     "CodecChoice",
     "DaskstreamError",
+    "ImageFolder",
     "Listing",
     "Session",
     "Source",
@@ -47,6 +49,7 @@ __all__ = [
     "map_blocks",
     "open",
     "open_dataset",
+    "open_images",
     "open_source",
     "plan",
     "plan_chunks",

@@ -42,6 +42,7 @@ __all__ = [
     "ObjectStoreUnreachableError",
     "OutsideFileError",
     "PackedDataWarning",
+    "SkippedImagesWarning",
     "SourceChangedError",
     "SourceNotFoundError",
     "SourcePermissionError",
@@ -148,6 +149,10 @@ class PackedDataWarning(DaskstreamWarning):
 
 class MatlabLayoutWarning(DaskstreamWarning):
     """A MATLAB 7.3 MAT-file's array, given as HDF5 stores it: transposed, and characters as UTF-16 codes."""
+
+
+class SkippedImagesWarning(DaskstreamWarning):
+    """Files that are not readable images were left out of ``open_images(..., on_error="skip")``; its ``skipped`` says why."""
 
 
 class TuneCacheWarning(DaskstreamWarning):
