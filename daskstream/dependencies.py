@@ -25,6 +25,9 @@ from daskstream.errors import MissingDependencyError
 
 # Extras that only develop or measure daskstream: not reported as features a user may lack.
 _DEVELOPMENT_EXTRAS = ("test", "bench")
+# Distributions that install another's import package under their own name: a requirement on the key is met
+# by whichever is installed. TensorFlow's CPU-only build (what CI installs) and nightlies are such.
+_SAME_PACKAGE = {"tensorflow": ("tensorflow-cpu", "tf-nightly", "tf-nightly-cpu")}
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,15 @@ def installed_version(name: str) -> str | None:
         return None
 
 
+def _provided_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or of one installing its package in its place."""
+    for candidate in (name, *_SAME_PACKAGE.get(name.lower(), ())):
+        version = installed_version(candidate)
+        if version is not None:
+            return version
+    return None
+
+
 @functools.cache
 def declared() -> tuple[Dependency, ...]:
     """Every requirement daskstream declares (core, then each extra's), with what is installed for it."""
@@ -92,7 +104,7 @@ def declared() -> tuple[Dependency, ...]:
             if extra is None:
                 continue  # a marker for another platform or Python
         found.append(
-            Dependency(requirement.name, str(requirement.specifier), extra, installed_version(requirement.name))
+            Dependency(requirement.name, str(requirement.specifier), extra, _provided_version(requirement.name))
         )
     return tuple(found)
 
@@ -140,7 +152,7 @@ def optional_import(module: str, *, package: str, needed_for: str, extra: str | 
     daskstream.errors.MissingDependencyError: an example needs no-such-package, which is not installed; pip install 'no-such-package'
 
     """
-    version = installed_version(package)
+    version = _provided_version(package)
     wanted = floor(package)
     install = f"pip install 'daskstream[{extra}]'" if extra else f"pip install '{package}{wanted}'"
     if version is None:

@@ -130,3 +130,16 @@ def test_the_versions_as_json():
     assert facts["dependencies"]["numpy"]["installed"] == np.__version__
     assert facts["dependencies"]["numpy"]["needs"] == dependencies.floor("numpy")
     assert set(facts["usable_extras"]) >= {"torch", "scipy", "jobqueue"}
+
+
+def test_tensorflows_cpu_build_meets_a_requirement_on_tensorflow(monkeypatch):
+    # tensorflow-cpu installs the package tensorflow under another distribution name (as CI installs it).
+    installed = {"tensorflow-cpu": "2.21.0"}
+    monkeypatch.setattr(dependencies, "installed_version", installed.get)
+    assert dependencies._provided_version("tensorflow") == "2.21.0"
+    assert dependencies._provided_version("torch") is None
+    monkeypatch.setattr(dependencies, "floor", lambda name: ">=2.16")
+    assert dependencies.optional_import("numpy", package="tensorflow", needed_for="a test").__name__ == "numpy"
+    installed["tensorflow-cpu"] = "2.15.1"
+    with pytest.raises(MissingDependencyError, match=r"needs tensorflow>=2.16, and tensorflow 2.15.1 is installed"):
+        dependencies.optional_import("numpy", package="tensorflow", needed_for="a test")
