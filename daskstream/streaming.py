@@ -554,13 +554,11 @@ class Stream:
 
     def _elastic_epoch(self, epoch: int, start: int, first: int = 0) -> _ElasticEpoch:
         """An elastic stream's epoch for this consumer from global batch ``start``, its batch ``first`` on."""
-        windows = [[(0, self.length)]] if not self.shuffle else None
+        windows = [[(0, self.length)]]
         if self.shuffle:
             sequence = self._shard_sequence(epoch)
             windows = [sequence[i : i + self.shuffle_blocks] for i in range(0, len(sequence), self.shuffle_blocks)]
-        return _ElasticEpoch(
-            windows or [], self._elastic_batches(start)[first:], self.batch_size, self.length, self.shuffle
-        )
+        return _ElasticEpoch(windows, self._elastic_batches(start)[first:], self.batch_size, self.length, self.shuffle)
 
     def __len__(self) -> int:
         if self.elastic:
@@ -958,7 +956,7 @@ class Stream:
     def read_amplification(self) -> float:
         """Bytes read per byte delivered in an epoch of this consumer (1.0: each item read once; storage
         chunks read whole count whole)."""
-        delivered = sum(high - low for low, high in self._delivered(0))
+        delivered = sum(high - low for low, high in self._delivered())
         if not delivered:
             return 1.0
         unit = self.inputs[0].unit(self.axis)
@@ -967,7 +965,7 @@ class Stream:
             read += min(self.length, -(-high // unit) * unit) - (low // unit) * unit
         return read / delivered
 
-    def _delivered(self, epoch: int) -> list[tuple[int, int]]:
+    def _delivered(self) -> list[tuple[int, int]]:
         """The items this consumer yields in an epoch, as runs of the epoch's sequence."""
         if not self.elastic:
             return [(self.share[0], self.share[1])]
@@ -1142,14 +1140,12 @@ class _ElasticEpoch:
             low, high = self._bounds(int(g))
             first_window = int(np.searchsorted(self.offsets, low, side="right")) - 1
             last_window = int(np.searchsorted(self.offsets, high - 1, side="right")) - 1
-            first_entry = None
-            for window in range(first_window, last_window + 1):
-                if not self.needed or self.needed[-1] != window:
-                    self.needed.append(window)
-                first_entry = len(self.needed) - 1 if first_entry is None else first_entry
-            self.entries.append(
-                (first_entry if first_entry is not None else len(self.needed) - 1, len(self.needed) - 1)
-            )
+            # A window the last batch took from is still held: it is not read again.
+            if not self.needed or self.needed[-1] != first_window:
+                self.needed.append(first_window)
+            first_entry = len(self.needed) - 1
+            self.needed.extend(range(first_window + 1, last_window + 1))
+            self.entries.append((first_entry, len(self.needed) - 1))
         self.reads = [shard for window in self.needed for shard in windows[window]]
 
     def _bounds(self, batch: int) -> tuple[int, int]:

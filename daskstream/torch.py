@@ -203,11 +203,11 @@ class StreamDataset(IterableDataset):
                 self._load(self._plan, workers[0])
                 return
             position = _job_position(workers, self._plan)
-            # Checked here, in the main process, rather than in every worker.
-            self._stream(0, 1).load_state_dict(position)
+            # Checked here, in the main process, rather than in every worker; and this process resumes from
+            # it as well, should the dataset be iterated without workers.
+            self._load(self._plan, position)
             self._job_position = position
             self._shared[2] = 1
-            self._epoch_base, self._epoch_calls, self._iterations = position["epoch"], int(self._shared[1]), 0
             return
         if info is not None:
             # A worker's own position (StatefulDataLoader): a fresh share, not one a job position moved.
