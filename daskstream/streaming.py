@@ -429,7 +429,10 @@ class Stream:
         """What planning the stream needs to know of it (see :mod:`daskstream.planning.streams`)."""
         # An elastic stream's global batch may span two windows: both are held.
         held = 2 if self.elastic and self.shuffle else 1
-        return StreamLayout(self.length, self.item_bytes, self.shuffle, self.shuffle_blocks, self.threads, held)
+        decoding = sum(i.source.decode_bytes for i in self.inputs if i.source is not None)
+        return StreamLayout(
+            self.length, self.item_bytes, self.shuffle, self.shuffle_blocks, self.threads, held, decoding
+        )
 
     @property
     def _split_ranks(self) -> int:
@@ -654,7 +657,7 @@ class Stream:
         rng = self._items_rng(epoch)
         pieces, skip = self._pieces_from(epoch, first * self.batch_size, rng)
         reads = self._read_ahead(epoch, pieces, stop, waits)
-        for parts in self._windows(reads, rng, skip):
+        for parts in self._windows(reads, rng, skip, first * self.batch_size - skip):
             pending.append(parts)
             held += parts[0].shape[self.axis]
             while held >= self.batch_size and left:
@@ -702,11 +705,11 @@ class Stream:
         return [piece for window in windows[passed:] for piece in window], skip
 
     def _windows(
-        self, blocks: Iterator[list[np.ndarray]], rng: np.random.Generator, skip: int = 0
+        self, blocks: Iterator[list[np.ndarray]], rng: np.random.Generator, skip: int = 0, before: int = 0
     ) -> Iterator[list[np.ndarray]]:
         """The reads as they come, or (shuffling) the rows of each window of ``shuffle_blocks`` reads in one
         random order, gathered a batch at a time from the window's reads (never a copy of the window); the
-        first window's first ``skip`` items are left out (a resumed epoch)."""
+        first window's first ``skip`` items are left out (a resumed epoch, ``before`` items into it)."""
         if not self.shuffle:
             yield from blocks
             return
@@ -714,10 +717,11 @@ class Stream:
         for parts in blocks:
             window.append(parts)
             if len(window) == self.shuffle_blocks:
-                yield from _shuffled(window, rng, self.axis, self.batch_size, self.allocate, skip)
+                yield from _shuffled(window, rng, self.axis, self.batch_size, self.allocate, skip, before)
+                before += sum(p[0].shape[self.axis] for p in window)
                 window, skip = [], 0
         if window:
-            yield from _shuffled(window, rng, self.axis, self.batch_size, self.allocate, skip)
+            yield from _shuffled(window, rng, self.axis, self.batch_size, self.allocate, skip, before)
 
     def _emit(self, arrays: list[np.ndarray]) -> Any:
         return tuple(arrays) if self.zipped else arrays[0]
@@ -1218,26 +1222,33 @@ def _shuffled(
     window: list[list[np.ndarray]],
     rng: np.random.Generator,
     axis: int,
-    piece: int,
+    batch: int,
     allocate: Any = np.empty,
     skip: int = 0,
+    before: int = 0,
 ) -> Iterator[list[np.ndarray]]:
-    """The items of a window of reads in one random order (the same for every input), ``piece`` at a time.
+    """The items of a window of reads in one random order (the same for every input), a batch at a time.
 
     Which items form each piece is random; within a piece they come in the
     order they lie in the window (a training step does not depend on the
     order of the rows of its batch), so that each read's share is one gather
-    straight into place. The first ``skip`` items of that sequence are left
-    out (a resumed epoch): pieces wholly before them are not gathered.
+    straight into place. Pieces are cut where the epoch's batches are (the
+    window starts ``before`` items into the epoch): a batch across two windows
+    is the last piece of one and the first of the next, whole, so no piece is
+    kept alive by a view once its batch is made. The first ``skip`` items of
+    the window's sequence are left out (a resumed epoch): pieces wholly before
+    them are not gathered.
     """
     lengths = [parts[0].shape[axis] for parts in window]
     offsets = np.cumsum([0, *lengths])
     order = window_order(rng, int(offsets[-1]))
     lead = (slice(None),) * axis
-    for start in range(0, order.size, piece):
-        if start + piece <= skip:
+    first_cut = -before % batch
+    cuts = [0, *range(first_cut or batch, order.size, batch), order.size]
+    for start, stop in itertools.pairwise(dict.fromkeys(cuts)):
+        if stop <= skip:
             continue
-        chosen = np.sort(order[start : start + piece])
+        chosen = np.sort(order[start:stop])
         # Sorted, each read's items are one run of ``chosen``.
         edges = np.searchsorted(chosen, offsets)
         gathered = []

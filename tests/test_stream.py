@@ -249,19 +249,58 @@ def test_the_stream_shows_itself_in_jupyter(stored):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_what_a_stream_holds_fits_its_budget(stored, shuffle):
     path, data = stored
-    budget = 512 * 2**10  # a shuffle window of four 16 KiB HDF5 chunks, with reads and batches, fits
+    budget = 2**20  # a shuffle window of four 16 KiB HDF5 chunks, with reads, decoding and batches, fits
     s = ds.stream(path, shuffle=shuffle, seed=0, memory_budget=budget)
     assert set(s.memory_terms) == {
         "read ahead",
+        "decoding",
+        "allocator reserve",
         "shuffle window",
         "shuffle order",
+        "reads kept by batches",
         "batches ready",
         "batch forming",
         "batch in use",
+        "bookkeeping",
     }
     assert s.projected_peak_bytes <= budget
     assert (s.memory_terms["shuffle window"] > 0) == shuffle
     np.testing.assert_array_equal(np.sort(np.concatenate(list(s))[:, 0]), data[:, 0])
+
+
+@pytest.mark.parametrize("kind", ["npy", "hdf5", "zarr"])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [64, 1536])  # 1536: batches across shuffle windows
+def test_a_slow_loop_never_holds_more_than_the_projection(tmp_path, kind, shuffle, batch_size):
+    # The worst case: a loop that first takes batches as fast as they come (the stream adds reads ahead
+    # each time it is found waiting), then steps slowly, so that every read ahead, window and queued
+    # batch is full. What Python and numpy allocate meanwhile stays within the projection (benchmarks/
+    # stream_memory.py measures how close to it, and the resident size).
+    import tracemalloc
+
+    data = indexed(n=65536, width=32)  # 16 MiB, in 256 KiB storage chunks
+    path = str(tmp_path / {"npy": "x.npy", "hdf5": "x.h5", "zarr": "x.zarr"}[kind])
+    if kind == "npy":
+        np.save(path, data)
+    elif kind == "hdf5":
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=data, chunks=(1024, 32), compression="gzip")
+    else:
+        zarr.create_array(path, shape=data.shape, chunks=(1024, 32), dtype=data.dtype)[...] = data
+    threads_settled()
+    s = ds.stream(path, batch_size=batch_size, shuffle=shuffle, seed=0, memory_budget="16MiB")
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for n, batch in enumerate(s):
+            if n > len(s) // 2:
+                time.sleep(0.002)
+            del batch
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    # The allocator's reserve is resident memory no Python object holds: tracemalloc does not see it.
+    assert 0 < peak <= s.projected_peak_bytes - s.memory_terms["allocator reserve"]
 
 
 def test_a_shuffle_window_larger_than_the_budget_is_refused_before_reading(tmp_path):
@@ -360,7 +399,7 @@ def test_ranks_on_machines_of_different_sizes_split_alike(tmp_path):
 def test_a_change_under_a_stream_says_what_to_do_in_a_training_loop(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, indexed(n=4000))
-    s = ds.stream(str(path), batch_size=100, prefetch=1, memory_budget="96KiB")
+    s = ds.stream(str(path), batch_size=100, prefetch=1, memory_budget="256KiB")
     batches = iter(s)
     next(batches)
     np.save(path, indexed(n=4000) + 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,11 @@ SPLIT_THREADS = 4
 # Reads the reader may add ahead of the consumer when it finds the consumer waiting.
 MAX_EXTRA_READS = 8
 SHARES = ("pad", "drop", "uneven")
+
+#: What a stream's threads, queues and futures take whatever the data (Python objects; measured ~40 KiB).
+BOOKKEEPING_BYTES = 64 * 2**10
+#: One read's entry in an epoch's list of reads (a tuple of two ints: ~120 B).
+READ_ENTRY_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,10 @@ class StreamLayout:
     held_windows
         Shuffle windows held at once: 1, or 2 for an elastic stream, whose
         global batches may span two windows.
+    decode_bytes
+        Bytes one read holds beyond what it returns while it decodes (a
+        compressed chunk and its decoded copy; 0 for ``.npy``), across the
+        zipped arrays.
     """
 
     length: int
@@ -55,6 +65,7 @@ class StreamLayout:
     shuffle_blocks: int
     threads: int
     held_windows: int = 1
+    decode_bytes: int = 0
 
     def terms(
         self, read: int, batch: int, prefetch: int, extra_reads: int, *, threads: int | None = None
@@ -62,16 +73,27 @@ class StreamLayout:
         """What the stream holds at most, term by term, for reads of ``read`` bytes and batches of ``batch``.
 
         >>> StreamLayout(1000, 8, shuffle=False, shuffle_blocks=0, threads=2).terms(800, 80, 2, 0)
-        {'read ahead': 2400, 'shuffle window': 0, 'shuffle order': 0, 'batches ready': 2400, 'batch forming': 80, 'batch in use': 800}
+        {'read ahead': 2400, 'decoding': 0, 'allocator reserve': 1600, 'shuffle window': 0, 'shuffle order': 0, 'reads kept by batches': 800, 'batches ready': 160, 'batch forming': 160, 'batch in use': 80, 'bookkeeping': 68096}
         """
-        # A batch inside one read is a view of it: in order, each batch held keeps its read.
-        pinned = batch if self.shuffle else max(batch, read)
         threads = self.threads if threads is None else threads
         window_items = self.shuffle_blocks * read // max(1, self.item_bytes)
+        if self.shuffle:
+            # Reads in flight, one per thread, and the next window while this one is gathered from (the
+            # last window's reads leave it before the next read is asked for); the extra reads added when
+            # the consumer was found waiting. An elastic batch may be gathered from two windows while a
+            # read is asked for: one more.
+            ahead = threads + self.shuffle_blocks + extra_reads + (self.held_windows - 1)
+        else:
+            # Reads in flight, one per thread and the extra ones, one more asked for, and the one batches
+            # are being cut from.
+            ahead = threads + 1 + extra_reads
         return {
-            # A read in flight per thread, one more queued, the next window when shuffling, and the
-            # reads added when the consumer was found waiting.
-            "read ahead": (threads + 1 + (self.shuffle_blocks if self.shuffle else 0) + extra_reads) * read,
+            "read ahead": ahead * read,
+            # What each reading thread holds while it decodes, beside the read it fills.
+            "decoding": threads * self.decode_bytes,
+            # A freed read the C allocator keeps, per reading thread's heap, for that thread's next read:
+            # resident, though nothing uses it (glibc; measured in benchmarks/stream_memory.py).
+            "allocator reserve": threads * read,
             "shuffle window": (self.held_windows * self.shuffle_blocks * read) if self.shuffle else 0,
             # The window's random order (4-byte positions below 2**31 items) and a batch's sorted share of it.
             "shuffle order": (
@@ -79,13 +101,62 @@ class StreamLayout:
                 if self.shuffle
                 else 0
             ),
-            # The batches in the queue, and the one waiting to enter it.
-            "batches ready": (prefetch + 1) * pinned,
-            # The batch being put together (and, shuffling, the rows gathered for it).
-            "batch forming": (2 if self.shuffle else 1) * batch,
+            "reads kept by batches": 0 if self.shuffle else kept_reads(read, batch, prefetch) * read,
+            # The batches in the queue.
+            "batches ready": prefetch * batch,
+            # The batch being put together, or waiting to enter the queue once made (the same thread does
+            # both), and the parts it is made of: a batch across two reads in order, across two windows'
+            # gathered rows shuffling.
+            "batch forming": 2 * batch,
             # The batch the training loop holds while the next one is taken.
-            "batch in use": pinned,
+            "batch in use": batch,
+            # The lists of this epoch's reads and the next one's, and the reading threads' own objects.
+            "bookkeeping": BOOKKEEPING_BYTES + 2 * READ_ENTRY_BYTES * -(-self.length * self.item_bytes // max(1, read)),
         }
+
+
+def kept_reads(read: int, batch: int, prefetch: int) -> int:
+    """Reads an in-order stream's batches keep alive behind the ones it reads ahead.
+
+    A batch that lies in one read is a view of it (no copy), and keeps the
+    whole read; one across reads is a copy of its parts. The batches held --
+    ``prefetch`` queued, one waiting to enter the queue, one in use -- and the
+    rest of a read not yet batched lie in the last ``prefetch + 3`` batches'
+    worth of items, so they keep at most as many reads as that span touches.
+    Reads smaller than a batch are only kept while a batch is cut from them.
+
+    >>> kept_reads(8 << 20, 1 << 20, 2), kept_reads(1 << 20, 1 << 20, 2), kept_reads(1 << 20, 4 << 20, 2)
+    (1, 1, 4)
+    """
+    if read <= batch:
+        return -(-batch // read)
+    span = (prefetch + 3) * batch
+    return min(prefetch + 3, -(-span // read))
+
+
+def largest_fitting(high: int, held: Callable[[int], int], budget: int) -> int:
+    """The largest ``k`` in ``1..high`` with ``held(k) <= budget``; where none fits, the ``k`` holding least.
+
+    ``held`` falls, then rises, as ``k`` grows: the reads ahead, windows and
+    batches grow with the read size, the bookkeeping (an entry per read)
+    shrinks.
+
+    >>> largest_fitting(100, lambda k: 10 * k + 1000 // k, 500), largest_fitting(100, lambda k: 10 * k + 1000 // k, 50)
+    (48, 10)
+    """
+    low, high = 1, max(1, high)
+    least_at = low
+    top = high
+    while least_at < top:  # the first k from which held stops falling
+        middle = (least_at + top) // 2
+        least_at, top = (middle + 1, top) if held(middle + 1) < held(middle) else (least_at, middle)
+    if held(least_at) > budget:
+        return least_at
+    low = least_at
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if held(middle) <= budget else (low, middle - 1)
+    return low
 
 
 def plan_shards(
@@ -103,15 +174,13 @@ def plan_shards(
     """
     spread = max(1, math.ceil(layout.length / (2 * world_size)))
 
-    def held(rows: int) -> int:
+    def held(units: int) -> int:
+        rows = units * unit
         batch = (rows if batch_size is None else min(int(batch_size), layout.length)) * layout.item_bytes
         return sum(layout.terms(rows * layout.item_bytes, batch, ready, 0, threads=SPLIT_THREADS).values())
 
-    low, high = 1, max(1, min(SHARD_BYTES // max(1, layout.item_bytes * unit), math.ceil(spread / unit)))
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if held(middle * unit) <= plannable_bytes(split_budget) else (low, middle - 1)
-    rows = low * unit
+    high = min(SHARD_BYTES // max(1, layout.item_bytes * unit), math.ceil(spread / unit))
+    rows = largest_fitting(high, held, plannable_bytes(split_budget)) * unit
     return [(start, min(start + rows, layout.length)) for start in range(0, layout.length, rows)]
 
 
@@ -131,16 +200,12 @@ def plan_reads(
     """
     budget = plannable_bytes(memory_budget)
 
-    def held(rows: int, extra: int = 0) -> int:
-        return sum(layout.terms(rows * layout.item_bytes, batch_bytes, ready, extra).values())
+    def held(units: int) -> int:
+        return sum(layout.terms(units * unit * layout.item_bytes, batch_bytes, ready, 0).values())
 
-    low, high = 1, max(1, shard // unit)
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if held(middle * unit) <= budget else (low, middle - 1)
-    rows = min(shard, low * unit)
-    if held(rows) > budget:
-        least = layout.terms(rows * layout.item_bytes, batch_bytes, ready, 0)
+    rows = min(shard, largest_fitting(shard // unit, held, budget) * unit)
+    least = layout.terms(rows * layout.item_bytes, batch_bytes, ready, 0)
+    if sum(least.values()) > budget:
         shown = ", ".join(f"{term} {format_size(n)}" for term, n in least.items() if n)
         raise MemoryBudgetError(
             f"stream of {name}: one {'shard' if layout.shuffle else 'storage-aligned read'} is "
@@ -150,7 +215,10 @@ def plan_reads(
             "memory_budget, or lower shuffle_blocks, prefetch or batch_size"
         )
     extra = 0
-    while extra < MAX_EXTRA_READS and held(rows, extra + 1) <= budget:
+    while (
+        extra < MAX_EXTRA_READS
+        and sum(layout.terms(rows * layout.item_bytes, batch_bytes, ready, extra + 1).values()) <= budget
+    ):
         extra += 1
     return rows, extra
 
