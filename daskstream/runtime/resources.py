@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import logging
 import os
 import pathlib
@@ -212,9 +213,31 @@ def total_memory() -> int:
     What is configured, not what is free; the figure distributed sizes its
     workers' ``memory_limit: auto`` from.
     """
-    from distributed.system import MEMORY_LIMIT
+    loaded = sys.modules.get("distributed.system")
+    return int((loaded or _distributed_system()).MEMORY_LIMIT)
 
-    return int(MEMORY_LIMIT)
+
+@functools.cache
+def _distributed_system() -> Any:
+    """``distributed.system``, without importing the rest of distributed.
+
+    It is a module of its own (psutil, cgroups, rlimits), but imported through
+    its package it imports all of distributed first: over a quarter of a
+    second before a stream's first batch, which a restarted training job pays
+    again. Loaded from its file, it is distributed's own code alone.
+    """
+    package = importlib.util.find_spec("distributed")
+    locations = list(package.submodule_search_locations or []) if package is not None else []
+    spec = locations and importlib.util.spec_from_file_location(
+        "daskstream._distributed_system", os.path.join(locations[0], "system.py")
+    )
+    if not spec or spec.loader is None:
+        import distributed.system
+
+        return distributed.system
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def planned_cluster_resources(
