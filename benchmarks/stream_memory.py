@@ -17,7 +17,7 @@ less its "allocator reserve" term, which no Python object holds). The
 target: the resident peak within 5% of the projection, never above it.
 
     python -m benchmarks.stream_memory [--size 512MiB] [--only npy,hdf5-gzip,zarr-zstd]
-                                       [--budgets 64MiB,256MiB] [--batches 64,4096]
+                                       [--budgets 64MiB,256MiB] [--batches 64,1024]
                                        [--out benchmarks/results/stream-memory]
 """
 
@@ -73,14 +73,15 @@ print(json.dumps({
 """
 
 
-def measure(where: str, shuffle: bool, batch: int, budget: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, where, str(int(shuffle)), str(batch), budget],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    row = json.loads(out.strip().splitlines()[-1])
+def measure(where: str, shuffle: bool, batch: int, budget: str) -> dict[str, Any] | None:
+    """The case's figures, or ``None`` where the stream refuses the budget (a MemoryBudgetError)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, where, str(int(shuffle)), str(batch), budget], capture_output=True, text=True
+    )
+    if done.returncode and "MemoryBudgetError" in done.stderr:
+        return None
+    done.check_returncode()
+    row = json.loads(done.stdout.strip().splitlines()[-1])
     row["traced_share"] = row["traced"] / (row["projected"] - row["terms"]["allocator reserve"])
     row["resident_share"] = row["resident"] / row["projected"]
     return row
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="512MiB")
     parser.add_argument("--only", default="npy,hdf5-gzip,zarr-zstd")
     parser.add_argument("--budgets", default="64MiB,256MiB")
-    parser.add_argument("--batches", default="64,4096", help="Batch sizes in rows (4 KiB each).")
+    parser.add_argument("--batches", default="64,1024", help="Batch sizes in rows (4 KiB each).")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "stream-memory"))
     args = parser.parse_args(argv)
     size = int(parse_bytes(args.size))
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             for budget in args.budgets.split(","):
                 for batch in map(int, args.batches.split(",")):
                     row = measure(where, shuffle, batch, budget)
+                    if row is None:
+                        print(f"{key} {budget} batch {batch}: refused (over the budget)", flush=True)
+                        continue
                     row.update(layout=LAYOUTS[key].label, shuffle=shuffle, budget=budget, batch=batch)
                     rows.append(row)
                     print(
