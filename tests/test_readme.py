@@ -144,3 +144,67 @@ def test_labelled_data_example_runs(repo_root, tmp_path, monkeypatch):
     np.testing.assert_allclose(scope["mean"].values, chl.mean(axis=0))
     assert scope["mean"].attrs["units"] == "mg m-3"
     np.testing.assert_array_equal(scope["days"].compute()[:, 0], np.repeat([1, 2, 10], 4))
+
+
+def test_resuming_example_runs(repo_root, tmp_path, monkeypatch):
+    import daskstream as ds
+
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("#### Resuming mid-epoch", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    np.save("features.npy", np.random.default_rng(5).standard_normal((60_000, 4)).astype("f4"))
+    scope: dict = {}
+    exec(compile(example, "README.md", "exec"), scope)
+    whole = ds.stream("features.npy", batch_size=256, shuffle=True, seed=0)
+    whole.set_epoch(3)
+    expected = list(whole)[101:]
+    assert len(scope["rest"]) == len(expected) > 0
+    for got, want in zip(scope["rest"], expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_image_folder_example_runs(repo_root, tmp_path, monkeypatch):
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    image = pytest.importorskip("PIL.Image")
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("#### Image folders", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(6)
+    for name in ("cat", "dog", "fox"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for i in range(5):
+            pixels = rng.integers(0, 255, (300, 400, 3), dtype=np.uint8)
+            image.fromarray(pixels).save(tmp_path / "photos" / name / f"{i}.jpg")
+    (tmp_path / "photos" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a JPEG")
+    scope: dict = {}
+    with pytest.warns(UserWarning, match="broken.jpg"):
+        exec(compile(example, "README.md", "exec"), scope)
+    photos, dataset = scope["photos"], scope["dataset"]
+    assert photos.summary.startswith("15 images in 3 classes, 224x224 RGB, crop, 1 skipped")
+    images, labels = next(iter(torch.utils.data.DataLoader(dataset, batch_size=None)))
+    assert tuple(images.shape) == (15, 224, 224, 3) or tuple(images.shape[1:]) == (224, 224, 3)
+    assert sorted(photos.classes) == ["cat", "dog", "fox"]
+    assert set(labels.tolist()) <= {0, 1, 2}
+
+
+def test_tf_data_example_runs(repo_root, tmp_path, monkeypatch):
+    import pytest
+
+    tf = pytest.importorskip("tensorflow")
+    import zarr
+
+    readme = (repo_root / "README.md").read_text()
+    example = _code_blocks(readme.split("#### TensorFlow (tf.data)", 1)[1], "python")[0]
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(7)
+    features = rng.standard_normal((512, 4)).astype("f4")
+    zarr.create_array("features.zarr", shape=features.shape, chunks=(64, 4), dtype="f4")[...] = features
+    np.save("labels.npy", (features.sum(axis=1) > 0).astype("i8"))
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    scope: dict = {"model": model}
+    exec(compile(example.replace("epochs=10", "epochs=2"), "README.md", "exec"), scope)
+    assert len(model.history.history["loss"]) == 2
+    assert int(scope["data"].cardinality()) == 2

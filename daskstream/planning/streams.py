@@ -73,7 +73,7 @@ class StreamLayout:
         """What the stream holds at most, term by term, for reads of ``read`` bytes and batches of ``batch``.
 
         >>> StreamLayout(1000, 8, shuffle=False, shuffle_blocks=0, threads=2).terms(800, 80, 2, 0)
-        {'read ahead': 2400, 'decoding': 0, 'allocator reserve': 1600, 'shuffle window': 0, 'shuffle order': 0, 'reads kept by batches': 800, 'batches ready': 160, 'batch forming': 160, 'batch in use': 80, 'bookkeeping': 68096}
+        {'read ahead': 2400, 'decoding': 0, 'allocator reserve': 1680, 'shuffle window': 0, 'shuffle order': 0, 'reads kept by batches': 800, 'batches ready': 160, 'batch forming': 160, 'batch in use': 80, 'bookkeeping': 68096}
         """
         threads = self.threads if threads is None else threads
         window_items = self.shuffle_blocks * read // max(1, self.item_bytes)
@@ -91,9 +91,10 @@ class StreamLayout:
             "read ahead": ahead * read,
             # What each reading thread holds while it decodes, beside the read it fills.
             "decoding": threads * self.decode_bytes,
-            # A freed read the C allocator keeps, per reading thread's heap, for that thread's next read:
-            # resident, though nothing uses it (glibc; measured in benchmarks/stream_memory.py).
-            "allocator reserve": threads * read,
+            # A freed read the C allocator keeps, per reading thread's heap, for that thread's next read,
+            # and a freed batch in the heap batches are made in: resident, though nothing uses them
+            # (glibc; measured in benchmarks/stream_memory.py).
+            "allocator reserve": threads * read + batch,
             "shuffle window": (self.held_windows * self.shuffle_blocks * read) if self.shuffle else 0,
             # The window's random order (4-byte positions below 2**31 items) and a batch's sorted share of it.
             "shuffle order": (

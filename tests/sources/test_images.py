@@ -10,6 +10,7 @@ tolerance.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -560,6 +562,7 @@ def test_a_stream_pairs_images_with_their_labels(photos):
 def test_the_source_pickles_without_files_or_threads(photos):
     root, files = photos
     source = ds.open_images(root, size=SIZE, threads=3).images
+    helpers_settled()  # those of reads that earlier tests' dropped streams may still be finishing
     source.read((slice(0, 4),))
     assert not helper_threads()  # they end with the read: nothing for a pickle or a fork to carry
     payload = cloudpickle.dumps(source)
@@ -697,3 +700,10 @@ def test_a_failing_decode_stops_the_other_threads_and_is_raised():
 
 def helper_threads():
     return [t for t in threading.enumerate() if t.name == "daskstream-images"]
+
+
+def helpers_settled() -> None:
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while helper_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
