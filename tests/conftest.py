@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
+from stream_helpers import N, indexed
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -175,3 +177,11 @@ def full_opens(monkeypatch):
 
     monkeypatch.setattr(Hdf5Source, "_describe", counted)
     return opened
+
+
+@pytest.fixture
+def arrays(tmp_path) -> tuple[str, str]:
+    """Features as .npy (rows numbered in their first column) and labels (ten times the number) as Zarr."""
+    np.save(tmp_path / "x.npy", indexed())
+    zarr.create_array(str(tmp_path / "y.zarr"), shape=(N,), chunks=(100,), dtype="i8")[...] = np.arange(N) * 10
+    return str(tmp_path / "x.npy"), str(tmp_path / "y.zarr")

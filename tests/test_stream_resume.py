@@ -14,19 +14,11 @@ import time
 import numpy as np
 import pytest
 import zarr
+from stream_helpers import WIDTH, N, indexed
 
 import daskstream as ds
 from daskstream.errors import DaskstreamWarning, InvalidArgumentError, SourceChangedError
 from daskstream.sources.reads import bytes_read_here
-
-N, WIDTH = 3001, 8
-
-
-def indexed(n=N, width=WIDTH):
-    """Rows whose first column is their index, so every item can be told apart."""
-    data = np.random.default_rng(0).standard_normal((n, width)).astype("f4")
-    data[:, 0] = np.arange(n)
-    return data
 
 
 @pytest.fixture(params=["npy", "zarr"])

@@ -11,34 +11,19 @@ import textwrap
 
 import numpy as np
 import pytest
-import zarr
 
 tf = pytest.importorskip("tensorflow")
+
+from stream_helpers import WIDTH, N, indexed  # noqa: E402
 
 from daskstream import stream  # noqa: E402 - after the skip without TensorFlow
 from daskstream.errors import InvalidArgumentError, MissingDependencyError  # noqa: E402
 from daskstream.tensorflow import dataset  # noqa: E402
 
-N, WIDTH = 3001, 8
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # TensorFlow's C++ start-up and per-op logs, in the subprocesses (run in the repository, importing its
 # daskstream); errors still show.
 QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def indexed(n=N, width=WIDTH):
-    """Rows whose first column is their index, so every item can be told apart."""
-    data = np.random.default_rng(0).standard_normal((n, width)).astype("f4")
-    data[:, 0] = np.arange(n)
-    return data
-
-
-@pytest.fixture
-def arrays(tmp_path):
-    """Features as .npy and labels (ten times the index) as Zarr."""
-    np.save(tmp_path / "x.npy", indexed())
-    zarr.create_array(str(tmp_path / "y.zarr"), shape=(N,), chunks=(100,), dtype="i8")[...] = np.arange(N) * 10
-    return str(tmp_path / "x.npy"), str(tmp_path / "y.zarr")
 
 
 def epoch_rows(batches) -> list[int]:

@@ -14,29 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import zarr
 
 torch = pytest.importorskip("torch")
 
+from stream_helpers import WIDTH, N, indexed  # noqa: E402
+
 from daskstream.errors import InvalidArgumentError  # noqa: E402 - after the skip without torch
 from daskstream.torch import Batch, StreamDataset  # noqa: E402 - after the skip without torch
-
-N, WIDTH = 3001, 8
-
-
-def indexed(n=N, width=WIDTH):
-    """Rows whose first column is their index, so every item can be told apart."""
-    data = np.random.default_rng(0).standard_normal((n, width)).astype("f4")
-    data[:, 0] = np.arange(n)
-    return data
-
-
-@pytest.fixture
-def arrays(tmp_path):
-    """Features as .npy and labels (ten times the index) as Zarr."""
-    np.save(tmp_path / "x.npy", indexed())
-    zarr.create_array(str(tmp_path / "y.zarr"), shape=(N,), chunks=(100,), dtype="i8")[...] = np.arange(N) * 10
-    return str(tmp_path / "x.npy"), str(tmp_path / "y.zarr")
 
 
 def epoch_rows(loader) -> list[int]:
