@@ -217,8 +217,14 @@ def test_the_cli_takes_the_sample_and_cost_fractions(tmp_path, cache):
     refused = tune("--sample-fraction", "0.01")
     assert refused["speedup_vs_auto"] is None
     assert "not worth tuning" in refused["stopped"]
-    measured = tune("--sample-fraction", "4", "--cost-fraction", "100")
+    # The array is read whole in about 10 ms: a share of a millionth leaves time for the planner's
+    # chunks alone, while a share of a million (and a long time budget, so a busy machine is not cut
+    # short) lets the climb measure its neighbours.
+    measured = tune("--sample-fraction", "4", "--cost-fraction", "1e6", "--time-budget", "120s")
     assert sum(c["throughput"] is not None for c in measured["candidates"]) >= 2
+    cut_short = tune("--sample-fraction", "4", "--cost-fraction", "1e-6", "--time-budget", "120s")
+    assert sum(c["throughput"] is not None for c in cut_short["candidates"]) == 1
+    assert cut_short["stopped"].startswith("time budget reached")
 
 
 def test_a_kernel_with_a_halo_and_describe_can_be_tuned(tmp_path, cache):
