@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -15,7 +16,9 @@ import zarr
 from dask.callbacks import Callback
 
 import daskstream as ds
-from daskstream.compute.store.codecs import _HDF5_CANDIDATES, _ZARR_CANDIDATES, OBJECTIVES
+from daskstream.compute.store.codec_candidates import _HDF5_CANDIDATES, _ZARR_CANDIDATES
+from daskstream.compute.store.codec_timing import distrust, timed
+from daskstream.compute.store.codecs import OBJECTIVES
 from daskstream.errors import InvalidArgumentError
 from daskstream.runtime.tune_cache import TuneCache
 
@@ -25,6 +28,18 @@ def _field() -> np.ndarray:
     rows, cols = np.meshgrid(np.arange(256), np.arange(512), indexing="ij")
     noise = np.random.default_rng(0).standard_normal((256, 512)) * 0.01
     return np.round(np.sin(rows / 30) * np.cos(cols / 50) + noise, 3).astype("f4")
+
+
+@pytest.fixture
+def trusting():
+    """Measurements remembered whatever the machine's load while they were taken.
+
+    Whether a measurement deserves remembering is tested on its own below; the tests using this
+    fixture are about what is remembered and found again, which a busy test machine must not turn
+    into a re-measurement.
+    """
+    with dask.config.set({"daskstream.tune.codec.least-cpu-share": 0.0, "daskstream.tune.codec.most-spread": 1e9}):
+        yield
 
 
 class _CountTasks(Callback):
@@ -76,7 +91,7 @@ def test_zeros_are_never_stored_uncompressed_for_size():
     assert min(m.ratio for m in choice.measured if m.candidate.name != "none") > 50
 
 
-def test_a_choice_is_remembered_for_data_of_the_same_kind(tmp_path):
+def test_a_choice_is_remembered_for_data_of_the_same_kind(tmp_path, trusting):
     cache = TuneCache(tmp_path / "tune.json")
     x = da.from_array(_field(), chunks=(32, 512))
     first = ds.choose_codec(x, optimize="read", cache=cache)
@@ -90,6 +105,92 @@ def test_a_choice_is_remembered_for_data_of_the_same_kind(tmp_path):
     assert "remembered" in again.why()
     other = ds.choose_codec(x, optimize="size", cache=cache)
     assert not other.remembered
+
+
+def test_each_operation_is_timed_in_rounds_until_two_agree_with_the_cpu_it_got():
+    data = np.random.default_rng(0).standard_normal(2**18)
+    timing = timed(lambda: np.sort(data), data.nbytes)
+    assert 0 < timing.rate < float("inf")
+    assert timing.spread >= 0
+    assert 0 < timing.cpu_share <= 1
+    # Waiting is not computing: a thread that sleeps got a small share of a CPU, and is said so.
+    import time
+
+    asleep = timed(lambda: time.sleep(0.01), 1)
+    assert asleep.cpu_share < 0.2
+
+
+def _measured(name, *, encode=1.0, decode=2.0, spread=0.05, cpu_share=0.95):
+    from types import SimpleNamespace
+
+    family, _, level = name.partition("-")
+    return SimpleNamespace(label=name, family=family, level=int(level or 0), variant="",
+                           encode_rate=encode * 1e9, decode_rate=decode * 1e9, spread=spread,
+                           cpu_share=cpu_share)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("measured", "reason"),
+    [
+        ([_measured("zstd-1"), _measured("zstd-3", cpu_share=0.18)], "the machine was busy: timing zstd-3 got 18%"),
+        ([_measured("zstd-1", spread=0.9), _measured("zstd-3")], "noisy: zstd-1 timed with rounds 90% apart"),
+        ([_measured("zstd-1", spread=float("inf"))], "noisy: zstd-1 timed with no two rounds"),
+        # What a loaded machine once had remembered: zstd 1 encoding at a tenth of zstd 3's rate,
+        ([_measured("zstd-1", encode=0.09), _measured("zstd-3", encode=0.97)], "inconsistent: zstd-1 encoded at 0.09"),
+        # and copying the bytes decoding at a fraction of a codec's rate.
+        ([_measured("none", encode=0.2, decode=0.16), _measured("zstd-3", decode=1.1)], "inconsistent: zstd-3 decoded"),
+    ],
+)
+def test_busy_noisy_or_inconsistent_measurements_are_not_trusted(measured, reason):
+    assert distrust(measured, most_spread=0.5, least_cpu_share=0.4).startswith(reason)
+
+
+def test_calm_consistent_measurements_are_trusted():
+    calm = [_measured("none", encode=8, decode=9), _measured("zstd-1", encode=0.5), _measured("zstd-3", encode=0.4)]
+    assert distrust(calm, most_spread=0.5, least_cpu_share=0.4) is None
+
+
+def test_a_choice_measured_while_the_machine_is_busy_is_used_but_not_remembered(tmp_path):
+    cache = TuneCache(tmp_path / "tune.json")
+    x = da.from_array(_field(), chunks=(32, 512))
+    # Five busy processes for every CPU: the measuring thread gets about a sixth of one.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(5 * (os.cpu_count() or 1))]
+    try:
+        choice = ds.choose_codec(x, optimize="write", cache=cache, sample_bytes=2**20)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert not choice.remembered
+    assert choice.not_remembered.startswith("the machine was busy")
+    assert "not remembered (the machine was busy" in choice.why()
+    assert choice.to_dict()["not_remembered"] == choice.not_remembered
+    assert min(row["cpu_share"] for row in choice.to_dict()["candidates"]) < 0.4
+    assert cache.entries() == {}  # the next store measures again
+
+
+def test_a_remembered_choice_that_is_inconsistent_or_has_no_spread_is_measured_again(tmp_path, trusting):
+    cache = TuneCache(tmp_path / "tune.json")
+    x = da.from_array(_field(), chunks=(32, 512))
+    first = ds.choose_codec(x, optimize="write", cache=cache)
+    (entry,) = cache.entries().values()
+    rows = entry["tuned"]["measured"]
+    assert all(0 <= row["spread"] <= 1e9 and 0 < row["cpu_share"] <= 1 for row in rows)
+    # What a loaded machine wrote: zstd 1 timed at a tenth of zstd 3's encoding rate.
+    for row in rows:
+        row["encode_rate"] = {"zstd-1": 0.09e9, "zstd-3": 0.97e9}.get(row["candidate"]["name"], row["encode_rate"])
+    cache.put(first.key, entry["tuned"])
+    again = ds.choose_codec(x, optimize="write", cache=cache)
+    assert not again.remembered
+    remeasured = {r["candidate"]["name"]: r["encode_rate"] for r in cache.get(first.key)["tuned"]["measured"]}
+    assert remeasured["zstd-1"] > 0.5 * remeasured["zstd-3"]
+    # An entry written before measurements carried their spread and CPU share.
+    for row in rows:
+        row.pop("spread")
+        row.pop("cpu_share")
+    cache.put(first.key, entry["tuned"])
+    assert not ds.choose_codec(x, optimize="write", cache=cache).remembered
+    assert ds.choose_codec(x, optimize="write", cache=cache).remembered
 
 
 def test_the_table_shows_the_chosen_codec_as_text_json_and_html():
@@ -106,7 +207,7 @@ def test_the_table_shows_the_chosen_codec_as_text_json_and_html():
     assert choice.chosen.label in html
 
 
-def test_store_auto_writes_with_the_chosen_codec_and_a_resumed_store_measures_nothing(tmp_path):
+def test_store_auto_writes_with_the_chosen_codec_and_a_resumed_store_measures_nothing(tmp_path, trusting):
     x = da.from_array(_field(), chunks=(64, 512))
     out = tmp_path / "out.zarr"
     ds.store(x, out, codec="auto", optimize="size")

@@ -18,7 +18,9 @@ that best serves what the user says the output is for:
 The choice, and the table of what was measured, is remembered in the tuning
 cache per kind of data (format and codec of the source, dtype, chunk size,
 target format, objective, threads and machine), so a second array of the
-same kind is stored without measuring again.
+same kind is stored without measuring again. Only measurements that deserve it
+are remembered: timings that agree, taken while the measuring thread had the
+CPU, and consistent with one another (see :mod:`.codec_timing`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ import dask.array as da
 import deflate
 import numpy as np
 
-from daskstream import dependencies
+from daskstream import config
+from daskstream.compute.store.codec_candidates import Candidate, _candidates
+from daskstream.compute.store.codec_timing import distrust, timed
 from daskstream.compute.store.hdf5_encoder import Hdf5ChunkEncoder
 from daskstream.display import columns_table
 from daskstream.errors import InvalidArgumentError
@@ -55,88 +59,6 @@ SAMPLE_BYTES = 16 * 2**20
 
 # Bytes written (and synced) to the target's folder to time its disk.
 _DISK_PROBE_BYTES = 32 * 2**20
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One codec and its settings, as Zarr and HDF5 name it."""
-
-    name: str
-    family: str
-    level: int = 0
-    cname: str = ""
-    shuffle: str = "noshuffle"
-
-    @property
-    def label(self) -> str:
-        if self.family == "none":
-            return "no compression"
-        if self.family == "blosc":
-            return f"blosc {self.cname} {self.level} + {self.shuffle.replace('shuffle', ' shuffle').strip()}"
-        if self.family == "gzip+shuffle":
-            return f"gzip {self.level} + shuffle"
-        return f"{self.family} {self.level}"
-
-    def zarr_compressor(self, zarr_format: int) -> Any:
-        """The compressor ``store`` takes for a Zarr array of ``zarr_format``."""
-        if self.family == "none":
-            return None
-        if zarr_format == 2:
-            import numcodecs
-
-            shuffles = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-            return {
-                "zstd": lambda: numcodecs.Zstd(level=self.level),
-                "gzip": lambda: numcodecs.GZip(level=self.level),
-                "blosc": lambda: numcodecs.Blosc(cname=self.cname, clevel=self.level, shuffle=shuffles[self.shuffle]),
-            }[self.family]()
-        from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
-
-        return {
-            "zstd": lambda: ZstdCodec(level=self.level),
-            "gzip": lambda: GzipCodec(level=self.level),
-            "blosc": lambda: BloscCodec(cname=self.cname, clevel=self.level, shuffle=self.shuffle),  # type: ignore[arg-type]
-        }[self.family]()
-
-    def hdf5_compressor(self) -> Any:
-        """The compressor ``store`` takes for an HDF5 dataset (an ``hdf5plugin`` filter for zstd and blosc)."""
-        if self.family == "none":
-            return None
-        if self.family == "gzip+shuffle":
-            return {"compression": "gzip", "compression_opts": self.level, "shuffle": True}
-        hdf5plugin = dependencies.optional_import(
-            "hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=f"{self.label} in an HDF5 target"
-        )
-        if self.family == "zstd":
-            return hdf5plugin.Zstd(clevel=self.level)
-        shuffles = {"noshuffle": hdf5plugin.Blosc.NOSHUFFLE, "shuffle": hdf5plugin.Blosc.SHUFFLE,
-                    "bitshuffle": hdf5plugin.Blosc.BITSHUFFLE}  # fmt: skip
-        return hdf5plugin.Blosc(cname=self.cname, clevel=self.level, shuffle=shuffles[self.shuffle])
-
-
-_ZARR_CANDIDATES = (
-    Candidate("none", "none"),
-    Candidate("blosc-lz4-shuffle", "blosc", 5, "lz4", "shuffle"),
-    Candidate("blosc-lz4-bitshuffle", "blosc", 5, "lz4", "bitshuffle"),
-    Candidate("blosc-zstd-bitshuffle", "blosc", 1, "zstd", "bitshuffle"),
-    Candidate("zstd-1", "zstd", 1),
-    Candidate("zstd-3", "zstd", 3),
-    Candidate("zstd-9", "zstd", 9),
-    Candidate("gzip-1", "gzip", 1),
-)
-
-_HDF5_CANDIDATES = (
-    Candidate("none", "none"),
-    Candidate("gzip-1", "gzip+shuffle", 1),
-    Candidate("gzip-4", "gzip+shuffle", 4),
-)
-
-# With hdf5plugin installed; h5py encodes these in the writing process only (not in the tasks).
-_HDF5_PLUGIN_CANDIDATES = (
-    Candidate("blosc-lz4-bitshuffle", "blosc", 5, "lz4", "bitshuffle"),
-    Candidate("zstd-1", "zstd", 1),
-    Candidate("zstd-3", "zstd", 3),
-)
 
 
 @dataclass(frozen=True)
@@ -158,6 +80,12 @@ class Measured:
         Bytes of data per second a store and a read would take, estimated:
         the slower of the threads' codec rate and the disk's rate for the
         encoded bytes.
+    spread
+        The larger of the encoding's and the decoding's spread: how far apart
+        their two closest timing rounds were (see :mod:`.codec_timing`).
+    cpu_share
+        The smaller share of a CPU the timing thread got while encoding or
+        decoding (well under 1: other work was running).
     """
 
     candidate: Candidate
@@ -167,6 +95,24 @@ class Measured:
     encoding_threads: int
     write_rate: float
     read_rate: float
+    spread: float
+    cpu_share: float
+
+    @property
+    def label(self) -> str:
+        return self.candidate.label
+
+    @property
+    def family(self) -> str:
+        return self.candidate.family
+
+    @property
+    def level(self) -> int:
+        return self.candidate.level
+
+    @property
+    def variant(self) -> str:
+        return self.candidate.variant
 
     def cost(self, optimize: str) -> tuple[float, float]:
         """Seconds per byte of data for ``optimize`` (lower is better), then a tie-break."""
@@ -196,6 +142,7 @@ class CodecChoice:
     disk_rate: float
     sample_bytes: int
     remembered: bool = False
+    not_remembered: str = ""
     key: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def compressor(self, zarr_format: int = 3) -> Any:
@@ -206,6 +153,8 @@ class CodecChoice:
 
     def why(self) -> str:
         source = "remembered from an earlier measurement" if self.remembered else "measured now"
+        if self.not_remembered:
+            source = f"measured now, not remembered ({self.not_remembered})"
         disk = f"disk {self.disk_rate / 1e9:.2f} GB/s" if math.isfinite(self.disk_rate) else "disk not measured"
         return (
             f"{self.chosen.label}: best for {self.optimize!r} ({_OBJECTIVE_WORDS[self.optimize]}), {source} on "
@@ -222,6 +171,8 @@ class CodecChoice:
                 "decode_GBps_per_thread": m.decode_rate / 1e9,
                 "write_GBps": m.write_rate / 1e9,
                 "read_GBps": m.read_rate / 1e9,
+                "spread": m.spread,
+                "cpu_share": m.cpu_share,
             }
             for m in self.measured
         ]
@@ -233,6 +184,7 @@ class CodecChoice:
             "optimize": self.optimize,
             "target_format": self.target_format,
             "remembered": self.remembered,
+            "not_remembered": self.not_remembered or None,
             "threads": self.threads,
             "disk_GBps": self.disk_rate / 1e9 if math.isfinite(self.disk_rate) else None,
             "sample_bytes": self.sample_bytes,
@@ -309,7 +261,11 @@ def choose_codec(
     cache
         Where choices are remembered (default: the tuning cache).
     remember
-        Reuse a choice remembered for data of this kind, and remember this one.
+        Reuse a choice remembered for data of this kind, and remember this one
+        when its measurements deserve it (``daskstream.tune.codec``: timings
+        that agree, taken while this thread had the CPU, and consistent with
+        one another); ones that do not are measured again once, and a choice
+        still made from them is used but not remembered, saying why.
 
     Returns
     -------
@@ -347,12 +303,26 @@ def choose_codec(
     samples = _samples(_cheaply_sampled(x), sample_bytes, tuple(max(sizes, default=1) for sizes in x.chunks))
     disk_rate = _disk_rate(folder)
     measured = tuple(_measure(c, samples, target_format, threads, disk_rate) for c in candidates)
+    doubt = _doubt(measured)
+    if doubt is not None:  # measured once more: a moment's other work should not decide
+        measured = tuple(_measure(c, samples, target_format, threads, disk_rate) for c in candidates)
+        doubt = _doubt(measured)
     chosen = min(measured, key=lambda m: m.cost(optimize)).candidate
     choice = CodecChoice(chosen, optimize, target_format, measured, threads, disk_rate,
-                         sum(s.nbytes for s in samples), key=key)  # fmt: skip
-    if remember:
+                         sum(s.nbytes for s in samples), not_remembered=(doubt or "") if remember else "",
+                         key=key)  # fmt: skip
+    if remember and doubt is None:
         cache.put(key, {"codec_choice": choice.to_dict(), "measured": [_as_json(m) for m in measured]})
     return choice
+
+
+def _doubt(measured: tuple[Measured, ...]) -> str | None:
+    """Why ``measured`` should not be remembered (see :func:`.codec_timing.distrust`), or ``None``."""
+    return distrust(
+        measured,
+        most_spread=config.setting("tune.codec.most-spread"),
+        least_cpu_share=config.setting("tune.codec.least-cpu-share"),
+    )
 
 
 def _data_kind(x: da.Array) -> str:
@@ -364,16 +334,6 @@ def _data_kind(x: da.Array) -> str:
     name, source, _ = reads[0]
     kind = f"{source.format}: {source.describe_storage()}"
     return kind if name == x.name else f"computed from {kind}"
-
-
-def _candidates(target_format: str) -> tuple[Candidate, ...]:
-    if target_format == "zarr":
-        return _ZARR_CANDIDATES
-    try:
-        import hdf5plugin  # noqa: F401 - only whether it is there
-    except ImportError:
-        return _HDF5_CANDIDATES
-    return _HDF5_CANDIDATES + _HDF5_PLUGIN_CANDIDATES
 
 
 def _cheaply_sampled(x: da.Array) -> da.Array:
@@ -456,26 +416,21 @@ def _measure(
     # One thread measured: blosc would otherwise use its own pool from this (the main) thread.
     previous = numcodecs.blosc.use_threads
     numcodecs.blosc.use_threads = False
+    raw = sum(s.nbytes for s in samples)
     try:
-        encode(samples[0])  # untimed: tables and buffers set up
-        start = time.perf_counter()
         encoded = [encode(s) for s in samples]
-        encode_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        for data in encoded:
-            decode(data)
-        decode_seconds = time.perf_counter() - start
+        encoding = timed(lambda: [encode(s) for s in samples], raw)
+        decoding = timed(lambda: [decode(data) for data in encoded], raw)
     finally:
         numcodecs.blosc.use_threads = previous
-    raw = sum(s.nbytes for s in samples)
     ratio = raw / max(1, sum(len(memoryview(e).cast("B")) for e in encoded))
-    encode_rate = raw / max(encode_seconds, 1e-9)
-    decode_rate = raw / max(decode_seconds, 1e-9)
+    encode_rate, decode_rate = encoding.rate, decoding.rate
     # h5py encodes plugin filters in the one writing process; daskstream encodes gzip and none in every task.
     encoding_threads = 1 if target_format == "hdf5" and candidate.family in ("zstd", "blosc") else threads
     write_rate = min(encode_rate * encoding_threads, disk_rate * ratio)
     read_rate = min(decode_rate * threads, disk_rate * ratio)
-    return Measured(candidate, ratio, encode_rate, decode_rate, encoding_threads, write_rate, read_rate)
+    return Measured(candidate, ratio, encode_rate, decode_rate, encoding_threads, write_rate, read_rate,
+                    max(encoding.spread, decoding.spread), min(encoding.cpu_share, decoding.cpu_share))  # fmt: skip
 
 
 def _as_json(m: Measured) -> dict[str, Any]:
@@ -483,10 +438,14 @@ def _as_json(m: Measured) -> dict[str, Any]:
 
 
 def _remembered(entry: dict[str, Any] | None, key: dict[str, Any], target_format: str) -> CodecChoice | None:
-    """The choice a cache entry holds, or ``None`` when there is none (or it cannot be read)."""
+    """The choice a cache entry holds, or ``None`` when there is none, it cannot be read, or its
+    measurements do not deserve trust (entries from before measurements carried their spread and
+    CPU share included): those are measured again."""
     try:
         tuned = (entry or {})["tuned"]
         measured = tuple(Measured(**{**m, "candidate": Candidate(**m["candidate"])}) for m in tuned["measured"])
+        if _doubt(measured) is not None:
+            return None
         saved = tuned["codec_choice"]
         chosen = next(m.candidate for m in measured if m.candidate.name == saved["chosen"])
         return CodecChoice(chosen, saved["optimize"], target_format, measured, int(saved["threads"]),
@@ -497,4 +456,4 @@ def _remembered(entry: dict[str, Any] | None, key: dict[str, Any], target_format
         return None
 
 
-__all__ = ["OBJECTIVES", "SAMPLE_BYTES", "Candidate", "CodecChoice", "Measured", "choose_codec"]
+__all__ = ["OBJECTIVES", "SAMPLE_BYTES", "CodecChoice", "Measured", "choose_codec"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from daskstream.compute.store.codecs import Candidate
+from daskstream.compute.store.codec_candidates import Candidate
 from daskstream.errors import InvalidArgumentError
 
 # The codecs store and convert take by name, for Zarr and HDF5 targets alike, at these levels unless
