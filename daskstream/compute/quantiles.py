@@ -42,9 +42,11 @@ import numpy as np
 
 from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
+from daskstream.graph.layers import read_layers
 from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.graph.rewrites import clone_array
 from daskstream.planning.budget import QUANTILE_BLOCK_COPIES
+from daskstream.planning.columns import ColumnPlan, plan_columns
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import Resources
 from daskstream.runtime.resources import resources_for
@@ -172,9 +174,9 @@ def order_statistic(
         raise InvalidArgumentError(f"quantile of an empty selection (shape {x.shape}, axes {axes}) has no value")
     kept = [a for a in range(x.ndim) if a not in axes]
     column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * QUANTILE_BLOCK_COPIES
-    if kept and column_bytes <= resources.per_task_bytes:
-        per_task = resources.per_task_bytes // column_bytes
-        result = _quantile_along_axes(x, q, q_array, axes, kept, per_task, median, skipna, each_alone)
+    columns = _column_plan(x, axes, resources) if kept else None
+    if columns is not None:
+        result = _quantile_along_axes(x, q, columns.chunks, axes, q_array, median, skipna, each_alone)
     elif not kept:
         result = _radix_quantile(x, 0.5 if each_alone else q, q_array, weak, median, resources, skipna)
     else:
@@ -207,24 +209,45 @@ def _check_quantiles(q: Any) -> np.ndarray:
 # Along axes: whole columns per task.
 
 
+def _column_plan(x: da.Array, axes: tuple[int, ...], resources: Resources) -> ColumnPlan | None:
+    """How many positions of the kept axes each task holds whole columns of (see
+    :mod:`daskstream.planning.columns`), from the storage chunks ``x`` is read in where it is a source
+    read as it is, else from its chunks; ``None`` when one column does not fit a task's budget."""
+    storage = tuple(max(sizes, default=1) for sizes in x.chunks)
+    decoded = False
+    reads = read_layers(x)
+    if len(reads) == 1 and reads[0][0] == x.name:
+        source = reads[0][1]
+        if source.storage_chunks is not None:
+            storage = tuple(source.storage_chunks)
+        # A read holding more than the chunk beside its block decodes it (and does so whole).
+        decoded = source.decode_bytes > source.storage_chunk_bytes()
+    itemsize = x.dtype.itemsize
+    return plan_columns(
+        x.shape,
+        itemsize,
+        axes,
+        storage=storage,
+        decoded=decoded,
+        threads=resources.threads,
+        per_task_bytes=resources.per_task_bytes,
+        # numpy selects in at least 8-byte values (integers are interpolated as float64).
+        copies=QUANTILE_BLOCK_COPIES * max(1, 8 // max(itemsize, 1)),
+    )
+
+
 def _quantile_along_axes(
     x: da.Array,
     q: Any,
-    q_array: np.ndarray,
+    kept_chunks: dict[int, int],
     axes: tuple[int, ...],
-    kept: list[int],
-    positions_per_task: int,
+    q_array: np.ndarray,
     median: bool,
     skipna: bool = False,
     each_alone: bool = False,
 ) -> da.Array:
-    # Whole reduced axes in every chunk; the kept axes cut so one task's columns fit its budget.
-    chunks: dict[int, Any] = {a: -1 for a in axes}
-    remaining = max(1, positions_per_task)
-    for a in reversed(kept):
-        take = max(1, min(x.shape[a], remaining))
-        chunks[a] = take
-        remaining = max(1, remaining // take)
+    # Whole reduced axes in every chunk; the kept axes cut as the column plan says.
+    chunks: dict[int, Any] = {**dict.fromkeys(axes, -1), **kept_chunks}
     columns = x.rechunk(chunks)
     moved = da.moveaxis(columns, list(axes), list(range(len(axes))))
     out_dtype = _result_dtype(x.dtype, 0.5 if each_alone else q, median)
