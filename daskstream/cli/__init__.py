@@ -36,6 +36,7 @@ from daskstream.cli.output import (
 )
 from daskstream.cli.words import in_cli_words
 from daskstream.compute.describe import QUARTILES, STATISTICS
+from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, codec_limit
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import OBJECTIVES, CodecChoice
 from daskstream.compute.store.named_codecs import HDF5_FILTER_NAMES, NAMED_CODECS, named_codec
@@ -619,7 +620,10 @@ def reduce_command(
     [counts, edges]), seconds, bytes_read (decoded bytes the tasks read; more
     than the array's size when the operation passes over it several times),
     passes (over the data, as planned), scheduler, out (the file written, or
-    null); with --adaptive, adaptive (what was tried, chosen and why).
+    null), GBps (bytes read a second), limit (the source codec's decode limit
+    on this machine for the threads used: codec, GBps, share of it reached;
+    null where it is not known); with --adaptive, adaptive (what was tried,
+    chosen and why).
     """
 
     out_names = ["counts", "edges"] if op == "histogram" else [op]
@@ -654,6 +658,11 @@ def reduce_command(
                 label = f"{op} of {path}"
                 value = list(s.compute(*result, label=label)) if op == "histogram" else s.compute(result, label=label)
         seconds = time.perf_counter() - start
+        threads = s.resources().threads
+    # A rate set beside the codec's limit where the read was long enough to say more than its overheads.
+    read_bytes = meter.bytes_read or 0
+    rate = None if read_bytes < LIMIT_SHOWN_FROM_BYTES else read_bytes / max(seconds, 1e-9)
+    limit = None if rate is None else codec_limit(x, threads=threads)
     written = None
     if out is not None:
         arrays = {"counts": value[0], "edges": value[1]} if op == "histogram" else {op: value}
@@ -669,12 +678,16 @@ def reduce_command(
             "passes": passes,
             "scheduler": s.cluster_file or s.scheduler,
             "out": out,
+            "GBps": None if rate is None else rate / 1e9,
+            "limit": None if limit is None or rate is None else {**limit.to_dict(), "share": limit.share(rate)},
         }
         if adaptation is not None:
             report["adaptive"] = adaptation.to_dict()
         click.echo(json.dumps(report))
         return
     read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read in {passes} pass(es)"
+    if limit is not None and rate is not None:
+        read += f" at {limit.beside(rate)}"
     over = f"axis {', '.join(map(str, axis))}" if axis else "all axes"
     if op == "histogram":
         lines = histogram_lines(*value)

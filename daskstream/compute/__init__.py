@@ -1,9 +1,10 @@
 """Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
 
 from daskstream.compute import computation, kernels
-from daskstream.compute.computation import plan_compute
 from daskstream.compute.describe import Description, LazyDescription, describe
 from daskstream.compute.kernels import map_blocks
+from daskstream.compute.limits import CodecLimit, codec_limit
+from daskstream.compute.plans import plan_compute
 from daskstream.compute.quantiles import median, quantile
 from daskstream.compute.rechunk import rechunk
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
@@ -15,9 +16,11 @@ computation.install()
 __all__ = [
     "OPERATIONS",
     "CodecChoice",
+    "CodecLimit",
     "Description",
     "LazyDescription",
     "choose_codec",
+    "codec_limit",
     "describe",
     "histogram",
     "kernels",

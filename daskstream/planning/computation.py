@@ -96,6 +96,9 @@ class ComputePlan:
     max_tasks
         Tasks whose graph the client and scheduler may hold at once, as the
         arrays were planned (``None``: no ceiling).
+    limits
+        What this machine's codec limits are for the sources read, as far as
+        they are known (remembered from an earlier measurement): one line each.
     """
 
     budget: int
@@ -109,6 +112,7 @@ class ComputePlan:
     held: tuple[tuple[str, int], ...] = field(default=())
     reads: Mapping[str, int] = field(default_factory=dict)
     max_tasks: int | None = None
+    limits: tuple[str, ...] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -186,6 +190,7 @@ class ComputePlan:
             f"Projected peak: {self.concurrency} x {worst}{held} = {format_size(self.projected_peak_bytes)}, "
             f"{verdict} the budget of {format_size(self.budget)}"
         )
+        lines.extend(f"Limit here: {limit}" for limit in self.limits)
         return "\n".join(lines)
 
     def __str__(self) -> str:

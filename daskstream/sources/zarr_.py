@@ -151,6 +151,7 @@ class ZarrSource(Source):
         self.dims = zarr_dims(array)
         self.fill_value = plain(array.fill_value)
         self.codecs = codec_names(array)
+        self.codec_configs = codec_configs(array)
         self.layout = "chunked"
         self._objects: dict[str, str] | None = None
         if self.place is not None:
@@ -599,6 +600,21 @@ def _holds_text(array: Any) -> bool:
     """Whether the array's data type is variable-length UTF-8 text (``string`` in format 3, ``vlen-utf8`` in 2)."""
     declared = array.metadata.data_type if array.metadata.zarr_format == 3 else array.metadata.dtype
     return type(declared).__name__ == "VariableLengthUTF8"
+
+
+def codec_configs(array: Any) -> tuple[dict[str, Any], ...]:
+    """The settings of each codec that turns a chunk's values into bytes, as the metadata states them
+    (format 2: numcodecs' configurations, ``id`` first; format 3: ``name`` and ``configuration``,
+    a sharding codec's inner codecs after it)."""
+    meta = array.metadata
+    if meta.zarr_format == 2:
+        parts = [*(meta.filters or ()), meta.compressor]
+        return tuple(dict(p.get_config()) for p in parts if p is not None and hasattr(p, "get_config"))
+    found: list[dict[str, Any]] = []
+    for codec in meta.codecs:
+        found.append(dict(codec.to_dict()))
+        found.extend(dict(c.to_dict()) for c in getattr(codec, "codecs", None) or ())
+    return tuple(found)
 
 
 def codec_names(array: Any) -> tuple[str, ...]:

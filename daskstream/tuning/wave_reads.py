@@ -16,7 +16,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.callbacks import Callback
 
-from daskstream.compute.computation import plan_compute
+from daskstream.compute.plans import plan_compute
 from daskstream.graph.regions import Readable, Regions, region_array, regions_of
 from daskstream.planning.settings import Resources
 from daskstream.runtime.scheduler_loss import guard_scheduler
