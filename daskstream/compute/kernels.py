@@ -23,6 +23,8 @@ array([1, 1, 2, 3, 4, 4])
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +37,7 @@ from dask.base import tokenize
 from dask.graph_manipulation import bind
 from dask.utils import funcname, has_keyword
 
-from daskstream.compute.labels import is_labelled, relabelled, unlabelled
+from daskstream.compute.labels import axes_by_name, is_labelled, relabelled, unlabelled
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
@@ -455,6 +457,24 @@ def _clip_block(block: np.ndarray, lower: Any, upper: Any) -> np.ndarray:
     return np.clip(block, lower, upper)
 
 
+def _keeps_labels(kernel: Callable[..., da.Array]) -> Callable[..., Any]:
+    """``kernel`` taking a DataArray too: its array computed on, ``axis`` given by dimension name or
+    position, and a result of its shape given its dimensions and coordinates back (as map_blocks does)."""
+    signature = inspect.signature(kernel)
+
+    @functools.wraps(kernel)
+    def labelled(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_labelled(x):
+            return kernel(x, *args, **kwargs)
+        bound = signature.bind(unlabelled(x), *args, **kwargs)
+        if "axis" in bound.arguments:
+            bound.arguments["axis"] = axes_by_name(x, bound.arguments["axis"])
+        return relabelled(x, kernel(*bound.args, **bound.kwargs))
+
+    return labelled
+
+
+@_keeps_labels
 def standardize(x: da.Array | np.ndarray, axis: int | Sequence[int] | None = None) -> da.Array:
     """Subtract the mean and divide by the standard deviation, computed out of core.
 
@@ -500,6 +520,7 @@ def standardize(x: da.Array | np.ndarray, axis: int | Sequence[int] | None = Non
     return ((x_again - mean) / std).astype(out_dtype)
 
 
+@_keeps_labels
 def clip(x: da.Array | np.ndarray, lower: Any, upper: Any) -> da.Array:
     """Limit values to ``[lower, upper]``, blockwise, as ``np.clip`` (dtype included).
 
@@ -531,6 +552,7 @@ def clip(x: da.Array | np.ndarray, lower: Any, upper: Any) -> da.Array:
     return map_blocks(_clip_block, x, lower=lower, upper=upper)
 
 
+@_keeps_labels
 def astype(x: da.Array | np.ndarray, dtype: DTypeLike) -> da.Array:
     """Cast to ``dtype``, blockwise and lazily (numpy's unsafe casting, as ``ndarray.astype``).
 
@@ -545,6 +567,7 @@ def astype(x: da.Array | np.ndarray, dtype: DTypeLike) -> da.Array:
     return _as_dask_array(x, 0).astype(_as_dtype(dtype, "dtype"))
 
 
+@_keeps_labels
 def moving_mean(x: da.Array | np.ndarray, window: int, axis: int = 0) -> da.Array:
     """Centered moving average over ``window`` cells along ``axis``, mirrored at the edges.
 
@@ -587,6 +610,7 @@ def moving_mean(x: da.Array | np.ndarray, window: int, axis: int = 0) -> da.Arra
     )
 
 
+@_keeps_labels
 def gaussian_filter(x: da.Array | np.ndarray, sigma: float | Sequence[float], truncate: float = 4.0) -> da.Array:
     """Gaussian smoothing, equal to ``scipy.ndimage.gaussian_filter(x, sigma, mode="reflect", truncate=truncate)``.
 

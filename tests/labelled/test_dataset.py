@@ -196,6 +196,19 @@ def test_reductions_kernels_and_streams_take_data_arrays_and_keep_their_labels(n
     assert isinstance(doubled, xr.DataArray)
     assert doubled.dims == chl.dims
     np.testing.assert_allclose(doubled.sel(lat=-60.0).values, 2 * chlorophyll[:, 0])
+    # The built-in kernels too: axes by name, the result labelled as its input.
+    filled = chl.fillna(0)
+    values = np.nan_to_num(chlorophyll, nan=0.0)
+    smoothed = ds.kernels.moving_mean(filled, 3, axis="lat")
+    assert isinstance(smoothed, xr.DataArray)
+    assert smoothed.dims == chl.dims
+    xr.testing.assert_identical(smoothed.coords.to_dataset(), chl.coords.to_dataset())
+    np.testing.assert_allclose(smoothed.values, ds.kernels.moving_mean(values, 3, axis=1).compute())
+    for labelled in (ds.kernels.gaussian_filter(filled, 1.0), ds.kernels.clip(filled, 0, 1),
+                     ds.kernels.astype(filled, "f8"), ds.kernels.standardize(filled, axis="time")):  # fmt: skip
+        assert isinstance(labelled, xr.DataArray)
+        assert labelled.dims == chl.dims
+    np.testing.assert_allclose(ds.kernels.clip(filled, 0, 1).values, np.clip(values, 0, 1))
     described = ds.describe(chl.fillna(0), axis="time").compute()
     np.testing.assert_allclose(described["max"], np.nan_to_num(chlorophyll, nan=0.0).max(axis=0))
     batches = list(itertools.islice(ds.stream(chl, batch_size=4, axis="time"), 2))
