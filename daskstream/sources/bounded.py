@@ -142,26 +142,45 @@ def _streamed(decompressor: Any, data: Any, size: int, exact: bool, codec: str) 
     return out
 
 
-def gzip_decode(data: Any, size: int, *, exact: bool = True) -> bytes:
+def gzip_decode(data: Any, size: int, *, exact: bool = True) -> bytes | bytearray:
     """Decode a gzip stream (numcodecs' and zarr's ``gzip``) of at most ``size`` bytes."""
-    return _streamed(zlib.decompressobj(16 + zlib.MAX_WBITS), data, size, exact, "gzip")
+    if not exact:
+        return _streamed(zlib.decompressobj(16 + zlib.MAX_WBITS), data, size, exact, "gzip")
+    return _libdeflate("gzip", data, size)
 
 
 def zlib_decode(data: Any, size: int, *, exact: bool = True) -> bytes | bytearray:
     """Decode a zlib stream (numcodecs' ``zlib``, HDF5's deflate filter) of at most ``size`` bytes."""
-    try:
-        import deflate
-    except ImportError:
-        return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
     if not exact:
         return _streamed(zlib.decompressobj(), data, size, exact, "zlib")
-    # libdeflate decodes into a buffer of the size given, failing on more, at twice zlib's speed.
+    return _libdeflate("zlib", data, size)
+
+
+def _libdeflate(wrapper: str, data: Any, size: int) -> bytes | bytearray:
+    """A whole zlib or gzip stream of exactly ``size`` bytes, decoded by libdeflate.
+
+    libdeflate decodes into a buffer of the size given, failing on more, at
+    twice zlib's speed; like zlib it reads one gzip member, as numcodecs and
+    zarr write them. Without the ``deflate`` package, zlib does it.
+    """
     try:
-        out = deflate.zlib_decompress(data, size)
+        import deflate
+    except ImportError:  # pragma: no cover - deflate is a dependency
+        window = zlib.MAX_WBITS + (16 if wrapper == "gzip" else 0)
+        return _streamed(zlib.decompressobj(window), data, size, True, wrapper)
+    decompress = deflate.gzip_decompress if wrapper == "gzip" else deflate.zlib_decompress
+    try:
+        out = decompress(data, size)
     except deflate.DeflateError:
-        raise ValueError(f"the zlib stream does not decode to the {size} bytes the chunk holds") from None
+        out = None
+    if out is None and wrapper == "gzip":
+        # Damaged, larger than it must be, or followed by bytes zlib ignores (libdeflate does not): zlib, bounded
+        # as above, decodes it or says which, as it always has for gzip.
+        return _streamed(zlib.decompressobj(16 + zlib.MAX_WBITS), data, size, True, wrapper)
+    if out is None:
+        raise ValueError(f"the {wrapper} stream does not decode to the {size} bytes the chunk holds")
     if len(out) != size:
-        raise ValueError(f"the zlib stream decodes to {len(out)} bytes, not the {size} bytes the chunk holds")
+        raise ValueError(f"the {wrapper} stream decodes to {len(out)} bytes, not the {size} bytes the chunk holds")
     return out
 
 

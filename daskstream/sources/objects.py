@@ -303,6 +303,14 @@ class Place:
         """Every object below ``key`` (relative to the place) and its version, from the listing alone."""
         return {name: version_of(info) for name, info in self._listed(key).items()}
 
+    def versions_and_sizes(self, key: str = "") -> tuple[dict[str, str], dict[str, int]]:
+        """Every object below ``key`` with its version, and with its size in bytes, from one listing."""
+        listed = self._listed(key)
+        return (
+            {name: version_of(info) for name, info in listed.items()},
+            {name: int(info.get("size") or 0) for name, info in listed.items()},
+        )
+
     def sizes(self, key: str = "") -> dict[str, int]:
         """Every object below ``key`` (relative to the place) and its size in bytes, from the listing alone."""
         return {name: int(info.get("size") or 0) for name, info in self._listed(key).items()}

@@ -48,8 +48,9 @@ from daskstream.sources.objects import Got, Place, is_url, public_options
 from daskstream.sources.tokens import source_token
 from daskstream.sources.zarr_bounds import largest_chunk_file
 from daskstream.sources.zarr_checks import check_zarr_reads, checked_store
-from daskstream.sources.zarr_chunks import chunk_reader_for
+from daskstream.sources.zarr_chunks import chunk_reader_for, reads_shards_in_part
 from daskstream.sources.zarr_files import ChunkObjects, check_chunk_files
+from daskstream.sources.zarr_shards import MOST_RUN_BYTES
 from daskstream.sources.zip_members import ZipMembers
 
 ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
@@ -88,9 +89,14 @@ class ZarrSource(Source):
 
     Notes
     -----
-    ``storage_chunks`` is the shard grid for sharded arrays (the unit one task
-    can read without another task touching the same object), the chunk grid
-    otherwise. Missing chunks read as the fill value, as the format says.
+    ``storage_chunks`` is the chunk grid: the unit a task reads without
+    reading more than it needs. Shards in a directory or on an object store
+    are read in part (their index, then the byte ranges of the inner chunks a
+    task needs: :mod:`daskstream.sources.zarr_shards`). In a local directory
+    that costs no more than reading them whole, so the inner chunks are the
+    unit; on an object store each part is a request, and in a zip file shards
+    are read whole, so the shards are. ``shard_chunks`` is the grid of files
+    or objects either way. Missing chunks read as the fill value, as the format says.
 
     On an object store, opening lists the array's objects with their versions
     (ETags: one listing request per thousand objects). The token is made from
@@ -139,9 +145,14 @@ class ZarrSource(Source):
         self.shape = checked_shape(self.name, tuple(array.shape), dtype.itemsize)
         # Format 2 keeps the byte order in the dtype and zarr returns data in it.
         self.dtype = native(dtype)
-        self.storage_chunks = tuple(int(c) for c in (array.shards or array.chunks))
+        self.shard_chunks = tuple(int(c) for c in (array.shards or array.chunks))
         self.inner_chunks = tuple(int(c) for c in array.chunks)
-        if len(self.storage_chunks) != self.ndim or any(c < 1 for c in (*self.storage_chunks, *self.inner_chunks)):
+        # Planned in inner chunks where a shard read in part costs no more than read whole: a local file. On
+        # an object store every part is a request of its own, so tasks keep to whole shards (parts of them are
+        # still read by range where a task wants only a part).
+        self.shards_in_part = reads_shards_in_part(array, self.place is None and os.path.isdir(self.path))
+        self.storage_chunks = self.inner_chunks if self.shards_in_part else self.shard_chunks
+        if len(self.shard_chunks) != self.ndim or any(c < 1 for c in (*self.shard_chunks, *self.inner_chunks)):
             raise CorruptSourceError(
                 f"{self.name}: the metadata declares chunks {self.inner_chunks} for shape {self.shape}; every "
                 "chunk side must be at least 1, one per axis. The metadata is damaged: re-create the store"
@@ -154,8 +165,9 @@ class ZarrSource(Source):
         self.codec_configs = codec_configs(array)
         self.layout = "chunked"
         self._objects: dict[str, str] | None = None
+        self._object_sizes: dict[str, int] = {}
         if self.place is not None:
-            self._objects = self._array_place().listing()
+            self._objects, self._object_sizes = self._array_place().versions_and_sizes()
             tree: tuple[str, ...] = (_listing_digest(self._objects),)
         else:
             tree = () if not os.path.isdir(self.path) else (_tree_digest(self.path, self.dataset),)
@@ -170,6 +182,7 @@ class ZarrSource(Source):
     def __getstate__(self) -> dict[str, Any]:
         # Secrets stay here, and so does the listing of a remote store (a process that reads lists it again).
         state = {**self.__dict__, "storage_options": public_options(self.storage_options), "_objects": None}
+        state["_object_sizes"] = {}
         return {**state, "_metadata_seen": {}}
 
     def _array_place(self) -> Place:
@@ -179,14 +192,19 @@ class ZarrSource(Source):
     def _object_versions(self) -> dict[str, str]:
         """The remote array's objects and versions as listed when opened (listed again in another process)."""
         if self._objects is None:
-            listed = self._array_place().listing()
+            listed, sizes = self._array_place().versions_and_sizes()
             if _listing_digest(listed) != self.objects_digest:
                 raise SourceChangedError(
                     f"{self.name}: the store's objects changed after it was opened (listed again by a worker, "
                     f"they differ); {REREAD_ADVICE}"
                 )
-            self._objects = listed
+            self._objects, self._object_sizes = listed, sizes
         return self._objects
+
+    def _listed_sizes(self) -> dict[str, int]:
+        """The remote array's objects and their sizes, from the listing the versions came from."""
+        self._object_versions()
+        return self._object_sizes
 
     def _store(self) -> Any:
         import zarr
@@ -398,7 +416,9 @@ class ZarrSource(Source):
 
     def _chunk_reader(self) -> Any:
         # False (not None, which the cache reads as "not opened yet") when zarr must read this array.
-        objects = None if self.place is None else ChunkObjects(self._array_place(), self._object_versions)
+        objects = (
+            None if self.place is None else ChunkObjects(self._array_place(), self._object_versions, self._listed_sizes)
+        )
         return cached_handle(
             ("zarr-chunks", self.path, self.dataset, self.token),
             lambda: chunk_reader_for(self._array(), objects) or False,
@@ -438,23 +458,27 @@ class ZarrSource(Source):
         root = os.path.join(self.path, self.dataset or "")
         array = self._array()
         key, largest = array.metadata.encode_chunk_key, largest_chunk_file(array)
-        check_chunk_files(root, key, self.storage_chunks, box, self.name, self.opened_ns, largest)
+        check_chunk_files(root, key, self.shard_chunks, box, self.name, self.opened_ns, largest)
 
     @property
     def decode_bytes(self) -> int:
-        """A chunk (or shard) file is held as stored while one (inner) chunk of it is decoded.
+        """A chunk (or shard) file is held as stored while one (inner) chunk of it is decoded; a shard read
+        in part, one run of its inner chunks at a time.
 
         Whole chunks, as the metadata states them: chunks at the array's edge are stored and decoded
         whole, and metadata may state chunks larger than the array.
         """
-        stored = math.prod(self.storage_chunks) * self.dtype.itemsize
-        return stored + (math.prod(self.inner_chunks) * self.dtype.itemsize if self.codecs else 0)
+        stored = math.prod(self.shard_chunks) * self.dtype.itemsize
+        inner = math.prod(self.inner_chunks) * self.dtype.itemsize
+        if self.shards_in_part:
+            stored = min(stored, max(MOST_RUN_BYTES, inner))
+        return stored + (inner if self.codecs else 0)
 
     def describe_storage(self) -> str:
         grid = (
-            f"shards {self.storage_chunks} of chunks {self.inner_chunks}"
-            if self.storage_chunks != self.inner_chunks
-            else f"chunks {self.storage_chunks}"
+            f"shards {self.shard_chunks} of chunks {self.inner_chunks}"
+            if self.shard_chunks != self.inner_chunks
+            else f"chunks {self.shard_chunks}"
         )
         codecs = "+".join(self.codecs) or "no codecs"
         return f"zarr v{self.zarr_format}, {grid}, {codecs}"

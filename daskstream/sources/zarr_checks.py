@@ -31,13 +31,13 @@ from daskstream.sources.zarr_bounds import (
     reshaped_growth,
 )
 from daskstream.sources.zarr_chunks import (
-    EMPTY,
     NotDecodedHere,
     declares_no_growth,
     numcodecs_step,
     v2_decoder,
     v3_decoder,
 )
+from daskstream.sources.zarr_shards import EMPTY
 from daskstream.sources.zip_members import ZipMembers
 
 

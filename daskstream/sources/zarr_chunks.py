@@ -20,9 +20,10 @@ goes through zarr, whose reads are checked first
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import google_crc32c
@@ -32,10 +33,9 @@ from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
-from daskstream.sources.zarr_bounds import is_bytes_to_bytes, largest_chunk_file
+from daskstream.sources.zarr_bounds import is_bytes_to_bytes, largest_chunk_file, largest_v3_chunk
 from daskstream.sources.zarr_files import ChunkObjects, LocalChunkFiles, ZipChunkFiles
-
-EMPTY = np.uint64(2**64 - 1)  # a shard index's offset and size of an inner chunk absent from the shard
+from daskstream.sources.zarr_shards import ShardLayout
 
 
 def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChunkReader | None:
@@ -54,6 +54,7 @@ def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChu
         return None
     metadata = array.metadata
     try:
+        shards = None
         if metadata.zarr_format == 2:
             storage_chunks = tuple(metadata.chunks)
             decode = v2_decoder(metadata)
@@ -61,6 +62,7 @@ def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChu
             # The grid of chunk files: shards when the array is sharded.
             storage_chunks = tuple(metadata.chunk_grid.chunk_shape)
             decode = v3_decoder(metadata.codecs, storage_chunks, metadata)
+            shards = shard_layout_of(metadata.codecs, storage_chunks, metadata)
     except NotDecodedHere:
         return None
     largest = largest_chunk_file(array)
@@ -76,7 +78,22 @@ def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChu
     fill = array.fill_value if array.fill_value is not None else 0
     # A shard decodes only the inner chunks a box needs: only whole chunks are worth keeping for halos.
     whole = tuple(array.chunks) == storage_chunks
-    return ZarrChunkReader(fetch, metadata.encode_chunk_key, storage_chunks, decode, fill, keepable=whole)  # type: ignore[arg-type]
+    return ZarrChunkReader(
+        fetch, metadata.encode_chunk_key, storage_chunks, decode, fill, keepable=whole, shards=shards
+    )
+
+
+def reads_shards_in_part(array: Any, local_or_objects: bool) -> bool:
+    """Whether tasks may read ``array``'s shards in part (and so be planned in inner chunks): a sharded
+    array in a local directory or on an object store, whose shard bytes are its inner chunks and index as
+    they are (no codec around the whole shard), and which zarr reads in part too where this module does not."""
+    metadata = array.metadata
+    if not local_or_objects or metadata.zarr_format != 3 or getattr(array, "shards", None) is None:
+        return False
+    try:
+        return shard_layout_of(metadata.codecs, tuple(metadata.chunk_grid.chunk_shape), metadata) is not None
+    except NotDecodedHere:
+        return True  # zarr decodes it, fetching the byte ranges of the inner chunks it needs
 
 
 class NotDecodedHere(Exception):
@@ -102,18 +119,26 @@ class ZarrChunkReader:
     keepable
         Whether decoded chunks may be kept for neighbouring halos
         (:mod:`daskstream.sources.chunk_cache`): whole chunks, not shards.
+    shards
+        How a shard holds its inner chunks, for sharded arrays whose shard
+        files are read in part (:mod:`daskstream.sources.zarr_shards`).
     """
 
     def __init__(
         self,
-        chunks: LocalChunkFiles | ChunkObjects,
+        chunks: LocalChunkFiles | ZipChunkFiles | ChunkObjects,
         chunk_key: Callable[[tuple[int, ...]], str],
         storage_chunks: tuple[int, ...],
         decode: Callable[[bytes, Region, Any], np.ndarray],
         fill_value: Any,
         keepable: bool = False,
+        shards: ShardLayout | None = None,
     ) -> None:
         self.chunks = chunks
+        self.shards = shards
+        # Shard indexes read from object stores, by object and version: each costs a request to read again.
+        self._indexes: dict[Any, np.ndarray] = {}
+        self._index_bytes = 0
         self.root = chunks.root
         self.chunk_key = chunk_key
         self.storage_chunks = storage_chunks
@@ -134,6 +159,10 @@ class ZarrChunkReader:
         wanted: list[tuple[str, Any, Region, Region]] = []  # (key, kept key or None, part in the chunk, where it goes)
         for grid, inside, target in storage_pieces(box, self.storage_chunks):
             key = self.chunk_key(grid)
+            if self._in_part(inside):
+                with self._decoding(name, key):
+                    self._read_shard_part(key, inside, out[target], name, written_before_ns)
+                continue
             kept_key = (self.root, key, written_before_ns)
             keeping = self.keepable and active() and on_surface(grid, first, last)
             chunk = kept(kept_key) if keeping else None
@@ -147,20 +176,65 @@ class ZarrChunkReader:
             if data is None:
                 out[target] = self.fill_value  # Zarr: a chunk never written is the fill value
                 continue
-            try:
+            with self._decoding(name, key):
                 if kept_key is not None:
                     chunk = self.decode(data, self._whole, self.fill_value)
                     keep(kept_key, chunk)
                     out[target] = chunk[inside]
+                elif self.shards is not None:  # a whole shard read (a zip member, an object): decoded into place
+                    self.shards.read_whole(data, inside, out[target], self.fill_value)
                 else:
                     out[target] = self.decode(data, inside, self.fill_value)
-            except DaskstreamError:
-                raise
-            except DECODE_ERRORS as exc:  # each codec's own errors, all meaning a damaged chunk
-                raise CorruptSourceError(
-                    f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
-                    "damaged: re-create or re-copy it"
-                ) from exc
+
+    def _in_part(self, inside: Region) -> bool:
+        """Whether a shard's part ``inside`` is read by its index and ranges: always from a local file (one
+        run of inner chunks held at a time), from an object store unless the whole shard is wanted (one GET,
+        fetched with the task's other objects, rather than two)."""
+        if self.shards is None or not hasattr(self.chunks, "open_shard"):
+            return False
+        whole = all(s.start == 0 and s.stop >= c for s, c in zip(inside, self.storage_chunks))
+        return not (whole and self.chunks.whole_when_covered)  # type: ignore[union-attr]
+
+    def _read_shard_part(
+        self, key: str, inside: Region, into: np.ndarray, name: str, written_before_ns: int | None
+    ) -> None:
+        """Fill ``into`` with ``inside`` of the shard at ``key``: its index, then the inner chunks needed."""
+        assert self.shards is not None
+        with self.chunks.open_shard(key, name, written_before_ns) as shard:  # type: ignore[union-attr]
+            if shard is None:
+                into[...] = self.fill_value  # a shard never written
+                return
+            index = None if shard.identity is None else self._indexes.get(shard.identity)
+            if index is None:
+                index = self.shards.read_index(shard)
+                if shard.identity is not None:
+                    self._keep_index(shard.identity, index)
+            self.shards.read(shard, inside, into, self.fill_value, index)
+
+    def _keep_index(self, identity: Any, index: np.ndarray) -> None:
+        while self._indexes and self._index_bytes + index.nbytes > KEPT_INDEX_BYTES:
+            oldest = next(iter(self._indexes))  # first kept, first dropped
+            self._index_bytes -= self._indexes.pop(oldest).nbytes
+        self._indexes[identity] = index
+        self._index_bytes += index.nbytes
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _decoding(name: str, key: str) -> Iterator[None]:
+        """Each codec's own errors, all meaning a damaged chunk, as one error naming the chunk."""
+        try:
+            yield
+        except DaskstreamError:
+            raise
+        except DECODE_ERRORS as exc:
+            raise CorruptSourceError(
+                f"{name}: chunk {key!r} could not be decoded ({type(exc).__name__}: {exc}); the store is "
+                "damaged: re-create or re-copy it"
+            ) from exc
+
+
+# The most bytes of shard indexes a reader keeps (indexes read from object stores, each a request saved).
+KEPT_INDEX_BYTES = 16 * 2**20
 
 
 # --- format 2 -------------------------------------------------------------------------------------
@@ -247,6 +321,29 @@ def v3_decoder(
 def _shard_decoder(
     sharding: Any, shard_shape: tuple[int, ...], unwrap: Callable[[Any], Any], metadata: Any
 ) -> Callable[[bytes, Region, Any], np.ndarray]:
+    layout = shard_layout(sharding, shard_shape, metadata)
+
+    def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
+        out = np.empty(tuple(s.stop - s.start for s in inside), dtype=layout.dtype)
+        layout.read_whole(unwrap(data), inside, out, fill)
+        return out
+
+    return decode
+
+
+def shard_layout_of(codecs: tuple, shard_shape: tuple[int, ...], metadata: Any) -> ShardLayout | None:
+    """The layout of a sharded array's shards when their files are its inner chunks and index as they are
+    (``None`` unsharded, or with a codec around the whole shard); :class:`NotDecodedHere` when zarr must decode
+    them."""
+    from zarr.codecs import ShardingCodec
+
+    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        return None
+    return shard_layout(codecs[0], shard_shape, metadata)
+
+
+def shard_layout(sharding: Any, shard_shape: tuple[int, ...], metadata: Any) -> ShardLayout:
+    """Where a shard of ``sharding`` keeps its index and inner chunks, and how they decode."""
     from zarr.codecs import BytesCodec, ShardingCodecIndexLocation
 
     inner_shape = tuple(sharding.chunk_shape)
@@ -254,34 +351,25 @@ def _shard_decoder(
     inner_to_bytes = [c for c in sharding.codecs if not is_bytes_to_bytes(c)]
     if len(inner_to_bytes) != 1 or not isinstance(inner_to_bytes[0], BytesCodec):
         raise NotDecodedHere  # nested shards, transposes: zarr's
-    inner_bytes = math.prod(inner_shape) * max(np.dtype(metadata.data_type.to_native_dtype()).itemsize, 1)
-    inner_unwrap = _bytes_steps([c for c in sharding.codecs if is_bytes_to_bytes(c)], inner_bytes, True)
+    dtype = np.dtype(metadata.data_type.to_native_dtype())
+    inner_bytes = math.prod(inner_shape) * max(dtype.itemsize, 1)
+    inner_codecs = [c for c in sharding.codecs if is_bytes_to_bytes(c)]
     index_codecs = list(sharding.index_codecs)
     if not isinstance(index_codecs[0], BytesCodec):
         raise NotDecodedHere
-    index_size = 16 * math.prod(per_shard) + 4 * sum(type(c).__name__ == "Crc32cCodec" for c in index_codecs[1:])
-    index_unwrap = _bytes_steps(index_codecs[1:], 16 * math.prod(per_shard), True)
-    at_end = sharding.index_location == ShardingCodecIndexLocation.end
-    index_dtype = np.dtype(
-        "<u8" if index_codecs[0].endian is None or index_codecs[0].endian.value == "little" else ">u8"
+    checksums = sum(type(c).__name__ == "Crc32cCodec" for c in index_codecs[1:])
+    endian = index_codecs[0].endian
+    return ShardLayout(
+        inner_shape=inner_shape,
+        per_shard=per_shard,
+        index_size=16 * math.prod(per_shard) + 4 * checksums,
+        at_end=sharding.index_location == ShardingCodecIndexLocation.end,
+        index_unwrap=_bytes_steps(index_codecs[1:], 16 * math.prod(per_shard), True),
+        index_dtype=np.dtype("<u8" if endian is None or endian.value == "little" else ">u8"),
+        inner_unwrap=_bytes_steps(inner_codecs, inner_bytes, True),
+        dtype=_v3_dtype(metadata, inner_to_bytes[0]),
+        largest_inner=largest_v3_chunk(tuple(sharding.codecs), inner_shape, dtype),
     )
-    dtype = _v3_dtype(metadata, inner_to_bytes[0])
-
-    def decode(data: bytes, inside: Region, fill: Any) -> np.ndarray:
-        shard = memoryview(unwrap(data))  # the inner chunks are sliced out without copies
-        raw_index = shard[len(shard) - index_size :] if at_end else shard[:index_size]
-        index = np.frombuffer(index_unwrap(raw_index), dtype=index_dtype).reshape((*per_shard, 2))
-        out = np.empty(tuple(s.stop - s.start for s in inside), dtype=dtype)
-        for grid, part, target in storage_pieces(inside, inner_shape):
-            offset, nbytes = index[grid]
-            if offset == EMPTY and nbytes == EMPTY:
-                out[target] = fill
-                continue
-            encoded = shard[int(offset) : int(offset) + int(nbytes)]
-            out[target] = np.frombuffer(inner_unwrap(encoded), dtype=dtype).reshape(inner_shape)[part]
-        return out
-
-    return decode
 
 
 def _v3_dtype(metadata: Any, to_bytes: Any) -> np.dtype:

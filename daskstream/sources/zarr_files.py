@@ -9,6 +9,8 @@ is refused before it is read.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import posixpath
 import stat
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from daskstream.errors import CorruptSourceError, SourceChangedError, SourceRemovedError
+from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError, SourceRemovedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
 from daskstream.sources.zarr_bounds import check_chunk_size
@@ -31,6 +33,8 @@ class LocalChunkFiles:
     ``c/i/j`` folders no stamp covers), raises :class:`SourceChangedError`.
     """
 
+    whole_when_covered = False  # a shard read by runs holds no more than one run: as fast from the page cache
+
     def __init__(self, root: str, largest: int | None = None) -> None:
         self.root = root
         self.largest = largest
@@ -41,25 +45,33 @@ class LocalChunkFiles:
         """Each chunk file's bytes in turn, ``(position in keys, bytes or None for a missing chunk)``: one
         file is held at a time, none larger than ``largest``."""
         for position, key in enumerate(keys):
-            try:
-                with open_regular(os.path.join(self.root, key)) as f:
-                    st = os.fstat(f.fileno())
-                    if written_before_ns is not None and _written_since(st, written_before_ns):
-                        raise _written_error(name, key)
-                    check_chunk_size(name, key, st.st_size, self.largest)
-                    data = f.read()
-            except (FileNotFoundError, NotADirectoryError):
-                if written_before_ns is not None and self._folder_changed(key, written_before_ns):
-                    raise SourceRemovedError(
-                        f"{name}: chunk {key!r} is missing and its folder changed after the store was opened "
-                        f"(a chunk deleted or replaced meanwhile); {REREAD_ADVICE}"
-                    ) from None
-                data = None  # Zarr: a chunk never written is the fill value
-            except IsADirectoryError:
-                raise CorruptSourceError(
-                    f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
+            with self.open_shard(key, name, written_before_ns) as shard:
+                yield position, None if shard is None else shard.whole()
+
+    @contextlib.contextmanager
+    def open_shard(self, key: str, name: str, written_before_ns: int | None) -> Iterator[LocalShard | None]:
+        """The chunk (or shard) file at ``key``, open and checked, to read whole or by range; ``None`` for a
+        chunk never written."""
+        try:
+            f = open_regular(os.path.join(self.root, key))
+        except (FileNotFoundError, NotADirectoryError):
+            if written_before_ns is not None and self._folder_changed(key, written_before_ns):
+                raise SourceRemovedError(
+                    f"{name}: chunk {key!r} is missing and its folder changed after the store was opened "
+                    f"(a chunk deleted or replaced meanwhile); {REREAD_ADVICE}"
                 ) from None
-            yield position, data
+            yield None  # Zarr: a chunk never written is the fill value
+            return
+        except IsADirectoryError:
+            raise CorruptSourceError(
+                f"{name}: chunk {key!r} is a directory, not a chunk file; the store is damaged"
+            ) from None
+        with f:
+            st = os.fstat(f.fileno())
+            if written_before_ns is not None and _written_since(st, written_before_ns):
+                raise _written_error(name, key)
+            check_chunk_size(name, key, st.st_size, self.largest)
+            yield LocalShard(f, st.st_size)
 
     def _folder_changed(self, key: str, since_ns: int) -> bool:
         """Whether the nearest existing folder of a missing chunk file changed after ``since_ns``."""
@@ -73,6 +85,57 @@ class LocalChunkFiles:
                 folder = posixpath.dirname(folder)
                 continue
             return _written_since(st, since_ns)
+
+
+class LocalShard:
+    """An open chunk or shard file, read whole or by byte range (``os.pread``: no shared file position, so
+    tasks may read one file at once)."""
+
+    identity = None  # a local index costs one system call to read again: nothing is kept
+
+    def __init__(self, file: Any, size: int) -> None:
+        self.file = file
+        self.size = size
+
+    def whole(self) -> bytes:
+        return self.file.read()
+
+    def read(self, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
+        fd = self.file.fileno()
+        for position, (start, stop) in enumerate(ranges):
+            yield position, os.pread(fd, stop - start, start)
+
+
+class ObjectShard:
+    """A shard object as listed when its array was opened, read by ranges fetched concurrently; each response's
+    version and size are checked against the listing's."""
+
+    def __init__(self, objects: ChunkObjects, key: str, name: str, version: str, size: int) -> None:
+        self.objects, self.key, self.name, self.version, self.size = objects, key, name, version, size
+        self.identity = (key, version)  # the index of this version of the object, kept by the reader
+
+    def read(self, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
+        try:
+            gots = self.objects.place.get_ranges(self.key, ranges)
+        except OSError as exc:
+            # A range within the size listed that the store cannot satisfy: the object is shorter now.
+            if isinstance(exc, DaskstreamError) or exc.errno != errno.EINVAL:
+                raise
+            raise self._changed("shorter than when opened") from exc
+        for position, got in enumerate(gots):
+            if got.data is None:
+                raise SourceRemovedError(
+                    f"{self.name}: chunk object {self.key!r} was deleted after the store was opened; {REREAD_ADVICE}"
+                )
+            if (got.version is not None and got.version != self.version) or got.size not in (None, self.size):
+                raise self._changed(f"version {self.version} when opened, {got.version} now")
+            yield position, got.data
+
+    def _changed(self, how: str) -> SourceChangedError:
+        return SourceChangedError(
+            f"{self.name}: chunk object {self.key!r} was rewritten after the store was opened ({how}), so this "
+            f"computation would mix old and new data; {REREAD_ADVICE}"
+        )
 
 
 class ChunkObjects:
@@ -89,9 +152,14 @@ class ChunkObjects:
         raises :class:`SourceChangedError`.
     """
 
-    def __init__(self, place: Any, versions: Callable[[], dict[str, str]]) -> None:
+    whole_when_covered = True  # one GET for a shard wanted whole, not one for its index and more for its runs
+
+    def __init__(
+        self, place: Any, versions: Callable[[], dict[str, str]], sizes: Callable[[], dict[str, int]] | None = None
+    ) -> None:
         self.place = place
         self.versions = versions
+        self.sizes = sizes
         self.root = place.url
         self.largest: int | None = None  # the most bytes a chunk object may hold, once the array is known
 
@@ -121,6 +189,20 @@ class ChunkObjects:
             if got.data is not None:
                 check_chunk_size(name, key, len(got.data), self.largest)
             yield position, got.data
+
+    @contextlib.contextmanager
+    def open_shard(self, key: str, name: str, written_before_ns: int | None) -> Iterator[ObjectShard | None]:
+        """The shard object at ``key`` as listed, to read by range; one not listed (never written, or written
+        since) is fetched whole, which tells the two apart."""
+        version, size = self.versions().get(key), (self.sizes() if self.sizes is not None else {}).get(key)
+        if version is None or size is None:
+            ((_, data),) = self.fetch_each([key], name, written_before_ns)
+            if data is not None:  # pragma: no cover - fetch_each refuses an object not listed
+                raise _written_error(name, key)
+            yield None
+            return
+        check_chunk_size(name, key, size, self.largest)
+        yield ObjectShard(self, key, name, version, size)
 
 
 class ZipChunkFiles:

@@ -145,3 +145,30 @@ def test_metadata_rewritten_after_opening_is_refused_not_decoded_with(s3, layout
     _rewrite_metadata(s3, url, name, change)
     with dask.config.set(scheduler=scheduler, num_workers=2), pytest.raises(SourceChangedError, match="metadata"):
         x.sum().compute()
+
+
+def test_part_of_a_shard_object_is_read_by_its_index_and_one_ranged_get_per_run(s3):
+    data = _field()
+    url = _zarr_on_s3(s3, data, "sharded")  # shards (60, 45) of chunks (30, 15)
+    # A source's boxes, as a training stream or a task of a shard too large for the budget reads them.
+    source = ds.open_source(url, storage_options=s3.options)
+    source.read((slice(0, 1), slice(45, 46)))  # opens the array in this process (in another shard): not counted
+    s3.reset()
+    part = (slice(30, 60), slice(0, 45))  # the second row of inner chunks of shard (0, 0): one run
+    np.testing.assert_array_equal(source.read(part), data[part])
+    assert s3.requests() == {"GET": 2}, s3.requests()  # the shard's index, then its run
+    s3.reset()
+    np.testing.assert_array_equal(source.read((slice(0, 30), slice(0, 45))), data[0:30, 0:45])
+    assert s3.requests() == {"GET": 1}, s3.requests()  # the index is kept: the run only
+    s3.reset()
+    np.testing.assert_array_equal(source.read((slice(0, 60), slice(0, 90))), data[0:60])
+    assert s3.requests() == {"GET": 2}, s3.requests()  # shards wanted whole: one GET each
+
+
+def test_a_shard_object_rewritten_after_opening_is_refused_when_read_in_part(s3):
+    data = _field()
+    url = _zarr_on_s3(s3, data, "sharded")
+    source = ds.open_source(url, storage_options=s3.options)
+    zarr.open_array(zarr.storage.FsspecStore.from_url(url, storage_options=s3.options), mode="r+")[:60, :45] = 7
+    with pytest.raises(SourceChangedError, match=r"chunk object 'c/0/0' was rewritten"):
+        source.read((slice(30, 60), slice(0, 45)))

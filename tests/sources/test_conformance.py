@@ -364,9 +364,9 @@ class TestZarrV3Sharded(ZarrTests):
     dtype = "uint8"
     create_kwargs: ClassVar[dict] = {"chunks": (2, 3, 5), "shards": (4, 6, 5)}
 
-    def test_storage_chunks_are_shards(self, source):
-        assert source.storage_chunks == (4, 6, 5)
-        assert source.inner_chunks == (2, 3, 5)
+    def test_tasks_are_planned_in_inner_chunks_of_shards_read_in_part(self, source):
+        assert source.storage_chunks == source.inner_chunks == (2, 3, 5)
+        assert source.shard_chunks == (4, 6, 5)
 
 
 class TestZarrZip(ZarrTests):

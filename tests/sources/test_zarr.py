@@ -87,14 +87,27 @@ def test_zip_store(tmp_path, zarr_format, member):
     check_reads(daskstream.open_source(path, dataset=member), data)
 
 
-def test_sharded_storage_chunks_are_shards(tmp_path):
-    # A task must own whole shards: two tasks writing or reading one shard object fight over it.
+def test_local_shards_are_read_in_part_so_tasks_are_planned_in_inner_chunks(tmp_path):
+    # A shard file is read by its index and byte ranges: a task of a few inner chunks reads no more than it needs.
     path, data = str(tmp_path / "sharded.zarr"), values((12, 10))
     zarr.create_array(path, data=data, chunks=(2, 5), shards=(6, 10))
     source = daskstream.open_source(path)
-    assert source.storage_chunks == (6, 10)
-    assert source.inner_chunks == (2, 5)
+    assert source.storage_chunks == source.inner_chunks == (2, 5)
+    assert source.shard_chunks == (6, 10)
     assert "shards (6, 10) of chunks (2, 5)" in source.describe_storage()
+    assert all(n % 2 == 0 for n in ds.plan(source).dask_chunks[0][:-1])
+    check_reads(source, data)
+
+
+def test_shards_in_a_zip_are_read_whole_so_tasks_keep_to_whole_shards(tmp_path):
+    path, data = str(tmp_path / "sharded.zarr.zip"), values((12, 10))
+    store = zarr.storage.ZipStore(path, mode="w")
+    try:
+        zarr.create_array(store, data=data, chunks=(2, 5), shards=(6, 10))
+    finally:
+        store.close()
+    source = daskstream.open_source(path)
+    assert source.storage_chunks == source.shard_chunks == (6, 10)
     assert all(n % 6 == 0 for n in ds.plan(source).dask_chunks[0][:-1])
     check_reads(source, data)
 
