@@ -654,9 +654,14 @@ def reduce_command(
             result = ds.reduce(x, op, axis=axis or None, **options)
             passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
             start = time.perf_counter()
+            # The bar sets its rate beside the codec's limit once one is remembered (measured after a first run).
+            known = None if quiet else codec_limit(x, threads=s.resources().threads, measure=False)
             with ReadMeter(s) as meter:
                 label = f"{op} of {path}"
-                value = list(s.compute(*result, label=label)) if op == "histogram" else s.compute(result, label=label)
+                if op == "histogram":
+                    value = list(s.compute(*result, label=label, limit=known))
+                else:
+                    value = s.compute(result, label=label, limit=known)
         seconds = time.perf_counter() - start
         threads = s.resources().threads
     # A rate set beside the codec's limit where the read was long enough to say more than its overheads.
@@ -772,7 +777,10 @@ def describe_command(
             description = run.compute()
             adaptation = run.adaptation
         else:
-            description = s.compute(ds.describe(x, **options, quartiles=quartiles), label=f"describe {path}")
+            known = None if quiet else codec_limit(x, threads=s.resources().threads, measure=False)
+            description = s.compute(
+                ds.describe(x, **options, quartiles=quartiles), label=f"describe {path}", limit=known
+            )
     written = None
     if out is not None:
         written = write_arrays(out, dict(description), reads)

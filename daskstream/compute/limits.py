@@ -87,7 +87,7 @@ class CodecLimit:
     def beside(self, throughput: float) -> str:
         """``throughput`` said beside the limit: "0.94 GB/s, 55% of zstd 3's decode limit here"."""
         what = self.codec if self.codec.startswith("a page-cache") else f"{self.codec}'s decode"
-        return f"{throughput / 1e9:.2f} GB/s, {self.share(throughput):.0%} of {what} limit here"
+        return f"{rate_text(throughput)}, {self.share(throughput):.0%} of {what} limit here"
 
     def __str__(self) -> str:
         how = "remembered" if self.remembered else "measured now"
@@ -108,6 +108,15 @@ class CodecLimit:
             "remembered": self.remembered,
             "not_remembered": self.not_remembered or None,
         }
+
+
+def rate_text(throughput: float) -> str:
+    """Bytes a second as a person reads them: GB/s, or MB/s below a tenth of one.
+
+    >>> rate_text(9.4e8), rate_text(4.5e7)
+    ('0.94 GB/s', '45.0 MB/s')
+    """
+    return f"{throughput / 1e9:.2f} GB/s" if throughput >= 1e8 else f"{throughput / 1e6:.1f} MB/s"
 
 
 def codec_limit(

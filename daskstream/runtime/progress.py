@@ -163,12 +163,14 @@ class ReadProgress(Callback):
     tenth of a second, from the thread that called ``dask.compute``.
     """
 
-    def __init__(self, bar: Any, read_so_far: Callable[[], int]) -> None:
+    def __init__(self, bar: Any, read_so_far: Callable[[], int], limit: Any = None) -> None:
         super().__init__()
         self._bar = bar
         self._read = read_so_far
+        self._limit = limit
         self._tasks = self._done = 0
         self._shown = 0.0
+        self._started = time.perf_counter()
 
     def _start_state(self, dsk: Any, state: dict[str, Any]) -> None:
         self._tasks += sum(len(state[k]) for k in ("ready", "waiting", "running", "finished"))
@@ -182,7 +184,22 @@ class ReadProgress(Callback):
 
     def show(self) -> None:
         """Bring the bar to the bytes read so far (never past its total, which a re-read could pass)."""
-        read = min(self._read(), self._bar.total)
-        if read > self._bar.n:
-            self._bar.update(read - self._bar.n)
-        self._bar.set_postfix_str(f"{self._done}/{self._tasks} tasks", refresh=False)
+        read = self._read()
+        if min(read, self._bar.total) > self._bar.n:
+            self._bar.update(min(read, self._bar.total) - self._bar.n)
+        beside = rate_beside(self._limit, read, self._started)
+        self._bar.set_postfix_str(f"{self._done}/{self._tasks} tasks{beside}", refresh=False)
+
+
+#: A rate is set beside a limit once the computation has run this long: before, its start-up is most of it.
+RATE_SHOWN_AFTER_SECONDS = 0.5
+
+
+def rate_beside(limit: Any, read: int, started: float) -> str:
+    """``", 0.94 GB/s, 55% of zstd 3's decode limit here"``: the rate of ``read`` bytes since ``started``
+    (``time.perf_counter``) beside ``limit`` (anything with ``beside(rate)``); ``""`` without one, or too
+    early to say."""
+    elapsed = time.perf_counter() - started
+    if limit is None or read <= 0 or elapsed < RATE_SHOWN_AFTER_SECONDS:
+        return ""
+    return f", {limit.beside(read / elapsed)}"

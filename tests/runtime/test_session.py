@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -182,6 +183,32 @@ def test_progress_bar_reaches_the_end_and_changes_nothing(npy, capfd, scheduler)
     assert int(total) > 1
     for a, b in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "distributed"])
+def test_a_bar_sets_its_read_rate_beside_the_codec_limit_it_is_given(npy, capfd, tmp_path, scheduler):
+    pytest.importorskip("tqdm")
+    from daskstream.compute import codec_limit
+    from daskstream.runtime.tune_cache import TuneCache
+
+    path, data = npy
+    cache = TuneCache(str(tmp_path / "tune.json"))
+    with session(scheduler, progress=False):
+        x = ds.open(path, chunks=(60, 90))
+        assert codec_limit(x, cache=cache, measure=False) is None  # nothing remembered yet
+        measured = codec_limit(x, cache=cache)  # measured and remembered
+        assert codec_limit(x, cache=cache, measure=False).rate == measured.rate
+    # As if this machine read 300 kB/s: the small file's slowed tasks then read at a share of it worth reading.
+    limit = dataclasses.replace(measured, per_thread=3e5, threads=1)
+    with session(scheduler, progress=True) as loud:
+        total = loud.compute(_slowly(ds.open(path, chunks=(60, 90))).sum(dtype="f8"), limit=limit)
+    assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
+    final = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    rate, share = re.search(r"(\d+\.\d) MB/s, (\d+)% of a page-cache read limit here", final).groups()
+    # The rate of the bytes read over the time taken (tasks slowed on purpose), as a share of the limit's.
+    assert float(rate) > 0
+    # Both rounded as shown: the rate to 0.1 MB/s, the share to 1%.
+    assert abs(int(share) / 100 * limit.rate / 1e6 - float(rate)) <= 0.05 + 0.005 * limit.rate / 1e6
 
 
 def _slowly(x):
