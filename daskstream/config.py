@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import dask.config
+import yaml
 
 from daskstream.documents import read_yaml
 from daskstream.errors import InvalidArgumentError
@@ -134,7 +135,12 @@ def _bad(key: str, value: Any, wanted: str) -> Exception:
 
 @functools.cache
 def _schema() -> dict[str, Any]:
-    return read_yaml(_SCHEMA_PATH, what="daskstream's settings schema", hint="reinstall daskstream")
+    # daskstream's own file, not a user's: parsed by libyaml where PyYAML has it (a tenth of the time of the
+    # bounded pure-Python reader user files go through, which a process's first setting would wait for).
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is None:  # pragma: no cover - PyYAML built without libyaml
+        return read_yaml(_SCHEMA_PATH, what="daskstream's settings schema", hint="reinstall daskstream")
+    return yaml.load(_SCHEMA_PATH.read_text(encoding="utf-8"), Loader=loader)
 
 
 def check_section(values: Mapping[str, Any], *, where: str) -> None:

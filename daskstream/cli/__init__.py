@@ -47,6 +47,7 @@ from daskstream.planning.budget import format_size, parse_budget
 from daskstream.runtime.clusters import check_cluster
 from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.progress import BlockProgress, close_open_bars
+from daskstream.runtime.resources import resources_for
 from daskstream.runtime.stopping import Interrupted, stop_child_processes, stopping_on_signals
 from daskstream.sources.detect import split_dataset
 from daskstream.sources.hdf5 import import_h5py
@@ -1172,6 +1173,15 @@ def _print_store_summary(
         "ratio": round(int(x.nbytes) / on_disk, 3) if on_disk else None,
         "seconds": round(seconds, 3),
     }
+    # The rate of the blocks written in this run beside the codec's encode limit, once there is enough to say.
+    written_bytes = int(x.nbytes) * written // max(tally.total, 1)
+    rate = written_bytes / max(seconds, 1e-9) if written_bytes >= LIMIT_SHOWN_FROM_BYTES else None
+    limit = None
+    if rate is not None:
+        stored_array = ds.open(target, dataset=target_dataset, storage_options=storage_options)
+        limit = codec_limit(stored_array, threads=resources_for(x).threads, direction="encode")
+    summary["GBps"] = None if rate is None else rate / 1e9
+    summary["limit"] = None if limit is None or rate is None else {**limit.to_dict(), "share": limit.share(rate)}
     if choice is not None:
         summary["codec"] = choice.to_dict()
     if adaptation is not None:
@@ -1183,9 +1193,10 @@ def _print_store_summary(
     else:
         resumed = f", {before} done before" if before else ""
         ratio = f" (ratio {summary['ratio']:.2f})" if summary["ratio"] else ""
+        at = f" at {limit.beside(rate)}" if limit is not None and rate is not None else ""
         click.echo(
             f"{source} -> {target}: {written} of {tally.total} blocks written{resumed}, "
-            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s"
+            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s{at}"
         )
     if adaptation is not None and not as_json and not summary["already_complete"]:
         click.echo(adaptation.explain())

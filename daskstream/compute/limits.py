@@ -1,4 +1,5 @@
-"""How fast this machine can decode what a source stores: the ceiling a read is measured against.
+"""How fast this machine can decode (or encode) what a source stores: the ceiling a read (or a store) is
+measured against.
 
 No reader of a compressed array is faster than its codec decodes on the
 threads it has, so "0.94 GB/s" says little until it is put beside that
@@ -11,6 +12,11 @@ decoding reaches at best). The limit leaves out reading the stored bytes and
 reducing the values: a read can only come near it. Uncompressed data in one
 file (``.npy``, HDF5) is limited by reading its bytes from the page cache
 into memory, timed the same way.
+
+The encode limit of a store is measured the same way on what it wrote, the
+encoding timed instead of the decoding: a store encodes on all its threads,
+but HDF5's plugin filters (zstd, blosc) are encoded by h5py in the one
+process that writes, so their limit is one thread's rate.
 
 A limit is measured once per codec, dtype, kind of data, threads and machine
 and remembered in the tuning cache, as the tuner's results are; a
@@ -30,6 +36,7 @@ import dask.array as da
 from daskstream.compute.store.codec_candidates import Candidate
 from daskstream.compute.store.codec_timing import timed
 from daskstream.compute.store.codecs import Measured, _doubt, _measure, _samples
+from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import read_array
 from daskstream.runtime.resources import resources_for
@@ -53,7 +60,7 @@ _BLOSC_CODECS = {0: "blosclz", 1: "lz4", 2: "lz4hc", 4: "zlib", 5: "zstd"}
 
 @dataclass(frozen=True)
 class CodecLimit:
-    """The rate this machine decodes a source's codec at, on the source's data.
+    """The rate this machine decodes (or encodes) a source's codec at, on the source's data.
 
     Attributes
     ----------
@@ -67,6 +74,8 @@ class CodecLimit:
         Whether it was found in the tuning cache rather than measured now.
     not_remembered
         Why a measurement taken now was not remembered ("" when it was, or was found).
+    direction
+        ``"decode"`` (a read's limit) or ``"encode"`` (a store's).
     """
 
     codec: str
@@ -74,6 +83,7 @@ class CodecLimit:
     threads: int
     remembered: bool = False
     not_remembered: str = ""
+    direction: str = "decode"
 
     @property
     def rate(self) -> float:
@@ -86,14 +96,14 @@ class CodecLimit:
 
     def beside(self, throughput: float) -> str:
         """``throughput`` said beside the limit: "0.94 GB/s, 55% of zstd 3's decode limit here"."""
-        what = self.codec if self.codec.startswith("a page-cache") else f"{self.codec}'s decode"
+        what = self.codec if self.codec.startswith("a page-cache") else f"{self.codec}'s {self.direction}"
         return f"{rate_text(throughput)}, {self.share(throughput):.0%} of {what} limit here"
 
     def __str__(self) -> str:
         how = "remembered" if self.remembered else "measured now"
         if self.not_remembered:
             how = f"measured now, not remembered ({self.not_remembered})"
-        does = "runs" if self.codec.startswith("a page-cache") else "decodes"
+        does = "runs" if self.codec.startswith("a page-cache") else f"{self.direction}s"
         return (
             f"{self.codec} {does} at {self.rate / 1e9:.2f} GB/s here ({self.threads} thread(s) x "
             f"{self.per_thread / 1e9:.2f} GB/s; {how})"
@@ -102,6 +112,7 @@ class CodecLimit:
     def to_dict(self) -> dict[str, Any]:
         return {
             "codec": self.codec,
+            "direction": self.direction,
             "GBps": self.rate / 1e9,
             "GBps_per_thread": self.per_thread / 1e9,
             "threads": self.threads,
@@ -120,11 +131,16 @@ def rate_text(throughput: float) -> str:
 
 
 def codec_limit(
-    x: da.Array, *, threads: int | None = None, cache: TuneCache | None = None, measure: bool = True
+    x: da.Array,
+    *,
+    threads: int | None = None,
+    cache: TuneCache | None = None,
+    measure: bool = True,
+    direction: str = "decode",
 ) -> CodecLimit | None:
-    """The decode limit of the one source ``x`` reads, for ``threads`` threads; ``None`` where there is none
-    to say (``x`` reads several sources or none, or its codec is one daskstream cannot time), or, with
-    ``measure=False``, where none is remembered yet.
+    """The decode (or encode) limit of the one source ``x`` reads, for ``threads`` threads; ``None`` where
+    there is none to say (``x`` reads several sources or none, or its codec is one daskstream cannot time;
+    for ``"encode"``, data stored as it is), or, with ``measure=False``, where none is remembered yet.
 
     Parameters
     ----------
@@ -137,6 +153,9 @@ def codec_limit(
     measure
         Measure the limit when none is remembered (a fraction of a second, on
         a few MiB of the source); ``False``: only look it up.
+    direction
+        ``"decode"``: what reading the source can reach; ``"encode"``: what
+        writing it could (for an array ``store`` wrote, opened again).
 
     Examples
     --------
@@ -152,8 +171,10 @@ def codec_limit(
         return None
     name, source, _ = reads[0]
     threads = threads or resources_for(x).threads
+    if direction not in ("decode", "encode"):
+        raise InvalidArgumentError(f'direction={direction!r}: give "decode" or "encode"')
     candidate = codec_of(source)
-    if candidate is None:
+    if candidate is None or (direction == "encode" and candidate.family == "none"):
         return None
     cache = cache or TuneCache()
     key = {
@@ -164,10 +185,15 @@ def codec_limit(
         "threads": threads,
         "machine": machine_fingerprint(),
     }
-    found = _remembered(cache.get(key), candidate)
+    target = "hdf5" if source.format == "hdf5" else "zarr"
+    # h5py encodes its plugin filters in the one writing process; the tasks encode everything else.
+    encoding_threads = 1 if target == "hdf5" and candidate.family in ("zstd", "blosc") else threads
+    used = threads if direction == "decode" else encoding_threads
+    rate_key = f"{direction}_rate"
+    found = _remembered(cache.get(key), candidate, rate_key)
     if found is not None:
         label = "a page-cache read" if candidate.family == "none" else candidate.label
-        return CodecLimit(label, found, threads, remembered=True)
+        return CodecLimit(label, found, used, remembered=True, direction=direction)
     if not measure:
         return None
     if candidate.family == "none":
@@ -177,13 +203,14 @@ def codec_limit(
     array = x if name == x.name else read_array(source, da.core.normalize_chunks(storage, source.shape),
                                                 f"codec-limit-sample-{source.token}")  # fmt: skip
     samples = _samples(array, SAMPLE_BYTES, storage)
-    target = "hdf5" if candidate.family == "gzip+shuffle" else "zarr"
-    measured = _measure(candidate, samples, target, 1, math.inf)
+    # HDF5's shuffle is timed as h5py's filter pipeline runs it; every other codec the same in either format.
+    measured = _measure(candidate, samples, "hdf5" if candidate.family == "gzip+shuffle" else "zarr", 1, math.inf)
     doubt = _doubt((measured,))
     if doubt is None:
-        cache.put(key, {"decode_rate": measured.decode_rate, "spread": measured.spread,
-                        "cpu_share": measured.cpu_share})  # fmt: skip
-    return CodecLimit(candidate.label, measured.decode_rate, threads, not_remembered=doubt or "")
+        cache.put(key, {"decode_rate": measured.decode_rate, "encode_rate": measured.encode_rate,
+                        "spread": measured.spread, "cpu_share": measured.cpu_share})  # fmt: skip
+    rate = measured.decode_rate if direction == "decode" else measured.encode_rate
+    return CodecLimit(candidate.label, rate, used, not_remembered=doubt or "", direction=direction)
 
 
 def _copy_limit(source: Any, key: dict[str, Any], cache: TuneCache, threads: int) -> CodecLimit | None:
@@ -217,11 +244,12 @@ def _copy_limit(source: Any, key: dict[str, Any], cache: TuneCache, threads: int
     return CodecLimit("a page-cache read", timing.rate, threads, not_remembered=doubt or "")
 
 
-def _remembered(entry: dict[str, Any] | None, candidate: Candidate) -> float | None:
-    """A remembered rate that still deserves trust (the thresholds may have changed since), or ``None``."""
+def _remembered(entry: dict[str, Any] | None, candidate: Candidate, rate_key: str) -> float | None:
+    """A remembered rate (``rate_key``: ``"decode_rate"``, ``"encode_rate"``) that still deserves trust (the
+    thresholds may have changed since), or ``None``."""
     try:
         tuned = (entry or {})["tuned"]
-        rate, spread, share = (float(tuned[k]) for k in ("decode_rate", "spread", "cpu_share"))
+        rate, spread, share = (float(tuned[k]) for k in (rate_key, "spread", "cpu_share"))
     except (KeyError, TypeError, ValueError):
         return None
     stored = Measured(candidate, 1.0, rate, rate, 1, rate, rate, spread, share)

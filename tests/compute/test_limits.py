@@ -144,3 +144,50 @@ def test_the_reduce_command_sets_its_rate_beside_the_limit(tmp_path, kind):
     line = text.stdout.strip()
     assert line.endswith("limit here)")
     assert f"of {codec}" in line
+
+
+def test_an_encode_limit_is_one_thread_for_hdf5_plugin_filters_and_every_thread_else(tmp_path, cache):
+    data = _field()
+    path = str(tmp_path / "f.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("zstd", data=data, chunks=(128, 1024), **hdf5plugin.Zstd(clevel=3))
+        f.create_dataset("gzip", data=data, chunks=(128, 1024), compression="gzip", compression_opts=1, shuffle=True)
+        f.create_dataset("raw", data=data, chunks=(128, 1024))
+    zstd = codec_limit(ds.open(path, dataset="zstd"), threads=4, direction="encode")
+    # h5py encodes plugin filters in the one writing process; deflate is encoded in every task.
+    assert (zstd.codec, zstd.threads, zstd.direction) == ("zstd 3", 1, "encode")
+    gzip = codec_limit(ds.open(path, dataset="gzip"), threads=4, direction="encode")
+    assert (gzip.codec, gzip.threads) == ("gzip 1 + shuffle", 4)
+    assert gzip.beside(gzip.rate / 4).endswith("25% of gzip 1 + shuffle's encode limit here")
+    # One measurement gives both: the decode limit of the same data is remembered beside the encode one.
+    decode = codec_limit(ds.open(path, dataset="gzip"), threads=4, measure=False)
+    assert decode.remembered
+    assert decode.direction == "decode"
+    assert decode.per_thread != gzip.per_thread
+    assert codec_limit(ds.open(path, dataset="raw"), direction="encode") is None  # nothing encodes it
+    with pytest.raises(ds.DaskstreamError, match='give "decode" or "encode"'):
+        codec_limit(ds.open(path, dataset="raw"), direction="both")
+
+
+@pytest.mark.parametrize("target", ["out.zarr", "out.h5::/field"])
+def test_the_store_command_sets_its_rate_beside_the_encode_limit(tmp_path, target):
+    data = np.random.default_rng(0).standard_normal((LIMIT_SHOWN_FROM_BYTES // 4 // 2048, 2048)).astype("f4")
+    source = str(tmp_path / "big.npy")
+    np.save(source, data.round(2))
+    env = {
+        **os.environ,
+        "DASK_DASKSTREAM__TUNE__CACHE": str(tmp_path / "tune.json"),
+        "DASK_DASKSTREAM__TUNE__CODEC__LEAST_CPU_SHARE": "0",
+    }
+    run = [sys.executable, "-m", "daskstream", "store", source, str(tmp_path / target), "--codec", "gzip"]
+    shown = subprocess.run([*run, "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    codec = "gzip 4 + shuffle" if target.endswith("::/field") else "gzip 4"
+    assert (report["limit"]["codec"], report["limit"]["direction"]) == (codec, "encode")
+    assert report["GBps"] == pytest.approx(report["bytes_in"] / report["seconds"] / 1e9, rel=0.01)
+    assert report["limit"]["share"] == pytest.approx(report["GBps"] / report["limit"]["GBps"])
+    assert 0 < report["limit"]["share"] < 1.5
+    again = subprocess.run([*run, "--overwrite", "--quiet"], capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().endswith(f"of {codec}'s encode limit here")
