@@ -75,7 +75,7 @@ ds.plan(f"{series}::sst", memory_budget="64MiB")""",
         "code",
         """x = ds.open(paths["zarr"])
 with ds.session("threads") as s:  # a progress bar shows for computations longer than half a second
-    stats = s.compute(ds.describe(x, bins=20, quartiles=True))
+    (stats,) = s.compute(ds.describe(x, bins=20, quartiles=True))
 stats""",
     ),
     ("code", "stats.to_dataframe()"),

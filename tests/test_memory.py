@@ -195,9 +195,9 @@ results = {}
 with ds.session(sys.argv[2], progress=False) as s:
     x = ds.open(sys.argv[1])
     results["budget"] = ds.plan_compute(x.sum()).budget
-    results["centering"] = float(s.compute(ds.reduce(x - x.mean(), "std")))
-    results["standardized"] = float(s.compute(((x - x.mean(axis=0)) / x.std(axis=0)).max()))
-    results["stencil"] = float(s.compute(ds.map_blocks(laplacian, x, depth=1).max()))
+    results["centering"] = float(s.compute(ds.reduce(x - x.mean(), "std"))[0])
+    results["standardized"] = float(s.compute(((x - x.mean(axis=0)) / x.std(axis=0)).max())[0])
+    results["stencil"] = float(s.compute(ds.map_blocks(laplacian, x, depth=1).max())[0])
     statuses = [w["status"] for w in s.client.scheduler_info(n_workers=-1)["workers"].values()]
     results["statuses"] = statuses
 print(json.dumps(results))

@@ -407,7 +407,7 @@ def test_every_loopback_spelling_is_accepted_and_the_cluster_listens_on_loopback
     path = _cluster_file(tmp_path, "loopback", document)
 
     with ds.session(cluster=path, progress=False) as s:
-        assert s.compute(ds.open(npy).sum()) == pytest.approx(data.sum(dtype="f8"), rel=1e-5)
+        assert s.compute(ds.open(npy).sum())[0] == pytest.approx(data.sum(dtype="f8"), rel=1e-5)
         process = psutil.Process()
         # psutil 6 renamed connections() to net_connections().
         connections = getattr(process, "net_connections", None) or process.connections

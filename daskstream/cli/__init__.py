@@ -662,7 +662,7 @@ def reduce_command(
                 if op == "histogram":
                     value = list(s.compute(*result, label=label, limit=known))
                 else:
-                    value = s.compute(result, label=label, limit=known)
+                    (value,) = s.compute(result, label=label, limit=known)
         seconds = time.perf_counter() - start
         threads = s.resources().threads
     # A rate set beside the codec's limit where the read was long enough to say more than its overheads.
@@ -779,7 +779,7 @@ def describe_command(
             adaptation = run.adaptation
         else:
             known = None if quiet else codec_limit(x, threads=s.resources().threads, measure=False)
-            description = s.compute(
+            (description,) = s.compute(
                 ds.describe(x, **options, quartiles=quartiles), label=f"describe {path}", limit=known
             )
     written = None

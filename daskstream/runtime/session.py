@@ -368,9 +368,9 @@ class Session:
 
         Returns
         -------
-        The single result for one object, else a tuple of results (numpy
-        arrays for dask arrays); objects that are not dask collections come
-        back as they are.
+        A tuple of results, one per object, as ``dask.compute`` gives them
+        (``(total,) = s.compute(x.sum())`` for one); numpy arrays for dask
+        arrays, objects that are not dask collections as they are.
 
         Raises
         ------
@@ -407,7 +407,7 @@ class Session:
         finally:
             if bar is not None:
                 bar.close()
-        return results[0] if len(objs) == 1 else tuple(results)
+        return tuple(results)
 
     def _compute_distributed(
         self, objs: tuple[Any, ...], bar: Any, *, counts_bytes: bool = False, limit: Any = None

@@ -73,7 +73,7 @@ def test_compositions_equal_numpy_in_the_fewest_passes(field, name, scheduler):
         y = build(x)
         assert ds.plan_compute(y).passes == passes
         with ReadMeter(s) as meter:
-            got = s.compute(y)
+            (got,) = s.compute(y)
     np.testing.assert_allclose(got, oracle(data), rtol=2e-5, atol=2e-5)
     assert meter.bytes_read == passes * data.nbytes
 

@@ -371,7 +371,7 @@ def test_tls_cluster_computes_through_tls_yaml_and_refuses_clients_without_its_c
     h5, data = sample_files["hdf5-chunked"]
     with session(cluster=good, progress=False) as s:
         assert s.address == address
-        total = s.compute(ds.reduce(ds.open(h5), "sum", dtype="f8"))
+        (total,) = s.compute(ds.reduce(ds.open(h5), "sum", dtype="f8"))
     assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
 
     # From the command line, through the same file: a Zarr source.

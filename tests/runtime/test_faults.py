@@ -74,7 +74,7 @@ def test_a_kernel_failing_on_one_block_names_it_and_the_session_goes_on(tmp_path
         assert "(3, 0)" in str(info.value)
         assert isinstance(info.value.__cause__, ValueError)
         # The same session computes the next thing as usual.
-        assert s.compute(x.sum()) == data.sum()
+        assert s.compute(x.sum()) == (data.sum(),)
 
 
 # --- the scheduler killed ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def test_one_pass_reads_each_byte_once_on_every_scheduler(npy, scheduler):
     with session(scheduler, progress=False) as s:
         x = ds.open(path, chunks=(250, 300))
         with ReadMeter(s) as meter:
-            total = s.compute(x.sum())
+            (total,) = s.compute(x.sum())
     assert total == pytest.approx(data.sum(), rel=1e-12)
     assert meter.bytes_read == data.nbytes
 
@@ -37,7 +37,7 @@ def test_workers_of_a_running_cluster_are_counted(npy, dask_cluster):
     with session(address, progress=False) as s:
         x = ds.open(path, chunks=(100, 300))
         with ReadMeter() as meter:
-            column_means = s.compute(x.mean(axis=0))
+            (column_means,) = s.compute(x.mean(axis=0))
     np.testing.assert_allclose(column_means, data.mean(axis=0), rtol=1e-12)
     assert meter.bytes_read == data.nbytes
 

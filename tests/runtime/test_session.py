@@ -94,7 +94,7 @@ def test_distributed_starts_a_local_cluster_and_closes_it(npy):
         assert address.startswith("tcp://127.0.0.1:")
         info = s.client.scheduler_info(n_workers=-1)["workers"].values()
         plan = ds.plan_chunks(SHAPE, DTYPE)
-        result = s.compute(ds.open(path).mean(axis=0, dtype="f8"))
+        (result,) = s.compute(ds.open(path).mean(axis=0, dtype="f8"))
         # Plain dask.compute also goes to the session's cluster.
         assert dask.base.get_scheduler().__self__ is s.client
     _assert_within_worker_thresholds(plan.memory_budget, info)
@@ -140,7 +140,7 @@ def test_address_joins_a_running_scheduler_and_leaves_it_running(dask_cluster, n
     with session(address, progress=False) as s:
         assert s.cluster is None
         plan = ds.plan_chunks(SHAPE, DTYPE)
-        total = s.compute(ds.open(path).sum(dtype="f8"))
+        (total,) = s.compute(ds.open(path).sum(dtype="f8"))
     # The fixture's workers: two processes of one thread, 1 GiB each.
     assert (plan.threads, plan.workers) == (1, 2)
     _assert_within_worker_thresholds(plan.memory_budget, [{"memory_limit": 2**30}])
@@ -201,7 +201,7 @@ def test_a_bar_sets_its_read_rate_beside_the_codec_limit_it_is_given(npy, capfd,
     # As if this machine read 300 kB/s: the small file's slowed tasks then read at a share of it worth reading.
     limit = dataclasses.replace(measured, per_thread=3e5, threads=1)
     with session(scheduler, progress=True) as loud:
-        total = loud.compute(_slowly(ds.open(path, chunks=(60, 90))).sum(dtype="f8"), limit=limit)
+        (total,) = loud.compute(_slowly(ds.open(path, chunks=(60, 90))).sum(dtype="f8"), limit=limit)
     assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
     final = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     rate, share = re.search(r"(\d+\.\d) MB/s, (\d+)% of a page-cache read limit here", final).groups()
@@ -227,7 +227,7 @@ def test_a_bar_names_the_operation_given_and_counts_the_bytes_of_a_single_output
     path, data = npy
     with session("threads", progress=True) as s:
         x = _slowly(ds.open(path, chunks=(60, 90)))
-        total = s.compute(x.sum(dtype="f8"), label=f"sum of {path}")
+        (total,) = s.compute(x.sum(dtype="f8"), label=f"sum of {path}")
     assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
     final = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert final.startswith(f"sum of {path}: 100%|"), final
@@ -259,7 +259,7 @@ def test_progress_without_tqdm_computes_without_a_bar(npy, capfd, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # importing it now raises ImportError
     path, data = npy
     with session("threads", progress=True) as s:
-        total = s.compute(ds.open(path).sum(dtype="f8"))
+        (total,) = s.compute(ds.open(path).sum(dtype="f8"))
     assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
     assert capfd.readouterr().err == ""
 
@@ -401,7 +401,7 @@ def test_cluster_file_budget_beats_workers_and_session_budget_beats_file(tmp_pat
     )
     with session(cluster=config, progress=False) as s:
         plan = ds.plan_chunks(SHAPE, DTYPE)
-        total = s.compute(ds.open(path).sum(dtype="f8"))
+        (total,) = s.compute(ds.open(path).sum(dtype="f8"))
         address = s.address
     assert (plan.memory_budget, plan.threads, plan.workers) == (96 * MiB, 2, 1)
     assert total == pytest.approx(data.sum(dtype="f8"), rel=1e-12)
@@ -418,7 +418,7 @@ def test_cluster_file_for_a_remote_scheduler_leaves_it_running(tmp_path, dask_cl
     with session(cluster=config, progress=False) as s:
         assert s.cluster is None
         plan = ds.plan_chunks(SHAPE, DTYPE)
-        assert s.compute(dask.delayed(sum)([1, 2])) == 3
+        assert s.compute(dask.delayed(sum)([1, 2])) == (3,)  # a tuple, as dask.compute gives
     _assert_within_worker_thresholds(plan.memory_budget, [{"memory_limit": 2**30}])
     with Client(address, timeout="10s") as again:
         assert again.submit(sum, [1, 2]).result() == 3

@@ -146,7 +146,7 @@ def test_a_cluster_that_matches_joins_and_its_versions_are_listed(dask_cluster, 
     address = _address(dask_cluster)
 
     with ds.session(address, progress=False) as s:
-        assert s.compute(ds.reduce(ds.open(_ones(tmp_path)), "sum", dtype="f8")) == 100.0
+        assert s.compute(ds.reduce(ds.open(_ones(tmp_path)), "sum", dtype="f8")) == (100.0,)
 
     by_address, by_file = _daskstream_all(["cluster", "check", address], ["cluster", "check", "--json",
                                           str(_remote_file(tmp_path, address))])  # fmt: skip

@@ -319,7 +319,7 @@ def test_a_long_computation_in_a_session_feeds_the_next_tuning(tmp_path, cache):
     path = write(tmp_path, "zarr")
     observed_chunks = (512, 1024)
     with ds.session("threads", progress=False) as s:
-        total = s.compute(ds.open(path, chunks=observed_chunks).sum())
+        (total,) = s.compute(ds.open(path, chunks=observed_chunks).sum())
     np.testing.assert_allclose(total, field().sum(dtype="f8"), rtol=1e-5)
     entries = list(cache.entries().values())
     assert len(entries) == 1
