@@ -240,13 +240,18 @@ class Tuner:
         )
         # Everything this tuning does counts against its time, from the cache lookup on.
         limits = Limits(time_budget=time_budget, sample_cap=int(fraction * self.space.nbytes), started=started)
-        refusal = limits.over_sample(sampler.sample_bytes(start, first=True))
+        first_sample = sampler.sample_bytes(start, first=True)
+        refusal = limits.over_sample(first_sample)
         if refusal is not None:
             share = f"{fraction:.0%}" if fraction < 1 else f"{fraction:g}x"
+            # The least fraction that lets the first measurement run: on an array smaller than a measurement's
+            # batches, more than the whole array (its blocks are read once per batch).
+            needed = math.ceil(100 * first_sample / max(self.space.nbytes, 1)) / 100
             why = (
                 f"not worth tuning at this size: measuring even the planner's chunks {refusal}, the "
                 f"{share} of the array that tuning may read; the planner's chunks are used and nothing is "
-                "remembered as tuned (give --sample-fraction, or daskstream.tune.sample-fraction, to measure anyway)"
+                f"remembered as tuned (give --sample-fraction {needed:g} or more, or set "
+                f"daskstream.tune.sample-fraction, to measure anyway)"
             )
             return self._result([], None, why, started, 0)
         sampler.fixed_overhead = scheduler_overhead(sampler.get, self.space.concurrency)
