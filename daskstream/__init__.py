@@ -16,6 +16,7 @@ from daskstream.compute import (
     plan_compute,
     rechunk,
 )
+from daskstream.compute.computation import install_optimizer
 from daskstream.errors import DaskstreamError
 from daskstream.labelled import open_dataset
 from daskstream.planning import ChunkPlan
@@ -29,6 +30,12 @@ from daskstream.streaming import Stream, stream
 from daskstream.tuning import TuneResult, tune
 
 __version__ = "0.1.0"
+
+# What importing daskstream changes, all of it: dask's default array optimizer becomes daskstream's, which
+# plans the passes of graphs reading daskstream sources against their budget and hands every other graph to
+# dask's own optimizer untouched (daskstream.compute.rewrite: false hands it every graph). Nothing else:
+# the allocator's arenas are capped where daskstream starts work (see daskstream.runtime.allocator).
+install_optimizer()
 
 __all__ = [
     "ChunkPlan",

@@ -61,6 +61,7 @@ from daskstream.planning.streams import (
     window_order,
     worker_share,
 )
+from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.resources import resources_for
 from daskstream.sources import Source, open_source
 from daskstream.sources.base import REREAD_ADVICE
@@ -571,6 +572,7 @@ class Stream:
     # -- iterating -------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        cap_malloc_arenas()  # the reader threads share freed memory (daskstream.compute.malloc-arenas)
         epoch, start, first = self.epoch, 0, 0
         resume, self._resume = self._resume, None
         if resume is not None and resume[0] == epoch:

@@ -44,6 +44,7 @@ from daskstream.demo import FORMATS, run_demo
 from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.graph.layers import places_read
 from daskstream.planning.budget import format_size, parse_budget
+from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.clusters import check_cluster
 from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.progress import BlockProgress, close_open_bars
@@ -383,6 +384,7 @@ def _print_versions(ctx: click.Context, _param: click.Parameter, value: bool) ->
 def main() -> None:
     """Out-of-core arrays from .npy, HDF5 and Zarr files, with storage-aligned chunks."""
     warnings.showwarning = _one_line_warning
+    cap_malloc_arenas()  # this process is daskstream's: its threads share freed memory
 
 
 _python_showwarning = warnings.showwarning

@@ -1,6 +1,6 @@
 """Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
 
-from daskstream.compute import computation, kernels
+from daskstream.compute import kernels
 from daskstream.compute.describe import Description, LazyDescription, describe
 from daskstream.compute.kernels import map_blocks
 from daskstream.compute.limits import CodecLimit, codec_limit
@@ -10,8 +10,6 @@ from daskstream.compute.rechunk import rechunk
 from daskstream.compute.reductions import OPERATIONS, histogram, reduce
 from daskstream.compute.store import store
 from daskstream.compute.store.codecs import CodecChoice, choose_codec
-
-computation.install()
 
 __all__ = [
     "OPERATIONS",

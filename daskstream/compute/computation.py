@@ -1,8 +1,11 @@
 """Whole computations: what daskstream plans before each one, and the optimizer that plans it.
 
-:func:`install` makes :func:`daskstream.graph.optimize.optimize` dask's array
-optimizer when daskstream is imported, so that every ``.compute()`` of arrays
-read from daskstream sources is planned against its memory budget.
+:func:`install_optimizer` makes :func:`daskstream.graph.optimize.optimize`
+dask's array optimizer; ``import daskstream`` calls it (in
+``daskstream/__init__.py``, the one place), so that every ``.compute()`` of
+arrays read from daskstream sources is planned against its memory budget.
+Graphs that read no daskstream source go to dask's own optimizer untouched,
+and ``daskstream.compute.rewrite: false`` sends every graph there.
 """
 
 from __future__ import annotations
@@ -11,12 +14,10 @@ from typing import Any
 
 import dask.config
 
-from daskstream import config
 from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import optimize, plan_graph
 from daskstream.planning.computation import ComputePlan
 from daskstream.planning.settings import Resources
-from daskstream.runtime.allocator import limit_malloc_arenas
 
 
 def computation_plan(collections: list[Any], resources: Resources) -> ComputePlan:
@@ -25,11 +26,10 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
     return plan_graph(graph, keys, resources)[1]
 
 
-def install() -> None:
-    """Make :func:`daskstream.graph.optimize.optimize` dask's array optimizer, unless something else
-    already is, and cap the allocator's arenas (see :mod:`daskstream.runtime.allocator`)."""
+def install_optimizer() -> None:
+    """Make :func:`daskstream.graph.optimize.optimize` dask's array optimizer by default: a default, so an
+    ``array_optimize`` a program sets itself (``dask.config.set``) still wins."""
     dask.config.update_defaults({"array_optimize": optimize})
-    limit_malloc_arenas(config.get("compute.malloc-arenas"))
 
 
-__all__ = ["computation_plan", "install"]
+__all__ = ["computation_plan", "install_optimizer"]

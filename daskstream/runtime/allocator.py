@@ -9,6 +9,11 @@ others can use: measured here, a Zarr store that holds 52 MiB at a time kept
 (``daskstream.compute.malloc-arenas``) lets freed blocks be reused across
 threads, at no measured cost in speed. Set it to ``none`` to leave the
 allocator alone; outside glibc nothing is changed.
+
+The cap is a change to the whole process, so importing daskstream makes none:
+it is set where daskstream starts work of its own (entering a
+:func:`~daskstream.session`, iterating a stream, the ``daskstream`` command),
+from the setting then in force.
 """
 
 from __future__ import annotations
@@ -18,8 +23,15 @@ import ctypes
 import ctypes.util
 import os
 
+from daskstream import config
+
 # glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
 _M_ARENA_MAX = -8
+
+
+def cap_malloc_arenas() -> int | None:
+    """Cap the arenas as ``daskstream.compute.malloc-arenas`` says (``none``: leave them); the cap set."""
+    return limit_malloc_arenas(config.get("compute.malloc-arenas"))
 
 
 def limit_malloc_arenas(setting: int | str | None) -> int | None:
@@ -47,4 +59,4 @@ def limit_malloc_arenas(setting: int | str | None) -> int | None:
     return None
 
 
-__all__ = ["limit_malloc_arenas"]
+__all__ = ["cap_malloc_arenas", "limit_malloc_arenas"]

@@ -48,6 +48,7 @@ from daskstream.graph.layers import read_layers
 from daskstream.planning.budget import parse_budget
 from daskstream.runtime import clusters
 from daskstream.runtime.addresses import check_scheduler_address
+from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.clusters import join
 from daskstream.runtime.metering import ReadMeter, process_initializer, shared_counter
 from daskstream.runtime.pools import one_process_pool
@@ -251,6 +252,7 @@ class Session:
                 self._start_distributed(stack)
             if self.memory_budget is not None:
                 stack.enter_context(dask.config.set({"daskstream.memory-budget": self.memory_budget}))
+            cap_malloc_arenas()  # the session's threads share freed memory (daskstream.compute.malloc-arenas)
             enter(self)
             stack.callback(self._deactivate)
             self._exit_stack = stack.pop_all()
