@@ -22,6 +22,7 @@ from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.labels import axes_by_name, described, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
+from daskstream.compute.store.labelled import is_dataset, store_labelled
 from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, PackedDataWarning, warn
 from daskstream.graph.layers import opened_source
 from daskstream.graph.reads import (
@@ -566,7 +567,7 @@ __all__ = ["AdaptiveRun", "as_dask_array", "describe", "open", "plan", "plan_chu
 
 
 def store(
-    x: da.Array,
+    x: Any,
     target: str | os.PathLike[str],
     *,
     adaptive: bool = False,
@@ -582,7 +583,7 @@ def store(
     Parameters
     ----------
     x
-        The array to write.
+        The array to write: a dask array, or an ``xarray.DataArray`` or ``Dataset`` (with its labels).
     target
         Where: ``"out.zarr"``, ``"out.h5::/data"``, an object-store URL.
     adaptive
@@ -610,7 +611,11 @@ def store(
     Returns
     -------
     dask.array.Array
-        The stored array, read back from the target.
+        The stored array, read back from the target. For an
+        ``xarray.DataArray`` or ``Dataset`` (written with their dimension
+        names, coordinates and attributes, as xarray writes them to Zarr:
+        :mod:`daskstream.compute.store.labelled`), what ``xr.open_zarr`` of
+        the target reads back.
 
     Examples
     --------
@@ -623,9 +628,15 @@ def store(
     >>> y.adaptation.adapted  # three rows leave no room for trials
     False
     """
-    if adaptive:
-        # The waves plan as the store does: for a budget given, else for what x was planned with.
-        array = unlabelled(x)
-        settings = settings_for(array, memory_budget=options.get("memory_budget"))
-        return adaptive_store(array, target, settings=settings, progress=progress, **options)
-    return store_as_planned(unlabelled(x), target, progress=progress, **options)
+    # The waves plan as the store does: for a budget given, else for what x (its variables) was planned with.
+    arrays = [v.data for v in x.data_vars.values()] if is_dataset(x) else [unlabelled(x)]
+    settings = settings_for(*arrays, memory_budget=options.get("memory_budget")) if adaptive else None
+
+    def store_array(array: da.Array, where: Any, **given: Any) -> da.Array:
+        if settings is not None:
+            return adaptive_store(array, where, settings=settings, progress=progress, **given)
+        return store_as_planned(array, where, progress=progress, **given)
+
+    if is_labelled(x) or is_dataset(x):
+        return store_labelled(x, target, store_array, **options)
+    return store_array(x, target, **options)

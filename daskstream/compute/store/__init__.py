@@ -73,6 +73,7 @@ def store(
     memory_budget: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
     compressor: Any = _UNSET,
+    carried: Carried | None = None,
 ) -> da.Array:
     """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
 
@@ -147,6 +148,11 @@ def store(
         sent to workers: those use their own environment or profile.
     compressor
         The earlier name of ``codec``, still taken; give one or the other.
+    carried
+        What the target keeps beside the numbers: attributes, dimension names,
+        fill value (:class:`~daskstream.compute.store.target.Carried`).
+        Default: what still holds of ``x``'s source. A DataArray's labels are
+        given here by :func:`daskstream.store`.
 
     Returns
     -------
@@ -238,6 +244,7 @@ def store(
         raise InvalidArgumentError(f"{path}: storage_options are for targets on object stores (URLs), not local paths")
     # What x was planned with (the chunks a resumed store compares with the planner's), and what the store plans
     # for: a budget given wins.
+    carried = carried or Carried.of(x)
     as_opened = settings_for(x)
     settings = as_opened if memory_budget is None else settings_for(x, memory_budget=memory_budget)
     if kind == "hdf5":
@@ -245,7 +252,7 @@ def store(
             raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
         if inner_chunks is not None:
             raise InvalidArgumentError(f"{path}: inner_chunks (shards) are for Zarr targets; HDF5 has none")
-        writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, settings.resources, Carried.of(x))
+        writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, settings.resources, carried)
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
@@ -254,10 +261,10 @@ def store(
         version: Literal[2, 3] = 2 if zarr_format == 2 else 3
         if kind == "zarr-url":
             writer = ObjectZarrTarget(
-                path, member, codec, version, Carried.of(x), inner, storage_options, resources=settings.resources
+                path, member, codec, version, carried, inner, storage_options, resources=settings.resources
             )
         else:
-            writer = ZarrTarget(path, member, codec, version, Carried.of(x), inner)
+            writer = ZarrTarget(path, member, codec, version, carried, inner)
     writer.check_sources([source for _, source, _ in read_layers(x)])
     # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
     finished = None if overwrite else writer.completed(x)

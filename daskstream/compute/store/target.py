@@ -48,6 +48,9 @@ class Carried:
     #: Per axis, the HDF5 dimension scale labelling it (a path in ``scale_file``), as ``Source.scales``.
     scales: tuple[str | None, ...] | None = None
     scale_file: str | None = None
+    #: A Zarr format 2 array is made with no fill value (``null``), not zarr's 0: xarray reads format 2 fill
+    #: values as missing, so a 0 would turn every zero of the data into NaN.
+    no_fill: bool = False
 
     def fill_for(self, dtype: np.dtype) -> Any:
         """The fill value as a scalar of ``dtype`` (a record from a tuple), or ``None`` if it is not one."""

@@ -329,6 +329,8 @@ class ZarrTarget(Target):
         fill = self.carried.fill_for(x.dtype)
         if fill is not None:
             named["fill_value"] = fill
+        elif self.carried.no_fill and self.zarr_format == 2:
+            named["fill_value"] = None
         try:
             zarr.create_array(
                 self._store(),
