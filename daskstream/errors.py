@@ -12,6 +12,7 @@ import os
 import sys
 import types
 import warnings
+from typing import Any
 
 __all__ = [
     "AttributeDecodingError",
@@ -245,6 +246,26 @@ class AttributeDecodingError(DaskstreamError, ValueError):
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none), for one-line errors."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``value``'s repr for a message (an array's as a list), shortened in the middle when longer than ``limit``
+    characters, so that a pasted 400-digit number or a long list still reads on one line.
+
+    >>> shown(10**50)
+    '100000000000...000000 (51 characters)'
+    >>> shown([1, 2])
+    '[1, 2]'
+    """
+    text = repr(value.tolist() if hasattr(value, "tolist") else value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: max(12, limit // 2 - 8)]}...{text[-6:]} ({len(text)} characters)"
 
 
 def error_chain(exc: BaseException) -> list[BaseException]:

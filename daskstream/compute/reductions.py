@@ -28,6 +28,7 @@ from daskstream.errors import (
     MemoryBudgetError,
     UnknownOperationError,
     UnsupportedDtypeError,
+    shown,
 )
 from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.planning.budget import format_size
@@ -555,7 +556,7 @@ def known_bin_edges(
     if np.ndim(bins) == 1:
         return _checked_edges(bins)
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise InvalidArgumentError(f"bins={_shown(bins)} must be a positive int or a sequence of edges")
+        raise InvalidArgumentError(f"bins={shown(bins)} must be a positive int or a sequence of edges")
     count = int(bins)
     check_bin_count(count, dtype, resources=resources)
     if bin_range is not None:
@@ -611,7 +612,7 @@ def check_bin_count(bins: int, dtype: np.dtype, *, resources: Resources) -> None
     if edge_bytes + count_bytes <= resources.per_task_bytes:
         return
     raise MemoryBudgetError(
-        f"bins={_shown(bins)} needs {_bytes(edge_bytes + count_bytes)} in every task that counts "
+        f"bins={shown(bins)} needs {_bytes(edge_bytes + count_bytes)} in every task that counts "
         f"({_bytes(edge_bytes)} of edges and {_bytes(count_bytes)} of counts), more than the "
         f"{format_size(resources.per_task_bytes)} one task may hold (memory_budget="
         f"{format_size(resources.memory_budget)} shared by {resources.threads} thread(s)); give fewer bins"
@@ -624,12 +625,12 @@ def _checked_edges(bins: Any) -> np.ndarray:
     edges = np.asarray(bins)
     hint = "give at least two increasing, finite numbers, e.g. bins=[0, 0.5, 1]"
     if edges.dtype.kind not in "iuf":
-        raise InvalidArgumentError(f"bins={_shown(bins)}: edges must be numbers; {hint}")
+        raise InvalidArgumentError(f"bins={shown(bins)}: edges must be numbers; {hint}")
     # Compared, not differenced: a difference of unsigned edges wraps around instead of going negative.
     if edges.size < 2 or np.any(edges[1:] < edges[:-1]):
-        raise InvalidArgumentError(f"bins={_shown(bins)}: edges must be at least two, increasing; {hint}")
+        raise InvalidArgumentError(f"bins={shown(bins)}: edges must be at least two, increasing; {hint}")
     if edges.dtype.kind == "f" and not np.all(np.isfinite(edges)):
-        raise InvalidArgumentError(f"bins={_shown(bins)}: edges must be finite; {hint}")
+        raise InvalidArgumentError(f"bins={shown(bins)}: edges must be finite; {hint}")
     return edges
 
 
@@ -639,16 +640,16 @@ def _checked_range(bin_range: Any) -> tuple[float, float]:
     try:
         low, high = (float(value) for value in bin_range)
     except OverflowError:  # an int beyond any float
-        raise InvalidArgumentError(f"range={_shown(bin_range)} must be finite; {hint}") from None
+        raise InvalidArgumentError(f"range={shown(bin_range)} must be finite; {hint}") from None
     except (TypeError, ValueError):
-        raise InvalidArgumentError(f"range={_shown(bin_range)} is not two numbers; {hint}") from None
+        raise InvalidArgumentError(f"range={shown(bin_range)} is not two numbers; {hint}") from None
     if not (math.isfinite(low) and math.isfinite(high)):
-        raise InvalidArgumentError(f"range={_shown(bin_range)} must be finite; {hint}")
+        raise InvalidArgumentError(f"range={shown(bin_range)} must be finite; {hint}")
     if low > high:
-        raise InvalidArgumentError(f"range={_shown(bin_range)}: the first value must not exceed the second; {hint}")
+        raise InvalidArgumentError(f"range={shown(bin_range)}: the first value must not exceed the second; {hint}")
     if not math.isfinite(high - low):
         raise InvalidArgumentError(
-            f"range={_shown(bin_range)} is wider than the largest float64 ({np.finfo('f8').max:g}); {hint}"
+            f"range={shown(bin_range)} is wider than the largest float64 ({np.finfo('f8').max:g}); {hint}"
         )
     return low, high
 
@@ -690,12 +691,6 @@ def _bytes(nbytes: int) -> str:
     if nbytes >= 2**100:
         return f"more than 2**{nbytes.bit_length() - 1} bytes"
     return format_size(nbytes)
-
-
-def _shown(value: Any) -> str:
-    """``value``'s repr for a message, shortened when it is too long to read (a pasted 400-digit int)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
 
 
 def _chunk_counts(block: np.ndarray, edges: np.ndarray) -> np.ndarray:

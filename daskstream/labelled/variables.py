@@ -23,11 +23,12 @@ from daskstream.errors import (
     InvalidArgumentError,
     MemberNotFoundError,
     UnknownFormatError,
+    first_line,
+    shown,
 )
 from daskstream.graph.reads import ChunksSpec
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source, open_source
-from daskstream.sources.base import first_line
 from daskstream.sources.contiguous import ObjectBytes, ObjectFile
 from daskstream.sources.detect import guess_format, is_url, local_path
 from daskstream.sources.objects import Place
@@ -165,19 +166,14 @@ def _check_packing(where: str, name: str, variable: Any) -> None:
         value = np.asarray(variable.attrs[attribute])
         if value.dtype.kind not in "biuf":
             raise AttributeDecodingError(
-                f"{where}: variable {name!r} has {attribute} {_shown(variable.attrs[attribute])}, which is not a "
+                f"{where}: variable {name!r} has {attribute} {shown(variable.attrs[attribute], 60)}, which is not a "
                 f"number; {advice}"
             )
         if attribute in _PACKING and value.size != 1:
             raise AttributeDecodingError(
-                f"{where}: variable {name!r} has {value.size} values of {attribute} ({_shown(value)}) where CF "
+                f"{where}: variable {name!r} has {value.size} values of {attribute} ({shown(value, 60)}) where CF "
                 f"takes one number; {advice}"
             )
-
-
-def _shown(value: Any) -> str:
-    text = repr(value.tolist() if hasattr(value, "tolist") else value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _decoding_error(

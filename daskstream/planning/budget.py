@@ -7,7 +7,7 @@ from numbers import Integral, Real
 
 from dask.utils import format_bytes, parse_bytes
 
-from daskstream.errors import InvalidBudgetError
+from daskstream.errors import InvalidBudgetError, shown
 
 #: The largest budget :func:`parse_budget` accepts: 1 EiB (1024 PiB, ``2**60`` bytes). The largest
 #: machines hold a few TiB of memory, a million times less, so a budget beyond this is a
@@ -36,7 +36,6 @@ def plannable_bytes(memory_budget: int) -> int:
 
 
 # Longer reprs (a pasted 400-digit int) are shortened in messages, which are one line.
-_SHOWN_CHARS = 40
 
 
 def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> int:
@@ -69,29 +68,29 @@ def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> in
     >>> parse_budget(4096)
     4096
     """
-    shown = _shown(value)
+    text = shown(value)
     hint = f'give {name} as bytes (an int) or a string with a unit, e.g. "512MiB" or "2GiB"'
     if isinstance(value, bool) or not isinstance(value, (Integral, Real, str)):
-        raise InvalidBudgetError(f"{name}={shown} is not a size; {hint}")
+        raise InvalidBudgetError(f"{name}={text} is not a size; {hint}")
     if isinstance(value, str) and not value.strip():
         # dask reads text without a number as one of its unit ("" is 1 byte, "MB" one megabyte).
-        raise InvalidBudgetError(f"{name}={shown} is empty; {hint}")
+        raise InvalidBudgetError(f"{name}={text} is empty; {hint}")
     if _is_infinite_or_nan(value):
-        raise InvalidBudgetError(f"{name}={shown} is not a finite size; {hint}")
+        raise InvalidBudgetError(f"{name}={text} is not a finite size; {hint}")
     if isinstance(value, Integral):
         nbytes = int(value)  # exact, however large: compared with the limit below
     else:
         try:
             nbytes = int(parse_bytes(float(value) if isinstance(value, Real) else value))
         except OverflowError as exc:  # "1e400 kB" is a float infinity once read
-            raise InvalidBudgetError(f"{name}={shown} is not a finite size; {hint}") from exc
+            raise InvalidBudgetError(f"{name}={text} is not a finite size; {hint}") from exc
         except (ValueError, TypeError) as exc:
-            raise InvalidBudgetError(f"{name}={shown} is not a size; {hint}") from exc
+            raise InvalidBudgetError(f"{name}={text} is not a size; {hint}") from exc
     if nbytes <= 0:
-        raise InvalidBudgetError(f"{name}={shown} must be more than 0 bytes; {hint}")
+        raise InvalidBudgetError(f"{name}={text} must be more than 0 bytes; {hint}")
     if nbytes > MAX_BUDGET_BYTES:
         raise InvalidBudgetError(
-            f"{name}={shown} is more than 1 EiB (1024 PiB, 2**60 bytes), the most daskstream accepts and "
+            f"{name}={text} is more than 1 EiB (1024 PiB, 2**60 bytes), the most daskstream accepts and "
             f"more memory than any machine has; {hint}"
         )
     return nbytes
@@ -114,11 +113,3 @@ def _is_infinite_or_nan(value: Real | str) -> bool:
         return not math.isfinite(float(value))
     except (ValueError, OverflowError):
         return False  # text with a unit, which dask reads
-
-
-def _shown(value: object) -> str:
-    """``value``'s repr for a message, shortened when it is too long to read."""
-    text = repr(value)
-    if len(text) <= _SHOWN_CHARS:
-        return text
-    return f"{text[:12]}...{text[-6:]} ({len(text)} characters)"

@@ -23,6 +23,8 @@ import ctypes
 import ctypes.util
 import os
 
+from dask.system import cpu_count
+
 from daskstream import config
 
 # glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
@@ -43,11 +45,9 @@ def limit_malloc_arenas(setting: int | str | None) -> int | None:
     if setting in (None, "none", 0):
         return None
     if setting == "auto":
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux: no glibc
+        if not hasattr(os, "sched_getaffinity"):  # not Linux: no glibc
             return None
-        setting = max(2, cpus)
+        setting = max(2, cpu_count())  # the usable CPUs: affinity and cgroup quota counted
     count = int(setting)
     name = ctypes.util.find_library("c")
     if name is None:

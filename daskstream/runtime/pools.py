@@ -19,6 +19,7 @@ from typing import Any
 
 import dask
 import dask.multiprocessing
+from dask.system import cpu_count
 
 from daskstream.runtime.schedulers import uses_processes
 from daskstream.runtime.stopping import ctrl_c_kept_from_children
@@ -40,7 +41,7 @@ def one_process_pool() -> Iterator[None]:
         dask.multiprocessing.initialize_worker_process,
         user_initializer=dask.config.get("multiprocessing.initializer", None),
     )
-    workers = dask.config.get("num_workers", None) or os.cpu_count() or 1
+    workers = dask.config.get("num_workers", None) or max(1, cpu_count())  # as dask's own pool counts them
     context = without_ctrl_c(dask.multiprocessing.get_context())
     with (
         worker_hash_seed(),

@@ -508,11 +508,6 @@ def to_native(array: np.ndarray) -> np.ndarray:
     return array.view(native(array.dtype))
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none), for one-line errors."""
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
 def listing(names: list[str], *, empty: str = "nothing", limit: int = 20) -> str:
     """Names for an error message, shortened after ``limit``.
 

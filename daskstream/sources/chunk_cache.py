@@ -16,23 +16,22 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
 import numpy as np
+from dask.system import cpu_count
+
+from daskstream.caches import LeastRecentlyUsed
 
 _active = threading.local()
-_lock = threading.Lock()
-_kept: OrderedDict[Hashable, np.ndarray] = OrderedDict()
 
 
 def capacity() -> int:
     """Decoded chunks one process keeps: four per usable CPU (a block's two halo chunks and its two ends)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return 4 * cpus
+    return 4 * max(1, cpu_count())  # dask's count: affinity and cgroup quota counted
+
+
+_kept: LeastRecentlyUsed[np.ndarray] = LeastRecentlyUsed(capacity)
 
 
 @contextlib.contextmanager
@@ -66,32 +65,26 @@ def on_surface(grid: tuple[int, ...], first: tuple[int, ...], last: tuple[int, .
 
 def kept(key: Hashable) -> np.ndarray | None:
     """The decoded chunk kept under ``key``, when keeping is active and it is there."""
-    if not active():
-        return None
-    with _lock:
-        chunk = _kept.get(key)
-        if chunk is not None:
-            _kept.move_to_end(key)
-        return chunk
+    return _kept.get(key) if active() else None
 
 
 def keep(key: Hashable, chunk: np.ndarray) -> None:
     """Keep a decoded chunk (read-only to whoever takes it), when keeping is active."""
-    if not active():
-        return
-    with _lock:
-        _kept[key] = chunk
-        _kept.move_to_end(key)
-        while len(_kept) > capacity():
-            _kept.popitem(last=False)
+    if active():
+        _kept.put(key, chunk)
 
 
 def forget() -> None:
     """Drop every kept chunk (their sources were reopened or changed)."""
-    with _lock:
-        _kept.clear()
+    _kept.clear()
 
 
-os.register_at_fork(after_in_child=forget)
+def _fresh_in_child() -> None:
+    # The parent's chunks go, and with them a lock another of its threads may have held at the fork.
+    global _kept
+    _kept = LeastRecentlyUsed(capacity)
+
+
+os.register_at_fork(after_in_child=_fresh_in_child)
 
 __all__ = ["capacity", "forget", "keep", "keeping_decoded_chunks", "kept", "on_surface"]

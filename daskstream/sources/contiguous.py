@@ -26,12 +26,12 @@ import math
 import mmap
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from daskstream.caches import LeastRecentlyUsed
 from daskstream.errors import DaskstreamError, SourceChangedError, SourceNotFoundError, SourceRemovedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, to_native
@@ -247,7 +247,7 @@ class ObjectFile(io.RawIOBase):
         self.max_blocks = max_blocks
         self.failure: BaseException | None = None
         self._position = 0
-        self._blocks: OrderedDict[int, Any] = OrderedDict()
+        self._blocks: LeastRecentlyUsed[Any] = LeastRecentlyUsed(max_blocks)
         self._lock = threading.Lock()
 
     def readable(self) -> bool:
@@ -291,15 +291,14 @@ class ObjectFile(io.RawIOBase):
         wanted = range(start // size, (stop - 1) // size + 1)
         missing = [b for b in wanted if b not in self._blocks]
         runs = [(b * size, min((b + 1) * size, self.data.size)) for b in missing]
-        for b, data in zip(missing, self.data.read_runs(runs)):
-            self._blocks[b] = data
+        fetched = dict(zip(missing, self.data.read_runs(runs)))
         for b in wanted:
-            self._blocks.move_to_end(b)
-            block = self._blocks[b]
+            block = fetched[b] if b in fetched else self._blocks.get(b)
+            assert block is not None  # kept since the check above: this file's lock is held
             lo, hi = max(start, b * size), min(stop, (b + 1) * size)
             view[lo - start : hi - start] = block[lo - b * size : hi - b * size]
-        while len(self._blocks) > self.max_blocks:
-            self._blocks.popitem(last=False)
+        for b, data in fetched.items():
+            self._blocks.put(b, data)
 
 
 def read_contiguous_box(

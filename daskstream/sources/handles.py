@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from daskstream import config
+from daskstream.caches import LeastRecentlyUsed
 from daskstream.sources.chunk_cache import forget
 
-_handles: OrderedDict[Hashable, Any] = OrderedDict()
-_lock = threading.Lock()  # guards the table and the per-key locks; never held while a file opens
+_handles: LeastRecentlyUsed[Any] = LeastRecentlyUsed(lambda: config.setting("sources.max-open-files"))
+_lock = threading.Lock()  # guards the per-key locks; never held while a file opens
 _opening: dict[Hashable, threading.Lock] = {}
 
 
@@ -37,31 +37,26 @@ def cached_handle(key: Hashable, opener: Callable[[], Any]) -> Any:
     ``opener`` runs under ``key``'s own lock only, so it may open other
     handles (an HDF5 chunk index opens its file) and other keys open meanwhile.
     """
+    handle = _handles.get(key)
+    if handle is not None:
+        return handle
     with _lock:
-        if key in _handles:
-            _handles.move_to_end(key)
-            return _handles[key]
         key_lock = _opening.setdefault(key, threading.Lock())
     with key_lock:
-        with _lock:
-            if key in _handles:  # opened by the thread this one waited for
-                _handles.move_to_end(key)
-                return _handles[key]
+        handle = _handles.get(key)
+        if handle is not None:  # opened by the thread this one waited for
+            return handle
         handle = opener()
+        # Past the bound, the least recently used is let go of; it closes when no task holds it any more.
+        _handles.put(key, handle)
         with _lock:
-            _handles[key] = handle
             _opening.pop(key, None)
-            limit = _max_open()
-            while len(_handles) > limit:
-                # Let go of the least recently used; it closes when no task holds it any more.
-                _handles.popitem(last=False)
     return handle
 
 
 def open_handle_count() -> int:
     """Handles this process's cache holds now."""
-    with _lock:
-        return len(_handles)
+    return len(_handles)
 
 
 def forget_handles() -> None:
@@ -73,23 +68,17 @@ def forget_handles() -> None:
     """
 
     forget()
-    with _lock:
-        handles = list(_handles.values())
-        _handles.clear()
+    handles = _handles.clear()
     for handle in handles:
         close = getattr(handle, "close", None)
         if close is not None:
             close()
 
 
-def _max_open() -> int:
-    return config.setting("sources.max-open-files")
-
-
 def _clear_in_child() -> None:
-    # The parent's handles (and possibly-held locks) must not be used after fork.
-    global _lock, _opening
-    _handles.clear()
+    # The parent's handles (and possibly-held locks, the cache's own among them) must not be used after fork.
+    global _handles, _lock, _opening
+    _handles = LeastRecentlyUsed(lambda: config.setting("sources.max-open-files"))
     _lock = threading.Lock()
     _opening = {}
 

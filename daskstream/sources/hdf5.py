@@ -27,6 +27,7 @@ from daskstream.errors import (
     MissingDependencyError,
     NotAnArrayError,
     UnsupportedDtypeError,
+    first_line,
 )
 from daskstream.sources.base import (
     Region,
@@ -34,7 +35,6 @@ from daskstream.sources.base import (
     checked_element,
     checked_shape,
     file_stamp,
-    first_line,
     listing,
     native,
     now_ns,

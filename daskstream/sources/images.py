@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from dask.system import cpu_count
 
 from daskstream.display import card, table
 from daskstream.errors import (
@@ -213,11 +214,8 @@ def open_images(
 
 def _checked_threads(threads: Any) -> int:
     if threads is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # macOS and Windows have no sched_getaffinity
-            cpus = os.cpu_count() or 1
-        return max(1, min(cpus, _MOST_DEFAULT_THREADS))
+        # dask's count of the usable CPUs: affinity and cgroup quota counted.
+        return max(1, min(cpu_count(), _MOST_DEFAULT_THREADS))
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise InvalidArgumentError(f"threads={threads!r}: give a positive number of threads, or None")
     return threads

@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import CorruptSourceError
+from daskstream.errors import CorruptSourceError, first_line
 from daskstream.planning.budget import format_size
-from daskstream.sources.base import first_line
 from daskstream.sources.detect import guess_format
 from daskstream.sources.hdf5 import filter_names, hdf5_type_text, import_h5py, unreadable_type_text
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, json_ready, zarr_attrs, zarr_dims

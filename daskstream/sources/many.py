@@ -27,11 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.errors import FileFamilyError, InvalidArgumentError, MemberNotFoundError, SourceNotFoundError
+from daskstream.errors import (
+    FileFamilyError,
+    InvalidArgumentError,
+    MemberNotFoundError,
+    SourceNotFoundError,
+    first_line,
+)
 from daskstream.files import open_regular
 from daskstream.planning.grid import normalize_axes
 from daskstream.sources import open_source
-from daskstream.sources.base import Region, Source, checked_path, file_stamp, first_line, now_ns
+from daskstream.sources.base import Region, Source, checked_path, file_stamp, now_ns
 from daskstream.sources.detect import is_url, split_dataset
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5 import HDF5_MAGIC, Hdf5Source

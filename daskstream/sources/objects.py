@@ -38,6 +38,7 @@ from daskstream.errors import (
     SourceNotFoundError,
     SourcePermissionError,
     error_chain,
+    first_line,
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.object_requests import (
@@ -428,8 +429,8 @@ def _with_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+    """The exception's type and the first line of its message (200 characters at most)."""
+    return f"{type(exc).__name__}: {first_line(exc).strip()[:200]}" if str(exc).strip() else type(exc).__name__
 
 
 def _endpoint(options: dict[str, Any]) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from daskstream.caches import LeastRecentlyUsed
 from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
@@ -137,8 +138,7 @@ class ZarrChunkReader:
         self.chunks = chunks
         self.shards = shards
         # Shard indexes read from object stores, by object and version: each costs a request to read again.
-        self._indexes: dict[Any, np.ndarray] = {}
-        self._index_bytes = 0
+        self._indexes: LeastRecentlyUsed[np.ndarray] = LeastRecentlyUsed(KEPT_INDEX_BYTES, lambda i: i.nbytes)
         self.root = chunks.root
         self.chunk_key = chunk_key
         self.storage_chunks = storage_chunks
@@ -208,15 +208,8 @@ class ZarrChunkReader:
             if index is None:
                 index = self.shards.read_index(shard)
                 if shard.identity is not None:
-                    self._keep_index(shard.identity, index)
+                    self._indexes.put(shard.identity, index)
             self.shards.read(shard, inside, into, self.fill_value, index)
-
-    def _keep_index(self, identity: Any, index: np.ndarray) -> None:
-        while self._indexes and self._index_bytes + index.nbytes > KEPT_INDEX_BYTES:
-            oldest = next(iter(self._indexes))  # first kept, first dropped
-            self._index_bytes -= self._indexes.pop(oldest).nbytes
-        self._indexes[identity] = index
-        self._index_bytes += index.nbytes
 
     @staticmethod
     @contextlib.contextmanager

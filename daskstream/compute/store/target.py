@@ -21,10 +21,11 @@ from daskstream.errors import (
     TargetMismatchError,
     TargetWriteError,
     UnknownFormatError,
+    first_line,
 )
 from daskstream.graph.layers import read_layers
 from daskstream.runtime.schedulers import scheduler_kind
-from daskstream.sources.base import Source, file_stamp, first_line, native
+from daskstream.sources.base import Source, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format
 from daskstream.sources.hdf5 import import_h5py
 from daskstream.sources.zarr_ import is_url

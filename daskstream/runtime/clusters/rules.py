@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 import psutil
 
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import InvalidArgumentError, shown
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, listen_points, split_host_port, valid_host
 
 if TYPE_CHECKING:
@@ -199,23 +199,18 @@ def _screen_section(section: Mapping, path: tuple[str, ...], problems: list[tupl
         if rule is not None:
             problem = rule(value)
             if problem is not None:
-                problems.append((f"{dotted} = {_shown(value)}", problem))
+                problems.append((f"{dotted} = {shown(value, 120)}", problem))
             continue
         if isinstance(value, Mapping) and value:
             _screen_section(value, here, problems)
             continue
         if canonical in _SECTIONS:
             if not (value is None or isinstance(value, Mapping)):
-                problems.append((f"{dotted} = {_shown(value)}", _Problem("must be a mapping of settings", None)))
+                problems.append((f"{dotted} = {shown(value, 120)}", _Problem("must be a mapping of settings", None)))
             continue
         problem = _unlisted(canonical)
         if problem is not None:
-            problems.append((f"{dotted} = {_shown(value)}", problem))
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
+            problems.append((f"{dotted} = {shown(value, 120)}", problem))
 
 
 def _rule_for(canonical: str) -> _Rule | None:
