@@ -233,6 +233,10 @@ def test_advice_names_the_commands_flags_not_pythons_keywords(npy, tmp_path):
     np.save(other, np.zeros((7, 3)))
     line = assert_one_line_error(invoke("store", str(other), target, "--quiet"), "pass --overwrite")
     assert "overwrite=True" not in line
+    # A store's dataset= is the target's: its flag is --target-dataset, not the source's --dataset.
+    h5 = str(tmp_path / "out.h5")
+    line = assert_one_line_error(invoke("store", npy, h5, "--quiet"), "or --target-dataset /name")
+    assert " --dataset" not in line
 
 
 @pytest.mark.parametrize(

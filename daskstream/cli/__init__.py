@@ -34,7 +34,7 @@ from daskstream.cli.output import (
     table_lines,
     write_arrays,
 )
-from daskstream.cli.words import in_cli_words
+from daskstream.cli.words import in_cli_words, spelled
 from daskstream.compute.describe import QUARTILES, STATISTICS
 from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, codec_limit
 from daskstream.compute.store import stored_bytes, target_format
@@ -196,7 +196,8 @@ class _PlainDumper(yaml.SafeDumper):
 
 def _fail(error: DaskstreamError, command: click.Command | None) -> NoReturn:
     """``error`` as one line on stderr, in ``command``'s words where one ran, and exit status 2."""
-    click.echo(f"daskstream: error: {_one_line(in_cli_words(str(error), command))}", err=True)
+    flags = getattr(error, "cli_flags", None)
+    click.echo(f"daskstream: error: {_one_line(in_cli_words(str(error), command, flags))}", err=True)
     sys.exit(2)
 
 
@@ -1081,20 +1082,21 @@ def store(
                 x, target, target_dataset, overwrite, optimize, int(zarr_format), quiet, as_json
             )
         tally = _StoreTally(None if quiet else BlockProgress(f"store {target}", int(x.nbytes)))
-        stored = ds.store(
-            x,
-            target,
-            dataset=target_dataset,
-            resume=resume,
-            overwrite=overwrite,
-            codec=None if compressor == "none" else compressor,
-            optimize=optimize,
-            zarr_format=int(zarr_format),
-            inner_chunks=_sizes(inner_chunks, "--inner-chunks"),
-            progress=tally,
-            storage_options=target_options,
-            adaptive=adaptive,
-        )
+        with spelled(dataset="--target-dataset", storage_options="--target-storage-option"):
+            stored = ds.store(
+                x,
+                target,
+                dataset=target_dataset,
+                resume=resume,
+                overwrite=overwrite,
+                codec=None if compressor == "none" else compressor,
+                optimize=optimize,
+                zarr_format=int(zarr_format),
+                inner_chunks=_sizes(inner_chunks, "--inner-chunks"),
+                progress=tally,
+                storage_options=target_options,
+                adaptive=adaptive,
+            )
     adaptation = getattr(stored, "adaptation", None)
     _print_store_summary(tally, x, source, target, target_dataset, as_json, choice, target_options, adaptation)
 
@@ -1294,9 +1296,11 @@ def convert(
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
         tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
-        stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
-                          inner_chunks=_sizes(inner_chunks, "--inner-chunks"), storage_options=target_options,
-                          adaptive=adaptive)  # fmt: skip
+        # The target's options, as the convert command names them.
+        with spelled(storage_options="--target-storage-option"):
+            stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
+                              inner_chunks=_sizes(inner_chunks, "--inner-chunks"), storage_options=target_options,
+                              adaptive=adaptive)  # fmt: skip
     adaptation = getattr(stored, "adaptation", None)
     _print_store_summary(tally, x, source, target, None, as_json, choice, target_options, adaptation)
 

@@ -21,9 +21,13 @@ the library wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import click
+
+from daskstream.errors import DaskstreamError
 
 # A keyword argument as the library's messages write it: the name, "=", and a value when one follows:
 # a parenthesised tuple, a quoted string or a bare word or number. Not preceded by a word character or a
@@ -87,11 +91,29 @@ def _shown(flag: str, value: str | None) -> str:
     return f"{flag} {text}" if text else f"{flag} ''"
 
 
-def in_cli_words(message: str, command: click.Command | None) -> str:
-    """``message`` with the Python keywords that are options of ``command`` written as its flags."""
+@contextlib.contextmanager
+def spelled(**flags: str) -> Iterator[None]:
+    """Say which of the command's flags the keywords of the library call inside stand for, where the command's
+    own names would mislead: ``with spelled(dataset="--target-dataset"): ds.store(...)``, so that a store's
+    ``dataset=`` advice names the target's flag, not the source's ``--dataset``. Kept on the errors raised
+    inside (``cli_flags``), for :func:`in_cli_words`."""
+    try:
+        yield
+    except DaskstreamError as exc:
+        exc.cli_flags = {**flags, **getattr(exc, "cli_flags", {})}  # type: ignore[attr-defined]
+        raise
+
+
+def in_cli_words(message: str, command: click.Command | None, flags: dict[str, str] | None = None) -> str:
+    """``message`` with the Python keywords that are options of ``command`` written as its flags;
+    ``flags``: keywords that stand for other flags of it than their names (see :func:`spelled`)."""
     if command is None:
         return message
     options = _options(command)
+    for name, flag in (flags or {}).items():
+        option = next((p for p in command.params if isinstance(p, click.Option) and flag in p.opts), None)
+        if option is not None:
+            options[name] = (option, flag)
     if not options:
         return message
 
@@ -123,4 +145,4 @@ def in_cli_words(message: str, command: click.Command | None) -> str:
     return _NAME.sub(named, message)
 
 
-__all__ = ["in_cli_words"]
+__all__ = ["in_cli_words", "spelled"]
