@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 Value = TypeVar("Value")
@@ -76,6 +76,10 @@ class LeastRecentlyUsed(Generic[Value]):
     def keys(self) -> list[Hashable]:
         with self._lock:
             return list(self._values)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        """The keys kept now (a copy: other threads may change what is kept meanwhile)."""
+        return iter(self.keys())
 
     def __len__(self) -> int:
         with self._lock:

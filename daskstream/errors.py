@@ -262,7 +262,8 @@ def shown(value: Any, limit: int = 40) -> str:
     >>> shown([1, 2])
     '[1, 2]'
     """
-    text = repr(value.tolist() if hasattr(value, "tolist") else value)
+    # Arrays as lists ([1, 2] rather than array([1, 2])); scalars as numpy writes them (np.float64(nan)).
+    text = repr(value.tolist() if getattr(value, "ndim", 0) and hasattr(value, "tolist") else value)
     if len(text) <= limit:
         return text
     return f"{text[: max(12, limit // 2 - 8)]}...{text[-6:]} ({len(text)} characters)"
