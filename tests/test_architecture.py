@@ -142,7 +142,11 @@ RESOLVERS = {
 RESOLVING_MODULES = {
     "runtime/resources.py": "the resolvers themselves",
     "runtime/session.py": "a session sets daskstream.memory-budget and finds the resources of its place",
-    "cli/__init__.py": "the CLI's commands take their options as typed and call the public API",
+    # The command's modules: each command takes its options as typed and calls the public API.
+    "cli/options.py": "the sessions every command opens from its --scheduler, --cluster and --memory-budget",
+    "cli/planning.py": "the plan and tune commands take their options as typed and call the public API",
+    "cli/reductions.py": "the reduce and describe commands take their options as typed and call the public API",
+    "cli/stores.py": "the store and convert commands take their options as typed and call the public API",
 }
 
 # Functions that may, each an entry point: where a call enters daskstream.
