@@ -124,18 +124,13 @@ class ObjectShard:
             raise self._changed("shorter than when opened") from exc
         for position, got in enumerate(gots):
             if got.data is None:
-                raise SourceRemovedError(
-                    f"{self.name}: chunk object {self.key!r} was deleted after the store was opened; {REREAD_ADVICE}"
-                )
+                raise _deleted_error(self.name, self.key)
             if (got.version is not None and got.version != self.version) or got.size not in (None, self.size):
                 raise self._changed(f"version {self.version} when opened, {got.version} now")
             yield position, got.data
 
     def _changed(self, how: str) -> SourceChangedError:
-        return SourceChangedError(
-            f"{self.name}: chunk object {self.key!r} was rewritten after the store was opened ({how}), so this "
-            f"computation would mix old and new data; {REREAD_ADVICE}"
-        )
+        return _object_written_error(self.name, self.key, f"rewritten ({how})")
 
 
 class ChunkObjects:
@@ -173,19 +168,12 @@ class ChunkObjects:
             key = keys[position]
             expected = listed.get(key)
             if got.data is None and expected is not None:
-                raise SourceRemovedError(
-                    f"{name}: chunk object {key!r} was deleted after the store was opened; {REREAD_ADVICE}"
-                )
+                raise _deleted_error(name, key)
             if got.data is not None and (expected is None or (got.version is not None and got.version != expected)):
-                raise SourceChangedError(
-                    f"{name}: chunk object {key!r} was "
-                    + (
-                        "written"
-                        if expected is None
-                        else f"rewritten (version {expected} when opened, {got.version} now)"
-                    )
-                    + f" after the store was opened, so this computation would mix old and new data; {REREAD_ADVICE}"
+                how = (
+                    "written" if expected is None else f"rewritten (version {expected} when opened, {got.version} now)"
                 )
+                raise _object_written_error(name, key, how)
             if got.data is not None:
                 check_chunk_size(name, key, len(got.data), self.largest)
             yield position, got.data
@@ -273,6 +261,18 @@ def _written_since(st: os.stat_result, since_ns: int) -> bool:
     machine whose clock runs ahead) tells nothing.
     """
     return since_ns < st.st_ctime_ns <= time.time_ns()
+
+
+def _object_written_error(name: str, key: str, how: str) -> SourceChangedError:
+    """A chunk object ``how`` ("written", "rewritten (...)") since its store was opened."""
+    return SourceChangedError(
+        f"{name}: chunk object {key!r} was {how} after the store was opened, so this computation would mix "
+        f"old and new data; {REREAD_ADVICE}"
+    )
+
+
+def _deleted_error(name: str, key: str) -> SourceRemovedError:
+    return SourceRemovedError(f"{name}: chunk object {key!r} was deleted after the store was opened; {REREAD_ADVICE}")
 
 
 def _written_error(name: str, key: str) -> SourceChangedError:

@@ -188,14 +188,21 @@ class ShardLayout:
     def read_whole(self, shard: Any, inside: Region, into: np.ndarray, fill: Any) -> None:
         """Fill ``into`` with ``inside`` from a whole shard's bytes already read (its inner chunks sliced out
         without copies)."""
-        view = memoryview(shard).cast("B")
-        start, stop = self.index_range(len(view))
-        index = self.index(view[start:stop], len(view))
-        runs, absent = self.runs(index, inside)
-        for target in absent:
-            into[target] = fill
-        for run in runs:
-            self.decode_run(view[run.start : run.stop], run, into)
+        self.read(ReadShard(shard), inside, into, fill, None)
+
+
+class ReadShard:
+    """A shard's bytes already in memory, read by range as views of them."""
+
+    identity = None
+
+    def __init__(self, data: Any) -> None:
+        self.view = memoryview(data).cast("B")
+        self.size = len(self.view)
+
+    def read(self, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, Any]]:
+        for position, (start, stop) in enumerate(ranges):
+            yield position, self.view[start:stop]
 
 
 __all__ = ["EMPTY", "Run", "ShardBytes", "ShardLayout"]
