@@ -13,16 +13,18 @@ the new file is whole (see :mod:`daskstream.safe_writes`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 import json
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from daskstream.compute.description import format_number, summarised
+from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, CodecLimit
 from daskstream.errors import DaskstreamError, InvalidArgumentError
 from daskstream.files import open_regular
 from daskstream.safe_writes import check_replaceable, refuse_onto_reads, written_whole
@@ -193,8 +195,38 @@ def format_exact(value: Any) -> str:
     return str(np.asarray(value)[()])
 
 
+@dataclasses.dataclass(frozen=True)
+class RateBesideLimit:
+    """A command's rate (bytes a second read or written) and the codec's limit it is set beside, where enough
+    was moved to say more about the data than about starting (``None`` for each where there is nothing to say)."""
+
+    rate: float | None = None
+    limit: CodecLimit | None = None
+
+    @classmethod
+    def of(cls, nbytes: int, seconds: float, find_limit: Callable[[], CodecLimit | None]) -> RateBesideLimit:
+        """The rate of ``nbytes`` in ``seconds``, and the limit ``find_limit`` gives (asked only when shown)."""
+        if nbytes < LIMIT_SHOWN_FROM_BYTES:
+            return cls()
+        return cls(nbytes / max(seconds, 1e-9), find_limit())
+
+    def text(self) -> str:
+        """``" at 0.24 GB/s, 57% of zstd 3's encode limit here"``, or ``""``."""
+        return "" if self.limit is None or self.rate is None else f" at {self.limit.beside(self.rate)}"
+
+    def json(self) -> dict[str, Any]:
+        """``GBps`` and ``limit`` (the limit's facts and the rate's share of it) for ``--json``."""
+        limit = (
+            None
+            if self.limit is None or self.rate is None
+            else {**self.limit.to_dict(), "share": self.limit.share(self.rate)}
+        )
+        return {"GBps": None if self.rate is None else self.rate / 1e9, "limit": limit}
+
+
 __all__ = [
     "OUT_SUFFIXES",
+    "RateBesideLimit",
     "check_out",
     "format_exact",
     "histogram_lines",

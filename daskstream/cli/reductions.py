@@ -23,6 +23,7 @@ from daskstream.cli.options import (
     within_int64,
 )
 from daskstream.cli.output import (
+    RateBesideLimit,
     check_out,
     format_exact,
     histogram_lines,
@@ -32,7 +33,7 @@ from daskstream.cli.output import (
     write_arrays,
 )
 from daskstream.compute.describe import QUARTILES, STATISTICS
-from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, codec_limit
+from daskstream.compute.limits import codec_limit
 from daskstream.graph.layers import places_read
 from daskstream.planning.budget import format_size
 from daskstream.runtime.metering import ReadMeter
@@ -141,9 +142,7 @@ def reduce_command(
         seconds = time.perf_counter() - start
         threads = s.resources().threads
     # A rate set beside the codec's limit where the read was long enough to say more than its overheads.
-    read_bytes = meter.bytes_read or 0
-    rate = None if read_bytes < LIMIT_SHOWN_FROM_BYTES else read_bytes / max(seconds, 1e-9)
-    limit = None if rate is None else codec_limit(x, threads=threads)
+    at = RateBesideLimit.of(meter.bytes_read or 0, seconds, lambda: codec_limit(x, threads=threads))
     written = None
     if out is not None:
         arrays = {"counts": value[0], "edges": value[1]} if op == "histogram" else {op: value}
@@ -159,16 +158,14 @@ def reduce_command(
             "passes": passes,
             "scheduler": s.cluster_file or s.scheduler,
             "out": out,
-            "GBps": None if rate is None else rate / 1e9,
-            "limit": None if limit is None or rate is None else {**limit.to_dict(), "share": limit.share(rate)},
+            **at.json(),
         }
         if adaptation is not None:
             report["adaptive"] = adaptation.to_dict()
         click.echo(json.dumps(report))
         return
     read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read in {passes} pass(es)"
-    if limit is not None and rate is not None:
-        read += f" at {limit.beside(rate)}"
+    read += at.text()
     over = f"axis {', '.join(map(str, axis))}" if axis else "all axes"
     if op == "histogram":
         lines = histogram_lines(*value)

@@ -25,8 +25,9 @@ from daskstream.cli.options import (
     target_storage_option,
     url_options,
 )
+from daskstream.cli.output import RateBesideLimit
 from daskstream.cli.words import spelled
-from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, codec_limit
+from daskstream.compute.limits import codec_limit
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import CodecChoice
 from daskstream.compute.store.named_codecs import HDF5_FILTER_NAMES, NAMED_CODECS
@@ -200,14 +201,16 @@ def _print_store_summary(
         "seconds": round(seconds, 3),
     }
     # The rate of the blocks written in this run beside the codec's encode limit, once there is enough to say.
-    written_bytes = int(x.nbytes) * written // max(tally.total, 1)
-    rate = written_bytes / max(seconds, 1e-9) if written_bytes >= LIMIT_SHOWN_FROM_BYTES else None
-    limit = None
-    if rate is not None:
-        stored_array = ds.open(target, dataset=target_dataset, storage_options=storage_options)
-        limit = codec_limit(stored_array, threads=resources_for(x).threads, direction="encode")
-    summary["GBps"] = None if rate is None else rate / 1e9
-    summary["limit"] = None if limit is None or rate is None else {**limit.to_dict(), "share": limit.share(rate)}
+    at = RateBesideLimit.of(
+        int(x.nbytes) * written // max(tally.total, 1),
+        seconds,
+        lambda: codec_limit(
+            ds.open(target, dataset=target_dataset, storage_options=storage_options),
+            threads=resources_for(x).threads,
+            direction="encode",
+        ),
+    )
+    summary.update(at.json())
     if choice is not None:
         summary["codec"] = choice.to_dict()
     if adaptation is not None:
@@ -219,10 +222,9 @@ def _print_store_summary(
     else:
         resumed = f", {before} done before" if before else ""
         ratio = f" (ratio {summary['ratio']:.2f})" if summary["ratio"] else ""
-        at = f" at {limit.beside(rate)}" if limit is not None and rate is not None else ""
         click.echo(
             f"{source} -> {target}: {written} of {tally.total} blocks written{resumed}, "
-            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s{at}"
+            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s{at.text()}"
         )
     if adaptation is not None and not as_json and not summary["already_complete"]:
         click.echo(adaptation.explain())
