@@ -27,6 +27,7 @@ from daskstream.compute.description import format_number, summarised
 from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, CodecLimit
 from daskstream.errors import DaskstreamError, InvalidArgumentError
 from daskstream.files import open_regular
+from daskstream.runtime.stopping import raise_if_stopped
 from daskstream.safe_writes import check_replaceable, refuse_onto_reads, written_whole
 from daskstream.sources.hdf5 import import_h5py
 from daskstream.sources.objects import is_url
@@ -104,6 +105,8 @@ def write_arrays(path: str, arrays: Mapping[str, Any], reads: Sequence[tuple[str
             with import_h5py().File(target, "w") as f:
                 for name, value in values.items():
                     f.create_dataset(name, data=value)
+        # A stop asked while writing is taken before the result replaces anything: nothing was written.
+        raise_if_stopped()
     shapes = ", ".join(f"{name} {value.shape} {value.dtype}" for name, value in values.items())
     return f"wrote {shapes} to {path}"
 

@@ -8,6 +8,14 @@ open for writing is then left damaged). Within :func:`stopping_on_signals`:
 - either signal raises :class:`Interrupted` in the main thread (whose
   ``exit_status`` is the shell's: 130 for SIGINT, 143 for SIGTERM), so the
   code unwinding records the blocks it wrote and closes its files;
+- it is raised only where raising is safe: while the main thread waits (on a
+  scheduler's results, a future, a thread), or where the code asks
+  :func:`raise_if_stopped`. Raised anywhere else, as Python's own
+  ``KeyboardInterrupt`` is, it can land in a weak reference's callback, which
+  swallows it, or between a lock's acquire and the ``try`` that releases it,
+  where it leaves threads waiting for ever. A signal that finds the main
+  thread elsewhere is delivered again every few milliseconds until it finds
+  it waiting, at such a checkpoint, or at the end of the block;
 - no further task starts on a local scheduler (threads, processes,
   synchronous, a writer's own batches in other threads), and a task that
   writes asks :func:`raise_if_stopped` before each chunk;
@@ -23,14 +31,17 @@ may too.
 from __future__ import annotations
 
 import contextlib
+import dis
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from multiprocessing import resource_tracker
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from dask.callbacks import Callback
@@ -47,9 +58,73 @@ __all__ = [
     "stopping_on_signals",
 ]
 
-_STOP = threading.Event()
 _SHUTDOWN_LOGGERS = ("distributed", "tornado", "asyncio")
-_signal_received: int | None = None
+# How often a signal that found the main thread busy is delivered to it again (a few thousandths of a
+# second of its time each: the handler only looks at where the thread is).
+_REDELIVERY_INTERVAL = 0.02
+
+
+def _acquire_lines(code: CodeType, skip: int = 0) -> frozenset[int]:
+    """The lines of ``code`` that call a lock's ``acquire``, after the first ``skip`` of them."""
+    lines = [
+        instruction.positions.lineno
+        for instruction in dis.get_instructions(code)
+        if instruction.argval == "acquire" and instruction.positions is not None
+    ]
+    return frozenset(line for line in lines[skip:] if line is not None)
+
+
+# Where the main thread blocks in the standard library's waits, inside the ``try`` each keeps so that a
+# KeyboardInterrupt leaves the lock and its waiters as they were (queues, events, futures and dask's and
+# distributed's waits for results all come down to the first; joining a thread to the second). The first
+# acquire in Condition.wait takes a fresh lock before that ``try``.
+_SAFE_WAITS: dict[CodeType, frozenset[int]] = {
+    threading.Condition.wait.__code__: _acquire_lines(threading.Condition.wait.__code__, skip=1),
+    threading.Thread._wait_for_tstate_lock.__code__: _acquire_lines(  # type: ignore[attr-defined]
+        threading.Thread._wait_for_tstate_lock.__code__  # type: ignore[attr-defined]
+    ),
+}
+
+
+class _Stop:
+    """What the handler and the checkpoints share about the one stop a process can be asked for at a time."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.signum: int | None = None
+        # Interrupted has been raised in the main thread (or is being handled there): not raised again.
+        self.delivered = False
+        # The signal the handler is about to see was sent by the redelivery thread, not by a user.
+        self.redelivering = threading.Event()
+        # Held while sending a redelivery, and to end them when the block ends: none arrives after.
+        self.lock = threading.Lock()
+        self.within = False
+        self.redelivery: threading.Thread | None = None
+
+    def clear(self) -> None:
+        self.asked.clear()
+        self.signum = None
+        self.delivered = False
+        self.redelivering.clear()
+
+    def deliver(self) -> None:
+        """Raise :class:`Interrupted` (once) for the signal asked, marking it delivered."""
+        assert self.signum is not None
+        self.delivered = True
+        raise Interrupted(self.signum)
+
+    def redeliver_until_delivered(self, main: int) -> None:
+        """Send the signal asked to the ``main`` thread every few milliseconds until it has been raised there."""
+        while True:
+            time.sleep(_REDELIVERY_INTERVAL)
+            with self.lock:
+                if self.delivered or not self.within or self.signum is None:
+                    return
+                self.redelivering.set()
+                signal.pthread_kill(main, self.signum)
+
+
+_STOP = _Stop()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -70,8 +145,11 @@ class Interrupted(KeyboardInterrupt):
 
 def raise_if_stopped() -> None:
     """Raise :class:`Interrupted` when a signal asked this process to stop (any thread may ask)."""
-    if _STOP.is_set() and _signal_received is not None:
-        raise Interrupted(_signal_received)
+    if _STOP.asked.is_set() and _STOP.signum is not None:
+        if threading.current_thread() is threading.main_thread():
+            _STOP.deliver()
+        # In a task's thread: the task fails with it, and the scheduler raises it in the main thread.
+        raise Interrupted(_STOP.signum)
 
 
 class _NoNewTasks(Callback):
@@ -81,32 +159,65 @@ class _NoNewTasks(Callback):
         raise_if_stopped()
 
 
+def _handling_interrupted() -> bool:
+    """Whether the main thread (where a signal handler runs) is already unwinding an :class:`Interrupted`."""
+    error: BaseException | None = sys.exc_info()[1]
+    while error is not None:
+        if isinstance(error, Interrupted):
+            return True
+        error = error.__context__
+    return False
+
+
+def _waiting_where_safe(frame: FrameType | None) -> bool:
+    """Whether the main thread, at ``frame``, is blocked in a wait that an exception leaves as it was."""
+    return frame is not None and frame.f_lineno in _SAFE_WAITS.get(frame.f_code, ())
+
+
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    global _signal_received
-    if _STOP.is_set():
+    if _STOP.redelivering.is_set():
+        _STOP.redelivering.clear()
+    elif _STOP.asked.is_set():
         # Asked twice: the user will not wait for the cleanup.
         os._exit(128 + signum)
-    _signal_received = signum
-    _STOP.set()
-    # What a client's event loop logs while its cluster is torn down mid-task (callbacks of cancelled
-    # futures, closed comms) is the stop itself, not news: the one line the caller prints says it all.
-    _quiet_shutdown_loggers()
-    if uses_processes():
-        # The process pool's workers run every task queued to them before any exception reaches them, and
-        # the pool waits for them: ended now instead. What they write is put in place whole or not at all.
-        # (A cluster's workers are told to cancel their tasks by the code the exception unwinds.)
-        for child in multiprocessing.active_children():
-            child.terminate()
-    raise Interrupted(signum)
+    else:
+        _STOP.signum = signum
+        _STOP.asked.set()
+        # What a client's event loop logs while its cluster is torn down mid-task (callbacks of cancelled
+        # futures, closed comms) is the stop itself, not news: the one line the caller prints says it all.
+        _quiet_shutdown_loggers()
+        if uses_processes():
+            # The process pool's workers run every task queued to them before any exception reaches them, and
+            # the pool waits for them: ended now instead. What they write is put in place whole or not at all.
+            # (A cluster's workers are told to cancel their tasks by the code the exception unwinds.)
+            for child in multiprocessing.active_children():
+                child.terminate()
+    if _STOP.delivered:
+        return
+    if _handling_interrupted():
+        # A task's thread raised it, and the scheduler raised it here: the main thread is stopping already.
+        _STOP.delivered = True
+        return
+    if _waiting_where_safe(frame):
+        _STOP.deliver()
+    if _STOP.redelivery is None or not _STOP.redelivery.is_alive():
+        _STOP.redelivery = threading.Thread(
+            target=_STOP.redeliver_until_delivered,
+            args=(threading.main_thread().ident,),
+            name="daskstream-stop-redelivery",
+            daemon=True,
+        )
+        _STOP.redelivery.start()
 
 
 @contextlib.contextmanager
 def stopping_on_signals() -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM stop the computation as the module says.
 
-    Only the main thread can take signals; elsewhere the block runs as it is.
+    A stop asked but not yet raised when the block's code ends is raised as
+    the block ends. Only the main thread can take signals; elsewhere the
+    block runs as it is.
     """
-    global _signal_received
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -114,19 +225,26 @@ def stopping_on_signals() -> Iterator[None]:
     levels = {logger.name: logger.level for logger in _loggers_under(_SHUTDOWN_LOGGERS)}
     callback = _NoNewTasks()
     _STOP.clear()
-    _signal_received = None
+    _STOP.within = True
     for signum in previous:
         signal.signal(signum, _on_signal)
     callback.register()
+    undelivered = None
     try:
         yield
+        undelivered = _STOP.signum if _STOP.asked.is_set() and not _STOP.delivered else None
     finally:
+        with _STOP.lock:
+            # No redelivery is sent after this; one sent before is taken by this module's handler, which
+            # signal.signal runs before it replaces it.
+            _STOP.within = False
         callback.unregister()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         _restore_levels(levels, _SHUTDOWN_LOGGERS)
         _STOP.clear()
-        _signal_received = None
+    if undelivered is not None:
+        raise Interrupted(undelivered)
 
 
 @contextlib.contextmanager
@@ -196,7 +314,7 @@ def quiet_workers_when_stopped(client: Any) -> None:
     such a cluster (a remote cluster's logs are its operators'), before the
     client closes. Nothing happens when no stop was asked.
     """
-    if not _STOP.is_set():
+    if not _STOP.asked.is_set():
         return
     for nanny in (False, True):
         with contextlib.suppress(Exception):  # a worker already gone has nothing left to say

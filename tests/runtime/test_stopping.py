@@ -15,13 +15,16 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
+import dask.array as da
 import h5py
 import numpy as np
 import pytest
 import zarr
 
 from daskstream.compute.store.record import DONE_DIR, H5_DONE_ATTR, PROGRESS_DIR
+from daskstream.runtime.stopping import Interrupted, stopping_on_signals
 
 # gzip of random numbers is slow (some 20 MB/s a core): a few seconds of work in blocks of a MiB or two.
 SHAPE = (4096, 4096)
@@ -186,3 +189,105 @@ def test_a_reduction_stops_on_ctrl_c_with_one_line(tall_field, tmp_path, command
     assert "Traceback" not in stderr
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial result left behind
+
+
+# ---------------------------------------------------------------------------
+# Where the stop is raised, in this process
+
+
+def _raised_in(info: pytest.ExceptionInfo) -> tuple[str, str]:
+    """The file name and function of the frame the signal handler raised the stop in."""
+    names = [entry.name for entry in info.traceback]
+    frame = info.traceback[names.index("_on_signal") - 1]
+    return os.path.basename(str(frame.path)), frame.name
+
+
+def _busy(seconds: float) -> None:
+    """Run Python code for ``seconds``: where Python itself would raise KeyboardInterrupt."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+
+
+def _signal_in_a_locked_region_then_wait(lock: threading.Lock, finished: list[str]) -> None:
+    with stopping_on_signals():
+        with lock:
+            os.kill(os.getpid(), signal.SIGINT)
+            _busy(0.3)
+            finished.append("locked region")
+        threading.Event().wait(60)
+
+
+def test_a_signal_is_raised_where_the_main_thread_waits_not_where_it_holds_a_lock():
+    lock = threading.Lock()
+    finished: list[str] = []
+    with pytest.raises(Interrupted) as info:
+        _signal_in_a_locked_region_then_wait(lock, finished)
+    assert finished == ["locked region"]
+    assert not lock.locked()
+    # Raised in the wait (an Event's wait is a Condition's), not at the end of the block a minute later.
+    assert _raised_in(info) == ("threading.py", "wait")
+
+
+class _Held:
+    pass
+
+
+def _signal_in_a_weak_reference_callback_then_wait() -> weakref.ref:
+    def busy_when_collected(reference):
+        os.kill(os.getpid(), signal.SIGINT)
+        _busy(0.2)
+
+    with stopping_on_signals():
+        held = _Held()
+        reference = weakref.ref(held, busy_when_collected)
+        del held  # the callback runs now, and would swallow an exception raised in it
+        threading.Event().wait(60)
+    return reference
+
+
+def test_a_signal_that_comes_in_a_weak_reference_callback_is_not_lost(capfd):
+    with pytest.raises(Interrupted) as info:
+        _signal_in_a_weak_reference_callback_then_wait()
+    assert _raised_in(info) == ("threading.py", "wait")
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def _signal_then_no_wait(signum: int) -> None:
+    with stopping_on_signals():
+        os.kill(os.getpid(), signum)
+        _busy(0.2)
+
+
+def test_a_stop_asked_after_the_last_wait_is_raised_as_the_block_ends():
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as info:
+        _signal_then_no_wait(signal.SIGTERM)
+    assert info.value.exit_status == 128 + signal.SIGTERM
+    # The handlers are as they were, and a later block starts with no stop asked.
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    with stopping_on_signals():
+        threading.Event().wait(0.1)
+
+
+_SLOW_BLOCKS_RUN: list[int] = []
+
+
+def _slow_block(block):
+    _SLOW_BLOCKS_RUN.append(1)
+    time.sleep(0.02)
+    return block
+
+
+def _sum_of_slow_blocks() -> None:
+    x = da.ones((400, 100), chunks=(1, 100)).map_blocks(_slow_block, dtype=float)
+    with stopping_on_signals():
+        x.sum().compute(scheduler="threads", num_workers=2)
+
+
+def test_a_stop_reaches_a_computation_on_threads_at_once():
+    _SLOW_BLOCKS_RUN.clear()
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(Interrupted):
+        _sum_of_slow_blocks()
+    assert len(_SLOW_BLOCKS_RUN) < 400  # stopped: each block takes 20 ms, the whole some 4 s
