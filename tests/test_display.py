@@ -9,6 +9,7 @@ import numpy as np
 
 import daskstream as ds
 from daskstream.display import grid_figure, grid_svg
+from daskstream.views import chunk_plan_html, register_notebook_views
 
 
 def storage_lines(svg):
@@ -64,7 +65,7 @@ def test_arrays_of_more_axes_are_drawn_as_rows_of_pictures_with_every_length():
 def test_contiguous_arrays_show_the_tasks_and_say_how_they_are_stored(tmp_path):
     path = tmp_path / "a.npy"
     np.save(path, np.zeros((4096, 256), "f4"))
-    html = ds.plan(path, memory_budget="64MiB")._repr_html_()
+    html = chunk_plan_html(ds.plan(path, memory_budget="64MiB"))
     svg = html[html.index("<svg") : html.index("</svg>")]
     assert task_lines(svg) == ds.plan(path, memory_budget="64MiB").n_tasks - 1 > 0
     assert "stored contiguously; task chunks (blue)" in html
@@ -98,7 +99,7 @@ def test_plans_sources_and_descriptions_show_in_jupyter(tmp_path):
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=data, chunks=(8, 48))
     source = ds.open_source(f"{path}::x")
-    plan_html = ds.plan(source, memory_budget="64MiB")._repr_html_()
+    plan_html = chunk_plan_html(ds.plan(source, memory_budget="64MiB"))
     assert "<svg" in plan_html
     assert "storage chunks (grey)" in plan_html
     assert "<details>" in plan_html
@@ -124,3 +125,27 @@ def test_plans_and_tuning_results_are_one_line_at_a_terminal_prompt(tmp_path):
     assert "\n" not in shown
     assert shown.startswith("<daskstream TuneResult sum on ")
     assert "Candidate(" not in shown
+
+
+def test_a_notebook_shows_plans_as_cards_and_a_plain_import_registers_nothing(tmp_path):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((4096, 256), "f4"))
+    chunk_plan = ds.plan(path, memory_budget="64MiB")
+    compute_plan = ds.plan_compute(ds.open(path, memory_budget="64MiB").sum(), memory_budget="64MiB")
+    assert register_notebook_views() is False  # no shell runs the tests
+    shell = InteractiveShell.instance()
+    try:
+        assert register_notebook_views(shell) is True
+        shown, _ = shell.display_formatter.format(chunk_plan)
+        assert shown["text/html"] == chunk_plan_html(chunk_plan)
+        assert "<svg" in shown["text/html"]
+        assert shown["text/plain"] == repr(chunk_plan)  # the one line a terminal shows stays
+        shown, _ = shell.display_formatter.format(compute_plan)
+        assert "daskstream ComputePlan" in shown["text/html"]
+    finally:
+        InteractiveShell.clear_instance()
+    # The planner's own results know nothing of HTML.
+    assert not hasattr(chunk_plan, "_repr_html_")
+    assert not hasattr(compute_plan, "_repr_html_")

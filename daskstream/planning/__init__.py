@@ -1,7 +1,8 @@
 """Pure chunk planning: shapes, dtypes and settings in, chunk plans out.
 
-Nothing in this package reads files or settings, asks a scheduler or imports
-dask: every input arrives as a value (:class:`PlanSettings` for the budget and
+Nothing in this package reads files or settings, asks a scheduler, uses dask
+beyond its byte-size helpers or shows anything (the notebook views of its
+results are :mod:`daskstream.views`): every input arrives as a value (:class:`PlanSettings` for the budget and
 parallelism), resolved once where a call enters daskstream.
 """
 

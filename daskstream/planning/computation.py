@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from daskstream.display import card, details, table
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size
 
@@ -195,20 +194,6 @@ class ComputePlan:
 
     def __str__(self) -> str:
         return self.explain()
-
-    def _repr_html_(self) -> str:
-        rows = [
-            ("passes over the data", self.passes),
-            ("read in all", format_size(self.bytes_to_read)),
-            ("tasks", f"{self.tasks}, {self.concurrency} at a time"),
-            ("largest task", format_size(self.worst.peak_bytes) if self.worst is not None else "-"),
-            ("projected peak", f"{format_size(self.projected_peak_bytes)} of {format_size(self.budget)}"),
-        ]
-        return card(
-            "daskstream ComputePlan",
-            table(rows),
-            details("why", self.explain()),
-        )
 
 
 __all__ = ["TERMS", "ComputePlan", "TaskMemory"]

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from daskstream.display import card, details, grid_figure, table
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.settings import SchedulerCost
@@ -216,27 +215,6 @@ class ChunkPlan:
             f"{format_size(self.chunk_bytes)}, storage {storage}, read amplification "
             f"{self.read_amplification:.2f}, peak {format_size(self.projected_peak_bytes)} of "
             f"{format_size(self.memory_budget)}>"
-        )
-
-    def _repr_html_(self) -> str:
-        rows = [
-            ("shape", self.shape),
-            ("dtype", self.dtype),
-            ("layout", self.layout),
-            ("storage chunks", self.storage_chunks if self.storage_chunks is not None else "contiguous"),
-            ("chunks", self.chunks),
-            ("chunk bytes", format_size(self.chunk_bytes)),
-            ("tasks", self.n_tasks),
-            ("read amplification", f"{self.read_amplification:.2f}"),
-            ("projected peak", f"{format_size(self.projected_peak_bytes)} of {format_size(self.memory_budget)}"),
-            ("threads x workers", f"{self.threads} x {self.workers}"),
-        ]
-        return card(
-            "daskstream ChunkPlan",
-            table(rows),
-            details("why", self.explain()),
-            picture=grid_figure(self.shape, self.storage_chunks, self.chunks),
-            caption=f"{self.n_tasks} task(s) of {self.chunks} over {self.shape} {self.dtype}",
         )
 
 

@@ -14,6 +14,7 @@ import zarr
 import daskstream as ds
 from daskstream.errors import DaskstreamError, MemoryBudgetError
 from daskstream.runtime.metering import ReadMeter
+from daskstream.views import compute_plan_html
 
 SHAPE = (600, 256)
 # A budget an eighth of the array: statistics over all of it need a pass of their own.
@@ -124,7 +125,7 @@ def test_the_plan_says_what_each_pass_reads_and_does(field):
         "workspace",
         "output",
     }
-    assert "projected peak" in plan._repr_html_()
+    assert "projected peak" in compute_plan_html(plan)
 
 
 def test_a_plan_that_cannot_fit_is_refused_before_a_byte_is_read(field):

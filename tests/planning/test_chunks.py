@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, InvalidBudgetError, InvalidChunksError
 from daskstream.planning.chunks import plan_chunks_exact
 from daskstream.planning.grid import read_amplification, regular_grid
+from daskstream.views import chunk_plan_html
 
 MiB = 2**20
 
@@ -120,7 +121,7 @@ def test_explain_names_inputs_and_each_axis():
 
 
 def test_html_repr_shows_the_plan():
-    html = plan((100, 100))._repr_html_()
+    html = chunk_plan_html(plan((100, 100)))
     assert "<table>" in html
     assert "read amplification" in html
 
