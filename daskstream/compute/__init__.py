@@ -1,8 +1,8 @@
 """Computations on daskstream arrays: reductions, one-pass statistics, kernels and store."""
 
 from daskstream.compute import kernels
+from daskstream.compute.blockwise import map_blocks
 from daskstream.compute.describe import Description, LazyDescription, describe
-from daskstream.compute.kernels import map_blocks
 from daskstream.compute.limits import CodecLimit, codec_limit
 from daskstream.compute.plans import plan_compute
 from daskstream.compute.quantiles import median, quantile

@@ -19,9 +19,10 @@ import dask.array as da
 import numpy as np
 
 from daskstream.compute.description import Description, LazyDescription
+from daskstream.compute.histograms import edges_of_data_range, known_bin_edges
+from daskstream.compute.moments import chunk_moments, merge_moments
 from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.quantiles import nanquantile
-from daskstream.compute.reductions import chunk_moments, edges_of_data_range, known_bin_edges, merge_moments
 from daskstream.errors import UnsupportedDtypeError
 from daskstream.graph.rewrites import clone_array
 from daskstream.planning.grid import normalize_axes

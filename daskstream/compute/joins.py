@@ -30,15 +30,9 @@ import dask.array as da
 import numpy as np
 
 from daskstream.compute.describe import Description, finish, histogram_edges, merge_statistics, statistics_of
+from daskstream.compute.moments import _moments_chunk, _moments_combine, merge_moments, variance_from
 from daskstream.compute.partials import combine_fan_in
-from daskstream.compute.reductions import (
-    _moments_chunk,
-    _moments_combine,
-    accumulation_dtype,
-    merge_moments,
-    reduce,
-    variance_from,
-)
+from daskstream.compute.reductions import accumulation_dtype, reduce
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import Resources

@@ -29,10 +29,10 @@ import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
-from daskstream.arrays import as_dask_array
 from daskstream.errors import DaskstreamError, InvalidArgumentError
 from daskstream.labelled.dataset import open_dataset
 from daskstream.labelled.variables import decoded, labelled_variables
+from daskstream.opening import as_dask_array
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source
 from daskstream.sources.detect import guess_format, is_url, local_path

@@ -169,7 +169,7 @@ def _opened(
     options: dict[str, Any],
 ) -> Any:  # fmt: skip
     """One file or store as a Dataset: its variables planned within ``settings`` (``sampling``: as for
-    :func:`daskstream.arrays.as_dask_array`), decoded by xarray's switches ``options``."""
+    :func:`daskstream.opening.as_dask_array`), decoded by xarray's switches ``options``."""
 
     def data_of(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
         return planned_data(source, chunks, settings, eager=coordinate, sampling=sampling)

@@ -59,14 +59,14 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from daskstream.arrays import as_dask_array
 from daskstream.errors import DaskstreamError, FileFamilyError
 from daskstream.graph.reads import ChunksSpec, SharedPlans, chunked_source_array, shared_settings
 from daskstream.labelled.variables import decoded, decoded_variables, dropped_names, labelled_variables, planned_data
+from daskstream.opening import as_dask_array
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources.base import Source, file_stamp
 from daskstream.sources.detect import guess_format, is_url
-from daskstream.sources.hdf5 import import_h5py
+from daskstream.sources.hdf5_filters import import_h5py
 from daskstream.sources.hdf5_headers import FileHeader, StoredAttr, file_header
 from daskstream.sources.many import FamilyMember
 from daskstream.sources.zarr_ import local_path
@@ -102,7 +102,7 @@ def open_family(
         As for :func:`daskstream.open_dataset`.
     settings, sampling
         What the variables are planned for, and for ``chunks="tune"`` the
-        reads that time candidates (see :func:`daskstream.arrays.as_dask_array`).
+        reads that time candidates (see :func:`daskstream.opening.as_dask_array`).
     options
         xarray's decoding switches (``mask_and_scale``, ``decode_times``...).
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from daskstream.arrays import as_dask_array
 from daskstream.dependencies import optional_import
 from daskstream.errors import (
     AttributeDecodingError,
@@ -27,6 +26,7 @@ from daskstream.errors import (
     shown,
 )
 from daskstream.graph.reads import ChunksSpec
+from daskstream.opening import as_dask_array
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source, open_source
 from daskstream.sources.contiguous import ObjectBytes, ObjectFile
@@ -63,7 +63,7 @@ def planned_data(
     source: Source, chunks: ChunksSpec, settings: PlanSettings, *, eager: bool, sampling: PlanSettings | None = None
 ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
     """``source``'s data as daskstream plans it within ``settings``, and its chunks; read now when ``eager`` and
-    small (a dimension coordinate). ``sampling``: as for :func:`daskstream.arrays.as_dask_array`."""
+    small (a dimension coordinate). ``sampling``: as for :func:`daskstream.opening.as_dask_array`."""
     data = as_dask_array(source, settings, chunks=chunks, sampling=sampling)
     if eager and source.nbytes <= EAGER_COORDINATE_BYTES:
         # Read now, as xarray reads its indexes: here, in one read, rather than through a scheduler.

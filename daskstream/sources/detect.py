@@ -25,7 +25,8 @@ from daskstream.sources.contiguous import HEAD_BYTES
 from daskstream.sources.hdf5 import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
 from daskstream.sources.objects import Got, Place, is_url
-from daskstream.sources.zarr_ import ZARR_METADATA_FILES, local_path
+from daskstream.sources.zarr_ import local_path
+from daskstream.sources.zarr_nodes import ZARR_METADATA_FILES
 
 ZIP_MAGIC = b"PK\x03\x04"
 EXTENSIONS = {

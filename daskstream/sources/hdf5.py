@@ -1,48 +1,36 @@
 """HDF5 datasets, read through h5py with one cached file handle per process.
 
-(Longer than most modules: one dataset is described the same way wherever its file lies, a local
-path or an object on an object store, and read by one of three paths -- raw bytes at an offset, raw
-chunks decoded here, h5py -- chosen from that description; splitting them would split the choice.)
+One dataset is described the same way wherever its file lies, a local path or an object on an
+object store, and read by one of three paths -- raw bytes at an offset, raw chunks decoded here,
+h5py -- chosen from that description. What it is described with lives in the ``hdf5_*`` modules
+beside this one: filters, types, layout, finding the dataset, and files on an object store.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
-import json
 import math
 import os
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from daskstream.dependencies import installed_version, optional_import
-from daskstream.errors import (
-    CorruptSourceError,
-    DaskstreamError,
-    MemberNotFoundError,
-    MissingDependencyError,
-    NotAnArrayError,
-    UnsupportedDtypeError,
-    first_line,
-)
+from daskstream.errors import CorruptSourceError, DaskstreamError, NotAnArrayError, UnsupportedDtypeError, first_line
 from daskstream.sources.base import (
     Region,
     Source,
     checked_element,
     checked_shape,
     file_stamp,
-    listing,
     native,
     now_ns,
     sample_box,
     string_dtype,
     string_element_bytes,
 )
-from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, ObjectFile, read_contiguous_box
+from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, read_contiguous_box
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.hdf5_chunks import (
     DECODABLE,
@@ -52,6 +40,23 @@ from daskstream.sources.hdf5_chunks import (
     ChunkIndex,
     FilterCheck,
 )
+from daskstream.sources.hdf5_datasets import _find_dataset
+from daskstream.sources.hdf5_filters import (
+    HDF5_LOCK_NOTE,
+    PARALLEL_DECODE_NOTE,
+    _first_chunk_filtered_by_missing,
+    _missing_filter,
+    filter_names,
+    import_h5py,
+)
+from daskstream.sources.hdf5_layout import (
+    _RAW_READABLE_KINDS,
+    _chunk_addresses_hold,
+    _leaves_buffer_unfilled,
+    _stored_itemsize,
+)
+from daskstream.sources.hdf5_objects import _ObjectHdf5, object_hdf5
+from daskstream.sources.hdf5_types import hdf5_type_text, readable_dtype
 from daskstream.sources.linked import (
     LinkedFile,
     check_external_links,
@@ -61,133 +66,14 @@ from daskstream.sources.linked import (
     refuse_links_out_of_object,
 )
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, hdf5_scales
-from daskstream.sources.objects import Got, Place, is_url, public_options
+from daskstream.sources.objects import Got, Place, is_url
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
     from daskstream.planning.plan import ChunkPlan
     from daskstream.planning.settings import PlanSettings
 
-HDF5_LOCK_NOTE = (
-    "HDF5 decompression of {filters} holds h5py's global lock: threads will not decode in parallel; "
-    "use processes or a cluster (session('processes') in Python, --scheduler processes on the command line)"
-)
-PARALLEL_DECODE_NOTE = (
-    "{filters} chunks are read and decoded by daskstream itself, outside h5py's lock: threads decode in parallel"
-)
-
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-
-# Raw on-disk bytes equal numpy's for these kinds, so contiguous data can skip h5py.
-_RAW_READABLE_KINDS = set("biufcS")
-
-
-# Filters hdf5plugin provides, by the ids registered with The HDF Group: bzip2, blosc, lz4, bitshuffle,
-# zfp, zstd, sz, fcidecomp, sz3, blosc2. Named without importing it, to say what to install.
-_HDF5PLUGIN_FILTERS = frozenset({307, 32001, 32004, 32008, 32013, 32015, 32017, 32018, 32024, 32026})
-
-
-def _missing_filter(name: str, pipeline: tuple, filters: tuple[str, ...], h5py: Any) -> MissingDependencyError | None:
-    """The error naming what provides a filter of the dataset that h5py cannot decode here, if one is missing.
-
-    Without it a read that needs the filter fails deep in HDF5 ("can't open
-    directory ... plugin"), which reads as a damaged file.
-    """
-    for (code, _), filter_name in zip(pipeline, filters, strict=True):
-        if h5py.h5z.filter_avail(code):
-            continue
-        needed_for = f"{name}: decoding its HDF5 filter {filter_name!r} (id {code})"
-        if code not in _HDF5PLUGIN_FILTERS:
-            return MissingDependencyError(
-                f"{needed_for} needs an HDF5 filter plugin that neither h5py nor hdf5plugin provides: install the "
-                "plugin for that filter and set HDF5_PLUGIN_PATH to the folder holding it"
-            )
-        try:  # says whether hdf5plugin is missing, too old or cannot load
-            optional_import("hdf5plugin", package="hdf5plugin", extra="hdf5plugin", needed_for=needed_for)
-        except MissingDependencyError as missing:
-            return missing
-        return MissingDependencyError(
-            f"{needed_for} needs a filter the installed hdf5plugin {installed_version('hdf5plugin')} does not "
-            "register; pip install --upgrade 'daskstream[hdf5plugin]'"
-        )
-    return None
-
-
-def _first_chunk_filtered_by_missing(dset: Any, pipeline: tuple, h5py: Any) -> bool:
-    """Whether the first chunk written went through a filter h5py cannot decode here.
-
-    Filters are optional in HDF5: a writer without one skips it, chunk by chunk
-    (the chunk's filter mask says so), and such a file reads without it. So a
-    missing filter is refused at open only when a chunk is known to need it;
-    otherwise the read of a chunk that does says so.
-    """
-    if not pipeline or dset.chunks is None:
-        return False
-    try:
-        if dset.id.get_num_chunks() == 0:
-            return False
-        mask = dset.id.get_chunk_info(0).filter_mask
-    except (OSError, RuntimeError):  # a chunk index h5py cannot walk: the read that needs it will say so
-        return False
-    return any(not h5py.h5z.filter_avail(code) and not mask & (1 << i) for i, (code, _) in enumerate(pipeline))
-
-
-def filter_names(dcpl: Any) -> tuple[str, ...]:
-    """The names of the filters in a dataset's creation properties, in the order HDF5 applies them on write."""
-    # Plugin filters register long names ("HDF5 zstd filter; see https://..."): keep the name part.
-    return tuple(
-        dcpl.get_filter(i)[3].decode(errors="replace").split(";")[0].strip() for i in range(dcpl.get_nfilters())
-    )
-
-
-def import_h5py() -> Any:
-    import h5py
-
-    with contextlib.suppress(ImportError):
-        # Registers the extra compression filters (blosc, zstd, lz4, bitshuffle...) when installed.
-        import hdf5plugin  # noqa: F401
-    return h5py
-
-
-class _ObjectHdf5:
-    """An HDF5 file on an object store, open in this process: h5py reading through an :class:`ObjectFile`."""
-
-    def __init__(self, data: ObjectBytes, head: bytes) -> None:
-        self.raw = ObjectFile(data, head)
-        try:
-            self.h5 = import_h5py().File(self.raw, "r")
-        except OSError:
-            failure = self.take_failure()  # the object changed or vanished: say that, not what HDF5 made of it
-            if failure is not None:
-                raise failure from None
-            raise
-        _open_object_files.add(self)
-
-    def take_failure(self) -> BaseException | None:
-        """The error a read through the file raised inside h5py, once (h5py may report it as its own)."""
-        failure, self.raw.failure = self.raw.failure, None
-        return failure
-
-    def close(self) -> None:
-        # h5py's file first: it may still write back to (flush through) the object file.
-        self.h5.close()
-        self.raw.close()
-
-
-# h5py crashes the interpreter at exit when a file opened on a Python file object is still open
-# then (its driver calls back into objects already torn down): they are closed first.
-_open_object_files: weakref.WeakSet[_ObjectHdf5] = weakref.WeakSet()
-
-
-def _close_object_files() -> None:
-    for opened in list(_open_object_files):
-        with contextlib.suppress(Exception):  # closing at exit: nothing is left to report it to
-            opened.close()
-
-
-atexit.register(_close_object_files)
-# A forked child must not close its parent's files at its own exit.
-os.register_at_fork(after_in_child=_open_object_files.clear)
 
 
 class Hdf5Source(Source):
@@ -309,10 +195,7 @@ class Hdf5Source(Source):
         """This process's h5py file over the object, opened once per version of it."""
         data = self.object
         assert data is not None  # only for sources on an object store
-        # The same URL on another endpoint is another object: the options (without secrets) are part of the key.
-        reached = json.dumps(public_options(data.place.storage_options), sort_keys=True, default=repr)
-        key = ("hdf5-object", self.path, reached, data.size, data.version)
-        return cached_handle(key, lambda: _ObjectHdf5(data, self._head))
+        return object_hdf5(self.path, data, self._head)
 
     @contextlib.contextmanager
     def _h5py_failures(self, doing: str) -> Iterator[None]:
@@ -607,130 +490,6 @@ class Hdf5Source(Source):
             return f"{self.storage_kind}"
         filters = "+".join(self.filters) if self.filters else "no filters"
         return f"chunked {self.storage_chunks}, {filters}"
-
-
-def readable_dtype(name: str, dset: Any, h5py: Any) -> np.dtype:
-    """The dataset's dtype as h5py reads it, or :class:`UnsupportedDtypeError` for a type numpy has no equivalent of."""
-    try:
-        return dset.dtype
-    except (TypeError, ValueError):  # h5py's words for H5T_TIME, quad precision and the like
-        raise UnsupportedDtypeError(
-            f"{name}: its HDF5 type is {unreadable_type_text(dset.id.get_type(), h5py)}, which numpy has no "
-            "equivalent of, so neither h5py nor daskstream can read it; convert the dataset to a numpy type "
-            "with the program that wrote it"
-        ) from None
-
-
-def unreadable_type_text(file_type: Any, h5py: Any) -> str:
-    """Words for an HDF5 type numpy cannot hold: ``'a 128-bit float'``, ``'a time type (H5T_TIME)'``..."""
-    type_class = file_type.get_class()
-    bits = 8 * file_type.get_size()
-    if type_class == h5py.h5t.FLOAT:
-        return f"a {bits}-bit float" + (" (quadruple precision)" if bits == 128 else "")
-    if type_class == h5py.h5t.INTEGER:
-        return f"a {bits}-bit integer"
-    names = {h5py.h5t.TIME: "a time type (H5T_TIME)", h5py.h5t.BITFIELD: "a bit field (H5T_BITFIELD)"}
-    return names.get(type_class, f"an HDF5 type of class {type_class}")
-
-
-def hdf5_type_text(dtype: np.dtype, h5py: Any) -> str:
-    """What h5py's ``dtype`` of a dataset stands for, in words where numpy's repr hides it (strings, references)."""
-    string = h5py.check_string_dtype(dtype)
-    if string is not None:
-        return f"string ({'variable length' if string.length is None else f'{string.length} bytes'}, {string.encoding})"
-    if h5py.check_vlen_dtype(dtype) is not None:
-        return f"variable-length {h5py.check_vlen_dtype(dtype)}"
-    if dtype.hasobject:
-        return "references"
-    return str(dtype)
-
-
-def _stored_itemsize(dset: Any, h5py: Any) -> int:
-    """Bytes one element takes in the file's chunks: a variable-length string is a global heap reference there
-    (its length, the heap's address and the index in it), whatever size HDF5 gives its type."""
-    file_type = dset.id.get_type()
-    if file_type.get_class() == h5py.h5t.VLEN or (
-        file_type.get_class() == h5py.h5t.STRING and file_type.is_variable_str()
-    ):
-        sizeof_addr, _ = dset.file.id.get_create_plist().get_sizes()
-        return 4 + int(sizeof_addr) + 4
-    return int(file_type.get_size())
-
-
-def _leaves_buffer_unfilled(dcpl: Any, h5py: Any) -> bool:
-    """Whether HDF5 leaves a reader's buffer as it was for data never written: no fill value defined, or never filled."""
-    return (
-        dcpl.fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED or dcpl.get_fill_time() == h5py.h5d.FILL_TIME_NEVER
-    )
-
-
-# From HDF5 1.14.4 the addresses HDF5 gives for chunks count the file's user block; before, they
-# started after it (measured: h5py 3.11 with HDF5 1.14.2 reads such a file's chunks at the wrong bytes).
-_CHUNK_ADDRESSES_COUNT_USERBLOCK = (1, 14, 4)
-
-
-def _chunk_addresses_hold(dset: Any) -> bool:
-    """Whether the chunk addresses HDF5 reports are where the bytes are in the file.
-
-    They are not in a file with a user block under an HDF5 older than 1.14.4:
-    such a file's chunks are read through h5py instead, which knows.
-    """
-    import h5py
-
-    if dset.file.userblock_size == 0:
-        return True
-    return tuple(h5py.version.hdf5_version_tuple[:3]) >= _CHUNK_ADDRESSES_COUNT_USERBLOCK
-
-
-def _find_dataset(f: Any, path: str, dataset: str | None, h5py: Any) -> Any:
-    if dataset is None:
-        found = _list_datasets(f, h5py)
-        if len(found) == 1:
-            return f[found[0]]
-        have = listing(found, empty="no datasets")
-        raise MemberNotFoundError(
-            f"{path}: give the dataset to read, as dataset=... or '{path}::/name'; the file has: {have}"
-        )
-    try:
-        obj = f[dataset]
-    except KeyError as exc:
-        if _link_exists(f, dataset):
-            # HDF5 found the dataset but refused its header: sizes that contradict each other or the file.
-            raise CorruptSourceError(
-                f"{path}::{dataset}: HDF5 could not open the dataset ({first_line(exc)}); its header is damaged or "
-                "forged: re-create or re-copy the file"
-            ) from None
-        have = listing(_list_datasets(f, h5py), empty="no datasets")
-        raise MemberNotFoundError(f"dataset {dataset!r} not found in {path}; it has: {have}") from None
-    if not isinstance(obj, h5py.Dataset):
-        inside = listing(_list_datasets(obj, h5py), empty="none")
-        raise NotAnArrayError(f"{path}::{dataset} is a group, not a dataset; datasets inside it: {inside}")
-    return obj
-
-
-def _link_exists(f: Any, name: str) -> bool:
-    """Whether ``f`` has a link of that name, whether or not the object it leads to opens."""
-    try:
-        return f.get(name, getlink=True) is not None
-    except (KeyError, RuntimeError, OSError, ValueError):
-        return False
-
-
-def _list_datasets(group: Any, h5py: Any) -> list[str]:
-    names: list[str] = []
-
-    def visit(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset):
-            names.append(obj.name)
-
-    try:
-        group.visititems(visit)
-    except (KeyError, RuntimeError) as exc:  # an object whose header HDF5 refuses (OSError is h5py's own)
-        raise CorruptSourceError(
-            f"{group.file.filename}: HDF5 could not open every object in the file ({first_line(exc)}); the file is "
-            "damaged or forged: re-create or re-copy it"
-        ) from None
-    return names
 
 
 def _box_text(box: Region) -> str:

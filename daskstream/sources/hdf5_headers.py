@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.sources.base import native
-from daskstream.sources.hdf5 import import_h5py
+from daskstream.sources.hdf5_filters import import_h5py
 
 
 @dataclasses.dataclass(frozen=True)

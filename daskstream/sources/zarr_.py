@@ -1,7 +1,11 @@
 """Zarr arrays (format 2 and 3) through zarr-python 3: directories, zip files and fsspec URLs.
 
-(Longer than most modules: the three kinds of store share one source, whose opening, stamps, token
-and listing of members each differ by kind; kept together, a change to one is seen beside the others.)
+The three kinds of store share one source, whose opening, stamps, token and
+listing of members each differ by kind; kept together, a change to one is seen
+beside the others. What it reads the store's metadata with lives beside it:
+nodes (:mod:`~daskstream.sources.zarr_nodes`), codecs
+(:mod:`~daskstream.sources.zarr_codecs`) and the digests its token is made of
+(:mod:`~daskstream.sources.zarr_digests`).
 """
 
 from __future__ import annotations
@@ -11,8 +15,6 @@ import json
 import math
 import os
 import posixpath
-import re
-import warnings
 from typing import Any, Literal
 
 import numpy as np
@@ -49,14 +51,18 @@ from daskstream.sources.tokens import source_token
 from daskstream.sources.zarr_bounds import largest_chunk_file
 from daskstream.sources.zarr_checks import check_zarr_reads, checked_store
 from daskstream.sources.zarr_chunks import chunk_reader_for, reads_shards_in_part
+from daskstream.sources.zarr_codecs import _unavailable_codec, codec_configs, codec_names
+from daskstream.sources.zarr_digests import _listing_digest, _tree_digest, metadata_digest
 from daskstream.sources.zarr_files import ChunkObjects, check_chunk_files
+from daskstream.sources.zarr_nodes import (
+    _MAX_METADATA_BYTES,
+    ZARR_METADATA_FILES,
+    _arrays_among,
+    _check_metadata_files,
+    _member_name,
+)
 from daskstream.sources.zarr_shards import MOST_RUN_BYTES
 from daskstream.sources.zip_members import ZipMembers
-
-ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
-
-# Larger metadata documents are not Zarr metadata anyone wrote by hand or by a library.
-_MAX_METADATA_BYTES = 64 * 2**20
 
 # What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
 # ImportError: a codec whose package is missing (some numcodecs releases say so on creating it).
@@ -484,172 +490,7 @@ class ZarrSource(Source):
         return f"zarr v{self.zarr_format}, {grid}, {codecs}"
 
 
-# How zarr (format 3) and numcodecs (format 2) say that a codec named in the metadata is not registered,
-# and how some numcodecs releases say that the package behind a registered codec is missing.
-_UNAVAILABLE_CODEC = re.compile(r"(?:Unknown codec|codec not available):? '+(?P<codec>[^']+)'+")
-_CODEC_PACKAGE_MISSING = re.compile(r"(?P<package>[\w.-]+) must be installed to use the (?P<codec>\w+) codec")
-
-# numcodecs codecs that exist only beside a package of their own.
-_CODEC_PACKAGES = {"zfpy": "zfpy", "pcodec": "pcodec", "crc32c": "crc32c", "msgpack2": "msgpack"}
-
-
-def _unavailable_codec(exc: BaseException | None) -> tuple[str, str | None] | None:
-    """The codec a metadata error says is not available here, and the package it needs where known."""
-    while exc is not None:
-        found = _UNAVAILABLE_CODEC.search(str(exc))
-        if found:
-            codec = found.group("codec")
-            return codec, _CODEC_PACKAGES.get(codec.removeprefix("numcodecs."))
-        found = _CODEC_PACKAGE_MISSING.search(str(exc))
-        if found:
-            return found.group("codec"), found.group("package")
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _arrays_among(keys: list[tuple[str, str]], read: Any) -> list[str]:
-    """The arrays among ``(name in the store, key to read)`` pairs: folders holding array metadata.
-
-    Names leading outside the store (absolute, or with ``..``) are skipped, and
-    so is metadata that cannot be read.
-    """
-    arrays = []
-    for name, key in keys:
-        parent, leaf = posixpath.split(name)
-        parts = parent.split("/")
-        if parent in ("", ".") or name.startswith("/") or ".." in parts:
-            continue
-        if leaf == ".zarray":
-            arrays.append(parent)
-        elif leaf == "zarr.json":
-            try:
-                raw = read(key)
-            except (OSError, ValueError, KeyError, DaskstreamError):
-                continue
-            if _node_type(raw) == "array":
-                arrays.append(parent)
-    return sorted(arrays)
-
-
-def metadata_digest(array: Any) -> str:
-    """A digest of the metadata zarr reads ``array``'s chunks with: dtype, shape, chunks, codecs, fill value,
-    attributes (format 2's ``.zattrs`` too), wherever zarr took it from (the array's own document or a group's
-    consolidated metadata)."""
-    with warnings.catch_warnings():
-        # zarr warns, each time, of data types whose format 3 specification is not settled yet.
-        warnings.simplefilter("ignore")
-        document = json.dumps(array.metadata.to_dict(), sort_keys=True, default=_json_name)
-    return hashlib.sha1(document.encode(), usedforsecurity=False).hexdigest()
-
-
-def _json_name(value: Any) -> Any:
-    """Numbers as numbers; anything else zarr's metadata holds by its type (never a repr with an address)."""
-    if isinstance(value, np.generic):
-        return value.item()
-    return type(value).__qualname__
-
-
-def _listing_digest(objects: dict[str, str]) -> str:
-    """A digest of an object listing: every key and its version."""
-    return hashlib.sha1(repr(sorted(objects.items())).encode(), usedforsecurity=False).hexdigest()
-
-
-def _tree_digest(root: str, member: str | None) -> str:
-    """A digest of every file and folder in an array's directory tree, to give rewritten data a new token.
-
-    zarr (like rsync and tar) writes a chunk to a new file and renames it into
-    place: the chunk file's inode number changes, and so do its folder's times.
-    Inode numbers come with the listing, so this costs one listing of the tree
-    and one ``stat`` per folder, not one per chunk. (A chunk overwritten in
-    place, as ``cp`` onto an existing file does, keeps its inode; every read
-    still checks each chunk's change time against when the source was opened.)
-    """
-    digest = hashlib.sha1(usedforsecurity=False)
-    pending = [os.path.join(root, member or "")]
-    while pending:
-        folder = pending.pop()
-        try:
-            st = os.stat(folder)
-            with os.scandir(folder) as entries:
-                listed = sorted((entry.name, entry.inode(), entry.is_dir(follow_symlinks=False)) for entry in entries)
-        except OSError:
-            continue  # vanished meanwhile: the reads that follow report it
-        digest.update(repr((folder, st.st_mtime_ns, st.st_ctime_ns, listed)).encode())
-        pending.extend(os.path.join(folder, name) for name, _, is_dir in listed if is_dir)
-    return digest.hexdigest()
-
-
-def _check_metadata_files(root: str, member: str) -> None:
-    """Refuse pipes, sockets and devices among the metadata files zarr will read: opening one blocks forever."""
-    folder = root
-    for part in ["", *[p for p in member.split("/") if p]]:
-        folder = os.path.join(folder, part) if part else folder
-        for name in (*ZARR_METADATA_FILES, ".zattrs", ".zmetadata"):
-            meta = os.path.join(folder, name)
-            if os.path.lexists(meta):
-                file_stamp(meta)
-
-
-def _member_name(array: Any) -> str | None:
-    name = (array.path or "").strip("/")
-    return name or None
-
-
-def folder_node_type(folder: str) -> str | None:
-    """What a folder's Zarr metadata files make it: ``"array"``, ``"group"``, ``"damaged"`` (a ``zarr.json``
-    that does not read as JSON) or ``None`` (no Zarr metadata)."""
-    meta = os.path.join(folder, "zarr.json")
-    if os.path.exists(meta):
-        try:
-            with open_regular(meta) as f:
-                node_type = json.load(f).get("node_type")
-        except (OSError, ValueError, AttributeError, RecursionError):
-            return "damaged"
-        return "array" if node_type == "array" else "group"
-    if os.path.exists(os.path.join(folder, ".zarray")):
-        return "array"
-    if os.path.exists(os.path.join(folder, ".zgroup")):
-        return "group"
-    return None
-
-
-def _node_type(raw: bytes) -> str | None:
-    try:
-        return json.loads(raw).get("node_type")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-
-
 def _holds_text(array: Any) -> bool:
     """Whether the array's data type is variable-length UTF-8 text (``string`` in format 3, ``vlen-utf8`` in 2)."""
     declared = array.metadata.data_type if array.metadata.zarr_format == 3 else array.metadata.dtype
     return type(declared).__name__ == "VariableLengthUTF8"
-
-
-def codec_configs(array: Any) -> tuple[dict[str, Any], ...]:
-    """The settings of each codec that turns a chunk's values into bytes, as the metadata states them
-    (format 2: numcodecs' configurations, ``id`` first; format 3: ``name`` and ``configuration``,
-    a sharding codec's inner codecs after it)."""
-    meta = array.metadata
-    if meta.zarr_format == 2:
-        parts = [*(meta.filters or ()), meta.compressor]
-        return tuple(dict(p.get_config()) for p in parts if p is not None and hasattr(p, "get_config"))
-    found: list[dict[str, Any]] = []
-    for codec in meta.codecs:
-        found.append(dict(codec.to_dict()))
-        found.extend(dict(c.to_dict()) for c in getattr(codec, "codecs", None) or ())
-    return tuple(found)
-
-
-def codec_names(array: Any) -> tuple[str, ...]:
-    meta = array.metadata
-    if meta.zarr_format == 2:
-        parts = [*(meta.filters or ()), meta.compressor]
-        return tuple(p.codec_id if hasattr(p, "codec_id") else type(p).__name__ for p in parts if p is not None)
-    names = []
-    for codec in meta.codecs:
-        names.append(type(codec).__name__.removesuffix("Codec").lower())
-        inner = getattr(codec, "codecs", None)
-        if inner:
-            names.extend(type(c).__name__.removesuffix("Codec").lower() for c in inner)
-    return tuple(names)

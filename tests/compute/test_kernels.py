@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import daskstream as ds
-from daskstream.compute.kernels import astype, clip, gaussian_filter, map_blocks, moving_mean, standardize
+from daskstream.compute.blockwise import map_blocks
+from daskstream.compute.kernels import astype, clip, gaussian_filter, moving_mean, standardize
 from daskstream.errors import InvalidArgumentError, InvalidAxisError, KernelError, KernelShapeError
 
 ndimage = pytest.importorskip("scipy.ndimage")

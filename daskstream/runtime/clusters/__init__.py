@@ -47,8 +47,10 @@ from daskstream.documents import read_yaml
 from daskstream.errors import ClusterConnectionError, ConfigFileNotFoundError, InvalidArgumentError
 from daskstream.runtime.addresses import SCHEDULER_SCHEMES, check_scheduler_address
 from daskstream.runtime.clusters.config import ClusterCheck, ClusterConfig, lookup
+from daskstream.runtime.clusters.consent import ALLOW_CODE, ALLOW_NETWORK_LISTEN, allowance
+from daskstream.runtime.clusters.dotted_keys import sections
 from daskstream.runtime.clusters.kinds import CLUSTER_KINDS, applied, job_count, remote_address
-from daskstream.runtime.clusters.rules import ALLOW_CODE, ALLOW_NETWORK_LISTEN, allowance, screen, sections
+from daskstream.runtime.clusters.rules import screen
 from daskstream.runtime.versions import ClusterVersions, ask_versions, check_cluster_versions, this_process
 
 if TYPE_CHECKING:

@@ -1,7 +1,9 @@
 """What a cluster file may set: screened as data, code and network listening refused without consent.
 
-(Longer than most modules by design: it is one allow-list, setting by setting, with the reason each
-rule exists; split up, the question "may a file set this?" would have several places to look.)
+It is one allow-list, setting by setting, with the reason each rule exists,
+so that the question "may a file set this?" has one place to look; the checks
+its rules are built from are :mod:`~daskstream.runtime.clusters.setting_checks`,
+the consent they ask for :mod:`~daskstream.runtime.clusters.consent`.
 
 A cluster file is data, never code
 ----------------------------------
@@ -44,120 +46,42 @@ file that sets them itself is refused.
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import re
-import socket
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import dask.config
-import psutil
-
 from daskstream.errors import InvalidArgumentError, shown
-from daskstream.runtime.addresses import SCHEDULER_SCHEMES, beyond_loopback, listen_points, split_host_port, valid_host
+from daskstream.runtime.addresses import valid_host
+from daskstream.runtime.clusters.consent import ALLOW_CODE, ALLOW_HINTS, ALLOW_NETWORK_LISTEN
+from daskstream.runtime.clusters.dotted_keys import _canonical
+from daskstream.runtime.clusters.setting_checks import (
+    _all,
+    _code,
+    _data,
+    _environment,
+    _host,
+    _interface,
+    _is_number,
+    _is_scalar,
+    _listen,
+    _mapping_of,
+    _never,
+    _one_of,
+    _options,
+    _path_or_paths,
+    _Problem,
+    _Rule,
+    _shell_words,
+    _typed,
+)
 
 if TYPE_CHECKING:
     from daskstream.runtime.clusters.config import ClusterConfig
 
-__all__ = ["ALLOW_CODE", "ALLOW_HINTS", "ALLOW_NETWORK_LISTEN", "allowance", "screen", "sections"]
-
-ALLOW_CODE = "daskstream.cluster-files.allow-code"
-ALLOW_NETWORK_LISTEN = "daskstream.cluster-files.allow-network-listen"
-
-ALLOW_HINTS = {
-    ALLOW_CODE: (
-        "a cluster file runs nothing unless you trust it: pass --allow-code, or set "
-        "daskstream.cluster-files.allow-code: true in your own dask configuration "
-        "(DASK_DASKSTREAM__CLUSTER_FILES__ALLOW_CODE=true)"
-    ),
-    ALLOW_NETWORK_LISTEN: (
-        "to let it, pass --allow-network-listen, or set daskstream.cluster-files.allow-network-listen: true "
-        "in your own dask configuration (DASK_DASKSTREAM__CLUSTER_FILES__ALLOW_NETWORK_LISTEN=true)"
-    ),
-}
-
-
-def allowance(key: str, given: bool | None) -> bool:
-    value = dask.config.get(key, False) if given is None else given
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(
-            f"{key} must be true or false, not {value!r}; set it in your dask configuration or the environment "
-            f"(DASK_{key.upper().replace('.', '__').replace('-', '_')}=true)"
-        )
-    return value
-
-
-def _canonical(key: str) -> str:
-    # dask treats "pre_spawn_environ" and "pre-spawn-environ" as one setting.
-    return key.replace("_", "-")
-
-
-def sections(document: dict, path: Path) -> dict:
-    """The document with dotted keys spread into sections, as dask.config.set would read it.
-
-    Every reader below (the screen, the kind's options, dask.config.set)
-    then sees the same settings. Keys that are not text, and one setting
-    written twice (``a.b`` and ``a: {b: }``, or ``a_b`` and ``a-b``), are refused.
-    daskstream's own setting names are spelled with dashes from here on.
-    """
-    out: dict = {}
-    written: dict[str, tuple[str, bool]] = {}  # canonical name -> (as written, is a section)
-    for dotted, value in _document_leaves(document, path):
-        parts = dotted.split(".")
-        if "" in parts:
-            raise InvalidArgumentError(
-                f"cluster configuration {path}: key {dotted!r} has an empty part; write sections.like.this"
-            )
-        if parts[0] == "daskstream":
-            # Section and option names; the keyword arguments under daskstream.ssh keep their spelling.
-            parts[:3] = [_canonical(part) for part in parts[:3]]
-        canonical = [_canonical(part) for part in parts]
-        for end in range(1, len(parts) + 1):
-            name = ".".join(canonical[:end])
-            section = end < len(parts)
-            before = written.get(name)
-            if before is not None and not (section and before[1]):
-                raise InvalidArgumentError(
-                    f"cluster configuration {path} sets {'.'.join(parts[:end])!r} twice (also as {before[0]!r}); "
-                    "keep one of them"
-                )
-            written.setdefault(name, (".".join(parts[:end]), section))
-        place = out
-        for part in parts[:-1]:
-            place = place.setdefault(part, {})
-        place[parts[-1]] = value
-    return out
-
-
-def _document_leaves(document: Mapping, path: Path, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in document.items():
-        if not isinstance(key, str):
-            raise InvalidArgumentError(
-                f"cluster configuration {path}: key {key!r} under {prefix.rstrip('.') or 'the top level'} is not "
-                "text (YAML reads yes, no, on, off, null and numbers as values); quote it"
-            )
-        if isinstance(value, Mapping) and value:
-            yield from _document_leaves(value, path, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
+__all__ = ["is_dask_image", "screen"]
 
 
 # --- screening: what a cluster file may set ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """Why one setting is refused, and the consent that would let it through (``None``: nothing would)."""
-
-    reason: str
-    needs: str | None = ALLOW_CODE
-
-
-# A rule looks at the value of one setting (a whole section for the sections it owns) and says
-# what is wrong with it, if anything.
-_Rule = Callable[[Any], "_Problem | None"]
 
 
 def screen(config: ClusterConfig, *, listens: str | None = None) -> None:
@@ -357,228 +281,6 @@ _DASKSTREAM_KEYS = {
 # --- rules for the settings that need more than "data" -------------------------------------------
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value == [] or value == {} or value == "" or value is False
-
-
-def _code(reason: str, *harmless: Any) -> _Rule:
-    """Code unless empty or one of the values that run only dask's own code."""
-
-    def rule(value: Any) -> _Problem | None:
-        if _empty(value) or any(value == h for h in harmless):
-            return None
-        return _Problem(reason)
-
-    return rule
-
-
-def _never(reason: str) -> _Rule:
-    def rule(value: Any) -> _Problem | None:
-        return _Problem(reason, None)
-
-    return rule
-
-
-def _data(value: Any) -> _Problem | None:
-    return None
-
-
-def _mapping_of(check: Callable[[Any], bool], what: str) -> _Rule:
-    def rule(value: Any) -> _Problem | None:
-        if value is None or (isinstance(value, Mapping) and all(check(v) for v in value.values())):
-            return None
-        return _Problem(f"must be a mapping of names to {what}", None)
-
-    return rule
-
-
-def _one_of(*choices: Any) -> _Rule:
-    def rule(value: Any) -> _Problem | None:
-        if value is None or value in choices:
-            return None
-        return _Problem(f"must be one of {', '.join(map(repr, choices))}", None)
-
-    return rule
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (str, int, float, bool)) or value is None
-
-
-# Environment variables a file may set for worker processes: thread counts and malloc tuning,
-# to whole numbers. Any other (PYTHONPATH, LD_PRELOAD, PYTHONSTARTUP, BASH_ENV, PYTHONWARNINGS...)
-# can make the process run code.
-_HARMLESS_ENVIRONMENT = frozenset(
-    _canonical(name)
-    for name in (
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "NUMEXPR_NUM_THREADS",
-        "NUMEXPR_MAX_THREADS",
-        "VECLIB_MAXIMUM_THREADS",
-        "BLIS_NUM_THREADS",
-        "MALLOC_TRIM_THRESHOLD_",
-        "MALLOC_ARENA_MAX",
-        "MALLOC_MMAP_THRESHOLD_",
-        "MALLOC_TOP_PAD_",
-    )
-)
-
-
-def _environment(where: str) -> _Rule:
-    def rule(value: Any) -> _Problem | None:
-        if value is None or value == {}:
-            return None
-        if not isinstance(value, Mapping):
-            return _Problem("must be a mapping of environment variable names to values", None)
-        for name, setting in value.items():
-            whole = (_is_number(setting) and float(setting).is_integer()) or (
-                isinstance(setting, str) and re.fullmatch(r"[0-9]+", setting)
-            )
-            if _canonical(str(name)) not in _HARMLESS_ENVIRONMENT or not whole:
-                return _Problem(
-                    f"sets the environment variable {name} of {where} (variables such as PYTHONPATH and "
-                    "LD_PRELOAD run code; a file may set only thread counts and malloc tuning, to whole numbers)"
-                )
-        return None
-
-    return rule
-
-
-# A word of a shell command: letters, digits and _@%+=:,./~- , plus $NAME or ${NAME}. No spaces,
-# quotes, globs, braces or command substitution, so it stays one argument and runs nothing.
-_SHELL_WORD = re.compile(r"(?:[A-Za-z0-9_@%+=:,./~-]|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})*")
-_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def _shell_words(where: str) -> _Rule:
-    """Values that land in a shell command or batch script unquoted: plain words only."""
-
-    def rule(value: Any) -> _Problem | None:
-        values = value if isinstance(value, list) else [value]
-        for item in values:
-            if isinstance(item, (Mapping, list)):
-                return _Problem("must be a single value", None)
-            if not isinstance(item, str):
-                continue
-            # $IFS and bash's own variables expand to spaces: they would split one word into arguments.
-            names = _VARIABLE.findall(item)
-            if not _SHELL_WORD.fullmatch(item) or any(n == "IFS" or n.startswith("BASH") for n in names):
-                return _Problem(
-                    f"is written into {where} as is, and is not a plain word (letters, digits, _@%+=:,./~- and "
-                    "$VARIABLE only): spaces, quotes, ;|&<>, braces and $(...) can add commands"
-                )
-        return None
-
-    return rule
-
-
-def _listen(what: str) -> _Rule:
-    """An address a server listens on (``HOST:PORT`` forms of distributed's dashboard addresses)."""
-
-    def rule(value: Any) -> _Problem | None:
-        if value is None:
-            return None
-        try:
-            points = listen_points(value)
-        except ValueError as exc:
-            return _Problem(str(exc), None)
-        for host, _ in points:
-            beyond = beyond_loopback(host)
-            if beyond:
-                return _Problem(f"would make {what} listen {beyond}", ALLOW_NETWORK_LISTEN)
-        return None
-
-    return rule
-
-
-def _host(what: str) -> _Rule:
-    """A host (or ``scheme://host:port``) a server binds to or is reached at."""
-
-    def rule(value: Any) -> _Problem | None:
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            return _Problem("must be a host name or address", None)
-        scheme, sep, rest = value.rpartition("://")
-        if sep and scheme not in SCHEDULER_SCHEMES:
-            return _Problem(f"uses {scheme}://; use tcp:// or tls://", None)
-        try:
-            host, port = split_host_port(rest)
-        except ValueError as exc:
-            return _Problem(str(exc), None)
-        if (port is not None and not re.fullmatch(r"[0-9]{1,5}", port)) or (host and not valid_host(host)):
-            return _Problem("is not HOST or HOST:PORT", None)
-        beyond = beyond_loopback(host)
-        return _Problem(f"would make {what} listen {beyond}", ALLOW_NETWORK_LISTEN) if beyond else None
-
-    return rule
-
-
-def _interface(what: str) -> _Rule:
-    """A network interface name (eth0, ib0, lo) a server binds to."""
-
-    def rule(value: Any) -> _Problem | None:
-        if value is None:
-            return None
-        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,32}", value):
-            return _Problem("must be the name of a network interface, such as lo or eth0", None)
-
-        families = (socket.AF_INET, socket.AF_INET6)
-        addresses = [a.address for a in psutil.net_if_addrs().get(value, []) if a.family in families]
-        if addresses and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
-            return None
-        return _Problem(f"would make {what} listen on the network interface {value}", ALLOW_NETWORK_LISTEN)
-
-    return rule
-
-
-def _options(role: str, allowed: Mapping[str, _Rule]) -> _Rule:
-    """Keyword arguments of a distributed Scheduler or Worker, started on another machine or here."""
-
-    def rule(value: Any) -> _Problem | None:
-        if value is None or value == {}:
-            return None
-        if not isinstance(value, Mapping):
-            return _Problem(f"must be a mapping of {role} keyword arguments", None)
-        for name, option in value.items():
-            check = allowed.get(name)
-            if check is None:
-                return _Problem(
-                    f"passes {name}= to the {role}, which daskstream does not know to be data (options such as "
-                    "preload, plugins or worker_class import and run code)"
-                )
-            problem = check(option)
-            if problem is not None:
-                return _Problem(f"passes {name}={option!r} to the {role}, which {problem.reason}", problem.needs)
-        return None
-
-    return rule
-
-
-def _all(*rules: _Rule) -> _Rule:
-    def rule(value: Any) -> _Problem | None:
-        for each in rules:
-            problem = each(value)
-            if problem is not None:
-                return problem
-        return None
-
-    return rule
-
-
-def _typed(check: Callable[[Any], bool], what: str) -> _Rule:
-    def rule(value: Any) -> _Problem | None:
-        return None if check(value) else _Problem(f"must be {what}", None)
-
-    return rule
-
-
 _WORD_IN_COMMAND = _shell_words("a shell command on the remote host")
 _SCHEDULER_OPTIONS: dict[str, _Rule] = {
     "port": _typed(lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)), "a port number"),
@@ -610,10 +312,6 @@ _WORKER_OPTIONS: dict[str, _Rule] = {
     "worker_port": _typed(lambda v: v is None or isinstance(v, (int, str)), "a port or a port range"),
     "nanny_port": _typed(lambda v: v is None or isinstance(v, (int, str)), "a port or a port range"),
 }
-
-
-def _path_or_paths(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
 
 
 _CONNECT_OPTIONS: dict[str, _Rule] = {
