@@ -1,4 +1,4 @@
-"""The README's object store example and commands work as written, against the S3 server on 127.0.0.1."""
+"""The documentation's object store example and commands work as written, against the S3 server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ README_ENDPOINT = "http://127.0.0.1:9000"
 
 
 def _section(repo_root) -> str:
-    readme = (repo_root / "README.md").read_text()
-    return readme.split("### On object stores", 1)[1].split("\n### ", 1)[0]
+    page = (repo_root / "docs" / "guide" / "formats.md").read_text()
+    return page.split("## On object stores", 1)[1].split("\n## ", 1)[0]
 
 
 @pytest.fixture
