@@ -31,8 +31,7 @@ from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import planned_cluster_resources, resolve_settings, settings_for
 from daskstream.sources import Source, open_source
-from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction
-from daskstream.tuning.adaptive_store import adaptive_store
+from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction, adaptive_store
 
 
 def open(
@@ -487,7 +486,7 @@ def store(
         part of the real store, and the rest is written with the fastest. The
         target and its chunks are the same as without ``adaptive``. The
         returned array's ``adaptation`` attribute
-        (:class:`~daskstream.tuning.adaptation.Adaptation`, ``explain()``)
+        (:class:`~daskstream.tuning.adaptive.record.Adaptation`, ``explain()``)
         says what was tried and chosen; the choice is remembered for the next
         adaptive store of this kind of data. It needs ``x`` computed region by
         region from its sources (``open``, ``map_blocks`` kernels and

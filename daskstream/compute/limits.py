@@ -39,8 +39,8 @@ from daskstream.compute.store.codecs import Measured, _doubt, _measure, _samples
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers
 from daskstream.graph.reads import read_array
+from daskstream.runtime.remembered import TuneCache, machine_fingerprint
 from daskstream.runtime.resources import resources_for
-from daskstream.runtime.tune_cache import TuneCache, machine_fingerprint
 
 #: Bytes of the source's values a limit is measured on.
 SAMPLE_BYTES = 8 * 2**20

@@ -75,7 +75,7 @@ _default_observers: list[Observer] = []
 def observe_computations(observer: Observer) -> None:
     """Watch every computation of sessions made from now on with ``observer`` (once, however often added).
 
-    The tuner registers its online feedback this way (:mod:`daskstream.tuning.feedback`);
+    The tuner registers its online feedback this way (:mod:`daskstream.tuning.session_feedback`);
     ``session(..., observers=[...])`` chooses a session's own.
     """
     if observer not in _default_observers:
@@ -360,7 +360,7 @@ class Session:
         the tasks (output chunks on a cluster) finished beside them; where the
         reads cannot be planned it counts those alone. A computation reading one daskstream source that runs
         longer than ``daskstream.tune.feedback-min-seconds`` is recorded in the
-        tuning cache by the tuner's observer (see :mod:`daskstream.tuning.feedback`),
+        tuning cache by the tuner's observer (see :mod:`daskstream.tuning.session_feedback`),
         so the next :func:`daskstream.tune` of that kind of data starts from it.
 
         ``limit`` sets the bar's read rate beside a limit: anything with a

@@ -15,15 +15,15 @@ from daskstream.errors import DaskstreamWarning, InvalidArgumentError, warn
 from daskstream.graph.layers import opened_source, read_layers
 from daskstream.planning.budget import parse_budget
 from daskstream.planning.settings import PlanSettings, Resources
+from daskstream.runtime.remembered import TuneCache, machine_fingerprint
 from daskstream.runtime.resources import resolve_settings
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.runtime.session import session
-from daskstream.runtime.tune_cache import TuneCache, machine_fingerprint
 from daskstream.sources import Source, open_source
-from daskstream.tuning.measure import Sampler, scheduler_get, scheduler_overhead
+from daskstream.tuning.candidates import Limits, SearchSpace, Trial, hill_climb
+from daskstream.tuning.measured_work import Work, work_for
 from daskstream.tuning.result import Candidate, TuneResult
-from daskstream.tuning.search import Limits, SearchSpace, Trial, hill_climb
-from daskstream.tuning.work import Work, work_for
+from daskstream.tuning.timing import Sampler, scheduler_get, scheduler_overhead
 
 
 def tune(

@@ -20,7 +20,7 @@ from daskstream.compute.store.codec_candidates import _HDF5_CANDIDATES, _ZARR_CA
 from daskstream.compute.store.codec_timing import distrust, timed
 from daskstream.compute.store.codecs import OBJECTIVES
 from daskstream.errors import InvalidArgumentError
-from daskstream.runtime.tune_cache import TuneCache
+from daskstream.runtime.remembered import TuneCache
 
 
 def _field() -> np.ndarray:

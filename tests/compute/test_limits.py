@@ -18,7 +18,7 @@ import zarr
 import daskstream as ds
 from daskstream.compute.limits import LIMIT_SHOWN_FROM_BYTES, codec_limit, codec_of
 from daskstream.graph.layers import read_layers
-from daskstream.runtime.tune_cache import TuneCache
+from daskstream.runtime.remembered import TuneCache
 
 
 @pytest.fixture

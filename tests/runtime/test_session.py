@@ -189,7 +189,7 @@ def test_progress_bar_reaches_the_end_and_changes_nothing(npy, capfd, scheduler)
 def test_a_bar_sets_its_read_rate_beside_the_codec_limit_it_is_given(npy, capfd, tmp_path, scheduler):
     pytest.importorskip("tqdm")
     from daskstream.compute import codec_limit
-    from daskstream.runtime.tune_cache import TuneCache
+    from daskstream.runtime.remembered import TuneCache
 
     path, data = npy
     cache = TuneCache(str(tmp_path / "tune.json"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dask.config
 import pytest
 
-from daskstream.runtime.tune_cache import TuneCache
+from daskstream.runtime.remembered import TuneCache
 
 
 @pytest.fixture

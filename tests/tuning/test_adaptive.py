@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import daskstream as ds
 from daskstream.errors import InvalidArgumentError
 from daskstream.runtime.metering import ReadMeter
-from daskstream.tuning.search import SearchSpace
-from daskstream.tuning.waves import choose, lay_out_trials, rest_wave, settings_to_try, wave_rows
+from daskstream.tuning.adaptive.trials import choose, lay_out_trials, rest_wave, settings_to_try, wave_rows
+from daskstream.tuning.candidates import SearchSpace
 
 
 def data(dtype="f4") -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daskstream.tuning.search import Limits, Measurement, SearchSpace, hill_climb, project_seconds
+from daskstream.tuning.candidates import Limits, Measurement, SearchSpace, hill_climb, project_seconds
 
 MiB = 2**20
 

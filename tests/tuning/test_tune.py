@@ -23,7 +23,7 @@ from daskstream.errors import (
     UnknownOperationError,
 )
 from daskstream.runtime.metering import ReadMeter
-from daskstream.runtime.tune_cache import key_text
+from daskstream.runtime.remembered import key_text
 from daskstream.tuning import TuneCache
 
 SHAPE = (2048, 1024)

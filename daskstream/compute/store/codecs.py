@@ -48,8 +48,8 @@ from daskstream.display import columns_table
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers, rechunk_records
 from daskstream.planning.budget import format_size
+from daskstream.runtime.remembered import TuneCache, machine_fingerprint
 from daskstream.runtime.resources import resolve_resources
-from daskstream.runtime.tune_cache import TuneCache, machine_fingerprint
 
 #: What a choice can optimize for; see the module's description.
 OBJECTIVES = ("write", "read", "size", "balanced")

@@ -5,7 +5,7 @@ array -- one chunk, or several along the first axis when an adaptive store
 batches writes -- and writes every chunk it covers, marking each done after
 its chunk is in place. :class:`PendingWrites` runs the blocks a store has
 still to write: all at once by default, or, while :func:`runs_blocks_with`
-names a runner (:mod:`daskstream.tuning.adaptive_store`), in waves the
+names a runner (:mod:`daskstream.tuning.adaptive.stores`), in waves the
 runner chooses.
 """
 

@@ -17,7 +17,7 @@ class Tried:
     Attributes
     ----------
     role, chunks, chunk_bytes, threads
-        The setting (see :class:`daskstream.tuning.waves.Setting`).
+        The setting (see :class:`daskstream.tuning.adaptive.trials.Setting`).
     waves
         Waves it ran (trials, and the rest when it won).
     nbytes, seconds

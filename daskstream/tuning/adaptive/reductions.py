@@ -1,9 +1,9 @@
-"""Adaptive runs: a reduction that tries settings on its own first rows, then runs the rest with the winner.
+"""Adaptive reductions: a reduction that tries settings on its own first rows, then runs the rest with the winner.
 
 ``ds.reduce(x, op, adaptive=True)`` and ``ds.describe(x, adaptive=True)``
 return an :class:`AdaptiveRun`.
 Computing it cuts the array along its first axis into waves
-(:mod:`daskstream.tuning.waves`): the first waves try the planner's setting
+(:mod:`daskstream.tuning.adaptive.trials`): the first waves try the planner's setting
 (or the one an earlier adaptive run of this kind of data chose) and a few
 alternatives — more threads, larger tasks — interleaved, as
 real work whose results are part of the answer; the rest then runs with the
@@ -16,7 +16,7 @@ tuning cache under the same kind-of-data key :func:`daskstream.tune` uses, so
 the next adaptive run of that kind of data starts from it.
 
 Waves run on this process's threads, or as futures on a distributed cluster
-(:mod:`daskstream.tuning.wave_runner`); on another scheduler, or an array too
+(:mod:`daskstream.tuning.adaptive.engine`); on another scheduler, or an array too
 small for trials, the reduction runs as planned and the :class:`Adaptation`
 says why.
 """
@@ -42,10 +42,8 @@ from daskstream.graph.reads import source_array
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source
-from daskstream.tuning.adaptation import Adaptation
-from daskstream.tuning.search import Multiples, SearchSpace
-from daskstream.tuning.tuner import cache_key, search_space, source_of
-from daskstream.tuning.wave_reads import (
+from daskstream.tuning.adaptive.engine import AdaptiveJob, WaveRunner, row_bytes
+from daskstream.tuning.adaptive.reads import (
     Cluster,
     RegionWaves,
     WaveBar,
@@ -53,12 +51,14 @@ from daskstream.tuning.wave_reads import (
     readable_for_waves,
     rows_array,
 )
-from daskstream.tuning.wave_runner import AdaptiveJob, WaveRunner, row_bytes
-from daskstream.tuning.waves import (
+from daskstream.tuning.adaptive.record import Adaptation
+from daskstream.tuning.adaptive.trials import (
     Setting,
     Wave,
 )
-from daskstream.tuning.work import work_for
+from daskstream.tuning.candidates import Multiples, SearchSpace
+from daskstream.tuning.measured_work import work_for
+from daskstream.tuning.tuner import cache_key, search_space, source_of
 
 
 class AdaptiveRun(AdaptiveJob):
@@ -75,7 +75,7 @@ class AdaptiveRun(AdaptiveJob):
     operation
         The reduction's name, or ``"describe"``.
     adaptation
-        The :class:`~daskstream.tuning.adaptation.Adaptation`, once computed.
+        The :class:`~daskstream.tuning.adaptive.record.Adaptation`, once computed.
     """
 
     def __init__(

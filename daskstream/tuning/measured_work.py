@@ -1,7 +1,7 @@
 """The work a tuning measures: a reduction, ``describe`` or a kernel, run on sampled blocks of a source.
 
 The same labels name the work when the tuner measures it and when a session
-observes a real computation (:mod:`daskstream.tuning.feedback`), so both land
+observes a real computation (:mod:`daskstream.tuning.session_feedback`), so both land
 on the same cache entry: a reduction is labelled by the dask layer that
 consumes the read blocks (``"sum"``, ``"moments_chunk"``...), a kernel by its
 function's name, ``describe`` as such.

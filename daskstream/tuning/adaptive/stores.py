@@ -4,7 +4,7 @@
 from its sources (a source opened with ``ds.open``, ``ds.map_blocks``
 kernels over it, element-wise expressions of those) into a Zarr target
 writes it in waves along the first axis, as adaptive reductions read
-(:mod:`daskstream.tuning.adaptive`). The target's chunks are fixed by the
+(:mod:`daskstream.tuning.adaptive.reductions`). The target's chunks are fixed by the
 planner before the first write, so what is tried is how the writing runs:
 chunks written per task (a task computes the region of several chunks at
 once -- one read of their sources and one halo instead of one per chunk --
@@ -16,7 +16,7 @@ from the workers, as a planned store's do there, each block once and marked
 done as it is written. A store that cannot run in waves (an HDF5 target,
 written by one process; a resumed store; an array that is not computed region
 by region; the ``sync`` or ``processes`` scheduler) writes as planned, and its
-:class:`~daskstream.tuning.adaptation.Adaptation` says why.
+:class:`~daskstream.tuning.adaptive.record.Adaptation` says why.
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from daskstream.graph.layers import read_layers
 from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.detect import split_dataset
-from daskstream.tuning.adaptation import Adaptation, Tried
-from daskstream.tuning.search import Multiples, SearchSpace
+from daskstream.tuning.adaptive.engine import AdaptiveJob, WaveRunner, row_bytes
+from daskstream.tuning.adaptive.reads import Cluster, RegionWaves, WaveBar, clocked, readable_for_waves
+from daskstream.tuning.adaptive.record import Adaptation, Tried
+from daskstream.tuning.adaptive.trials import Setting, Wave
+from daskstream.tuning.candidates import Multiples, SearchSpace
+from daskstream.tuning.measured_work import Work
 from daskstream.tuning.tuner import cache_key
-from daskstream.tuning.wave_reads import Cluster, RegionWaves, WaveBar, clocked, readable_for_waves
-from daskstream.tuning.wave_runner import AdaptiveJob, WaveRunner, row_bytes
-from daskstream.tuning.waves import Setting, Wave
-from daskstream.tuning.work import Work
 
 
 def adaptive_store(
@@ -53,7 +53,7 @@ def adaptive_store(
     **options: Any,
 ) -> da.Array:
     """``store(x, target, ..., adaptive=True)``: the stored array, with the run's
-    :class:`~daskstream.tuning.adaptation.Adaptation` as its ``adaptation`` attribute.
+    :class:`~daskstream.tuning.adaptive.record.Adaptation` as its ``adaptation`` attribute.
 
     ``progress``: a callable gets the store's block counts as without
     ``adaptive``; ``True``/``None`` shows the adaptive run's own bar (whose

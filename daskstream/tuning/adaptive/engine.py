@@ -3,8 +3,8 @@
 An :class:`AdaptiveJob` says what one wave computes with a setting and how
 the waves' results make the answer (a reduction's pieces joined, a store's
 blocks written); :class:`WaveRunner` lays out the waves
-(:mod:`daskstream.tuning.waves`), runs and times them, chooses, records the
-:class:`~daskstream.tuning.adaptation.Adaptation` and remembers the winner in
+(:mod:`daskstream.tuning.adaptive.trials`), runs and times them, chooses, records the
+:class:`~daskstream.tuning.adaptive.record.Adaptation` and remembers the winner in
 the tuning cache under the job's key.
 
 Waves run on this process's threads (the threaded scheduler: how many is one
@@ -28,12 +28,11 @@ from daskstream import config
 from daskstream.planning.budget import format_size
 from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.progress import progress_bar
+from daskstream.runtime.remembered import TuneCache
 from daskstream.runtime.schedulers import current, scheduler_kind
-from daskstream.runtime.tune_cache import TuneCache
-from daskstream.tuning.adaptation import Adaptation, Tried
-from daskstream.tuning.search import Multiples, SearchSpace
-from daskstream.tuning.wave_reads import Cluster
-from daskstream.tuning.waves import (
+from daskstream.tuning.adaptive.reads import Cluster
+from daskstream.tuning.adaptive.record import Adaptation, Tried
+from daskstream.tuning.adaptive.trials import (
     Choice,
     Setting,
     Wave,
@@ -44,6 +43,7 @@ from daskstream.tuning.waves import (
     settings_to_try,
     wave_rows,
 )
+from daskstream.tuning.candidates import Multiples, SearchSpace
 
 
 class AdaptiveJob:
@@ -90,7 +90,7 @@ class AdaptiveJob:
     ) -> tuple[Any, float, float]:
         """Rows ``[wave.start, wave.stop)`` computed with ``setting`` on this process's threads, or as
         futures on ``cluster``: the wave's result, its wall seconds and its seconds from first task to last
-        (see :func:`daskstream.tuning.wave_reads.compute_wave`)."""
+        (see :func:`daskstream.tuning.adaptive.reads.compute_wave`)."""
         raise NotImplementedError
 
     def run_whole(self, bar: Any) -> tuple[Any, float]:

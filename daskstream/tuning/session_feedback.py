@@ -25,10 +25,10 @@ from dask.callbacks import Callback
 
 from daskstream import config
 from daskstream.graph.layers import read_layers
-from daskstream.runtime.tune_cache import TuneCache
+from daskstream.runtime.remembered import TuneCache
 from daskstream.sources import Source
+from daskstream.tuning.measured_work import Work, consumer_label
 from daskstream.tuning.tuner import cache_key, search_space
-from daskstream.tuning.work import Work, consumer_label
 
 
 class _TaskClock(Callback):

@@ -1,6 +1,6 @@
-"""The tuning cache: winners, observations and codec choices, remembered per kind of data and machine.
+"""What was measured on this machine and remembered: tuning winners and observations, codec limits and choices.
 
-One JSON file (``daskstream.tune.cache``; ``"auto"`` puts it in the user's
+One JSON file, the tuning cache (``daskstream.tune.cache``; ``"auto"`` puts it in the user's
 cache folder). It is read as data only, written whole to a temporary file
 and renamed into place, under a lock file so that two processes tuning at
 once do not lose each other's entries. A file that cannot be parsed (not

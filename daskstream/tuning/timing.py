@@ -17,8 +17,8 @@ from daskstream.graph.reads import source_array
 from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.schedulers import active_get
 from daskstream.sources import Source
-from daskstream.tuning.search import Measurement, Multiples, SearchSpace, project_seconds
-from daskstream.tuning.work import Work, spread_blocks
+from daskstream.tuning.candidates import Measurement, Multiples, SearchSpace, project_seconds
+from daskstream.tuning.measured_work import Work, spread_blocks
 
 Get = Callable[[dict, list], Any]
 

@@ -9,7 +9,7 @@ one of them. Every trial wave is real work: its result is part of the answer,
 so trying costs no extra bytes read. The rest of the array then runs in one
 wave with the winner.
 
-Nothing here reads a file or runs a task; :mod:`daskstream.tuning.adaptive`
+Nothing here reads a file or runs a task; :mod:`daskstream.tuning.adaptive.engine`
 runs the waves.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from daskstream.planning.budget import format_size
-from daskstream.tuning.search import Multiples, SearchSpace
+from daskstream.tuning.candidates import Multiples, SearchSpace
 
 
 @dataclass(frozen=True)

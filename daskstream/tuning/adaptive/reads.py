@@ -268,7 +268,7 @@ class Rows:
     checked as any other): the array a wave reads, one task per block, with nothing around it in the graph.
 
     The wave's setting holds the memory budget by construction
-    (:func:`daskstream.tuning.waves.settings_to_try`), so the array is made
+    (:func:`daskstream.tuning.adaptive.trials.settings_to_try`), so the array is made
     directly rather than as a planned read.
     """
 
