@@ -6,8 +6,10 @@ results are plain values, and how a notebook shows them is here, above it.
 formatter; ``import daskstream`` calls it when it runs in an IPython shell
 (Jupyter, JupyterLab, VS Code, ``ipython``), and does nothing elsewhere.
 
->>> plan = ChunkPlan(shape=(100, 100), dtype="float32", chunks=(50, 100), storage_chunks=None,
-...                  layout="C", memory_budget=1 << 20, threads=2, workers=1)
+>>> from daskstream.planning.chunks import plan_chunks_exact
+>>> plan = plan_chunks_exact((4096, 1024), "float32", storage_chunks=None, layout="C", memory_budget=1 << 30,
+...                          threads=2, workers=1, reduce_axis=None, target_chunk_bytes=8 << 20,
+...                          working_set_factor=3.0, min_tasks_per_thread=2)
 >>> "read amplification" in chunk_plan_html(plan)
 True
 """

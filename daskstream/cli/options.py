@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -139,14 +141,42 @@ def where_options(fn: Any) -> Any:
     )(fn)
 
 
+@dataclass(frozen=True)
+class WhereItRuns:
+    """Where a computing command's work runs (``--scheduler``/``--cluster``), its ``--budget``, and ``--quiet``."""
+
+    scheduler: str | None
+    cluster_file: str | None
+    memory_budget: str | None
+    quiet: bool
+
+    def session(self) -> Any:
+        """The command's session: its scheduler or cluster, budget, and a progress bar unless quiet."""
+        return command_session(self.scheduler, self.cluster_file, self.memory_budget, self.quiet)
+
+
 def compute_options(fn: Any) -> Any:
-    """Where the work runs, its memory budget, and whether progress shows on stderr."""
-    fn = click.option("--quiet", is_flag=True, help="Print no progress on stderr.")(fn)
-    return where_options(budget_option(fn))
+    """Where the work runs, its memory budget, and whether progress shows on stderr: one ``where`` argument
+    (:class:`WhereItRuns`) for the command, from the options ``--scheduler``, ``--cluster``, ``--budget``
+    and ``--quiet``."""
+
+    @functools.wraps(fn)
+    def command(
+        *args: Any,
+        scheduler: str | None,
+        cluster_file: str | None,
+        memory_budget: str | None,
+        quiet: bool,
+        **kwargs: Any,
+    ) -> Any:
+        return fn(*args, where=WhereItRuns(scheduler, cluster_file, memory_budget, quiet), **kwargs)
+
+    command = click.option("--quiet", is_flag=True, help="Print no progress on stderr.")(command)
+    return where_options(budget_option(command))
 
 
 def command_session(scheduler: str | None, cluster_file: str | None, memory_budget: str | None, quiet: bool) -> Any:
-
+    """The session of a command: ``scheduler`` or ``cluster_file``, ``memory_budget``, a bar unless ``quiet``."""
     return ds.session(scheduler, cluster=cluster_file, memory_budget=memory_budget, progress=not quiet)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import click
@@ -12,19 +11,16 @@ import numpy as np
 import daskstream as ds
 from daskstream.cli.app import main
 from daskstream.cli.options import (
+    WhereItRuns,
     adaptive_option,
-    command_session,
     compute_options,
     out_option,
     plain_json,
     range_option,
     storage_option,
-    url_options,
     within_int64,
 )
 from daskstream.cli.output import (
-    RateBesideLimit,
-    check_out,
     format_exact,
     histogram_lines,
     out_format,
@@ -32,11 +28,9 @@ from daskstream.cli.output import (
     table_lines,
     write_arrays,
 )
+from daskstream.cli.running import measured, opened_in_session
 from daskstream.compute.describe import QUARTILES, STATISTICS
-from daskstream.compute.limits import codec_limit
-from daskstream.graph.layers import places_read
 from daskstream.planning.budget import format_size
-from daskstream.runtime.metering import ReadMeter
 
 
 @main.command("reduce")
@@ -73,10 +67,7 @@ def reduce_command(
     dataset: str | None,
     out: str | None,
     adaptive: bool,
-    scheduler: str | None,
-    cluster_file: str | None,
-    memory_budget: str | None,
-    quiet: bool,
+    where: WhereItRuns,
     as_json: bool,
     storage_options: dict[str, Any],
 ) -> None:
@@ -112,41 +103,37 @@ def reduce_command(
         options["q"] = q[0] if len(q) == 1 else list(q)
     if op == "histogram":
         options.update(bins=10 if bins is None else bins, range=bin_range)
-    with command_session(scheduler, cluster_file, memory_budget, quiet) as s:
-        # Opened inside the session, so the chunks are planned for its workers.
-        x = ds.open(path, dataset=dataset, storage_options=url_options(storage_options, path))
-        reads = places_read(x)
-        if out is not None:
-            # Onto the source, or over a folder of the user's: refused before a byte is read.
-            check_out(out, out_names, reads)
+    with opened_in_session(
+        path,
+        where,
+        dataset=dataset,
+        storage_options=storage_options,
+        out=out,
+        out_names=out_names,
+    ) as opened:
+        x, s = opened.array, opened.session
         adaptation = None
         if adaptive:
-            run = ds.reduce(x, op, axis=axis or None, adaptive=True, progress=not quiet, **options)
+            run = ds.reduce(x, op, axis=axis or None, adaptive=True, progress=not where.quiet, **options)
             passes = 1
-            start = time.perf_counter()
-            with ReadMeter(s) as meter:
-                value = run.compute()
+            done = measured(opened, run.compute)
+            value = done.value
             adaptation = run.adaptation
         else:
             result = ds.reduce(x, op, axis=axis or None, **options)
-            passes = ds.plan_compute(*(result if op == "histogram" else (result,))).passes
-            start = time.perf_counter()
+            collections = tuple(result) if op == "histogram" else (result,)
+            passes = ds.plan_compute(*collections).passes
             # The bar sets its rate beside the codec's limit once one is remembered (measured after a first run).
-            known = None if quiet else codec_limit(x, threads=s.resources().threads, measure=False)
-            with ReadMeter(s) as meter:
-                label = f"{op} of {path}"
-                if op == "histogram":
-                    value = list(s.compute(*result, label=label, limit=known))
-                else:
-                    (value,) = s.compute(result, label=label, limit=known)
-        seconds = time.perf_counter() - start
-        threads = s.resources().threads
+            limit = opened.bar_limit()
+            done = measured(opened, lambda: s.compute(*collections, label=f"{op} of {path}", limit=limit))
+            value = list(done.value) if op == "histogram" else done.value[0]
+    seconds = done.seconds
     # A rate set beside the codec's limit where the read was long enough to say more than its overheads.
-    at = RateBesideLimit.of(meter.bytes_read or 0, seconds, lambda: codec_limit(x, threads=threads))
+    at = done.rate()
     written = None
     if out is not None:
         arrays = {"counts": value[0], "edges": value[1]} if op == "histogram" else {op: value}
-        written = write_arrays(out, arrays, reads)
+        written = write_arrays(out, arrays, opened.reads)
     if as_json:
         shown = [plain_json(v) for v in value] if op == "histogram" else plain_json(value)
         report = {
@@ -154,7 +141,7 @@ def reduce_command(
             "axis": list(axis) or None,
             "result": shown,
             "seconds": seconds,
-            "bytes_read": meter.bytes_read,
+            "bytes_read": done.bytes_read,
             "passes": passes,
             "scheduler": s.cluster_file or s.scheduler,
             "out": out,
@@ -164,7 +151,7 @@ def reduce_command(
             report["adaptive"] = adaptation.to_dict()
         click.echo(json.dumps(report))
         return
-    read = "" if meter.bytes_read is None else f", {format_size(meter.bytes_read)} read in {passes} pass(es)"
+    read = "" if done.bytes_read is None else f", {format_size(done.bytes_read)} read in {passes} pass(es)"
     read += at.text()
     over = f"axis {', '.join(map(str, axis))}" if axis else "all axes"
     if op == "histogram":
@@ -210,10 +197,7 @@ def describe_command(
     dataset: str | None,
     out: str | None,
     adaptive: bool,
-    scheduler: str | None,
-    cluster_file: str | None,
-    memory_budget: str | None,
-    quiet: bool,
+    where: WhereItRuns,
     as_json: bool,
     storage_options: dict[str, Any],
 ) -> None:
@@ -239,24 +223,25 @@ def describe_command(
     if out is not None:
         out_format(out, out_names)  # refused before anything is opened
     adaptation = None
-    with command_session(scheduler, cluster_file, memory_budget, quiet) as s:
-        x = ds.open(path, dataset=dataset, storage_options=url_options(storage_options, path))
-        reads = places_read(x)
-        if out is not None:
-            check_out(out, out_names, reads)
-        options: dict[str, Any] = {"axis": axis or None, "bins": bins, "range": bin_range}
+    options: dict[str, Any] = {"axis": axis or None, "bins": bins, "range": bin_range}
+    with opened_in_session(
+        path,
+        where,
+        dataset=dataset,
+        storage_options=storage_options,
+        out=out,
+        out_names=out_names,
+    ) as opened:
         if adaptive:
-            run = ds.describe(x, **options, quartiles=quartiles, adaptive=True, progress=not quiet)
+            run = ds.describe(opened.array, **options, quartiles=quartiles, adaptive=True, progress=not where.quiet)
             description = run.compute()
             adaptation = run.adaptation
         else:
-            known = None if quiet else codec_limit(x, threads=s.resources().threads, measure=False)
-            (description,) = s.compute(
-                ds.describe(x, **options, quartiles=quartiles), label=f"describe {path}", limit=known
-            )
+            described = ds.describe(opened.array, **options, quartiles=quartiles)
+            (description,) = opened.session.compute(described, label=f"describe {path}", limit=opened.bar_limit())
     written = None
     if out is not None:
-        written = write_arrays(out, dict(description), reads)
+        written = write_arrays(out, dict(description), opened.reads)
     if as_json:
         report: dict[str, Any] = {
             "name": description.name,

@@ -13,10 +13,10 @@ import click
 import daskstream as ds
 from daskstream.cli.app import main
 from daskstream.cli.options import (
+    WhereItRuns,
     adaptive_store_option,
     chunk_spec,
     cli_compressor,
-    command_session,
     compute_options,
     inner_chunks_option,
     optimize_option,
@@ -26,6 +26,7 @@ from daskstream.cli.options import (
     url_options,
 )
 from daskstream.cli.output import RateBesideLimit
+from daskstream.cli.running import opened_in_session
 from daskstream.cli.words import spelled
 from daskstream.compute.limits import codec_limit
 from daskstream.compute.store import stored_bytes, target_format
@@ -76,10 +77,7 @@ def store(
     zarr_format: str,
     inner_chunks: str | None,
     adaptive: bool,
-    scheduler: str | None,
-    cluster_file: str | None,
-    memory_budget: str | None,
-    quiet: bool,
+    where: WhereItRuns,
     as_json: bool,
     storage_options: dict[str, Any],
     target_storage_options: dict[str, Any],
@@ -96,15 +94,20 @@ def store(
       daskstream store scan.h5::/t s3://bucket/t.zarr --codec auto --optimize read
     """
 
-    with command_session(scheduler, cluster_file, memory_budget, quiet):
-        x = ds.open(source, dataset=dataset, storage_options=url_options(storage_options, source))
+    with opened_in_session(
+        source,
+        where,
+        dataset=dataset,
+        storage_options=storage_options,
+    ) as opened:
+        x = opened.array
         target_options = url_options(target_storage_options or storage_options, target)
         choice = None
         if compressor == "auto":
             compressor, choice = _auto_codec(
-                x, target, target_dataset, overwrite, optimize, int(zarr_format), quiet, as_json
+                x, target, target_dataset, overwrite, optimize, int(zarr_format), where.quiet, as_json
             )
-        tally = _StoreTally(None if quiet else BlockProgress(f"store {target}", int(x.nbytes)))
+        tally = _StoreTally(None if where.quiet else BlockProgress(f"store {target}", int(x.nbytes)))
         with spelled(dataset="--target-dataset", storage_options="--target-storage-option"):
             stored = ds.store(
                 x,
@@ -281,10 +284,7 @@ def convert(
     dataset: str | None,
     overwrite: bool,
     adaptive: bool,
-    scheduler: str | None,
-    cluster_file: str | None,
-    memory_budget: str | None,
-    quiet: bool,
+    where: WhereItRuns,
     as_json: bool,
     storage_options: dict[str, Any],
     target_storage_options: dict[str, Any],
@@ -307,19 +307,22 @@ def convert(
         if codec == "auto"
         else cli_compressor(codec, level, hdf5=target_format(target.partition("::")[0]) == "hdf5")
     )
-    source_options = url_options(storage_options, source)
     target_options = url_options(target_storage_options or storage_options, target)
-    with command_session(scheduler, cluster_file, memory_budget, quiet):
-        if isinstance(spec, tuple):
-            # Other chunks than the planner's: rechunked out of core, each stored chunk decoded once.
-            x = ds.rechunk(ds.open(source, dataset=dataset, storage_options=source_options), spec,
-                           intermediate=intermediate)  # fmt: skip
-        else:
-            x = ds.open(source, dataset=dataset, chunks=spec, storage_options=source_options)
+    # Other chunks than the planner's: rechunked out of core, each stored chunk decoded once.
+    rechunked = isinstance(spec, tuple)
+    with opened_in_session(
+        source,
+        where,
+        dataset=dataset,
+        storage_options=storage_options,
+        chunks="auto" if rechunked else spec,
+        prepare=(lambda opened: ds.rechunk(opened, spec, intermediate=intermediate)) if rechunked else None,
+    ) as opened:
+        x = opened.array
         choice = None
         if codec == "auto":
-            compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, quiet, as_json)
-        tally = _StoreTally(None if quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
+            compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, where.quiet, as_json)
+        tally = _StoreTally(None if where.quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
         # The target's options, as the convert command names them.
         with spelled(storage_options="--target-storage-option"):
             stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
