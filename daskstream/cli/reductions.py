@@ -23,7 +23,6 @@ from daskstream.cli.options import (
 from daskstream.cli.output import (
     format_exact,
     histogram_lines,
-    out_format,
     result_lines,
     table_lines,
     write_arrays,
@@ -94,10 +93,8 @@ def reduce_command(
     chosen and why).
     """
 
+    # A suffix daskstream cannot write, or a .npy file for a histogram's two arrays, is refused before reading.
     out_names = ["counts", "edges"] if op == "histogram" else [op]
-    if out is not None:
-        # A suffix daskstream cannot write, or a .npy file for a histogram's two arrays, refused before reading.
-        out_format(out, out_names)
     options: dict[str, Any] = {"ddof": ddof}
     if q:
         options["q"] = q[0] if len(q) == 1 else list(q)
@@ -220,8 +217,6 @@ def describe_command(
 
     # The names are those the description will have.
     out_names = [*STATISTICS, *(QUARTILES if quartiles else ()), *(("histogram", "bin_edges") if bins else ())]
-    if out is not None:
-        out_format(out, out_names)  # refused before anything is opened
     adaptation = None
     options: dict[str, Any] = {"axis": axis or None, "bins": bins, "range": bin_range}
     with opened_in_session(

@@ -17,7 +17,7 @@ from typing import Any
 
 import daskstream as ds
 from daskstream.cli.options import WhereItRuns, url_options
-from daskstream.cli.output import RateBesideLimit, check_out
+from daskstream.cli.output import RateBesideLimit, check_out, out_format
 from daskstream.compute.limits import CodecLimit, codec_limit
 from daskstream.graph.layers import places_read
 from daskstream.runtime.metering import ReadMeter
@@ -76,8 +76,12 @@ def opened_in_session(
 ) -> Iterator[Opened]:
     """Open ``path`` within the command's session (``where`` it runs) and check ``--out`` against what it reads.
 
-    ``prepare`` (for example a rechunk) is applied to the array as opened.
+    A suffix ``--out`` cannot write, or one file for several arrays, is
+    refused before anything is opened. ``prepare`` (for example a rechunk)
+    is applied to the array as opened.
     """
+    if out is not None:
+        out_format(out, list(out_names))
     with where.session() as session:
         # Opened inside the session, so the chunks are planned for its workers.
         array = ds.open(path, dataset=dataset, chunks=chunks, storage_options=url_options(storage_options, path))

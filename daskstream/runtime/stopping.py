@@ -90,7 +90,7 @@ class _Stop:
     """What the handler and the checkpoints share about the one stop a process can be asked for at a time."""
 
     def __init__(self) -> None:
-        self.asked = threading.Event()
+        # The signal that asked to stop, until the block ends; None while none has.
         self.signum: int | None = None
         # Interrupted has been raised in the main thread (or is being handled there): not raised again.
         self.delivered = False
@@ -101,8 +101,11 @@ class _Stop:
         self.within = False
         self.redelivery: threading.Thread | None = None
 
+    @property
+    def asked(self) -> bool:
+        return self.signum is not None
+
     def clear(self) -> None:
-        self.asked.clear()
         self.signum = None
         self.delivered = False
         self.redelivering.clear()
@@ -145,11 +148,12 @@ class Interrupted(KeyboardInterrupt):
 
 def raise_if_stopped() -> None:
     """Raise :class:`Interrupted` when a signal asked this process to stop (any thread may ask)."""
-    if _STOP.asked.is_set() and _STOP.signum is not None:
+    signum = _STOP.signum  # read once: the block's end may clear it meanwhile in the main thread
+    if signum is not None:
         if threading.current_thread() is threading.main_thread():
             _STOP.deliver()
         # In a task's thread: the task fails with it, and the scheduler raises it in the main thread.
-        raise Interrupted(_STOP.signum)
+        raise Interrupted(signum)
 
 
 class _NoNewTasks(Callback):
@@ -177,12 +181,11 @@ def _waiting_where_safe(frame: FrameType | None) -> bool:
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _STOP.redelivering.is_set():
         _STOP.redelivering.clear()
-    elif _STOP.asked.is_set():
+    elif _STOP.asked:
         # Asked twice: the user will not wait for the cleanup.
         os._exit(128 + signum)
     else:
         _STOP.signum = signum
-        _STOP.asked.set()
         # What a client's event loop logs while its cluster is torn down mid-task (callbacks of cancelled
         # futures, closed comms) is the stop itself, not news: the one line the caller prints says it all.
         _quiet_shutdown_loggers()
@@ -232,7 +235,7 @@ def stopping_on_signals() -> Iterator[None]:
     undelivered = None
     try:
         yield
-        undelivered = _STOP.signum if _STOP.asked.is_set() and not _STOP.delivered else None
+        undelivered = None if _STOP.delivered else _STOP.signum
     finally:
         with _STOP.lock:
             # No redelivery is sent after this; one sent before is taken by this module's handler, which
@@ -314,7 +317,7 @@ def quiet_workers_when_stopped(client: Any) -> None:
     such a cluster (a remote cluster's logs are its operators'), before the
     client closes. Nothing happens when no stop was asked.
     """
-    if not _STOP.asked.is_set():
+    if not _STOP.asked:
         return
     for nanny in (False, True):
         with contextlib.suppress(Exception):  # a worker already gone has nothing left to say
