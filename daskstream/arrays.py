@@ -19,6 +19,7 @@ from typing import Any
 import dask.array as da
 from numpy.typing import DTypeLike
 
+from daskstream.advice import keyword, named, said
 from daskstream.compute.describe import describe as describe_lazily
 from daskstream.compute.labels import axes_by_name, described, is_labelled, reduced, unlabelled
 from daskstream.compute.reductions import reduce as reduce_lazily
@@ -32,6 +33,9 @@ from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import planned_cluster_resources, resolve_settings, settings_for
 from daskstream.sources import Source, open_source
 from daskstream.tuning.adaptive import AdaptiveRun, adaptive_description, adaptive_reduction, adaptive_store
+
+# Work planned in waves while it runs, named in the advice of the arguments it does not combine with.
+_ADAPTIVE = keyword("adaptive", True)
 
 
 def open(
@@ -172,7 +176,13 @@ def plan(
         source = open_source(source, dataset=dataset, storage_options=storage_options)
     elif dataset is not None or storage_options is not None:
         raise InvalidArgumentError(
-            f"{source.name}: dataset= and storage_options= apply when planning a path, not an open Source"
+            said(
+                f"{source.name}: ",
+                keyword("dataset"),
+                " and ",
+                keyword("storage_options"),
+                " apply when planning a path, not an open Source",
+            )
         )
     planned_cluster = None
     if cluster is not None or memory_limit is not None:
@@ -350,7 +360,7 @@ def reduce(
     if not adaptive:
         if progress is not None:
             raise InvalidArgumentError(
-                "progress= applies to adaptive=True; a lazy reduction shows progress when computed"
+                said("progress= applies to ", _ADAPTIVE, "; a lazy reduction shows progress when computed")
             )
         result = reduce_lazily(x, op, axis, **options)
         if labelled is None or op == "histogram":
@@ -358,12 +368,24 @@ def reduce(
         return reduced(labelled, result, op, axis, keepdims=options.get("keepdims", False), q=options.get("q"))
     if op == "histogram":
         raise InvalidArgumentError(
-            'adaptive=True does not apply to op="histogram": its bins come from the whole array; run it without adaptive='
+            said(
+                _ADAPTIVE,
+                " does not apply to ",
+                keyword("op", "histogram"),
+                ": its bins come from the whole array; run it without ",
+                keyword("adaptive"),
+            )
         )
     unknown = set(options) - {"dtype", "ddof", "q", "keepdims", "memory_budget"}
     if unknown:
         raise InvalidArgumentError(
-            f"adaptive=True takes dtype, ddof, q, keepdims and memory_budget; not {', '.join(sorted(unknown))}"
+            said(
+                _ADAPTIVE,
+                " takes dtype, ddof, q, keepdims and ",
+                named("memory_budget"),
+                "; not ",
+                ", ".join(sorted(unknown)),
+            )
         )
     settings = settings_for(x, memory_budget=options.pop("memory_budget", None))
     run = adaptive_reduction(x, op, axis, settings=settings, progress=progress, **options)
@@ -424,7 +446,7 @@ def describe(
     if not adaptive:
         if progress is not None:
             raise InvalidArgumentError(
-                "progress= applies to adaptive=True; a lazy describe shows progress when computed"
+                said("progress= applies to ", _ADAPTIVE, "; a lazy describe shows progress when computed")
             )
         name = str(labelled.name) if labelled is not None and labelled.name is not None else name_of(x)
         lazy = describe_lazily(
@@ -441,7 +463,7 @@ def describe(
         lazy.relabel = relabel
         return lazy
     if split_every is not None:
-        raise InvalidArgumentError("adaptive=True plans each wave's merge tree itself; leave split_every out")
+        raise InvalidArgumentError(said(_ADAPTIVE, " plans each wave's merge tree itself; leave split_every out"))
     if quartiles:
         raise InvalidArgumentError(
             "quartiles take passes of their own, which an adaptive describe (one pass, in waves) does not "

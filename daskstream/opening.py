@@ -18,6 +18,7 @@ from typing import Any
 
 import dask.array as da
 
+from daskstream.advice import keyword, said
 from daskstream.errors import InvalidArgumentError, MatlabLayoutWarning, PackedDataWarning, warn
 from daskstream.graph.layers import opened_source
 from daskstream.graph.reads import (
@@ -58,8 +59,13 @@ def _sources_to_open(
     elif isinstance(path, Source):
         if dataset is not None or storage_options is not None:
             raise InvalidArgumentError(
-                f"{path.name}: dataset= and storage_options= apply when opening a path, not an open Source; "
-                "pass them to open_source instead"
+                said(
+                    f"{path.name}: ",
+                    keyword("dataset"),
+                    " and ",
+                    keyword("storage_options"),
+                    " apply when opening a path, not an open Source; pass them to open_source instead",
+                )
             )
         sources = [path]
     else:

@@ -26,6 +26,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 
+from daskstream.advice import said
 from daskstream.errors import InvalidArgumentError, TargetExistsError, TargetWriteError
 
 __all__ = [
@@ -91,8 +92,11 @@ def refuse_onto_reads(target: str, reads: Iterable[tuple[str, str]], *, option: 
         else:
             continue
         raise InvalidArgumentError(
-            f"{option}: the computation reads {name}, {how}; writing there would destroy the data it reads. "
-            "Write to another place, then replace the old one if you want to"
+            said(
+                option,
+                f": the computation reads {name}, {how}; writing there would destroy the data it reads. Write to "
+                "another place, then replace the old one if you want to",
+            )
         )
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError
 from daskstream.streaming import Stream, stream
@@ -160,8 +161,11 @@ def dataset(x: Any, *, epoch: int = 0, **stream_options: Any) -> Any:
     for name in ("worker", "num_workers"):
         if name in stream_options:
             raise InvalidArgumentError(
-                f"{name}= splits a rank among PyTorch DataLoader workers; a tf.data pipeline reads in one "
-                "process: leave it out (rank= and world_size= split among input pipelines)"
+                said(
+                    keyword(name),
+                    " splits a rank among PyTorch DataLoader workers; a tf.data pipeline reads in one process: "
+                    "leave it out (rank= and world_size= split among input pipelines)",
+                )
             )
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise InvalidArgumentError(f"epoch={epoch!r} must be an int of at least 0")

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError
 from daskstream.streaming import stream
@@ -104,7 +105,9 @@ class StreamDataset(IterableDataset):
         for name in ("worker", "num_workers"):
             if name in options:
                 raise InvalidArgumentError(
-                    f"{name}= is set from the DataLoader's workers; leave it out of StreamDataset's options"
+                    said(
+                        keyword(name), " is set from the DataLoader's workers; leave it out of StreamDataset's options"
+                    )
                 )
         # A seed drawn here is shared with the workers; a state saved by another run brings its own.
         self._seed_drawn = bool(options.get("shuffle")) and options.get("seed") is None
@@ -112,7 +115,7 @@ class StreamDataset(IterableDataset):
             options["seed"] = random.SystemRandom().randrange(2**63)
         for name in ("rank", "world_size"):
             if name in options and (isinstance(options[name], bool) or not isinstance(options[name], int)):
-                raise InvalidArgumentError(f"{name}={options[name]!r} must be an int")
+                raise InvalidArgumentError(said(keyword(name, options[name]), " must be an int"))
         self.x, self.options = x, options
         # In shared memory, so that a worker's copy (persistent ones included, whatever the start method)
         # reads them at the start of each epoch: the epoch set last, how many times set_epoch was called,

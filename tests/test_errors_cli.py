@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from daskstream.advice import keyword, message_of, named, passing, said, scheduler
 from daskstream.cli import main
 from daskstream.cli.words import in_cli_words
 
@@ -240,28 +241,165 @@ def test_advice_names_the_commands_flags_not_pythons_keywords(npy, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("command", "python", "shell"),
+    ("command", "message", "python", "shell"),
     [
         (
             "reduce",
+            said("reduce the opened array, or ", passing("adaptive", False)),
             "reduce the opened array, or pass adaptive=False",
             "reduce the opened array, or leave out --adaptive",
         ),
-        ("reduce", "use session('processes') or a cluster", "use --scheduler processes or a cluster"),
+        (
+            "reduce",
+            said("use ", scheduler("processes"), " or a cluster"),
+            "use session('processes') or a cluster",
+            "use --scheduler processes or a cluster",
+        ),
         # Resuming is the command line's default: the way to it is to leave out --no-resume.
-        ("store", "pass resume=True to finish it", "leave out --no-resume to finish it"),
-        ("store", "pass resume=False to start again", "pass --no-resume to start again"),
-        ("store", 'with compressor="default"', "with --compressor default"),
-        ("plan", "memory_budget=2GiB is too small", "--memory-budget 2GiB is too small"),
-        ("plan", "give memory_budget as bytes", "give --memory-budget as bytes"),
-        ("plan", "the source's memory_budget_of(x)", "the source's memory_budget_of(x)"),
-        # Keywords the command does not take, and code that is not a keyword, are left as written.
-        ("reduce", "pass dtype= to map_blocks", "pass dtype= to map_blocks"),
-        ("reduce", "x.chunks=(1, 2) and a==b", "x.chunks=(1, 2) and a==b"),
+        (
+            "store",
+            said(passing("resume", True), " to finish it"),
+            "pass resume=True to finish it",
+            "leave out --no-resume to finish it",
+        ),
+        (
+            "store",
+            said(passing("resume", False), " to start again"),
+            "pass resume=False to start again",
+            "pass --no-resume to start again",
+        ),
+        (
+            "store",
+            said("with ", keyword("compressor", "default")),
+            "with compressor='default'",
+            "with --compressor default",
+        ),
+        (
+            "plan",
+            said(keyword("memory_budget", text="2GiB"), " is too small"),
+            "memory_budget=2GiB is too small",
+            "--memory-budget 2GiB is too small",
+        ),
+        (
+            "plan",
+            said("give ", named("memory_budget"), " as bytes"),
+            "give memory_budget as bytes",
+            "give --memory-budget as bytes",
+        ),
+        # A list for an option of one value is typed as one word; for an option of two, as two.
+        ("convert", said(keyword("chunks", (5, 5))), "chunks=(5, 5)", "--chunks 5,5"),
+        ("reduce", said(keyword("range", text="(low, high)")), "range=(low, high)", "--range LOW HIGH"),
+        # An argument the command does not take, and the prose around arguments, are left as written.
+        ("reduce", said(passing("dtype"), " to map_blocks"), "pass dtype= to map_blocks", "pass dtype= to map_blocks"),
+        (
+            "reduce",
+            said("x.chunks=(1, 2), a==b and overwrite=True"),
+            "x.chunks=(1, 2), a==b and overwrite=True",
+            "x.chunks=(1, 2), a==b and overwrite=True",
+        ),
+        # Plain text (another library's message) is never respelled.
+        ("store", "pass overwrite=True", "pass overwrite=True", "pass overwrite=True"),
     ],
 )
-def test_library_advice_is_rewritten_with_the_commands_flags(command, python, shell):
-    assert in_cli_words(python, main.commands[command]) == shell
+def test_library_advice_is_shown_with_the_commands_flags(command, message, python, shell):
+    assert str(message) == python
+    assert in_cli_words(message, main.commands[command]) == shell
+
+
+def test_advice_survives_pickling_and_wrapping():
+    """Errors raised in a worker process reach the command through pickle; a message may be wrapped in another."""
+    import pickle
+
+    from daskstream.errors import TargetExistsError, TargetWriteError
+
+    error = pickle.loads(pickle.dumps(TargetExistsError(said("out.zarr exists; ", passing("overwrite", True)))))
+    wrapped = said("store failed: ", error, "; or choose another target")
+    assert in_cli_words(message_of(error), main.commands["store"]) == "out.zarr exists; pass --overwrite"
+    assert in_cli_words(wrapped, main.commands["store"]) == (
+        "store failed: out.zarr exists; pass --overwrite; or choose another target"
+    )
+    # An OSError keeps its message as its second argument.
+    write = pickle.loads(pickle.dumps(TargetWriteError(28, said("disk full; ", passing("overwrite", True)))))
+    assert in_cli_words(message_of(write), main.commands["store"]) == "disk full; pass --overwrite"
+
+
+def _cli_keywords() -> set[str]:
+    """Every name the command line's options answer to, as the library's keywords would spell them."""
+    import click
+
+    def commands(command):
+        if isinstance(command, click.Group):
+            for sub in command.commands.values():
+                yield from commands(sub)
+        else:
+            yield command
+
+    names = set()
+    for command in commands(main):
+        for param in command.params:
+            if isinstance(param, click.Option):
+                names |= {opt[2:].replace("-", "_") for opt in param.opts if opt.startswith("--")} | {param.name}
+    return names
+
+
+def test_no_library_message_spells_a_command_line_option_as_plain_text():
+    """A message that names an argument the command line also has builds it as an Argument (daskstream.advice),
+    so that the command shows it as its flag: text that spells it (``"pass overwrite=True"``) is found here.
+
+    Python calls in messages (``ds.open(..., chunks=...)``), reprs and docstrings are not advice to respell.
+    """
+    import ast
+    from pathlib import Path
+
+    import daskstream
+
+    names = _cli_keywords()
+    alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    spelled_as_keyword = re.compile(rf"(?<![\w.=\-])({alternatives})=(?!=)")
+    # Parameter names with an underscore, which prose does not use: "raise memory_budget".
+    spelled_as_name = re.compile(rf"(?<![\w.\-])({'|'.join(n for n in names if '_' in n)})(?![\w=(])")
+    python_call = re.compile(r"[\w.]+\([^()]*\)")
+    builders = {"keyword", "passing", "named", "scheduler"}
+    package = Path(daskstream.__file__).parent
+    # Where "{key}=" is a key of a cluster file or of dask's configuration, or HTML, not a keyword argument.
+    settings_keys = {
+        str(package / name)
+        for name in (
+            "runtime/clusters/setting_checks.py",
+            "runtime/clusters/consent.py",
+            "runtime/resources.py",
+            "sources/listing.py",
+        )
+    }
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] in ("cli", "advice.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        skipped = set()
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                skipped.add(id(body[0].value))  # a docstring
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in builders:
+                skipped.update(id(arg) for arg in ast.walk(node))
+            if isinstance(node, ast.FunctionDef) and node.name in ("__repr__", "_repr_html_"):
+                skipped.update(id(sub) for sub in ast.walk(node))
+        for node in ast.walk(tree):
+            # f"{name}={value}": a keyword whose name is known only when the message is made.
+            if isinstance(node, ast.JoinedStr) and id(node) not in skipped and str(path) not in settings_keys:
+                for before, after in zip(node.values, node.values[1:]):
+                    text = str(after.value) if isinstance(after, ast.Constant) else ""
+                    if isinstance(before, ast.FormattedValue) and text.startswith("=") and not text.startswith("=="):
+                        found.append(f"{path.relative_to(package)}:{node.lineno}: {ast.unparse(node)[:80]}")
+            if id(node) in skipped or not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            text = python_call.sub("", node.value)
+            if text.isidentifier() or text.startswith("<"):
+                continue  # a key, an attribute's name, markup
+            if spelled_as_keyword.search(text) or spelled_as_name.search(text) or "session('" in text:
+                found.append(f"{path.relative_to(package)}:{node.lineno}: {node.value!r}")
+    assert not found, "\n".join(found)
 
 
 # --- codecs and their levels ---------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import click
 
 from daskstream import dependencies
+from daskstream.advice import message_of
 from daskstream.cli.words import in_cli_words
 from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.runtime.allocator import cap_malloc_arenas
@@ -143,7 +144,7 @@ class _Group(click.Group):
 def _fail(error: DaskstreamError, command: click.Command | None) -> NoReturn:
     """``error`` as one line on stderr, in ``command``'s words where one ran, and exit status 2."""
     flags = getattr(error, "cli_flags", None)
-    click.echo(f"daskstream: error: {_one_line(in_cli_words(str(error), command, flags))}", err=True)
+    click.echo(f"daskstream: error: {_one_line(in_cli_words(message_of(error), command, flags))}", err=True)
     sys.exit(2)
 
 
@@ -215,9 +216,13 @@ def _one_line_warning(
     if issubclass(category, DaskstreamWarning):
         # Said while a command runs, so its context names the flags the advice should use.
         ctx = click.get_current_context(silent=True)
-        click.echo(f"warning: {in_cli_words(str(message), ctx.command if ctx else None)}", err=True)
+        click.echo(f"warning: {in_cli_words(_message(message), ctx.command if ctx else None)}", err=True)
         return
     _python_showwarning(message, category, filename, lineno, file, line)
+
+
+def _message(warning: Warning | str) -> str:
+    return message_of(warning) if isinstance(warning, Warning) else warning
 
 
 def versions_facts() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from daskstream.cli.options import (
     where_options,
     within_int64,
 )
+from daskstream.cli.words import in_cli_words
 from daskstream.tuning import TuneCache, tune
 
 
@@ -72,7 +73,8 @@ def plan(
         chunk_plan = ds.plan(source, memory_budget=memory_budget, threads=threads, workers=workers)
     if not as_json:
         click.echo(repr(source))
-        click.echo(chunk_plan.explain())
+        # Its advice (raise memory_budget...) in this command's flags.
+        click.echo(in_cli_words(chunk_plan.explain(), click.get_current_context().command))
         return
     click.echo(
         json.dumps(

@@ -5,41 +5,33 @@ daskstream's errors and warnings are written for the Python API: they say
 session('processes')``. A person at the shell typed flags, so the command
 line shows the same advice with the flags of the command that was run
 (``pass --overwrite``, ``--bins 20 needs --range LOW HIGH``, ``use
---scheduler processes``). Only keywords that are options of that command are
-rewritten; anything else (a keyword the command does not take) is left as
-the library wrote it.
+--scheduler processes``). The messages carry the arguments they name as
+structure (:mod:`daskstream.advice`), so only those parts are respelled and
+the prose is left as written; an argument the command does not take is shown
+as the library wrote it.
 
 >>> import click
+>>> from daskstream.advice import keyword, passing, said
 >>> @click.command()
 ... @click.option("--range", "bin_range", nargs=2, type=float)
 ... @click.option("--bins", type=int)
 ... @click.option("--overwrite", is_flag=True)
 ... def command(bin_range, bins, overwrite): ...
->>> in_cli_words("bins=20 needs range=(low, high); or pass overwrite=True", command)
+>>> message = said(keyword("bins", 20), " needs ", keyword("range", text="(low, high)"), "; or ",
+...                passing("overwrite", True))
+>>> in_cli_words(message, command)
 '--bins 20 needs --range LOW HIGH; or pass --overwrite'
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 
 import click
 
+from daskstream.advice import Argument, Said
 from daskstream.errors import DaskstreamError
-
-# A keyword argument as the library's messages write it: the name, "=", and a value when one follows:
-# a parenthesised tuple, a quoted string or a bare word or number. Not preceded by a word character or a
-# dot, so attribute paths and comparisons ("a==b") are left alone. "pass " before it is kept apart: the
-# way to pass a flag's default at the shell is to leave the flag out.
-_KEYWORD = re.compile(
-    r"""(?P<verb>\bpass )?(?<![\w.=])(?P<name>[a-z_][a-z0-9_]*)=(?!=)"""
-    r"""(?P<value>\([^()]*\)|'[^']*'|"[^"]*"|[\w.+\-]+)?"""
-)
-_NAME = re.compile(r"(?<![\w.\-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w=(])")
-# ``session('processes')`` / ``session("distributed")``: a scheduler chosen in Python.
-_SESSION = re.compile(r"""(?:ds\.|daskstream\.)?session\(\s*['"](?P<kind>\w+)['"]\s*\)""")
 
 
 def _options(command: click.Command) -> dict[str, tuple[click.Option, str]]:
@@ -78,15 +70,16 @@ def _flag(option: click.Option, flag: str, value: str) -> tuple[str, bool] | Non
     return flag, True
 
 
-def _shown(flag: str, value: str | None) -> str:
-    """``flag`` with ``value`` as it is typed at the shell."""
+def _shown(option: click.Option, flag: str, value: str | None) -> str:
+    """``flag`` with ``value`` (Python source text) as it is typed at the shell."""
     if value is None:
         return flag
-    if value.startswith("(") and value.endswith(")"):
+    if value[:1] in "([" and value[-1:] in ")]":
         parts = [part.strip().strip("'\"") for part in value[1:-1].split(",") if part.strip()]
         # Placeholders (low, high) read as the metavars of help texts; numbers stay numbers.
         shown = [part.upper() if part.isidentifier() else part for part in parts]
-        return " ".join([flag, *shown])
+        # An option of several values takes them as words (--range 0 1); one of one value, as a list (--chunks 5,5).
+        return " ".join([flag, *shown]) if option.nargs > 1 else f"{flag} {','.join(shown)}"
     text = value.strip("'\"")
     return f"{flag} {text}" if text else f"{flag} ''"
 
@@ -105,44 +98,37 @@ def spelled(**flags: str) -> Iterator[None]:
 
 
 def in_cli_words(message: str, command: click.Command | None, flags: dict[str, str] | None = None) -> str:
-    """``message`` with the Python keywords that are options of ``command`` written as its flags;
-    ``flags``: keywords that stand for other flags of it than their names (see :func:`spelled`)."""
-    if command is None:
-        return message
+    """``message`` with the arguments it names (a :class:`~daskstream.advice.Said`'s parts) that are options
+    of ``command`` written as its flags; ``flags``: arguments that stand for other flags of it than their
+    names (see :func:`spelled`). Plain text is returned as it is."""
+    if command is None or not isinstance(message, Said):
+        return str(message)
     options = _options(command)
     for name, flag in (flags or {}).items():
         option = next((p for p in command.params if isinstance(p, click.Option) and flag in p.opts), None)
         if option is not None:
             options[name] = (option, flag)
-    if not options:
-        return message
+    return "".join(_typed(part, options) if isinstance(part, Argument) else part for part in message.parts)
 
-    def keyword(match: re.Match[str]) -> str:
-        found = options.get(match["name"])
-        if found is None:
-            return match[0]
-        option, flag = found
-        verb = match["verb"] or ""
-        as_flag = _flag(option, flag, match["value"] or "")
-        if as_flag is None:
-            return verb + _shown(flag, match["value"])
-        typed, left_out = as_flag
-        if left_out:
-            return f"leave out {typed}" if verb else f"without {typed}"
-        return verb + typed
 
-    def scheduler(match: re.Match[str]) -> str:
-        found = options.get("scheduler")
-        return match[0] if found is None else f"{found[1]} {match['kind']}"
-
-    def named(match: re.Match[str]) -> str:
-        found = options.get(match[0])
-        return match[0] if found is None else found[1]
-
-    message = _KEYWORD.sub(keyword, _SESSION.sub(scheduler, message))
-    # A parameter named on its own ("give memory_budget as bytes"): only names with an underscore, which
-    # prose does not use, so that "range" or "bins" as words stay words.
-    return _NAME.sub(named, message)
+def _typed(argument: Argument, options: dict[str, tuple[click.Option, str]]) -> str:
+    """``argument`` as it is typed at the shell, or as the library wrote it where the command lacks it."""
+    found = options.get(argument.name)
+    if found is None:
+        return str(argument)
+    option, flag = found
+    if argument.form == "name":
+        return flag
+    if argument.form == "scheduler":
+        return _shown(option, flag, argument.value)
+    verb = "pass " if argument.form == "passing" else ""
+    as_flag = _flag(option, flag, argument.value or "")
+    if as_flag is None:
+        return verb + _shown(option, flag, argument.value)
+    typed, left_out = as_flag
+    if left_out:
+        return f"leave out {typed}" if verb else f"without {typed}"
+    return verb + typed
 
 
 __all__ = ["in_cli_words", "spelled"]

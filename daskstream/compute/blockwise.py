@@ -26,6 +26,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.utils import funcname, has_keyword
 
+from daskstream.advice import keyword, said
 from daskstream.compute.labels import is_labelled, relabelled, unlabelled
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
@@ -176,8 +177,11 @@ def map_blocks(
     added = _normalize_new_axes(new_axis, ndim - len(dropped))
     if chunks is not None and any(depths):
         raise InvalidArgumentError(
-            f"chunks={chunks!r} with depth={depth!r}: a block with a halo must keep its shape so the halo "
-            "can be trimmed; drop or add axes with drop_axis=/new_axis=, or use depth=0"
+            said(
+                keyword("chunks", chunks),
+                f" with depth={depth!r}: a block with a halo must keep its shape so the halo can be trimmed; "
+                "drop or add axes with drop_axis=/new_axis=, or use depth=0",
+            )
         )
 
     passes_block_info = has_keyword(fn, "block_info")
@@ -305,7 +309,8 @@ class _CheckedKernel:
             raise KernelShapeError(
                 f"kernel {funcname(self.fn)!r} returned a block of shape {tuple(result.shape)} for "
                 f"{self._which_block(blocks, block_info)}, where the output has a block of shape {expected}; "
-                "a kernel that changes the block shape must declare it with drop_axis=, new_axis= or chunks="
+                "a kernel that changes the block shape must declare it with drop_axis=, new_axis= or ",
+                keyword("chunks"),
             )
         if result.dtype != self.dtype:
             result = result.astype(self.dtype)
@@ -336,7 +341,9 @@ def _as_dtype(dtype: Any, name: str) -> np.dtype:
     try:
         return np.dtype(dtype)
     except TypeError as exc:
-        raise InvalidArgumentError(f"{name}={dtype!r} is not a numpy dtype; e.g. 'float32', np.int16") from exc
+        raise InvalidArgumentError(
+            said(keyword(name, dtype), " is not a numpy dtype; e.g. 'float32', np.int16")
+        ) from exc
 
 
 def _normalize_depth(depth: Depth, shape: tuple[int, ...]) -> tuple[int, ...]:

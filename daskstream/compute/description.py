@@ -20,6 +20,7 @@ import dask
 import numpy as np
 from dask.delayed import Delayed
 
+from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
 from daskstream.display import card, table
 from daskstream.errors import InvalidArgumentError
@@ -157,7 +158,11 @@ class Description(Mapping):
         """
         if "histogram" not in self._values or self.kept_shape:
             raise InvalidArgumentError(
-                "plot() draws the histogram of a description over all axes: describe with bins= (and no axis) first"
+                said(
+                    "plot() draws the histogram of a description over all axes: describe with ",
+                    keyword("bins"),
+                    " (and no axis) first",
+                )
             )
         plt = optional_import(
             "matplotlib.pyplot", package="matplotlib", needed_for="Description.plot", extra="notebook"

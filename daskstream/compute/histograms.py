@@ -19,10 +19,14 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import combine_fan_in, per_chunk_rows, sum_rows
-from daskstream.errors import InvalidArgumentError, MemoryBudgetError, UnsupportedDtypeError, shown
+from daskstream.errors import InvalidArgumentError, MemoryBudgetError, UnsupportedDtypeError
 from daskstream.planning.budget import format_size
 from daskstream.planning.settings import Resources
+
+# The advice for bins spread over a range the caller chooses.
+_RANGE = keyword("range", text="(low, high)")
 
 
 def histogram_of(
@@ -112,7 +116,7 @@ def known_bin_edges(
     if np.ndim(bins) == 1:
         return _checked_edges(bins)
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise InvalidArgumentError(f"bins={shown(bins)} must be a positive int or a sequence of edges")
+        raise InvalidArgumentError(said(keyword("bins", bins), " must be a positive int or a sequence of edges"))
     count = int(bins)
     check_bin_count(count, dtype, resources=resources)
     if bin_range is not None:
@@ -126,9 +130,13 @@ def known_bin_edges(
     except ValueError:  # "Too many bins for data range"
         edge_dtype = _edge_dtype(dtype)
         raise InvalidArgumentError(
-            f"bins={count} over range={bin_range!r} do not make increasing {edge_dtype} edges (the data's dtype "
-            f"is {dtype}): the range is too narrow for that many bins, or beyond what {edge_dtype} holds; "
-            "give fewer bins or another range"
+            said(
+                keyword("bins", count),
+                " over ",
+                keyword("range", bin_range),
+                f" do not make increasing {edge_dtype} edges (the data's dtype is {dtype}): the range is too "
+                f"narrow for that many bins, or beyond what {edge_dtype} holds; give fewer bins or another range",
+            )
         ) from None
 
 
@@ -168,44 +176,50 @@ def check_bin_count(bins: int, dtype: np.dtype, *, resources: Resources) -> None
     if edge_bytes + count_bytes <= resources.per_task_bytes:
         return
     raise MemoryBudgetError(
-        f"bins={shown(bins)} needs {_bytes(edge_bytes + count_bytes)} in every task that counts "
-        f"({_bytes(edge_bytes)} of edges and {_bytes(count_bytes)} of counts), more than the "
-        f"{format_size(resources.per_task_bytes)} one task may hold (memory_budget="
-        f"{format_size(resources.memory_budget)} shared by {resources.threads} thread(s)); give fewer bins"
-        " or a larger memory_budget"
+        said(
+            keyword("bins", bins),
+            f" needs {_bytes(edge_bytes + count_bytes)} in every task that counts ({_bytes(edge_bytes)} of "
+            f"edges and {_bytes(count_bytes)} of counts), more than the {format_size(resources.per_task_bytes)}"
+            " one task may hold (",
+            keyword("memory_budget", text=format_size(resources.memory_budget)),
+            f" shared by {resources.threads} thread(s)); give fewer bins or a larger ",
+            named("memory_budget"),
+        )
     )
 
 
 def _checked_edges(bins: Any) -> np.ndarray:
     """Explicit bin edges, as numpy.histogram takes them, or a clear error."""
     edges = np.asarray(bins)
-    hint = "give at least two increasing, finite numbers, e.g. bins=[0, 0.5, 1]"
+    hint = said("give at least two increasing, finite numbers, e.g. ", keyword("bins", [0, 0.5, 1]))
     if edges.dtype.kind not in "iuf":
-        raise InvalidArgumentError(f"bins={shown(bins)}: edges must be numbers; {hint}")
+        raise InvalidArgumentError(said(keyword("bins", bins), ": edges must be numbers; ", hint))
     # Compared, not differenced: a difference of unsigned edges wraps around instead of going negative.
     if edges.size < 2 or np.any(edges[1:] < edges[:-1]):
-        raise InvalidArgumentError(f"bins={shown(bins)}: edges must be at least two, increasing; {hint}")
+        raise InvalidArgumentError(said(keyword("bins", bins), ": edges must be at least two, increasing; ", hint))
     if edges.dtype.kind == "f" and not np.all(np.isfinite(edges)):
-        raise InvalidArgumentError(f"bins={shown(bins)}: edges must be finite; {hint}")
+        raise InvalidArgumentError(said(keyword("bins", bins), ": edges must be finite; ", hint))
     return edges
 
 
 def _checked_range(bin_range: Any) -> tuple[float, float]:
     """``(low, high)`` as two finite floats with ``low <= high``, or a clear error."""
-    hint = "give range=(low, high) with finite numbers and low <= high, e.g. range=(0, 1)"
+    hint = said("give ", _RANGE, " with finite numbers and low <= high, e.g. ", keyword("range", text="(0, 1)"))
     try:
         low, high = (float(value) for value in bin_range)
     except OverflowError:  # an int beyond any float
-        raise InvalidArgumentError(f"range={shown(bin_range)} must be finite; {hint}") from None
+        raise InvalidArgumentError(said(keyword("range", bin_range), " must be finite; ", hint)) from None
     except (TypeError, ValueError):
-        raise InvalidArgumentError(f"range={shown(bin_range)} is not two numbers; {hint}") from None
+        raise InvalidArgumentError(said(keyword("range", bin_range), " is not two numbers; ", hint)) from None
     if not (math.isfinite(low) and math.isfinite(high)):
-        raise InvalidArgumentError(f"range={shown(bin_range)} must be finite; {hint}")
+        raise InvalidArgumentError(said(keyword("range", bin_range), " must be finite; ", hint))
     if low > high:
-        raise InvalidArgumentError(f"range={shown(bin_range)}: the first value must not exceed the second; {hint}")
+        raise InvalidArgumentError(
+            said(keyword("range", bin_range), ": the first value must not exceed the second; ", hint)
+        )
     if not math.isfinite(high - low):
         raise InvalidArgumentError(
-            f"range={shown(bin_range)} is wider than the largest float64 ({np.finfo('f8').max:g}); {hint}"
+            said(keyword("range", bin_range), f" is wider than the largest float64 ({np.finfo('f8').max:g}); ", hint)
         )
     return low, high
 
@@ -215,16 +229,24 @@ def edges_of_data_range(extremes: np.ndarray, bins: int) -> np.ndarray:
     low, high = extremes
     if not np.all(np.isfinite(extremes)):
         raise InvalidArgumentError(
-            f"the data's range [{low}, {high}] is not finite (it holds inf or NaN), so bins={bins} cannot be "
-            "spread over it; give range=(low, high)"
+            said(
+                f"the data's range [{low}, {high}] is not finite (it holds inf or NaN), so ",
+                keyword("bins", bins),
+                " cannot be spread over it; give ",
+                _RANGE,
+            )
         )
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             return _increasing(np.histogram_bin_edges(extremes, bins))
     except ValueError:  # "Too many bins for data range"
         raise InvalidArgumentError(
-            f"bins={bins} over the data's range [{low}, {high}] do not make increasing "
-            f"{_edge_dtype(extremes.dtype)} edges; give fewer bins, or range=(low, high)"
+            said(
+                keyword("bins", bins),
+                f" over the data's range [{low}, {high}] do not make increasing {_edge_dtype(extremes.dtype)} "
+                "edges; give fewer bins, or ",
+                _RANGE,
+            )
         ) from None
 
 

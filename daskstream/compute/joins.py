@@ -29,6 +29,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.compute.describe import Description, finish, histogram_edges, merge_statistics, statistics_of
 from daskstream.compute.moments import _moments_chunk, _moments_combine, merge_moments, variance_from
 from daskstream.compute.partials import combine_fan_in
@@ -175,9 +176,17 @@ class PieceDescription:
         edges = histogram_edges(x.dtype, bins, bin_range, resources=resources)
         if bins is not None and edges is None:
             raise InvalidArgumentError(
-                f"bins={bins!r} without range=: an adaptive describe reads the data once, so it cannot spread "
-                "the bins over a range it has not read yet; give range=(low, high), or leave adaptive out "
-                "(the range is then found by the statistics' pass, and the counts take a second)"
+                said(
+                    keyword("bins", bins),
+                    " without ",
+                    keyword("range"),
+                    ": an adaptive describe reads the data once, so it cannot spread the bins over a range it "
+                    "has not read yet; give ",
+                    keyword("range", text="(low, high)"),
+                    ", or leave out ",
+                    keyword("adaptive", True),
+                    " (the range is then found by the statistics' pass, and the counts take a second)",
+                )
             )
         width = 8 * (5 + (0 if edges is None else len(edges)))
         fan_in = combine_fan_in(x, axes, partial_itemsize=width, resources=resources)

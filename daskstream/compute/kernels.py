@@ -25,6 +25,7 @@ import dask.array as da
 import numpy as np
 from dask.graph_manipulation import bind
 
+from daskstream.advice import keyword, said
 from daskstream.compute.blockwise import _as_dask_array, _as_dtype, map_blocks
 from daskstream.compute.labels import axes_by_name, is_labelled, relabelled, unlabelled
 from daskstream.dependencies import optional_import
@@ -135,8 +136,11 @@ def clip(x: da.Array | np.ndarray, lower: Any, upper: Any) -> da.Array:
     for name, bound in (("lower", lower), ("upper", upper)):
         if bound is not None and np.ndim(bound) != 0:
             raise InvalidArgumentError(
-                f"{name}={bound!r} is not a scalar; for bounds that vary across the array use "
-                "map_blocks(np.clip, x, lower_array, upper_array)"
+                said(
+                    keyword(name, bound),
+                    " is not a scalar; for bounds that vary across the array use "
+                    "map_blocks(np.clip, x, lower_array, upper_array)",
+                )
             )
     return map_blocks(_clip_block, x, lower=lower, upper=upper)
 

@@ -40,6 +40,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.graph.layers import read_layers
@@ -183,9 +184,15 @@ def order_statistic(
         # The reduced extent is too long for one task: radix select per kept position would hold a
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.
         raise InvalidArgumentError(
-            f"quantile over axes {axes} of shape {x.shape}: one column of the reduced axes "
-            f"({column_bytes // QUANTILE_BLOCK_COPIES} bytes) does not fit the per-task budget "
-            f"({resources.per_task_bytes} bytes); raise memory_budget, or reduce over all axes (axis=None)"
+            said(
+                f"quantile over axes {axes} of shape {x.shape}: one column of the reduced axes "
+                f"({column_bytes // QUANTILE_BLOCK_COPIES} bytes) does not fit the per-task budget "
+                f"({resources.per_task_bytes} bytes); raise ",
+                named("memory_budget"),
+                ", or reduce over all axes (",
+                keyword("axis", None),
+                ")",
+            )
         )
     if keepdims:
         shape = list(result.shape)
@@ -199,9 +206,9 @@ def _check_quantiles(q: Any) -> np.ndarray:
     """``q`` as numpy.quantile holds it internally (a Python number stays float64, weakly typed)."""
     q_array = np.asanyarray(q)
     if q_array.dtype.kind not in "iuf" or q_array.ndim > 1:
-        raise InvalidArgumentError(f"q={q!r} must be a number or a 1-d sequence of numbers in [0, 1]")
+        raise InvalidArgumentError(said(keyword("q", q), " must be a number or a 1-d sequence of numbers in [0, 1]"))
     if q_array.size and not (np.all(q_array >= 0) and np.all(q_array <= 1)):
-        raise InvalidArgumentError(f"q={q!r}: quantiles must be in the range [0, 1]")
+        raise InvalidArgumentError(said(keyword("q", q), ": quantiles must be in the range [0, 1]"))
     return q_array
 
 

@@ -34,6 +34,7 @@ from dask.array.core import normalize_chunks
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from daskstream.advice import keyword, named, said
 from daskstream.errors import (
     IntermediateNotSharedError,
     InvalidArgumentError,
@@ -161,8 +162,12 @@ def rechunk(
         if x.dtype.hasobject:
             held = "variable-length strings" if x.dtype.kind == "T" else "Python objects"
             raise UnsupportedDtypeError(
-                f"{x.name}: dtype {x.dtype} holds {held}, which a two-pass rechunk cannot write to its "
-                "intermediate files; convert it to a fixed-width dtype, or give a memory_budget that fits one pass"
+                said(
+                    f"{x.name}: dtype {x.dtype} holds {held}, which a two-pass rechunk cannot write to its "
+                    "intermediate files; convert it to a fixed-width dtype, or give a ",
+                    named("memory_budget"),
+                    " that fits one pass",
+                )
             )
         folder = _intermediate_folder(intermediate, boxes, plan)
         boxes = _through_intermediate(boxes, plan, folder)
@@ -195,20 +200,22 @@ def _target_chunks(x: da.Array, chunks: Any) -> tuple[int, ...]:
     if isinstance(chunks, Mapping):
         for axis in chunks:
             if not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
-                raise InvalidChunksError(f"chunks={chunks!r}: axis {axis!r} is out of range for {x.ndim} axes; {hint}")
+                raise InvalidChunksError(
+                    said(keyword("chunks", chunks), f": axis {axis!r} is out of range for {x.ndim} axes; {hint}")
+                )
         given = {axis % x.ndim: size for axis, size in chunks.items()}
         chunks = tuple(given.get(axis, max(sizes) if sizes else 1) for axis, sizes in enumerate(x.chunks))
     if not isinstance(chunks, tuple | list) or len(chunks) != x.ndim:
-        raise InvalidChunksError(f"chunks={chunks!r} for an array of {x.ndim} axes: {hint}")
+        raise InvalidChunksError(said(keyword("chunks", chunks), f" for an array of {x.ndim} axes: {hint}"))
     for size in chunks:
         valid = size is None or (isinstance(size, int | np.integer) and not isinstance(size, bool) and size >= -1)
         if not valid or size == 0:
-            raise InvalidChunksError(f"chunks={chunks!r}: {size!r} is not a positive size; {hint}")
+            raise InvalidChunksError(said(keyword("chunks", chunks), f": {size!r} is not a positive size; {hint}"))
     whole = tuple(n if size in (None, -1) else int(size) for size, n in zip(chunks, x.shape))
     grid = normalize_chunks(tuple(max(1, min(c, n)) if n else 1 for c, n in zip(whole, x.shape)), x.shape)
     shape = regular_chunk_shape(grid)
     if shape is None:
-        raise InvalidChunksError(f"chunks={chunks!r}: a regular chunk shape is needed; {hint}")
+        raise InvalidChunksError(said(keyword("chunks", chunks), f": a regular chunk shape is needed; {hint}"))
     return tuple(max(1, c) for c in shape)
 
 
@@ -228,7 +235,7 @@ def _intermediate_folder(given: str | os.PathLike[str] | None, boxes: da.Array, 
     # Named by the computation and the plan: the same rechunk built again (a resumed store) finds its own.
     folder = os.path.join(parent, f"daskstream-rechunk-{tokenize(boxes.name, plan)}")
     # Its files are written, then removed: never inside (or around) what the rechunk reads.
-    refuse_onto_reads(folder, places_read(boxes), option=f"rechunk(intermediate={parent!r})")
+    refuse_onto_reads(folder, places_read(boxes), option=said(keyword("intermediate", parent)))
     os.makedirs(parent, exist_ok=True)
     return folder
 

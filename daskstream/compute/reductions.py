@@ -21,6 +21,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.compute.histograms import histogram_of
 from daskstream.compute.moments import moments
 from daskstream.compute.partials import combine_fan_in
@@ -104,9 +105,13 @@ def reduce(
         refuse_unreducible(op, x.dtype)
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     if op == "histogram" and axis is not None:
-        raise InvalidArgumentError('op="histogram" counts all values, as numpy.histogram does; give no axis')
+        raise InvalidArgumentError(
+            said(keyword("op", "histogram"), " counts all values, as numpy.histogram does; give no axis")
+        )
     if op == "quantile" and q is None:
-        raise InvalidArgumentError('op="quantile" needs q=, a number or a sequence of numbers in [0, 1]')
+        raise InvalidArgumentError(
+            said(keyword("op", "quantile"), " needs ", keyword("q"), ", a number or a sequence of numbers in [0, 1]")
+        )
     resources = resources_for(x, memory_budget=memory_budget)
     if op == "histogram":
         return histogram_of(x, bins=bins, range=range, split_every=split_every, resources=resources)

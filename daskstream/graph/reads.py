@@ -12,6 +12,7 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
+from daskstream.advice import keyword, named, said
 from daskstream.errors import ChunkSplitWarning, InvalidChunksError, MemoryBudgetError, warn
 from daskstream.graph.layers import record_plan
 from daskstream.planning.budget import format_size
@@ -96,6 +97,10 @@ def read_array(source: Source, chunks: tuple[tuple[int, ...], ...], name: str) -
     )
 
 
+# The advice for chunks the planner should choose.
+_AUTO = keyword("chunks", "auto")
+
+
 def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> tuple[tuple[int, ...], ...]:
     """Dask's tuple-of-tuples chunks for ``source`` from a chunk spec: ``"auto"`` (planned with
     ``settings``), ``"storage"``, a tuple, dict or int (dask's meanings) or a :class:`ChunkPlan`."""
@@ -107,13 +112,21 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
         if chunks == "storage":
             if source.storage_chunks is None:
                 raise InvalidChunksError(
-                    f"{source.name}: chunks='storage' but the data is stored contiguously; "
-                    "use chunks='auto' or give a chunk shape"
+                    said(
+                        f"{source.name}: ",
+                        keyword("chunks", "storage"),
+                        " but the data is stored contiguously; use ",
+                        _AUTO,
+                        " or give a chunk shape",
+                    )
                 )
             check_block_count(source, source.storage_chunks, settings.max_tasks)
             return regular_grid(source.shape, source.storage_chunks)
         raise InvalidChunksError(
-            f"chunks={chunks!r} for {source.name}: use 'auto', 'storage', 'tune', a tuple, a dict or a ChunkPlan"
+            said(
+                keyword("chunks", chunks),
+                f" for {source.name}: use 'auto', 'storage', 'tune', a tuple, a dict or a ChunkPlan",
+            )
         )
     if isinstance(chunks, ChunkPlan):
         if chunks.shape != source.shape:
@@ -127,9 +140,12 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
     amplification = read_amplification(source.shape, source.storage_chunks, dask_chunks)
     if amplification > 1.0:
         warn(
-            f"{source.name}: these chunks split its storage chunks {source.storage_chunks}, so each "
-            f"storage chunk is read and decoded {amplification:.2f} times on average (read "
-            "amplification); use chunks='auto' or multiples of the storage chunks",
+            said(
+                f"{source.name}: these chunks split its storage chunks {source.storage_chunks}, so each storage "
+                f"chunk is read and decoded {amplification:.2f} times on average (read amplification); use ",
+                _AUTO,
+                " or multiples of the storage chunks",
+            ),
             ChunkSplitWarning,
         )
     return dask_chunks
@@ -163,14 +179,17 @@ def check_block_count(
     most = None if max_tasks is None else max_tasks * LISTED_PER_TASK
     if most is not None and listed > most:
         advice = (
-            "give larger chunks, or chunks='auto'"
+            said("give larger chunks, or ", _AUTO)
             if within is None
-            else f"raise memory_budget to at least {format_size(within)}"
+            else said("raise ", named("memory_budget"), f" to at least {format_size(within)}")
         )
         raise MemoryBudgetError(
-            f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {listed:,} chunks along "
-            f"its axes, more than the {most:,} chunk lengths dask may list here ({LISTED_PER_TASK} per task of "
-            "daskstream.planning.max-tasks): " + advice
+            said(
+                f"{source.name}: chunks {tuple(chunk_shape)} cut its shape {source.shape} into {listed:,} chunks "
+                f"along its axes, more than the {most:,} chunk lengths dask may list here ({LISTED_PER_TASK} per "
+                "task of daskstream.planning.max-tasks): ",
+                advice,
+            )
         )
 
 
@@ -178,7 +197,10 @@ def _normalize_user_chunks(source: Source, chunks: Any, max_tasks: int | None) -
     hint = "give one positive size per axis (-1 or None for a whole axis), a dict {axis: size} or a ChunkPlan"
     if isinstance(chunks, tuple) and len(chunks) != source.ndim:
         raise InvalidChunksError(
-            f"chunks={chunks!r} has {len(chunks)} entries but {source.name} has {source.ndim} axes; {hint}"
+            said(
+                keyword("chunks", chunks),
+                f" has {len(chunks)} entries but {source.name} has {source.ndim} axes; {hint}",
+            )
         )
     flat = chunks.values() if isinstance(chunks, Mapping) else chunks if isinstance(chunks, tuple) else (chunks,)
     for entry in flat:
@@ -188,27 +210,33 @@ def _normalize_user_chunks(source: Source, chunks: Any, max_tasks: int | None) -
                 continue
             if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
                 raise InvalidChunksError(
-                    f"chunks={chunks!r} for {source.name}: {size!r} is not a positive size; {hint}"
+                    said(keyword("chunks", chunks), f" for {source.name}: {size!r} is not a positive size; {hint}")
                 )
             if size >= 2**63:
                 raise InvalidChunksError(
-                    f"chunks={chunks!r} for {source.name}: {size} is longer than any axis can be "
-                    f"(at most 2**63 - 1); {hint}"
+                    said(
+                        keyword("chunks", chunks),
+                        f" for {source.name}: {size} is longer than any axis can be (at most 2**63 - 1); {hint}",
+                    )
                 )
     if isinstance(chunks, Mapping):
         for axis in chunks:
             if not isinstance(axis, int) or not -source.ndim <= axis < source.ndim:
-                raise InvalidChunksError(f"chunks={chunks!r}: axis {axis!r} is out of range for {source.name}; {hint}")
+                raise InvalidChunksError(
+                    said(keyword("chunks", chunks), f": axis {axis!r} is out of range for {source.name}; {hint}")
+                )
     if isinstance(chunks, tuple) and all(isinstance(c, (int, np.integer)) for c in chunks):
         check_block_count(source, tuple(int(c) for c in chunks), max_tasks)
     try:
         out = normalize_chunks(chunks, source.shape, dtype=source.dtype)
     except (ValueError, TypeError) as exc:
         raise InvalidChunksError(
-            f"chunks={chunks!r} do not fit {source.name} of shape {source.shape}: {exc}; {hint}"
+            said(keyword("chunks", chunks), f" do not fit {source.name} of shape {source.shape}: {exc}; {hint}")
         ) from None
     if any(sum(c) != n for c, n in zip(out, source.shape)) or math.prod(map(len, out)) < 1:
-        raise InvalidChunksError(f"chunks={chunks!r} do not cover {source.name} of shape {source.shape}; {hint}")
+        raise InvalidChunksError(
+            said(keyword("chunks", chunks), f" do not cover {source.name} of shape {source.shape}; {hint}")
+        )
     return out
 
 

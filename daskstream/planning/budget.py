@@ -7,6 +7,7 @@ from numbers import Integral, Real
 
 from dask.utils import format_bytes, parse_bytes
 
+from daskstream.advice import keyword, named, said
 from daskstream.errors import InvalidBudgetError, shown
 
 #: The largest budget :func:`parse_budget` accepts: 1 EiB (1024 PiB, ``2**60`` bytes). The largest
@@ -69,29 +70,33 @@ def parse_budget(value: int | float | str, *, name: str = "memory_budget") -> in
     4096
     """
     text = shown(value)
-    hint = f'give {name} as bytes (an int) or a string with a unit, e.g. "512MiB" or "2GiB"'
+    hint = said("give ", named(name), ' as bytes (an int) or a string with a unit, e.g. "512MiB" or "2GiB"')
     if isinstance(value, bool) or not isinstance(value, (Integral, Real, str)):
-        raise InvalidBudgetError(f"{name}={text} is not a size; {hint}")
+        raise InvalidBudgetError(said(keyword(name, text=text), " is not a size; ", hint))
     if isinstance(value, str) and not value.strip():
         # dask reads text without a number as one of its unit ("" is 1 byte, "MB" one megabyte).
-        raise InvalidBudgetError(f"{name}={text} is empty; {hint}")
+        raise InvalidBudgetError(said(keyword(name, text=text), " is empty; ", hint))
     if _is_infinite_or_nan(value):
-        raise InvalidBudgetError(f"{name}={text} is not a finite size; {hint}")
+        raise InvalidBudgetError(said(keyword(name, text=text), " is not a finite size; ", hint))
     if isinstance(value, Integral):
         nbytes = int(value)  # exact, however large: compared with the limit below
     else:
         try:
             nbytes = int(parse_bytes(float(value) if isinstance(value, Real) else value))
         except OverflowError as exc:  # "1e400 kB" is a float infinity once read
-            raise InvalidBudgetError(f"{name}={text} is not a finite size; {hint}") from exc
+            raise InvalidBudgetError(said(keyword(name, text=text), " is not a finite size; ", hint)) from exc
         except (ValueError, TypeError) as exc:
-            raise InvalidBudgetError(f"{name}={text} is not a size; {hint}") from exc
+            raise InvalidBudgetError(said(keyword(name, text=text), " is not a size; ", hint)) from exc
     if nbytes <= 0:
-        raise InvalidBudgetError(f"{name}={text} must be more than 0 bytes; {hint}")
+        raise InvalidBudgetError(said(keyword(name, text=text), " must be more than 0 bytes; ", hint))
     if nbytes > MAX_BUDGET_BYTES:
         raise InvalidBudgetError(
-            f"{name}={text} is more than 1 EiB (1024 PiB, 2**60 bytes), the most daskstream accepts and "
-            f"more memory than any machine has; {hint}"
+            said(
+                keyword(name, text=text),
+                " is more than 1 EiB (1024 PiB, 2**60 bytes), the most daskstream accepts and more memory than "
+                "any machine has; ",
+                hint,
+            )
         )
     return nbytes
 

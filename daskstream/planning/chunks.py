@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 from numpy.typing import DTypeLike
 
+from daskstream.advice import keyword, named, said
 from daskstream.errors import InvalidArgumentError, InvalidBudgetError, InvalidChunksError, MemoryBudgetError
 from daskstream.planning.budget import MAX_BUDGET_BYTES, format_size
 from daskstream.planning.grid import normalize_axes, read_amplification
@@ -155,7 +156,7 @@ def plan_chunks_exact(
         raise InvalidChunksError(f"layout={layout!r} is not one of {LAYOUTS}")
     for name, value in (("threads", threads), ("workers", workers), ("min_tasks_per_thread", min_tasks_per_thread)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgumentError(f"{name}={value!r} must be a positive int")
+            raise InvalidArgumentError(said(keyword(name, value), " must be a positive int"))
     if not working_set_factor >= 1:
         raise InvalidChunksError(f"working_set_factor={working_set_factor!r} must be at least 1")
     if storage_chunks is not None:
@@ -170,11 +171,16 @@ def plan_chunks_exact(
         decoding = (
             f", after {format_size(decode_bytes)} to decode one storage chunk {storage_chunks}" if decode_bytes else ""
         )
+        least = format_size(threads * (decode_bytes + math.ceil(working_set_factor * itemsize)))
         raise MemoryBudgetError(
-            f"memory_budget={format_size(memory_budget)} leaves {format_size(max(cap, 0))} per chunk for "
-            f"{threads} thread(s) at working-set factor {working_set_factor:g}{decoding}, less than one "
-            f"{dtype} element; raise memory_budget to at least "
-            f"{format_size(threads * (decode_bytes + math.ceil(working_set_factor * itemsize)))} or lower threads"
+            said(
+                keyword("memory_budget", text=format_size(memory_budget)),
+                f" leaves {format_size(max(cap, 0))} per chunk for {threads} thread(s) at working-set factor "
+                f"{working_set_factor:g}{decoding}, less than one {dtype} element; raise ",
+                named("memory_budget"),
+                f" to at least {least} or lower ",
+                named("threads"),
+            )
         )
     nbytes = math.prod(shape) * itemsize
 
@@ -293,10 +299,13 @@ def fit_halo_chunks(
     if cost(smallest) > per_task_bytes:
         widest = tuple(min(n, 1 + 2 * h) for n, h in zip(shape, halo))
         raise MemoryBudgetError(
-            f"{what} with a halo of {halo} cells needs blocks of at least {widest} with the halo "
-            f"({format_size(math.prod(widest) * itemsize)}), {format_size(cost(smallest))} with its working set "
-            f"(x{working_set_factor:g}{f', and {format_size(decode_bytes)} to decode storage' if decode_bytes else ''}),"
-            f" more than the {format_size(per_task_bytes)} one task may hold; lower the depth or raise memory_budget"
+            said(
+                f"{what} with a halo of {halo} cells needs blocks of at least {widest} with the halo "
+                f"({format_size(math.prod(widest) * itemsize)}), {format_size(cost(smallest))} with its working set "
+                f"(x{working_set_factor:g}{f', and {format_size(decode_bytes)} to decode storage' if decode_bytes else ''}),"
+                f" more than the {format_size(per_task_bytes)} one task may hold; lower the depth or raise ",
+                named("memory_budget"),
+            )
         )
     # ``chunks`` as they are when their blocks fit with the halo (the planner's, or the user's own). When
     # they must change anyway: blocks of any shape (the halving below makes them as square as the halo

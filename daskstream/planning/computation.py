@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from daskstream.advice import named, said
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size
 
@@ -139,20 +140,27 @@ class ComputePlan:
             # budget cuts as many times fewer tasks (a plan names the least: ds.plan(...).explain()).
             times = -(-self.tasks // self.max_tasks)
             raise MemoryBudgetError(
-                f"this computation has {self.tasks:,} tasks, more than the {self.max_tasks:,} whose graph the "
-                f"client and scheduler may hold at once (daskstream.planning.max-tasks): compute a part of the "
-                f"array at a time, or open it with a memory_budget of at least {format_size(times * self.budget)} "
-                "(the array's chunk plan names the least that fits)"
+                said(
+                    f"this computation has {self.tasks:,} tasks, more than the {self.max_tasks:,} whose graph the "
+                    "client and scheduler may hold at once (daskstream.planning.max-tasks): compute a part of the "
+                    "array at a time, or open it with a ",
+                    named("memory_budget"),
+                    f" of at least {format_size(times * self.budget)} (the array's chunk plan names the least that "
+                    "fits)",
+                )
             )
         if self.projected_peak_bytes <= self.budget or self.worst is None:
             return
         held = f" + {format_size(self.held_bytes)} held between tasks" if self.held_bytes else ""
         raise MemoryBudgetError(
-            f"this computation projects {format_size(self.projected_peak_bytes)} per worker, over its memory "
-            f"budget of {format_size(self.budget)}: {self.concurrency} task(s) at once of "
-            f"{format_size(self.worst.peak_bytes)} ({self.worst.operation}: {self.worst.describe()}){held}. "
-            "Open the data with a larger memory_budget or smaller chunks (ds.open(..., chunks=...)), "
-            "or run fewer threads"
+            said(
+                f"this computation projects {format_size(self.projected_peak_bytes)} per worker, over its memory "
+                f"budget of {format_size(self.budget)}: {self.concurrency} task(s) at once of "
+                f"{format_size(self.worst.peak_bytes)} ({self.worst.operation}: {self.worst.describe()}){held}. "
+                "Open the data with a larger ",
+                named("memory_budget"),
+                " or smaller chunks (ds.open(..., chunks=...)), or run fewer threads",
+            )
         )
 
     def explain(self) -> str:

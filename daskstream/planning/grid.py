@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.errors import InvalidAxisError
 
 
@@ -113,8 +114,12 @@ def normalize_axes(axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not -ndim <= a < ndim:
-            valid = f"use 0..{ndim - 1} or -{ndim}..-1" if ndim else "a 0-d array has no axes: give axis=None"
-            raise InvalidAxisError(f"axis {a!r} is out of range for an array with {ndim} dimension(s); {valid}")
+            valid = (
+                f"use 0..{ndim - 1} or -{ndim}..-1"
+                if ndim
+                else said("a 0-d array has no axes: give ", keyword("axis", None))
+            )
+            raise InvalidAxisError(said(f"axis {a!r} is out of range for an array with {ndim} dimension(s); ", valid))
         out.append(int(a) % ndim)
     return tuple(sorted(set(out)))
 

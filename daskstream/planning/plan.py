@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from daskstream.advice import joined, named, said
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.settings import SchedulerCost
@@ -192,17 +193,26 @@ class ChunkPlan:
         )
         if self.beyond_graph_ceiling:
             lines.append(
-                f"Warning: {self.n_tasks:,} blocks, more than the {cost.max_blocks:,} a graph may hold, though "
-                f"every chunk is as large as the budget allows: parts of the array compute, the whole at once "
-                f"is refused; raise memory_budget to at least {format_size(self.budget_within_ceiling or 0)}"
+                said(
+                    f"Warning: {self.n_tasks:,} blocks, more than the {cost.max_blocks:,} a graph may hold, though "
+                    "every chunk is as large as the budget allows: parts of the array compute, the whole at once "
+                    "is refused; raise ",
+                    named("memory_budget"),
+                    f" to at least {format_size(self.budget_within_ceiling or 0)}",
+                )
             )
         if self.splits_storage_chunks:
             lines.append(
-                "Warning: one storage chunk is larger than the per-chunk budget, so storage chunks "
-                f"are split and decoded {self.read_amplification:.2f} times on average; raise "
-                "memory_budget or lower threads to avoid it."
+                said(
+                    "Warning: one storage chunk is larger than the per-chunk budget, so storage chunks are split "
+                    f"and decoded {self.read_amplification:.2f} times on average; raise ",
+                    named("memory_budget"),
+                    " or lower ",
+                    named("threads"),
+                    " to avoid it.",
+                )
             )
-        return "\n".join(lines)
+        return joined(lines, "\n")
 
     def __str__(self) -> str:
         return self.explain()

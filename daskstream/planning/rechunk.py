@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from daskstream.advice import named, said
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size
 
@@ -160,8 +161,11 @@ def plan_rechunk(
     for name, chunks in (("source", source), ("target", target)):
         if _box_bytes(chunks, itemsize) > task_bytes:
             raise MemoryBudgetError(
-                f"one {name} chunk {chunks} holds {format_size(_box_bytes(chunks, itemsize))}, more than the "
-                f"{format_size(task_bytes)} one task may hold; give smaller chunks or a larger memory_budget"
+                said(
+                    f"one {name} chunk {chunks} holds {format_size(_box_bytes(chunks, itemsize))}, more than the "
+                    f"{format_size(task_bytes)} one task may hold; give smaller chunks or a larger ",
+                    named("memory_budget"),
+                )
             )
     period = periods(shape, source, target)
     meet = tuple(math.lcm(s, t) for s, t in zip(source, target))

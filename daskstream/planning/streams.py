@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from daskstream.advice import named, said
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size, plannable_bytes
 
@@ -209,11 +210,14 @@ def plan_reads(
     if sum(least.values()) > budget:
         shown = ", ".join(f"{term} {format_size(n)}" for term, n in least.items() if n)
         raise MemoryBudgetError(
-            f"stream of {name}: one {'shard' if layout.shuffle else 'storage-aligned read'} is "
-            f"{format_size(rows * layout.item_bytes)} ({rows} item(s)), and the stream holds {shown} = "
-            f"{format_size(sum(least.values()))}, over the {format_size(budget)} it may use of its memory "
-            f"budget of {format_size(memory_budget)} (a fifth stays free); raise "
-            "memory_budget, or lower shuffle_blocks, prefetch or batch_size"
+            said(
+                f"stream of {name}: one {'shard' if layout.shuffle else 'storage-aligned read'} is "
+                f"{format_size(rows * layout.item_bytes)} ({rows} item(s)), and the stream holds {shown} = "
+                f"{format_size(sum(least.values()))}, over the {format_size(budget)} it may use of its memory "
+                f"budget of {format_size(memory_budget)} (a fifth stays free); raise ",
+                named("memory_budget"),
+                ", or lower shuffle_blocks, prefetch or batch_size",
+            )
         )
     extra = 0
     while (

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 import dask.config
 
+from daskstream.advice import keyword, said
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers
 from daskstream.planning.budget import parse_budget
@@ -194,8 +195,13 @@ class Session:
 
         if scheduler is not None and cluster is not None:
             raise InvalidArgumentError(
-                f"session(scheduler={scheduler!r}, cluster={os.fspath(cluster)!r}): give one of them; the "
-                "cluster file already says where work runs"
+                said(
+                    "session(",
+                    keyword("scheduler", scheduler),
+                    ", ",
+                    keyword("cluster", os.fspath(cluster)),
+                    "): give one of them; the cluster file already says where work runs",
+                )
             )
         if scheduler is None and cluster is None:
             scheduler = "threads"
@@ -204,8 +210,11 @@ class Session:
             if not isinstance(scheduler, str) or (scheduler not in SCHEDULERS and "://" not in scheduler):
                 choices = ", ".join(repr(s) for s in SCHEDULERS)
                 raise InvalidArgumentError(
-                    f"scheduler={scheduler!r} is not known; use one of {choices}, or the address of a "
-                    "running scheduler such as 'tcp://127.0.0.1:8786'"
+                    said(
+                        keyword("scheduler", scheduler),
+                        f" is not known; use one of {choices}, or the address of a running scheduler such as "
+                        "'tcp://127.0.0.1:8786'",
+                    )
                 )
             if "://" in scheduler:
                 self._address = check_scheduler_address(scheduler)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from daskstream.advice import joined, keyword, said
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import (
     CorruptSourceError,
@@ -237,10 +238,13 @@ class Source(ABC):
             Without settings, or with the keywords of :func:`daskstream.plan`.
         """
         if settings is None or given:
-            keywords = ", ".join(f"{k}=..." for k in given) or "memory_budget=..."
+            keywords = [keyword(k, ...) for k in given] or [keyword("memory_budget", ...)]
             raise InvalidArgumentError(
-                f"{self.name}: Source.plan takes resolved PlanSettings; "
-                f"plan with daskstream.plan(source, {keywords}) instead"
+                said(
+                    f"{self.name}: Source.plan takes resolved PlanSettings; plan with daskstream.plan(source, ",
+                    joined(keywords, ", "),
+                    ") instead",
+                )
             )
         if is_url(self.path) and settings.object_store_task_bytes > settings.target_chunk_bytes:
             settings = dataclasses.replace(settings, target_chunk_bytes=settings.object_store_task_bytes)
@@ -370,14 +374,20 @@ def checked_path(path: Any, what: str = "path") -> str:
     if isinstance(path, (str, bytes, os.PathLike)):
         text = os.fsdecode(path)
     else:
-        raise InvalidArgumentError(f"{what}={path!r} is a {type(path).__name__}; give a path (str or pathlib.Path)")
+        raise InvalidArgumentError(
+            said(keyword(what, path), f" is a {type(path).__name__}; give a path (str or pathlib.Path)")
+        )
     if "\0" in text:
-        raise InvalidArgumentError(f"{what}={text!r} holds a NUL byte, which no file name can; check the path")
+        raise InvalidArgumentError(
+            said(keyword(what, text), " holds a NUL byte, which no file name can; check the path")
+        )
     longest = max((len(os.fsencode(part)) for part in text.split(os.sep)), default=0)
     if longest > _NAME_MAX or len(os.fsencode(text)) > _PATH_MAX:
         raise InvalidArgumentError(
-            f"{what}={_shortened(text)} is longer than file names can be ({_NAME_MAX} bytes a name, "
-            f"{_PATH_MAX} a path); check the path"
+            said(
+                keyword(what, text=_shortened(text)),
+                f" is longer than file names can be ({_NAME_MAX} bytes a name, {_PATH_MAX} a path); check the path",
+            )
         )
     return text
 

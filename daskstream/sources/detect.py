@@ -11,6 +11,7 @@ import os
 import zipfile
 from typing import Any
 
+from daskstream.advice import keyword, said
 from daskstream.errors import (
     CorruptSourceError,
     InvalidArgumentError,
@@ -76,7 +77,11 @@ def split_dataset(path: str, dataset: str | None) -> tuple[str, str | None]:
         path, _, inner = path.partition("::")
         if dataset is not None and dataset != inner:
             raise InvalidArgumentError(
-                f"{path}: dataset given twice, as {inner!r} after '::' and as dataset={dataset!r}; give it once"
+                said(
+                    f"{path}: dataset given twice, as {inner!r} after '::' and as ",
+                    keyword("dataset", dataset),
+                    "; give it once",
+                )
             )
         return path, inner
     return path, dataset

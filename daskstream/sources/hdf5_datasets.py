@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from daskstream.advice import keyword, said
 from daskstream.errors import CorruptSourceError, MemberNotFoundError, NotAnArrayError, first_line
 from daskstream.sources.base import listing
 
@@ -20,7 +21,11 @@ def _find_dataset(f: Any, path: str, dataset: str | None, h5py: Any) -> Any:
             return f[found[0]]
         have = listing(found, empty="no datasets")
         raise MemberNotFoundError(
-            f"{path}: give the dataset to read, as dataset=... or '{path}::/name'; the file has: {have}"
+            said(
+                f"{path}: give the dataset to read, as ",
+                keyword("dataset", ...),
+                f" or '{path}::/name'; the file has: {have}",
+            )
         )
     try:
         obj = f[dataset]

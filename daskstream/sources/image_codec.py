@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.budget import format_size
@@ -104,8 +105,11 @@ class DecodeSpec:
             or not all(isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0 for n in size)
         ):
             raise InvalidArgumentError(
-                f"size={size!r}: give the (height, width) every image is resized to, two positive ints, "
-                "e.g. size=(224, 224)"
+                said(
+                    keyword("size", size),
+                    ": give the (height, width) every image is resized to, two positive ints, e.g. ",
+                    keyword("size", (224, 224)),
+                )
             )
         if mode not in MODES:
             raise InvalidArgumentError(f"mode={mode!r}: use 'RGB' (3 channels) or 'L' (greyscale, 1 channel)")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from dask.system import cpu_count
 
+from daskstream.advice import keyword, said
 from daskstream.display import card, table
 from daskstream.errors import (
     CorruptSourceError,
@@ -217,7 +218,7 @@ def _checked_threads(threads: Any) -> int:
         # dask's count of the usable CPUs: affinity and cgroup quota counted.
         return max(1, min(cpu_count(), _MOST_DEFAULT_THREADS))
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise InvalidArgumentError(f"threads={threads!r}: give a positive number of threads, or None")
+        raise InvalidArgumentError(said(keyword("threads", threads), ": give a positive number of threads, or None"))
     return threads
 
 

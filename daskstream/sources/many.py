@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.advice import said
 from daskstream.errors import (
     FileFamilyError,
     InvalidArgumentError,
     MemberNotFoundError,
     SourceNotFoundError,
-    first_line,
 )
 from daskstream.files import open_regular
 from daskstream.planning.grid import normalize_axes
@@ -294,8 +294,12 @@ class FamilyMember(Source):
             full = open_source(self.path, dataset=self.dataset)
         except MemberNotFoundError as exc:
             raise FileFamilyError(
-                f"{self.name}: {first_line(exc)}; it was opened as a file of the family of {self.family}, whose "
-                "dataset it lacks: leave it out of the list or pattern, or open it on its own"
+                said(
+                    f"{self.name}: ",
+                    exc,
+                    f"; it was opened as a file of the family of {self.family}, whose dataset it lacks: leave it "
+                    "out of the list or pattern, or open it on its own",
+                )
             ) from None
         if not isinstance(full, Hdf5Source):
             what = f"it is a {full.format} file, not HDF5"

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from daskstream import config
+from daskstream.advice import named, said
 from daskstream.errors import (
     DaskstreamError,
     MissingDependencyError,
@@ -376,10 +377,15 @@ class Place:
         where = self._where()
         if names & set(_CREDENTIAL_ERRORS) or any(code in text for code in _CREDENTIAL_CODES):
             return ObjectStoreCredentialsError(
-                f"{where}: no valid credentials to {doing} it ({_first_line(exc)}); give them in the "
-                "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), as "
-                "storage_options / --storage-option, or anon=True for a public bucket. Workers of a cluster "
-                "use their own environment: storage_options' secrets are not sent to them"
+                said(
+                    f"{where}: no valid credentials to {doing} it ({_first_line(exc)}); give them in the "
+                    "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), as ",
+                    named("storage_options"),
+                    ", or anon=True for a public bucket. Workers of a cluster use their own environment: the "
+                    "secrets in ",
+                    named("storage_options"),
+                    " are not sent to them",
+                )
             )
         if names & set(_UNREACHABLE_ERRORS):
             return ObjectStoreUnreachableError(

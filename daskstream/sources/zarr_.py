@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.dependencies import installed_version
 from daskstream.errors import (
     CorruptSourceError,
@@ -256,8 +257,11 @@ class ZarrSource(Source):
                 f"{self.path}::{member} is a group, not an array; arrays inside it: {listing(inside, empty='none')}"
             )
         raise MemberNotFoundError(
-            f"{self.path}: the store's root is a group; give the array to read as dataset=... "
-            f"or '{self.path}::name'; it has: {listing(inside, empty='no arrays')}"
+            said(
+                f"{self.path}: the store's root is a group; give the array to read as ",
+                keyword("dataset", ...),
+                f" or '{self.path}::name'; it has: {listing(inside, empty='no arrays')}",
+            )
         )
 
     def list_arrays(self, under: str = "") -> list[str]:

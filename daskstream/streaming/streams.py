@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.compute.labels import axes_by_name, unlabelled
 from daskstream.errors import InvalidArgumentError, InvalidAxisError
 from daskstream.graph.layers import planned_with
@@ -233,7 +234,7 @@ class Stream(StreamReading, StreamCheckpoints, StreamView):
             raise InvalidArgumentError(f"{first.name} is a scalar: there are no items to stream")
         if isinstance(axis, bool) or not isinstance(axis, int) or not -ndim <= axis < ndim:
             raise InvalidAxisError(
-                f"axis={axis!r} is out of range for {first.name} with {ndim} axes; use 0..{ndim - 1}"
+                said(keyword("axis", axis), f" is out of range for {first.name} with {ndim} axes; use 0..{ndim - 1}")
             )
         self.axis = axis % ndim
         self.length = first.shape[self.axis]
@@ -251,7 +252,7 @@ class Stream(StreamReading, StreamCheckpoints, StreamView):
             ("worker", worker, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"{name}={value!r} must be an int of at least {low}")
+                raise InvalidArgumentError(said(keyword(name, value), f" must be an int of at least {low}"))
         if rank >= world_size:
             raise InvalidArgumentError(f"rank={rank} must be below world_size={world_size}")
         if worker >= num_workers:

@@ -19,6 +19,7 @@ import dask.array as da
 import numpy as np
 from dask.utils import funcname, key_split
 
+from daskstream.advice import keyword, said
 from daskstream.compute.describe import chunk_statistics
 from daskstream.compute.reductions import OPERATIONS, reduce
 from daskstream.errors import InvalidArgumentError, UnknownOperationError
@@ -156,7 +157,9 @@ def work_for(
         return Work(label="describe", title="describe", block_fn=_Statistics(axes, None))
     if op not in OPERATIONS:
         choices = ", ".join(sorted({*OPERATIONS, "describe"}))
-        raise UnknownOperationError(f"cannot tune for op={op!r}; choose one of: {choices}, or give kernel=")
+        raise UnknownOperationError(
+            said("cannot tune for ", keyword("op", op), f"; choose one of: {choices}, or give kernel=")
+        )
     build = _Reduction(op, axis)
     probe = da.zeros((2,) * ndim, dtype=dtype, chunks=1)
     found = consumer_label(build(probe).__dask_graph__(), probe.name)

@@ -11,6 +11,7 @@ from typing import Any
 from dask.utils import parse_timedelta
 
 from daskstream import config
+from daskstream.advice import keyword, passing, said
 from daskstream.errors import DaskstreamWarning, InvalidArgumentError, warn
 from daskstream.graph.layers import opened_source, read_layers
 from daskstream.planning.budget import parse_budget
@@ -112,7 +113,9 @@ def tune(
                 refresh=refresh,
             )
     if kernel is None and op is None:
-        raise InvalidArgumentError("tune needs op= (a reduction name or 'describe') or kernel= (a function)")
+        raise InvalidArgumentError(
+            said("tune needs ", keyword("op"), " (a reduction name or 'describe') or kernel= (a function)")
+        )
     work = work_for(op, kernel, ndim=resolved.ndim, dtype=resolved.dtype, axis=axis, depth=depth)
     seconds = _seconds(config.get("tune.time-budget", time_budget))
     # The candidates are sized to the budget asked for; the sampled reads are planned as any array
@@ -134,8 +137,12 @@ def source_of(x: Any, dataset: str | None = None, *, as_opened: bool = False) ->
         layers = read_layers(x)
         if as_opened and opened_source(x) is None:
             raise InvalidArgumentError(
-                "adaptive=True re-plans the reads, so it needs the array as daskstream.open returns it "
-                "(or its path); this one is computed from it: reduce the opened array, or pass adaptive=False"
+                said(
+                    keyword("adaptive", True),
+                    " re-plans the reads, so it needs the array as daskstream.open returns it (or its path); this "
+                    "one is computed from it: reduce the opened array, or ",
+                    passing("adaptive", False),
+                )
             )
         found = {s.token: s for _, s, _ in layers}
         if len(found) != 1:
@@ -152,9 +159,13 @@ def _seconds(value: str | float) -> float:
     try:
         seconds = float(parse_timedelta(value, default="s"))
     except (ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise InvalidArgumentError(f'time_budget={value!r} is not a duration; give seconds or e.g. "10s"') from exc
+        raise InvalidArgumentError(
+            said(keyword("time_budget", value), ' is not a duration; give seconds or e.g. "10s"')
+        ) from exc
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise InvalidArgumentError(f'time_budget={value!r} must be a finite duration more than zero, e.g. "10s"')
+        raise InvalidArgumentError(
+            said(keyword("time_budget", value), ' must be a finite duration more than zero, e.g. "10s"')
+        )
     return seconds
 
 
@@ -467,8 +478,11 @@ def tuned_chunks(source: Source, settings: PlanSettings, *, sampling: PlanSettin
     result = tuner.run(_seconds(config.get("tune.time-budget")), started=started)
     if not result.from_cache and result.speedup_vs_auto is None:
         warn(
-            f"{source.name}: chunks='tune' measured nothing ({result.stopped}); opened in the planner's chunks "
-            f"{result.chunks}",
+            said(
+                f"{source.name}: ",
+                keyword("chunks", "tune"),
+                f" measured nothing ({result.stopped}); opened in the planner's chunks {result.chunks}",
+            ),
             DaskstreamWarning,
         )
     return result.chunks

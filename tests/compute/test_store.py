@@ -651,7 +651,7 @@ def test_a_read_only_folder_is_a_write_error(fmt):
     assert kinds[:3] == ["TargetWriteError", "DaskstreamError", "OSError"]
     assert target in message
     assert "Permission denied" in message
-    assert "resume=True" in message
+    assert "run store again: it resumes where it stopped" in message
 
 
 # ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import dask.array as da
 
+from daskstream.advice import keyword, named, said
 from daskstream.compute.store.codecs import choose_codec
 from daskstream.compute.store.hdf5_target import Hdf5Target
 from daskstream.compute.store.object_target import ObjectZarrTarget
@@ -231,7 +232,9 @@ def store(
     """
     if compressor is not _UNSET:
         if not (isinstance(codec, str) and codec == "default"):
-            raise InvalidArgumentError(f"codec={codec!r} and compressor={compressor!r}: give one, codec")
+            raise InvalidArgumentError(
+                said(keyword("codec", codec), " and ", keyword("compressor", compressor), ": give one, codec")
+            )
         codec = compressor
     x = _regular(_check_array(x))
     report = _progress_reporter(progress, target, x)
@@ -241,7 +244,9 @@ def store(
     identity = StoreIdentity.of(x)
     kind = target_format(path)
     if storage_options is not None and kind != "zarr-url":
-        raise InvalidArgumentError(f"{path}: storage_options are for targets on object stores (URLs), not local paths")
+        raise InvalidArgumentError(
+            said(f"{path}: ", named("storage_options"), " are for targets on object stores (URLs), not local paths")
+        )
     # What x was planned with (the chunks a resumed store compares with the planner's), and what the store plans
     # for: a budget given wins.
     carried = carried or Carried.of(x)
@@ -249,13 +254,17 @@ def store(
     settings = as_opened if memory_budget is None else settings_for(x, memory_budget=memory_budget)
     if kind == "hdf5":
         if not member or not member.strip("/"):
-            raise InvalidArgumentError(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or dataset='/name'")
+            raise InvalidArgumentError(
+                said(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or ", keyword("dataset", "/name"))
+            )
         if inner_chunks is not None:
-            raise InvalidArgumentError(f"{path}: inner_chunks (shards) are for Zarr targets; HDF5 has none")
+            raise InvalidArgumentError(
+                said(f"{path}: ", named("inner_chunks"), " (shards) are for Zarr targets; HDF5 has none")
+            )
         writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, settings.resources, carried)
     else:
         if zarr_format not in (2, 3):
-            raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
+            raise InvalidArgumentError(said(keyword("zarr_format", zarr_format), ": give 2 or 3"))
         member = (member or "").strip("/") or None
         inner = None if inner_chunks is None else tuple(int(c) for c in inner_chunks)
         version: Literal[2, 3] = 2 if zarr_format == 2 else 3

@@ -41,6 +41,7 @@ import deflate
 import numpy as np
 
 from daskstream import config
+from daskstream.advice import keyword, said
 from daskstream.compute.store.codec_candidates import Candidate, _candidates
 from daskstream.compute.store.codec_timing import distrust, timed
 from daskstream.compute.store.hdf5_encoder import Hdf5ChunkEncoder
@@ -279,7 +280,9 @@ def choose_codec(
     True
     """
     if optimize not in OBJECTIVES:
-        raise InvalidArgumentError(f"optimize={optimize!r}: give one of {', '.join(map(repr, OBJECTIVES))}")
+        raise InvalidArgumentError(
+            said(keyword("optimize", optimize), f": give one of {', '.join(map(repr, OBJECTIVES))}")
+        )
     if target_format not in ("zarr", "hdf5"):
         raise InvalidArgumentError(f"target_format={target_format!r}: give 'zarr' or 'hdf5'")
     threads = threads or resolve_resources().threads

@@ -22,6 +22,7 @@ import dask.array as da
 import numpy as np
 from dask.optimization import cull
 
+from daskstream.advice import keyword, said
 from daskstream.compute.computation import computation_plan
 from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
 from daskstream.compute.store.named_codecs import named_codec
@@ -35,6 +36,7 @@ from daskstream.compute.store.record import (
     chunk_shape,
 )
 from daskstream.compute.store.target import (
+    OVERWRITE,
     Carried,
     ProgressCallback,
     Target,
@@ -46,7 +48,6 @@ from daskstream.errors import (
     InvalidArgumentError,
     InvalidChunksError,
     TargetDamagedError,
-    TargetExistsError,
     TargetMismatchError,
     TargetWriteError,
     UnsupportedDtypeError,
@@ -77,8 +78,8 @@ class Hdf5Target(Target):
     member: str  # an HDF5 target always names its dataset
 
     _after_failure = (
-        "run store again with resume=True (HDF5 has no journal: if it cannot reopen the file, delete it and "
-        "store again)"
+        "run store again: it resumes where it stopped (HDF5 has no journal: if it cannot reopen the file, delete "
+        "it and store again)"
     )
 
     def __init__(
@@ -260,10 +261,7 @@ class Hdf5Target(Target):
                 return existing, self._recorded_done(existing, nblocks)
             if not overwrite:
                 if recorded is not None and not resume:
-                    raise TargetExistsError(
-                        f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
-                        "it, or overwrite=True to start again"
-                    )
+                    raise self._refuse_unfinished()
                 self._check_shape_dtype(existing.shape, existing.dtype, x)
                 finished = self._read_identity(existing, H5_COMPLETE_ATTR) if recorded is None else None
                 if finished is not None:
@@ -330,8 +328,11 @@ class Hdf5Target(Target):
             return StoreIdentity.from_json(text.decode() if isinstance(text, bytes) else str(text))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise TargetMismatchError(
-                f"{self.name}: its progress record (attribute {attribute!r}) cannot be read ({exc}); "
-                "pass overwrite=True to start again"
+                said(
+                    f"{self.name}: its progress record (attribute {attribute!r}) cannot be read ({exc}); ",
+                    OVERWRITE,
+                    " to start again",
+                )
             ) from None
 
     def _recorded_done(self, dset: Any, nblocks: int) -> np.ndarray:
@@ -339,8 +340,11 @@ class Hdf5Target(Target):
             packed = np.asarray(dset.attrs[H5_DONE_ATTR], dtype=np.uint8)
         except (OSError, KeyError) as exc:
             raise TargetMismatchError(
-                f"{self.name}: its progress record (attribute {H5_DONE_ATTR!r}) cannot be read ({exc}); "
-                "pass overwrite=True to start again"
+                said(
+                    f"{self.name}: its progress record (attribute {H5_DONE_ATTR!r}) cannot be read ({exc}); ",
+                    OVERWRITE,
+                    " to start again",
+                )
             ) from None
         return np.unpackbits(packed, count=nblocks).astype(bool)
 
@@ -374,9 +378,11 @@ class Hdf5Target(Target):
                     f"chunks {chunks} ({exc})"
                 ) from exc
             raise InvalidArgumentError(
-                f"{self.name}: h5py could not create the dataset with dtype {x.dtype} and "
-                f"compressor={self.compressor!r} ({exc}); give a filter name, a mapping of h5py "
-                'create_dataset keywords, None or "default"'
+                said(
+                    f"{self.name}: h5py could not create the dataset with dtype {x.dtype} and ",
+                    keyword("compressor", self.compressor),
+                    f' ({exc}); give a filter name, a mapping of h5py create_dataset keywords, None or "default"',
+                )
             ) from exc
         return dset
 
@@ -422,8 +428,12 @@ class Hdf5Target(Target):
         if isinstance(self.compressor, Mapping):
             return dict(self.compressor)
         raise InvalidArgumentError(
-            f"{self.name}: compressor={self.compressor!r} is not an HDF5 filter; give a filter name "
-            '("gzip", "lzf"), a mapping of h5py create_dataset keywords (an hdf5plugin filter), None or "default"'
+            said(
+                f"{self.name}: ",
+                keyword("compressor", self.compressor),
+                ' is not an HDF5 filter; give a filter name ("gzip", "lzf"), a mapping of h5py create_dataset '
+                'keywords (an hdf5plugin filter), None or "default"',
+            )
         )
 
     def window(self, x: da.Array) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.compute.store.target import Carried, target_format
 from daskstream.errors import InvalidArgumentError
 from daskstream.sources.detect import split_dataset
@@ -103,7 +104,7 @@ def store_labelled(
         variables = {name: x}
         coords = x.coords.to_dataset()
     if zarr_format not in (2, 3):
-        raise InvalidArgumentError(f"zarr_format={zarr_format!r}: give 2 or 3")
+        raise InvalidArgumentError(said(keyword("zarr_format", zarr_format), ": give 2 or 3"))
     for name, variable in variables.items():
         carried = _carried(variable, x.coords, zarr_format)
         store_array(

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import dask.array as da
 
 from daskstream import config
+from daskstream.advice import said
 from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
 from daskstream.compute.store.record import (
     COMPLETE_FILE,
@@ -48,7 +49,7 @@ from daskstream.compute.store.record import (
     block_name,
     parse_block_name,
 )
-from daskstream.compute.store.target import Carried, write_error
+from daskstream.compute.store.target import OVERWRITE, Carried, write_error
 from daskstream.compute.store.zarr_target import ZarrTarget
 from daskstream.errors import DaskstreamError, TargetMismatchError, TargetWriteError
 from daskstream.planning.settings import Resources
@@ -223,8 +224,11 @@ class ObjectZarrTarget(ZarrTarget):
     def _finish(self, identity: StoreIdentity) -> None:
         if self._metadata_version is not None and _metadata_version(self.array_place) != self._metadata_version:
             raise TargetMismatchError(
-                f"{self.name}: the array's metadata object was deleted or rewritten while store wrote it; "
-                "pass overwrite=True to store it again"
+                said(
+                    f"{self.name}: the array's metadata object was deleted or rewritten while store wrote it; ",
+                    OVERWRITE,
+                    " to store it again",
+                )
             )
         try:
             self.array_place.put(f"{PROGRESS_DIR}/{COMPLETE_FILE}", identity.to_json().encode())

@@ -13,6 +13,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.advice import keyword, passing, said
 from daskstream.compute.store.record import StoreIdentity
 from daskstream.errors import (
     CorruptSourceError,
@@ -29,6 +30,9 @@ from daskstream.sources.base import Source, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format
 from daskstream.sources.hdf5_filters import import_h5py
 from daskstream.sources.zarr_ import is_url
+
+#: The advice to write over what a target holds.
+OVERWRITE = passing("overwrite", True)
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -182,15 +186,32 @@ class Target(abc.ABC):
 
     def _refuse_existing(self, what: str) -> TargetExistsError:
         return TargetExistsError(
-            f"{self.name} already holds {what}; pass overwrite=True to replace it, or choose another target"
+            said(f"{self.name} already holds {what}; ", OVERWRITE, " to replace it, or choose another target")
+        )
+
+    def _refuse_unfinished(self) -> TargetExistsError:
+        """An unfinished store here, and ``resume=False``."""
+        return TargetExistsError(
+            said(
+                f"{self.name} holds an unfinished store, which ",
+                keyword("resume", False),
+                " does not finish: ",
+                passing("resume", True),
+                " to finish it, or ",
+                OVERWRITE,
+                " to start again",
+            )
         )
 
     def _check_shape_dtype(self, shape: tuple[int, ...], dtype: np.dtype, x: da.Array) -> None:
         if tuple(shape) != tuple(x.shape) or native(np.dtype(dtype)) != native(x.dtype):
             raise TargetMismatchError(
-                f"{self.name} holds an array of shape {tuple(shape)} and dtype {dtype}, but the array stored "
-                f"has shape {tuple(x.shape)} and dtype {x.dtype}; pass overwrite=True to replace it, "
-                "or choose another target"
+                said(
+                    f"{self.name} holds an array of shape {tuple(shape)} and dtype {dtype}, but the array stored "
+                    f"has shape {tuple(x.shape)} and dtype {x.dtype}; ",
+                    OVERWRITE,
+                    " to replace it, or choose another target",
+                )
             )
 
     def _check_identity(self, recorded: StoreIdentity, identity: StoreIdentity) -> None:
@@ -199,14 +220,20 @@ class Target(abc.ABC):
             return
         if (recorded.shape, recorded.dtype) == (identity.shape, identity.dtype) and recorded.chunks != identity.chunks:
             raise TargetMismatchError(
-                f"{self.name} holds an unfinished store of this shape and dtype in chunks {recorded.chunks}, "
-                f"but the array stored now has chunks {identity.chunks} (another memory budget or chunking): "
-                "resume it with the chunks (or the memory budget) it was started with, or pass overwrite=True "
-                "to start again, which writes again the blocks already written"
+                said(
+                    f"{self.name} holds an unfinished store of this shape and dtype in chunks {recorded.chunks}, "
+                    f"but the array stored now has chunks {identity.chunks} (another memory budget or chunking): "
+                    "resume it with the chunks (or the memory budget) it was started with, or ",
+                    OVERWRITE,
+                    " to start again, which writes again the blocks already written",
+                )
             )
         raise TargetMismatchError(
-            f"{self.name} holds an unfinished store of another computation ({'; '.join(changes)}); "
-            "pass overwrite=True to start it again with this array, or choose another target"
+            said(
+                f"{self.name} holds an unfinished store of another computation ({'; '.join(changes)}); ",
+                OVERWRITE,
+                " to start it again with this array, or choose another target",
+            )
         )
 
     @abc.abstractmethod
@@ -223,21 +250,27 @@ class Target(abc.ABC):
     def _refuse_finished(self, finished: StoreIdentity, identity: StoreIdentity) -> TargetExistsError:
         if (finished.shape, finished.dtype) == (identity.shape, identity.dtype) and finished.chunks != identity.chunks:
             return TargetExistsError(
-                f"{self.name} holds a finished store of this shape and dtype in chunks {finished.chunks}, but the "
-                f"array stored now has chunks {identity.chunks}; pass overwrite=True (--overwrite) to write it "
-                "again in the new chunks, or choose another target"
+                said(
+                    f"{self.name} holds a finished store of this shape and dtype in chunks {finished.chunks}, but "
+                    f"the array stored now has chunks {identity.chunks}; ",
+                    OVERWRITE,
+                    " to write it again in the new chunks, or choose another target",
+                )
             )
         return TargetExistsError(
-            f"{self.name} holds a finished store of another computation "
-            f"({'; '.join(finished.differences(identity))}); pass overwrite=True to replace it, or choose "
-            "another target"
+            said(
+                f"{self.name} holds a finished store of another computation "
+                f"({'; '.join(finished.differences(identity))}); ",
+                OVERWRITE,
+                " to replace it, or choose another target",
+            )
         )
 
     def write_error(self, exc: BaseException, doing: str) -> TargetWriteError:
         return write_error(self.name, exc, doing, self._after_failure)
 
     # What to do after a failed write, beyond fixing its cause.
-    _after_failure = "run store again with resume=True"
+    _after_failure = "run store again: it resumes where it stopped"
 
 
 def write_error(
@@ -251,8 +284,11 @@ def write_error(
     reason = os.strerror(number) if number else first_line(exc)
     return TargetWriteError(
         number,
-        f"{target_name}: could not {doing} ({reason}); blocks recorded as done are kept: free space or "
-        f"fix permissions, then {after}",
+        said(
+            f"{target_name}: could not {doing} ({reason}); blocks recorded as done are kept: free space or fix "
+            "permissions, then ",
+            after,
+        ),
     )
 
 

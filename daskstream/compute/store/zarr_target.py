@@ -21,6 +21,7 @@ import dask.multiprocessing
 import dask.threaded
 import numpy as np
 
+from daskstream.advice import keyword, named, passing, said
 from daskstream.compute.store.chunk_writer import ChunkWriter, chunk_writer_for
 from daskstream.compute.store.named_codecs import named_codec
 from daskstream.compute.store.record import (
@@ -35,6 +36,7 @@ from daskstream.compute.store.record import (
     write_atomically,
 )
 from daskstream.compute.store.target import (
+    OVERWRITE,
     Carried,
     ProgressCallback,
     Target,
@@ -64,12 +66,23 @@ ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
 def _inner_chunks(name: str, inner: tuple[int, ...], shard: tuple[int, ...], zarr_format: int) -> tuple[int, ...]:
     """``inner`` checked as the chunks inside shards of ``shard``: format 3, one size per axis, dividing it."""
     if zarr_format != 3:
-        raise InvalidArgumentError(f"{name}: shards are a Zarr format 3 feature; pass zarr_format=3 with inner_chunks")
+        raise InvalidArgumentError(
+            said(
+                f"{name}: shards are a Zarr format 3 feature; ",
+                passing("zarr_format", 3),
+                " with ",
+                named("inner_chunks"),
+            )
+        )
     sizes = tuple(min(int(c), s) for c, s in zip(inner, shard))
     if len(inner) != len(shard) or any(c < 1 or s % c for c, s in zip(sizes, shard)):
         raise InvalidArgumentError(
-            f"{name}: inner_chunks={tuple(inner)} must give one size per axis dividing the shard (block) shape "
-            f"{shard}; rechunk the array or pick sizes that divide it"
+            said(
+                f"{name}: ",
+                keyword("inner_chunks", tuple(inner)),
+                f" must give one size per axis dividing the shard (block) shape {shard}; rechunk the array or "
+                "pick sizes that divide it",
+            )
         )
     return sizes
 
@@ -140,8 +153,11 @@ class ZarrTarget(Target):
         kind = self._node_kind()
         if kind == "group":
             raise TargetMismatchError(
-                f"{self.name} is a Zarr group; name an array inside it ('{self.path}::name' or dataset=...). "
-                "store never deletes groups"
+                said(
+                    f"{self.name} is a Zarr group; name an array inside it ('{self.path}::name' or ",
+                    keyword("dataset", ...),
+                    "). store never deletes groups",
+                )
             )
         if kind == "other":
             raise TargetExistsError(
@@ -161,10 +177,7 @@ class ZarrTarget(Target):
                     self._check_existing(x)
                     raise self._refuse_finished(finished, identity)
                 if recorded is not None and not resume:
-                    raise TargetExistsError(
-                        f"{self.name} holds an unfinished store and resume=False; pass resume=True to finish "
-                        "it, or overwrite=True to start again"
-                    )
+                    raise self._refuse_unfinished()
                 if kind == "array":
                     self._check_existing(x)
                 if recorded is not None:
@@ -272,15 +285,22 @@ class ZarrTarget(Target):
             return None
         if len(text) > MAX_RECORD_BYTES:
             raise TargetMismatchError(
-                f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) is larger than any record "
-                "daskstream writes; pass overwrite=True to start again"
+                said(
+                    f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) is larger than any record "
+                    "daskstream writes; ",
+                    OVERWRITE,
+                    " to start again",
+                )
             )
         try:
             return StoreIdentity.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise TargetMismatchError(
-                f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) cannot be read ({exc}); "
-                "pass overwrite=True to start again"
+                said(
+                    f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) cannot be read ({exc}); ",
+                    OVERWRITE,
+                    " to start again",
+                )
             ) from None
 
     def _check_existing(self, x: da.Array) -> None:
@@ -290,8 +310,11 @@ class ZarrTarget(Target):
             array = zarr.open_array(store=self._store(read_only=True), path=self.member or "", mode="r")
         except (zarr.errors.NodeNotFoundError, ValueError, TypeError, KeyError) as exc:
             raise TargetDamagedError(
-                f"{self.name}: zarr could not read the existing array's metadata ({exc}); "
-                "pass overwrite=True to replace it"
+                said(
+                    f"{self.name}: zarr could not read the existing array's metadata ({exc}); ",
+                    OVERWRITE,
+                    " to replace it",
+                )
             ) from None
         self._check_shape_dtype(array.shape, np.dtype(array.dtype), x)
 
@@ -350,8 +373,11 @@ class ZarrTarget(Target):
         except (ValueError, TypeError) as exc:
             if not (self.compressor is None or (isinstance(self.compressor, str) and self.compressor == "default")):
                 raise InvalidArgumentError(
-                    f"{self.name}: zarr could not create an array of dtype {x.dtype} with compressor="
-                    f'{self.compressor!r} ({exc}); give a zarr compressor, a list of them, None or "default"'
+                    said(
+                        f"{self.name}: zarr could not create an array of dtype {x.dtype} with ",
+                        keyword("compressor", self.compressor),
+                        f' ({exc}); give a zarr compressor, a list of them, None or "default"',
+                    )
                 ) from None
             raise UnsupportedDtypeError(
                 f"{self.name}: zarr could not create an array of dtype {x.dtype} ({exc}); convert the data "

@@ -23,9 +23,10 @@ import numpy as np
 from dask.base import tokenize
 from dask.callbacks import Callback
 
+from daskstream.advice import said
 from daskstream.compute.store.chunk_writer import ChunkWriter, MetadataChangedError
 from daskstream.compute.store.record import block_name
-from daskstream.compute.store.target import ProgressCallback, first_line, write_error
+from daskstream.compute.store.target import OVERWRITE, ProgressCallback, first_line, write_error
 from daskstream.errors import DaskstreamError, InvalidArgumentError, TargetMismatchError
 from daskstream.runtime.schedulers import active_client
 from daskstream.runtime.stopping import raise_if_stopped
@@ -251,9 +252,13 @@ def _write_zarr_blocks(
             # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to blame.
             # The array was deleted, replaced or damaged while store wrote it: what was recorded no longer holds.
             raise TargetMismatchError(
-                f"{target_name}: could not write block {name}: zarr could not open or write the array "
-                f"({type(exc).__name__}: {first_line(exc)}); it was deleted, replaced or damaged while store "
-                "was writing it. Pass overwrite=True to store it again"
+                said(
+                    f"{target_name}: could not write block {name}: zarr could not open or write the array "
+                    f"({type(exc).__name__}: {first_line(exc)}); it was deleted, replaced or damaged while store "
+                    "was writing it: ",
+                    OVERWRITE,
+                    " to store it again",
+                )
             ) from exc
         except OSError as exc:
             raise write_error(target_name, exc, f"write block {name}") from exc

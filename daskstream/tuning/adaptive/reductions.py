@@ -33,6 +33,7 @@ from typing import Any
 import dask
 import numpy as np
 
+from daskstream.advice import keyword, passing, said
 from daskstream.compute.describe import describe
 from daskstream.compute.joins import PieceDescription, PieceReduction
 from daskstream.compute.reductions import reduce
@@ -215,7 +216,11 @@ def _as_run(x: Any, settings: PlanSettings, planned: Callable[[Any], Any]) -> tu
     sources = list(readable.regions.sources) if readable is not None else [s for _, s, _ in read_layers(x)]
     if not sources:
         raise InvalidArgumentError(
-            "adaptive=True cuts the reads of files into waves; this array reads none: pass adaptive=False"
+            said(
+                keyword("adaptive", True),
+                " cuts the reads of files into waves; this array reads none: ",
+                passing("adaptive", False),
+            )
         )
     source = sources[0]
     if readable is not None and (len({s.token for s in sources}) != 1 or source.shape != tuple(x.shape)):
