@@ -38,6 +38,10 @@ The rules, in the order they bind:
    tree has ``ceil(log_split_every(chunks along the reduced axes))`` levels,
    zero when one chunk spans them. Contiguous data keeps its slabs, because a
    strided read costs more than a deeper combine tree over small partials.
+
+The module is longer than most modules: these rules bind one another (a
+budget cut changes what balance and reductions may do), so they are kept
+beside each other, with the halo fitting that applies them to kernels.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -91,9 +92,23 @@ def test_missing_credentials_say_where_to_put_them(s3, stored, monkeypatch):
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    with pytest.raises(ObjectStoreCredentialsError, match=r"AWS_ACCESS_KEY_ID.*storage_options / --storage-option"):
+    with pytest.raises(ObjectStoreCredentialsError, match=r"AWS_ACCESS_KEY_ID.*as storage_options, or anon=True"):
         # Options of their own: this process's filesystem for the usual ones holds the earlier credentials.
         ds.open(f"s3://{stored}/a.zarr", storage_options={**s3.options, "config_kwargs": {"user_agent_extra": "none"}})
+    # The command names its own flag for them.
+    option = ["--storage-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    run = subprocess.run(
+        [sys.executable, "-m", "daskstream", "info", f"s3://{stored}/a.zarr", *option],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"},
+    )
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "AWS_ACCESS_KEY_ID" in line, line
+    assert "as --storage-option, or anon=True" in line, line
+    assert "storage_options" not in line
 
 
 def test_a_url_with_nothing_there_is_not_found(s3, stored):

@@ -196,8 +196,13 @@ def test_a_bar_sets_its_read_rate_beside_the_codec_limit_it_is_given(npy, capfd,
     with session(scheduler, progress=False):
         x = ds.open(path, chunks=(60, 90))
         assert codec_limit(x, cache=cache, measure=False) is None  # nothing remembered yet
-        measured = codec_limit(x, cache=cache)  # measured and remembered
-        assert codec_limit(x, cache=cache, measure=False).rate == measured.rate
+        measured = codec_limit(x, cache=cache)  # measured, and remembered unless it says why not
+        remembered = codec_limit(x, cache=cache, measure=False)
+        if measured.not_remembered:
+            # A measurement too noisy to trust (this machine busy) is used once and not remembered.
+            assert remembered is None
+        else:
+            assert remembered.rate == measured.rate
     # As if this machine read 300 kB/s: the small file's slowed tasks then read at a share of it worth reading.
     limit = dataclasses.replace(measured, per_thread=3e5, threads=1)
     with session(scheduler, progress=True) as loud:

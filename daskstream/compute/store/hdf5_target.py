@@ -36,7 +36,6 @@ from daskstream.compute.store.record import (
     chunk_shape,
 )
 from daskstream.compute.store.target import (
-    OVERWRITE,
     Carried,
     ProgressCallback,
     Target,
@@ -327,25 +326,13 @@ class Hdf5Target(Target):
             text = dset.attrs[attribute]
             return StoreIdentity.from_json(text.decode() if isinstance(text, bytes) else str(text))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise TargetMismatchError(
-                said(
-                    f"{self.name}: its progress record (attribute {attribute!r}) cannot be read ({exc}); ",
-                    OVERWRITE,
-                    " to start again",
-                )
-            ) from None
+            raise self._unreadable_record(f"attribute {attribute!r}", exc) from None
 
     def _recorded_done(self, dset: Any, nblocks: int) -> np.ndarray:
         try:
             packed = np.asarray(dset.attrs[H5_DONE_ATTR], dtype=np.uint8)
         except (OSError, KeyError) as exc:
-            raise TargetMismatchError(
-                said(
-                    f"{self.name}: its progress record (attribute {H5_DONE_ATTR!r}) cannot be read ({exc}); ",
-                    OVERWRITE,
-                    " to start again",
-                )
-            ) from None
+            raise self._unreadable_record(f"attribute {H5_DONE_ATTR!r}", exc) from None
         return np.unpackbits(packed, count=nblocks).astype(bool)
 
     def _create(self, h5file: Any, x: da.Array, identity: StoreIdentity, nblocks: int) -> Any:

@@ -189,6 +189,12 @@ class Target(abc.ABC):
             said(f"{self.name} already holds {what}; ", OVERWRITE, " to replace it, or choose another target")
         )
 
+    def _unreadable_record(self, where: str, exc: BaseException) -> TargetMismatchError:
+        """The progress record at ``where`` (a file, an attribute) is there but cannot be read."""
+        return TargetMismatchError(
+            said(f"{self.name}: its progress record ({where}) cannot be read ({exc}); ", OVERWRITE, " to start again")
+        )
+
     def _refuse_unfinished(self) -> TargetExistsError:
         """An unfinished store here, and ``resume=False``."""
         return TargetExistsError(

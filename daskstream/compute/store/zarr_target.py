@@ -295,13 +295,7 @@ class ZarrTarget(Target):
         try:
             return StoreIdentity.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise TargetMismatchError(
-                said(
-                    f"{self.name}: its progress record ({PROGRESS_DIR}/{filename}) cannot be read ({exc}); ",
-                    OVERWRITE,
-                    " to start again",
-                )
-            ) from None
+            raise self._unreadable_record(f"{PROGRESS_DIR}/{filename}", exc) from None
 
     def _check_existing(self, x: da.Array) -> None:
         import zarr
