@@ -1,9 +1,15 @@
 """Addresses of dask schedulers, dashboards and workers, parsed and checked.
 
-Pure functions over text (except :func:`beyond_loopback`, which resolves
-host names): what a scheduler address daskstream may join looks like, the
+Functions over text (except :func:`beyond_loopback`, which resolves host
+names): what a scheduler address daskstream may join looks like, the
 ``HOST:PORT`` forms a server may be told to listen on, and whether an
 address reaches beyond this machine.
+
+A scheduler address is checked here for messages that say what is wrong,
+then read by distributed's own parser, which is what connects: the two must
+agree. Listen addresses are parsed here and handed to distributed as
+(host, port) pairs, so what was checked is what it binds; its own string
+form cannot write an IPv6 host (``[::1]:8787``).
 """
 
 from __future__ import annotations
@@ -86,6 +92,20 @@ def check_scheduler_address(address: Any, *, what: str = "scheduler address") ->
     if not valid_host(host):
         raise InvalidArgumentError(
             f"{what} {address!r} has no valid host ({host!r}); give a host name or an IP address, {example}"
+        )
+    # distributed connects to the address as its own parser reads it: that is what was checked above, or it
+    # is refused (the checks above are here for their messages, not as a second reading).
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        read_scheme, location = parse_address(address, strict=True)
+        read_host, read_port = parse_host_port(location)
+    except (ValueError, TypeError):
+        read_scheme, read_host, read_port = None, None, None
+    if (read_scheme, read_host, read_port) != (scheme, host, int(port_text)):
+        raise InvalidArgumentError(
+            f"{what} {address!r} is read by dask as {read_scheme}://{read_host}:{read_port}, not as host {host!r} "
+            f"and port {int(port_text)}; write it {example}"
         )
     return address
 
