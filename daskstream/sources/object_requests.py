@@ -2,6 +2,10 @@
 
 S3 goes through s3fs's client directly: a GET with no HEAD before it, the
 ETag and the object's size taken from the response, retried as s3fs retries.
+s3fs's public ``cat_file`` returns the bytes alone, so the version would come
+from another request (``info``), which a write between the two makes wrong:
+the bytes of one write recorded under the version of another. Its client call
+(``_call_s3``) is the one s3fs's own ``cat_file`` makes.
 Other asynchronous filesystems (GCS, Azure, HTTP...) use their own
 ``_cat_file``; synchronous ones are read one request after another. Errors are
 left as the backends raise them: :class:`daskstream.sources.objects.Place`
