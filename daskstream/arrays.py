@@ -27,7 +27,15 @@ from daskstream.compute.store import store as store_as_planned
 from daskstream.compute.store.labelled import is_dataset, store_labelled
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.reads import ChunksSpec
-from daskstream.opening import _joined, _sources_to_open, _tunes, _warn_of_stored_numbers, as_dask_array, name_of
+from daskstream.opening import (
+    _joined,
+    _sources_to_open,
+    _tunes,
+    _warn_of_stored_numbers,
+    as_dask_array,
+    name_of,
+    refuse_path_options,
+)
 from daskstream.planning.chunks import plan_chunks as plan_with_settings
 from daskstream.planning.plan import ChunkPlan
 from daskstream.runtime.resources import planned_cluster_resources, resolve_settings, settings_for
@@ -174,16 +182,8 @@ def plan(
     """
     if not isinstance(source, Source):
         source = open_source(source, dataset=dataset, storage_options=storage_options)
-    elif dataset is not None or storage_options is not None:
-        raise InvalidArgumentError(
-            said(
-                f"{source.name}: ",
-                keyword("dataset"),
-                " and ",
-                keyword("storage_options"),
-                " apply when planning a path, not an open Source",
-            )
-        )
+    else:
+        refuse_path_options(source, dataset, storage_options, doing="planning")
     planned_cluster = None
     if cluster is not None or memory_limit is not None:
         planned_cluster = planned_cluster_resources(

@@ -40,6 +40,21 @@ from daskstream.tuning.tuner import tuned_chunks
 __all__ = ["as_dask_array", "name_of"]
 
 
+def refuse_path_options(source: Source, dataset: Any, storage_options: Any, *, doing: str) -> None:
+    """Refuse ``dataset=`` or ``storage_options=`` given beside a Source already open: they say how to open a
+    path, and would be silently ignored."""
+    if dataset is not None or storage_options is not None:
+        raise InvalidArgumentError(
+            said(
+                f"{source.name}: ",
+                keyword("dataset"),
+                " and ",
+                keyword("storage_options"),
+                f" apply when {doing} a path, not an open Source; pass them to open_source instead",
+            )
+        )
+
+
 def _sources_to_open(
     path: str | os.PathLike[str] | Source | Sequence[str | os.PathLike[str] | Source],
     *,
@@ -57,16 +72,7 @@ def _sources_to_open(
         sources = family_sources(path, dataset=dataset, storage_options=storage_options)  # type: ignore[arg-type]
         axis = check_family(sources, axis=axis, stack=stack)
     elif isinstance(path, Source):
-        if dataset is not None or storage_options is not None:
-            raise InvalidArgumentError(
-                said(
-                    f"{path.name}: ",
-                    keyword("dataset"),
-                    " and ",
-                    keyword("storage_options"),
-                    " apply when opening a path, not an open Source; pass them to open_source instead",
-                )
-            )
+        refuse_path_options(path, dataset, storage_options, doing="opening")
         sources = [path]
     else:
         sources = [open_source(path, dataset=dataset, storage_options=storage_options)]  # type: ignore[arg-type]

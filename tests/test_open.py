@@ -233,3 +233,14 @@ def test_source_with_dataset_argument_is_refused(sample_files):
     source = ds.open_source(sample_files["npy"][0])
     with pytest.raises(InvalidArgumentError):
         ds.open(source, dataset="x")
+
+
+@pytest.mark.parametrize("call", ["open", "plan"])
+@pytest.mark.parametrize("given", [{"dataset": "/x"}, {"storage_options": {"anon": True}}])
+def test_options_for_opening_a_path_are_refused_beside_an_open_source(tmp_path, call, given):
+    # They would be silently ignored: the Source is already open.
+    np.save(tmp_path / "a.npy", np.zeros((4, 3)))
+    source = ds.open_source(str(tmp_path / "a.npy"))
+    with pytest.raises(InvalidArgumentError, match=r"a\.npy: dataset= and storage_options= apply when") as caught:
+        getattr(ds, call)(source, **given)
+    assert "pass them to open_source instead" in str(caught.value)
