@@ -27,6 +27,7 @@ from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError
 from daskstream.streaming import stream
+from daskstream.streaming.states import check_state, shown_value
 
 torch = optional_import("torch", package="torch", needed_for="daskstream.torch", extra="torch")
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402 - only once torch is known to import
@@ -203,7 +204,9 @@ class StreamDataset(IterableDataset):
         if info is None and _is_loader_state(state):
             workers = _dataset_states(state)
             if "_snapshot" not in state:  # a loader without workers: the position is this process's
-                self._load(self._plan, workers[0])
+                if not workers:
+                    raise InvalidArgumentError(_NO_POSITION)
+                self._load(self._plan, next(iter(workers.values())))
                 return
             position = _job_position(workers, self._plan)
             # Checked here, in the main process, rather than in every worker; and this process resumes from
@@ -290,54 +293,101 @@ def _is_loader_state(state: Any) -> bool:
     return isinstance(state, dict) and ("_snapshot" in state or "_num_yielded" in state)
 
 
-def _dataset_states(loader_state: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """The dataset's state of each worker in a ``StatefulDataLoader`` state (worker 0 alone without workers)."""
+def _dataset_states(loader_state: dict[str, Any]) -> dict[Any, Any]:
+    """The dataset's state of each worker in a ``StatefulDataLoader`` state, by the loader's name for the worker
+    (the one dataset state alone without workers); each still to be checked as a stream's state."""
     if "_snapshot" not in loader_state:
         single = loader_state.get("dataset_state")
-        return {0: single} if single else {}
-    workers = loader_state["_snapshot"].get("_worker_snapshots", {})
+        return {"dataset_state": single} if single else {}
+    snapshot = loader_state["_snapshot"]
+    workers = snapshot.get("_worker_snapshots", {}) if isinstance(snapshot, dict) else snapshot
+    if not isinstance(workers, dict):
+        raise InvalidArgumentError(
+            f"the StatefulDataLoader state's _snapshot is {shown_value(snapshot)}, expected a dict whose "
+            "'_worker_snapshots' is a dict of each worker's snapshot: load a state that "
+            "StatefulDataLoader.state_dict() returned, unchanged"
+        )
     found = {}
-    for key, snapshot in workers.items():
-        dataset_state = (snapshot or {}).get("dataset_state")
+    for key, worker_snapshot in workers.items():
+        if worker_snapshot is not None and not isinstance(worker_snapshot, dict):
+            raise InvalidArgumentError(
+                f"the StatefulDataLoader state's snapshot of {key!r} is {shown_value(worker_snapshot)}, expected a "
+                "dict (its 'dataset_state' is the worker's position): load a state that "
+                "StatefulDataLoader.state_dict() returned, unchanged"
+            )
+        dataset_state = (worker_snapshot or {}).get("dataset_state")
         if dataset_state:
-            found[int(str(key).rsplit("_", 1)[-1])] = dataset_state
+            found[key] = dataset_state
     return found
 
 
-def _job_position(states: dict[int, dict[str, Any]], plan: Any) -> dict[str, Any]:
+# A worker's state: what may differ between the workers of one loader (the rest names the same epoch and plan).
+_PER_WORKER = ("batches", "global_batches")
+_MISSING = object()
+_NO_POSITION = (
+    "the StatefulDataLoader state holds no StreamDataset position (it was saved before any batch was "
+    "taken, or from a loader over another dataset)"
+)
+
+
+def _job_position(states: dict[Any, Any], plan: Any) -> dict[str, Any]:
     """An elastic job's global position from its workers' states: where every rank resumes, on any world size.
 
     A worker's state says only which of its rank's batches it yields next;
     the rank has taken every batch before the least of these (the loader
     takes them from its workers in turn), and with ranks in step the job has
     taken that many times the world size of global batches from where the
-    epoch's shares were cut.
+    epoch's shares were cut. Every state is checked as a stream's first
+    (:func:`~daskstream.streaming.states.check_state`), and the states as
+    one loader's: every worker's once, in one epoch, of one plan.
     """
     if not states:
-        raise InvalidArgumentError(
-            "the StatefulDataLoader state holds no StreamDataset position (it was saved before any batch was "
-            "taken, or from a loader over another dataset)"
-        )
-    first = next(iter(states.values()))
-    saved = first.get("plan", {})
-    if not saved.get("elastic"):
+        raise InvalidArgumentError(_NO_POSITION)
+    checked = {}
+    for key, state in states.items():
+        try:
+            checked[key] = check_state(state, seed=plan.seed)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"the StatefulDataLoader state's {key!r}: {exc}") from None
+    first = next(iter(checked.values()))
+    saved = first["plan"]
+    if not saved["elastic"]:
         raise InvalidArgumentError(
             "a StatefulDataLoader state with workers holds one position per worker, and the order the loader "
             "takes them back in: load it into the StatefulDataLoader (loader.load_state_dict(state)); "
             "StreamDataset.load_state_dict takes it for an elastic=True dataset, to resume on another world "
             "size or number of workers"
         )
-    epochs = {state["epoch"] for state in states.values()}
-    if len(epochs) != 1 or len(states) != saved["num_workers"]:
+    epochs = {state["epoch"] for state in checked.values()}
+    workers = sorted(state["plan"]["worker"] for state in checked.values())
+    if len(epochs) != 1 or workers != list(range(saved["num_workers"])):
         raise InvalidArgumentError(
-            f"the StatefulDataLoader state holds the positions of {len(states)} of {saved['num_workers']} workers "
-            f"in epochs {sorted(epochs)}: a job position needs every worker's, in one epoch"
+            f"the StatefulDataLoader state holds the positions of workers {shown_value(workers)} of "
+            f"{saved['num_workers']} in epochs {shown_value(sorted(epochs))}: a job position needs every worker's, "
+            "once each, in one epoch"
         )
-    workers, world = saved["num_workers"], saved["world_size"]
-    steps = min(state["plan"]["worker"] + state["batches"] * workers for state in states.values())
+    alike = _one_loaders(first)
+    for key, state in checked.items():
+        own = _one_loaders(state)
+        differs = [name for name in sorted({*alike, *own}) if alike.get(name, _MISSING) != own.get(name, _MISSING)]
+        if differs:
+            raise InvalidArgumentError(
+                f"the StatefulDataLoader state's {key!r} differs from the other workers' in {', '.join(differs)}: "
+                "the workers of one loader share their epoch's plan, seed and data; load a state that "
+                "StatefulDataLoader.state_dict() returned, unchanged"
+            )
+    workers_count, world = saved["num_workers"], saved["world_size"]
+    steps = min(state["plan"]["worker"] + state["batches"] * workers_count for state in checked.values())
     position = {**first, "batches": 0, "start": 0}
-    position["global_batches"] = min(first["start"] + steps * world, plan.global_batches)
+    position["global_batches"] = min(first.get("start", 0) + steps * world, plan.global_batches)
     return position
+
+
+def _one_loaders(state: dict[str, Any]) -> dict[str, Any]:
+    """What every worker's state of one loader holds alike: all but its own position and worker."""
+    alike = {key: value for key, value in state.items() if key not in (*_PER_WORKER, "plan")}
+    alike.update({f"plan[{key!r}]": value for key, value in state["plan"].items() if key != "worker"})
+    return alike
 
 
 class _SharedBatches:

@@ -7,15 +7,13 @@ resumes from the job's global position on any number of ranks and workers.
 
 from __future__ import annotations
 
-import reprlib
 from typing import Any
 
 from daskstream.errors import InvalidArgumentError, SourceChangedError
 from daskstream.planning.streams import shards_digest
 from daskstream.streaming.plan import StreamPlan
+from daskstream.streaming.states import STATE_FORMAT, check_state, shown_value
 
-# The layout of what state_dict returns; a state of another layout is refused, not misread.
-STATE_FORMAT = "daskstream.stream/1"
 # What a state's plan may differ in when an elastic stream resumes from a global position.
 _ELASTIC_FREE = ("world_size", "rank", "worker", "num_workers")
 
@@ -91,38 +89,42 @@ class StreamCheckpoints(StreamPlan):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume where ``state`` (from :meth:`state_dict`) ends.
 
+        Every field is checked first (:mod:`daskstream.streaming.states`
+        lists them, their types and ranges), then that the state is of this
+        stream's data and plan; a state refused leaves the stream as it was.
+
         Raises
         ------
         SourceChangedError
             The arrays are not the ones the state was saved from (another file,
             or the same one rewritten since).
         InvalidArgumentError
-            The state is not a stream's, or the stream is cut otherwise (another
-            batch size, shuffle, split...; an elastic stream also resumes on
-            another world size and number of workers, from a rank's state).
+            The state is not a stream's: a field missing, unknown, of another
+            type or out of range (``batches`` past the epoch's, say; the
+            message names each with its value and what is expected); or the
+            stream is cut otherwise (another batch size, shuffle, split...; an
+            elastic stream also resumes on another world size and number of
+            workers, from a rank's state).
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise InvalidArgumentError(
-                f"load_state_dict takes what a daskstream stream's state_dict() returned ({STATE_FORMAT!r}), not "
-                f"{_shown(state)}"
-            )
+        state = check_state(state, seed=self.seed)
         data = [i.identity for i in self.inputs]
         if state["data"] != data:
             raise SourceChangedError(
                 f"the saved stream state is of other data than this stream's {', '.join(i.name for i in self.inputs)}"
-                f" (saved: {state['data']}, now: {data}): the data changed since the state was saved, so its "
-                "position would not name the same items; start the epoch again without the state"
+                f" (saved: {shown_value(state['data'], 200)}, now: {shown_value(data, 200)}): the data changed since "
+                "the state was saved, so its position would not name the same items; start the epoch again without "
+                "the state"
             )
         plan = self._plan_identity()
-        differs = {key: (state["plan"].get(key), now) for key, now in plan.items() if state["plan"].get(key) != now}
-        shuffled = self.shuffle and state.get("seed") is not None
+        differs = {key: (state["plan"][key], now) for key, now in plan.items() if state["plan"][key] != now}
+        shuffled = self.shuffle and state["seed"] is not None
         if shuffled and self.seed_given and state["seed"] != self.seed:
             differs["seed"] = (state["seed"], self.seed)
-        epoch, batches, start = int(state["epoch"]), int(state["batches"]), int(state.get("start", 0))
+        epoch, batches, start = state["epoch"], state["batches"], state.get("start", 0)
         if self.elastic and "global_batches" in state and set(differs) <= set(_ELASTIC_FREE):
             # The job's global position, cut afresh among this job's ranks and workers (on the same ones,
             # the batches an exact resume would give).
-            batches, start = 0, int(state["global_batches"])
+            batches, start = 0, state["global_batches"]
         elif differs and self.elastic and set(differs) <= set(_ELASTIC_FREE):
             raise InvalidArgumentError(
                 "this state is one DataLoader worker's position, which alone does not say where the job is: "
@@ -131,24 +133,21 @@ class StreamCheckpoints(StreamPlan):
                 "state saved with num_workers=0"
             )
         elif differs:
-            shown = "; ".join(f"{key} {was!r} then, {now!r} now" for key, (was, now) in differs.items())
+            said = "; ".join(
+                f"{key} {shown_value(was)} then, {shown_value(now)} now" for key, (was, now) in differs.items()
+            )
             hint = (
                 " (make the stream with elastic=True to resume on another world size or number of workers)"
                 if set(differs) <= {*_ELASTIC_FREE, "shards"}
                 else ""
             )
             raise InvalidArgumentError(
-                f"the saved stream state was cut otherwise than this stream ({shown}): its position would not "
+                f"the saved stream state was cut otherwise than this stream ({said}): its position would not "
                 f"name the same batches; make the stream as it was{hint}"
             )
         if shuffled:
             self.seed = state["seed"]
-            self.order_entropy = state.get("order_entropy")
+            self.order_entropy = state["order_entropy"]
         self._resume = (epoch, batches, start)
         self.epoch = epoch
         self._position = None
-
-
-def _shown(value: Any) -> str:
-    """``value`` for a message: its type and a short repr."""
-    return f"{type(value).__name__} {reprlib.repr(value)}"
