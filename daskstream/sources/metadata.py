@@ -83,17 +83,22 @@ def json_ready(value: Any) -> Any:
 
 
 def hdf5_ready(value: Any) -> Any:
-    """``value`` as an HDF5 attribute holds it: numbers, strings and arrays of them as they are,
-    anything else (mappings, mixed lists, None, as Zarr's JSON attributes may hold) as its JSON text.
+    """``value`` as an HDF5 attribute holds it: numbers, strings and arrays of them as they are (text
+    arrays as variable-length UTF-8), anything else (mappings, mixed lists, None, as Zarr's JSON
+    attributes may hold) as its JSON text.
 
-    >>> hdf5_ready([1, 2]).tolist(), hdf5_ready({"a": 1}), hdf5_ready("K")
-    ([1, 2], '{"a": 1}', 'K')
+    >>> hdf5_ready([1, 2]).tolist(), hdf5_ready({"a": 1}), hdf5_ready("K"), hdf5_ready([1, "K"])
+    ([1, 2], '{"a": 1}', 'K', '[1, "K"]')
     """
     if isinstance(value, (list, tuple)):
-        with contextlib.suppress(ValueError, TypeError):
-            array = np.asarray(value)
-            if array.dtype.kind in "biufcU" and array.size:
-                return array
+        array = exact_array(value)
+        if array is not None and array.dtype.kind in "biufcU" and array.size:
+            return hdf5_ready(array)
+    elif isinstance(value, np.ndarray) and value.dtype.kind == "U":
+        import h5py
+
+        # HDF5 has no fixed-width UTF-32 strings: text as h5py writes a str, variable-length UTF-8.
+        return value.astype(h5py.string_dtype())
     elif isinstance(value, (str, int, float, complex, np.generic, np.ndarray)) and not isinstance(value, bool):
         return value
     elif isinstance(value, bool):
@@ -101,11 +106,41 @@ def hdf5_ready(value: Any) -> Any:
     return json.dumps(json_ready(value))
 
 
+def exact_array(value: Any) -> np.ndarray | None:
+    """The array numpy makes of ``value`` (a list, a tuple, or the list of an object array), if it holds every
+    item as it is (equal, or both NaN); ``None`` if numpy would change one or makes no array of it.
+
+    numpy makes text of ``[1, "K"]`` and floats of ``[2**63 + 1, -1]``; xarray compares an attribute with the
+    list read back in its place through the array numpy makes of that list.
+
+    >>> exact_array([1, 2]).tolist(), exact_array([1, "K"]), exact_array([2**63 + 1, -1]), exact_array([[1], []])
+    ([1, 2], None, None, None)
+    """
+    try:
+        array = np.asarray(value.tolist() if isinstance(value, np.ndarray) else value)
+        items = np.asarray(value, dtype=object)
+        if array.shape != items.shape:
+            return None
+        pairs = zip(array.ravel().tolist(), items.ravel().tolist())
+        return array if all(bool(a == b) or (a != a and b != b) for a, b in pairs) else None  # (x != x: NaN)
+    except (ValueError, TypeError, OverflowError):  # ragged, or items that compare as arrays
+        return None
+
+
+def hdf5_keeps(key: str) -> bool:
+    """Whether an HDF5 attribute named ``key`` is read back as one: not dimension bookkeeping or a store record.
+
+    >>> hdf5_keeps("units"), hdf5_keeps("DIMENSION_LIST")
+    (True, False)
+    """
+    return key not in _HDF5_BOOKKEEPING and not key.startswith(_OWN_PREFIX)
+
+
 def hdf5_attrs(dset: Any) -> dict[str, Any]:
     """The dataset's attributes, those encoding dimension scales and store records left out."""
     found: dict[str, Any] = {}
     for key in dset.attrs:
-        if key in _HDF5_BOOKKEEPING or key.startswith(_OWN_PREFIX):
+        if not hdf5_keeps(key):
             continue
         # An attribute h5py cannot turn into numpy (references, unusual types) is not carried.
         with contextlib.suppress(OSError, TypeError, ValueError, KeyError):

@@ -15,6 +15,13 @@ variables ``xr.testing.assert_identical`` finds identical to those stored.
 An HDF5 target keeps a DataArray's dimension names (as dimension labels) and
 attributes; its coordinates are not written there.
 
+Labels that would not read back as they are, are refused before anything is
+written (:func:`refuse_unstorable_labels`): names that Zarr reads as paths
+(``"a/b"``) or as its own metadata, attributes that JSON does not hold or
+gives back as something else (bytes come back as str), attributes that
+xarray reads as CF encoding (``scale_factor``, time ``units``), and data
+variables of dtype object, which daskstream stores only as fixed-width data.
+
 xarray is never imported here: a DataArray exists only where xarray is loaded.
 """
 
@@ -30,22 +37,14 @@ import dask.array as da
 import numpy as np
 
 from daskstream.advice import keyword, said
+from daskstream.compute.store.label_checks import is_dataset, refuse_unstorable_labels
 from daskstream.compute.store.target import Carried, target_format
 from daskstream.errors import InvalidArgumentError
 from daskstream.sources.detect import split_dataset
+from daskstream.sources.metadata import json_ready
 
 #: The name xarray gives a DataArray without one when it stores it (``xr.open_dataarray`` takes it back off).
 UNNAMED = "__xarray_dataarray_variable__"
-
-
-def is_dataset(x: Any) -> bool:
-    """Whether ``x`` is an ``xarray.Dataset``.
-
-    >>> is_dataset([1, 2])
-    False
-    """
-    xarray = sys.modules.get("xarray")
-    return xarray is not None and isinstance(x, xarray.Dataset)
 
 
 def store_labelled(
@@ -79,6 +78,14 @@ def store_labelled(
     xarray.DataArray or xarray.Dataset
         What was stored, as ``xr.open_zarr`` reads it back (dask arrays in
         the stored chunks); for an HDF5 target, the dask array read back.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Before anything is written, for a name or attribute that would not
+        read back as it is (see :func:`refuse_unstorable_labels`).
+    UnsupportedDtypeError
+        Before anything is written, for a data variable of dtype object.
     """
     xarray = sys.modules["xarray"]  # x is one of its objects: it is loaded
     path, member = split_dataset(os.fspath(target), dataset)
@@ -89,22 +96,27 @@ def store_labelled(
                 f"{path}: a Dataset is stored to a Zarr store (out.zarr), where its variables and coordinates "
                 "are kept together; store its variables one by one to HDF5 datasets, or use xarray's to_netcdf"
             )
+        refuse_unstorable_labels(x, {}, f"{path}::{member}" if member else path, zarr_format=None)
         carried = Carried(attrs=dict(x.attrs), dims=tuple(str(d) for d in x.dims))
         return store_array(_dask(x), target, dataset=dataset, carried=carried, **options)
+    if zarr_format not in (2, 3):
+        raise InvalidArgumentError(said(keyword("zarr_format", zarr_format), ": give 2 or 3"))
     if is_dataset(x):
         if member:
             raise InvalidArgumentError(
                 f"{path}::{member}: a Dataset is stored into a store's root group; give the store alone ({path})"
             )
-        variables = {str(name): var for name, var in x.data_vars.items()}
-        coords = x.coords.to_dataset()
-        coords.attrs = dict(x.attrs)
+        named: dict[Hashable, Any] = dict(x.data_vars)
     else:
-        name = member.strip("/") if member else (str(x.name) if x.name is not None else UNNAMED)
-        variables = {name: x}
-        coords = x.coords.to_dataset()
-    if zarr_format not in (2, 3):
-        raise InvalidArgumentError(said(keyword("zarr_format", zarr_format), ": give 2 or 3"))
+        named = {member.strip("/") if member else (x.name if x.name is not None else UNNAMED): x}
+    refuse_unstorable_labels(x, named, path, zarr_format=zarr_format)
+    # The coordinates' attributes (and the Dataset's) as JSON holds them, as the variables' are: xarray passes
+    # numpy values inside a list on to zarr, which cannot write them. The copy's variables are its own to change.
+    coords = x.coords.to_dataset().copy()
+    for coord in coords.variables.values():
+        coord.attrs = json_ready(dict(coord.attrs))
+    coords.attrs = json_ready(dict(x.attrs)) if is_dataset(x) else {}
+    variables = {str(name): variable for name, variable in named.items()}  # every name a str: refused otherwise
     for name, variable in variables.items():
         carried = _carried(variable, x.coords, zarr_format)
         store_array(
@@ -148,6 +160,3 @@ def _carried(variable: Any, coords: Mapping[Hashable, Any], zarr_format: int) ->
         return Carried(attrs=attrs, dims=dims)
     floating = np.dtype(variable.dtype).kind in "fc"
     return Carried(attrs=attrs, dims=dims, fill_value=np.nan if floating else None, no_fill=not floating)
-
-
-__all__ = ["UNNAMED", "is_dataset", "store_labelled"]
