@@ -6,6 +6,9 @@
 True
 """
 
+# First: in the daskstream command's own process (and nowhere else), a signal while the rest imports is one
+# line and the shell's exit status, not a traceback.
+from daskstream import starting as _starting  # noqa: F401, I001 - must come before every other import
 from daskstream import config as _config  # noqa: F401 - registers the daskstream.* defaults
 from daskstream.arrays import describe, open, plan, plan_chunks, reduce, store
 from daskstream.compute import (

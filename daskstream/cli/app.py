@@ -16,6 +16,7 @@ from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.progress import close_open_bars
 from daskstream.runtime.stopping import Interrupted, stop_child_processes, stopping_on_signals
+from daskstream.starting import finished
 
 
 class _OneLineError(click.ClickException):
@@ -134,7 +135,9 @@ class _Group(click.Group):
         with _one_line_click_errors():
             try:
                 with stopping_on_signals():
-                    return super().invoke(ctx)
+                    result = super().invoke(ctx)
+                finished()
+                return result
             except DaskstreamError as exc:
                 _fail(exc, None)
             except Interrupted as exc:

@@ -27,7 +27,7 @@ from daskstream.errors import UnsupportedDtypeError
 from daskstream.graph.rewrites import clone_array
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import Resources
-from daskstream.runtime.resources import resources_for
+from daskstream.runtime.resources import refuse_unbuildable, resources_for
 
 STATISTICS = ("count", "nan_count", "mean", "std", "min", "max")
 
@@ -124,6 +124,7 @@ def describe(
         )
     axes = tuple(builtins.range(x.ndim)) if axis is None else normalize_axes(axis, x.ndim)
     resources = resources_for(x, memory_budget=memory_budget)
+    refuse_unbuildable(x, resources)
     edges = histogram_edges(x.dtype, bins, range, resources=resources)
     fan_in = split_every or combine_fan_in(
         x, axes, partial_itemsize=8 * (5 + (0 if edges is None else len(edges))), resources=resources

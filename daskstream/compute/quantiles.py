@@ -50,7 +50,7 @@ from daskstream.planning.budget import QUANTILE_BLOCK_COPIES
 from daskstream.planning.columns import ColumnPlan, plan_columns
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import Resources
-from daskstream.runtime.resources import resources_for
+from daskstream.runtime.resources import refuse_unbuildable, resources_for
 
 DIGIT_BITS = 16
 # Up to this many wanted order statistics (two per quantile) use 16-bit digits: 8 x 512 KiB of counts per task.
@@ -162,6 +162,7 @@ def order_statistic(
 ) -> da.Array:
     """The quantiles ``q`` (or with ``median``, numpy's median) of the dask array ``x`` over ``axis``, planned
     within ``resources``; ``skipna`` leaves NaNs out and ``each_alone`` is as for :func:`nanquantile`."""
+    refuse_unbuildable(x, resources)
     if x.dtype.kind not in "iuf":
         raise UnsupportedDtypeError(
             f"quantiles of dtype {x.dtype} are not defined; numpy refuses them too. Use a real numeric dtype"

@@ -28,7 +28,7 @@ from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.quantiles import order_statistic
 from daskstream.errors import InvalidArgumentError, UnknownOperationError, UnsupportedDtypeError
 from daskstream.planning.grid import normalize_axes
-from daskstream.runtime.resources import resources_for
+from daskstream.runtime.resources import refuse_unbuildable, resources_for
 
 _ACCUMULATING = {"sum", "mean", "prod", "nansum", "nanmean"}
 _MOMENTS = {"var", "std", "nanvar", "nanstd"}
@@ -113,6 +113,7 @@ def reduce(
             said(keyword("op", "quantile"), " needs ", keyword("q"), ", a number or a sequence of numbers in [0, 1]")
         )
     resources = resources_for(x, memory_budget=memory_budget)
+    refuse_unbuildable(x, resources)
     if op == "histogram":
         return histogram_of(x, bins=bins, range=range, split_every=split_every, resources=resources)
     if op in ("median", "quantile"):

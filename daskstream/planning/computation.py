@@ -135,20 +135,7 @@ class ComputePlan:
 
     def check(self) -> None:
         """Raise :class:`MemoryBudgetError` when the projected peak exceeds the budget, or the tasks the ceiling."""
-        if self.max_tasks is not None and self.tasks > self.max_tasks:
-            # Each task's chunk grows with the budget where the budget bounds it: this many times the
-            # budget cuts as many times fewer tasks (a plan names the least: ds.plan(...).explain()).
-            times = -(-self.tasks // self.max_tasks)
-            raise MemoryBudgetError(
-                said(
-                    f"this computation has {self.tasks:,} tasks, more than the {self.max_tasks:,} whose graph the "
-                    "client and scheduler may hold at once (daskstream.planning.max-tasks): compute a part of the "
-                    "array at a time, or open it with a ",
-                    named("memory_budget"),
-                    f" of at least {format_size(times * self.budget)} (the array's chunk plan names the least that "
-                    "fits)",
-                )
-            )
+        refuse_beyond_ceiling(self.tasks, self.max_tasks, self.budget, "has")
         if self.projected_peak_bytes <= self.budget or self.worst is None:
             return
         held = f" + {format_size(self.held_bytes)} held between tasks" if self.held_bytes else ""
@@ -205,3 +192,31 @@ class ComputePlan:
 
 
 __all__ = ["TERMS", "ComputePlan", "TaskMemory"]
+
+
+def refuse_beyond_ceiling(tasks: int, max_tasks: int | None, budget: int, verb: str = "has") -> None:
+    """Raise :class:`MemoryBudgetError` when ``tasks`` pass the graph ceiling ``max_tasks`` (``None``: none).
+
+    ``verb`` says how the count is known: ``"has"`` (counted in the graph) or
+    ``"needs at least"`` (from the blocks read, before any graph is built).
+
+    >>> refuse_beyond_ceiling(10, 100, 2**20)
+    >>> refuse_beyond_ceiling(1000, 100, 2**20, "needs at least")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    daskstream.errors.MemoryBudgetError: this computation needs at least 1,000 tasks, more than the 100 ...
+    """
+    if max_tasks is None or tasks <= max_tasks:
+        return
+    # Each task's chunk grows with the budget where the budget bounds it: this many times the
+    # budget cuts as many times fewer tasks (a plan names the least: ds.plan(...).explain()).
+    times = -(-tasks // max_tasks)
+    raise MemoryBudgetError(
+        said(
+            f"this computation {verb} {tasks:,} tasks, more than the {max_tasks:,} whose graph the "
+            "client and scheduler may hold at once (daskstream.planning.max-tasks): compute a part of the "
+            "array at a time, or open it with a ",
+            named("memory_budget"),
+            f" of at least {format_size(times * budget)} (the array's chunk plan names the least that fits)",
+        )
+    )

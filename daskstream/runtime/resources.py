@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import importlib.util
 import logging
+import math
 import os
 import pathlib
 import sys
@@ -34,6 +35,7 @@ from daskstream import config
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import planned_with
 from daskstream.planning.budget import format_size, parse_budget
+from daskstream.planning.computation import refuse_beyond_ceiling
 from daskstream.planning.settings import PlanSettings, Resources, SchedulerCost
 from daskstream.runtime.clusters import load_cluster_config
 from daskstream.runtime.clusters.kinds import job_count, local_options
@@ -143,6 +145,27 @@ def resources_for(*collections: Any, memory_budget: int | str | None = None) -> 
         return planned
     given = resolve_resources(memory_budget=memory_budget)
     return dataclasses.replace(planned, memory_budget=given.memory_budget, origin="arguments")
+
+
+def refuse_unbuildable(x: Any, resources: Resources) -> None:
+    """Refuse a computation over all of ``x`` whose blocks alone pass the graph ceiling, before dask builds it.
+
+    Every block of ``x`` is at least one task, so an array of more blocks
+    than ``daskstream.planning.max-tasks`` cannot be computed whole; found
+    from the chunk grid in microseconds, where building the graph first
+    (a tiny budget cuts a large array into millions of blocks) took minutes
+    and more memory than the machine has.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the tasks, the ceiling and the least budget that fits.
+    """
+    numblocks = getattr(x, "numblocks", None)
+    if not numblocks:
+        return
+    settings = resolve_settings(resources=resources)
+    refuse_beyond_ceiling(math.prod(numblocks), settings.max_tasks, settings.memory_budget, "needs at least")
 
 
 def settings_for(*collections: Any, memory_budget: int | str | None = None) -> PlanSettings:

@@ -9,13 +9,17 @@ open for writing is then left damaged). Within :func:`stopping_on_signals`:
   ``exit_status`` is the shell's: 130 for SIGINT, 143 for SIGTERM), so the
   code unwinding records the blocks it wrote and closes its files;
 - it is raised only where raising is safe: while the main thread waits (on a
-  scheduler's results, a future, a thread), or where the code asks
-  :func:`raise_if_stopped`. Raised anywhere else, as Python's own
-  ``KeyboardInterrupt`` is, it can land in a weak reference's callback, which
-  swallows it, or between a lock's acquire and the ``try`` that releases it,
-  where it leaves threads waiting for ever. A signal that finds the main
-  thread elsewhere is delivered again every few milliseconds until it finds
-  it waiting, at such a checkpoint, or at the end of the block;
+  scheduler's results, a future, a thread), while it is in pure work that an
+  exception only abandons (building a graph, planning, listing files: every
+  frame of the stack outside the modules that hold locks, files or callbacks,
+  and the innermost in one known to be such work, :data:`_PURE_WORK`), or
+  where the code asks :func:`raise_if_stopped`. Raised anywhere else, as
+  Python's own ``KeyboardInterrupt`` is, it can land in a weak reference's
+  callback, which swallows it, or between a lock's acquire and the ``try``
+  that releases it, where it leaves threads waiting for ever. A signal that
+  finds the main thread elsewhere, or inside :func:`deferred_stop` (a region
+  that must end whole, such as two renames), is delivered again every few
+  milliseconds until it finds it at such a point, or at the end of the block;
 - no further task starts on a local scheduler (threads, processes,
   synchronous, a writer's own batches in other threads), and a task that
   writes asks :func:`raise_if_stopped` before each chunk;
@@ -51,6 +55,7 @@ from daskstream.runtime.schedulers import uses_processes
 __all__ = [
     "Interrupted",
     "ctrl_c_kept_from_children",
+    "deferred_stop",
     "quiet_workers_when_stopped",
     "quieted_loggers",
     "raise_if_stopped",
@@ -86,6 +91,88 @@ _SAFE_WAITS: dict[CodeType, frozenset[int]] = {
 }
 
 
+# Modules whose code only builds values that an exception abandons whole: graphs, plans, listings. A signal
+# that finds the main thread's innermost frame in one of them (and no frame of _NEVER_RAISE_IN on its stack)
+# is raised there at once: graph building can run for minutes without a wait in it.
+_PURE_WORK = (
+    "dask.array",
+    "dask.blockwise",
+    "dask.highlevelgraph",
+    "dask.core",
+    "dask._task_spec",
+    "dask.utils",
+    "dask.base",
+    "dask.tokenize",
+    "dask.optimization",
+    "dask.layers",
+    "dask.delayed",
+    "toolz",
+    "tlz",
+    "cytoolz",
+    "numpy",
+    "daskstream.planning",
+    "daskstream.graph",
+    "daskstream.sources.listing",
+    "daskstream.compute.reductions",
+    "daskstream.compute.moments",
+    "daskstream.compute.histograms",
+    "daskstream.compute.quantiles",
+    "daskstream.compute.describe",
+    "daskstream.compute.computation",
+    "daskstream.compute.blockwise",
+    "daskstream.compute.kernels",
+    "daskstream.compute.partials",
+    "daskstream.compute.fused",
+    "daskstream.compute.joins",
+    "daskstream.compute.plans",
+)
+# Modules where an exception raised between two statements can leave a lock held, a file half written or a
+# callback's error swallowed: a stop is never raised while one of their frames is on the stack.
+_NEVER_RAISE_IN = (
+    "threading",
+    "weakref",
+    "_weakrefset",
+    "queue",
+    "concurrent",
+    "asyncio",
+    "logging",
+    "multiprocessing",
+    "contextlib",
+    "importlib",
+    "distributed",
+    "tornado",
+    "h5py",
+    "zarr",
+    "numcodecs",
+    "fsspec",
+    "s3fs",
+    "daskstream.compute.store",
+    "daskstream.safe_writes",
+    "daskstream.runtime.stopping",
+)
+# Code that runs as an object is collected or a block is left: an exception there is swallowed or skips
+# the cleanup it does.
+_NEVER_RAISE_IN_CODE = frozenset({"__del__", "__exit__", "__aexit__", "_remove"})
+
+
+def _within(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names)
+
+
+def _in_pure_work(frame: FrameType | None) -> bool:
+    """Whether the main thread, at ``frame``, is in pure work (see :data:`_PURE_WORK`) that a stop may abandon."""
+    if frame is None or not _within(frame.f_globals.get("__name__", ""), _PURE_WORK):
+        return False
+    current: FrameType | None = frame
+    while current is not None:
+        if current.f_code.co_name in _NEVER_RAISE_IN_CODE or _within(
+            current.f_globals.get("__name__", ""), _NEVER_RAISE_IN
+        ):
+            return False
+        current = current.f_back
+    return True
+
+
 class _Stop:
     """What the handler and the checkpoints share about the one stop a process can be asked for at a time."""
 
@@ -100,6 +187,8 @@ class _Stop:
         self.lock = threading.Lock()
         self.within = False
         self.redelivery: threading.Thread | None = None
+        # How many deferred_stop regions the main thread is in: no stop is raised there.
+        self.deferred = 0
 
     @property
     def asked(self) -> bool:
@@ -156,6 +245,25 @@ def raise_if_stopped() -> None:
         raise Interrupted(signum)
 
 
+@contextlib.contextmanager
+def deferred_stop() -> Iterator[None]:
+    """Within the block no stop is raised in the main thread; one asked meanwhile is raised as the block ends.
+
+    For the few steps that must end together or not begin, such as the two
+    renames of a swap: the signal waits for them, not for the whole program.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _STOP.deferred += 1
+    try:
+        yield
+    finally:
+        if main:
+            _STOP.deferred -= 1
+    if main and not _STOP.deferred and _STOP.signum is not None and not _STOP.delivered:
+        _STOP.deliver()
+
+
 class _NoNewTasks(Callback):
     """Refuses to start a task once a stop was asked: every local scheduler asks before each one."""
 
@@ -201,7 +309,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         # A task's thread raised it, and the scheduler raised it here: the main thread is stopping already.
         _STOP.delivered = True
         return
-    if _waiting_where_safe(frame):
+    if not _STOP.deferred and (_waiting_where_safe(frame) or _in_pure_work(frame)):
         _STOP.deliver()
     if _STOP.redelivery is None or not _STOP.redelivery.is_alive():
         _STOP.redelivery = threading.Thread(

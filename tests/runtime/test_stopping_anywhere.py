@@ -1,0 +1,109 @@
+"""A signal lands wherever the main thread is: building a graph for minutes, starting up, after the work.
+
+Real subprocesses signalled; how fast they stop is measured in benchmarks/stop.py, not here: these check
+that they stop at all where they used to run on (a graph that takes minutes to build, stopped long before).
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+# A graph dask takes minutes to build in pure Python (millions of blocks reduced), inside the stop's block.
+BUILDING = textwrap.dedent(
+    """
+    import sys
+    import dask.array as da
+    from daskstream.runtime.stopping import Interrupted, stopping_on_signals
+    try:
+        with stopping_on_signals():
+            x = da.ones((40_000, 40_000), chunks=20)
+            print("building", flush=True)
+            x.mean()
+            print("built", flush=True)
+    except Interrupted as stop:
+        print("stopped", flush=True)
+        sys.exit(stop.exit_status)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_graph_building_that_has_no_wait_in_it(signum):
+    process = subprocess.Popen([sys.executable, "-c", BUILDING], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "building"
+    process.send_signal(signum)
+    try:
+        # Building the graph takes minutes; stopping, a moment (a generous bound for a loaded machine).
+        status = process.wait(timeout=60)
+    finally:
+        process.kill()
+    rest = process.stdout.read()
+    process.stdout.close()
+    assert "built" not in rest
+    assert rest.strip() == "stopped"
+    assert status == 128 + signum
+
+
+@pytest.mark.parametrize("budget", ["1000", "3KiB"])
+def test_an_absurd_budget_is_refused_from_the_block_count_before_any_graph(tmp_path, budget):
+    # A 40 GB .npy whose data was never written (a sparse file): the budget cuts it into tens of millions of
+    # blocks, whose graph took minutes and more memory than the machine has before it was refused.
+    path = tmp_path / "big.npy"
+    header_only = np.lib.format.open_memmap(path, mode="w+", dtype="f4", shape=(100_000, 100_000))
+    del header_only
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    for command in (["reduce", path, "--op", "mean"], ["describe", path], ["store", path, tmp_path / "out.zarr"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "daskstream", *map(str, command), "--memory-budget", budget],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert "needs at least" in lines[0]
+        assert "--memory-budget" in lines[0]
+    # What the command held at most (kiB on Linux): well under what building the graph would take.
+    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    assert peak < 400 * 1024, peak
+    assert not (tmp_path / "out.zarr").exists()
+
+
+STARTING = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.argv[0] = "daskstream"  # as the console script names the process
+    import daskstream.starting as starting
+    if sys.argv[1] == "after":
+        starting.finished()
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    time.sleep(30)
+    """
+)
+
+
+@pytest.mark.parametrize("phase", ["starting", "after"])
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_the_command_answers_a_signal_outside_its_work_with_one_line(phase, name):
+    done = subprocess.run([sys.executable, "-c", STARTING, phase, name], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + getattr(signal, name)
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        f"daskstream: stopped by {name} "
+        + ("while starting; nothing was done" if phase == "starting" else "after its work was done")
+    ]
+
+
+def test_a_program_importing_daskstream_keeps_its_own_handlers():
+    code = "import signal, daskstream; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "True"
