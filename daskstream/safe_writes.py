@@ -32,10 +32,26 @@ from daskstream.errors import InvalidArgumentError, TargetExistsError, TargetWri
 __all__ = [
     "check_replaceable",
     "lies_within",
+    "os_place",
     "refuse_onto_reads",
     "same_path",
     "written_whole",
 ]
+
+
+def os_place(path: str, *, follow_last: bool = True) -> str:
+    """The absolute path the system reaches by ``path``: each link followed before a ``..`` after it applies.
+
+    ``os.path.abspath`` applies ``..`` to the text, so ``other/link/../a.zarr``
+    reads as ``other/a.zarr`` where the system reaches the folder above where
+    the link leads. With ``follow_last=False`` a link at the end is kept as
+    the place itself (a file written replaces the link, not what it leads to).
+    """
+    path = os.fspath(path)
+    head, name = os.path.split(path.rstrip(os.sep) or path)
+    if follow_last or name in ("", ".", ".."):
+        return os.path.realpath(path)
+    return os.path.join(os.path.realpath(head or "."), name)
 
 
 def lies_within(path: str, folder: str) -> bool:
@@ -108,7 +124,7 @@ def check_replaceable(target: str, *, folder: bool, is_own: Callable[[str], bool
     written over nothing or over a folder ``is_own`` recognises as this
     writer's earlier result. The folder the target goes in must exist.
     """
-    parent = os.path.dirname(os.path.abspath(target))
+    parent = os.path.dirname(os_place(target, follow_last=False))
     if not os.path.isdir(parent):
         raise InvalidArgumentError(f"{option}: the folder {parent} does not exist; make it first, or write elsewhere")
     try:
@@ -146,8 +162,9 @@ def written_whole(target: str, *, folder: bool, is_own: Callable[[str], bool], o
     A folder replaced is moved aside first and removed only once the new one
     is in place.
     """
+    target = os_place(target, follow_last=False)
     check_replaceable(target, folder=folder, is_own=is_own, option=option)
-    parent, name = os.path.split(os.path.abspath(target))
+    parent, name = os.path.split(target)
     try:
         if folder:
             temporary = tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)

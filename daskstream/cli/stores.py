@@ -44,7 +44,11 @@ from daskstream.sources.hdf5_filters import import_h5py
 @click.argument("target")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
 @click.option("--target-dataset", default=None, help="Dataset or member to write in TARGET (or TARGET::NAME).")
-@click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an array already at TARGET: the new one is written beside it and swapped in once whole.",
+)
 @click.option("--no-resume", "resume", flag_value=False, default=True, help="Refuse to finish an interrupted store.")
 @click.option(
     "--codec",
@@ -266,7 +270,11 @@ def _print_store_summary(
 )
 @inner_chunks_option
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member of SOURCE (or write SOURCE::NAME).")
-@click.option("--overwrite", is_flag=True, help="Replace an array already at TARGET.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an array already at TARGET: the new one is written beside it and swapped in once whole.",
+)
 @adaptive_store_option
 @compute_options
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")

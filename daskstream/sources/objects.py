@@ -368,7 +368,7 @@ class Place:
             raise translated from exc
 
     def _where(self) -> str:
-        endpoint = _endpoint(self.storage_options)
+        endpoint = endpoint_of(self.storage_options)
         return f"{self.url}" + (f" (endpoint {endpoint})" if endpoint else "")
 
     def _translate(self, exc: BaseException, doing: str) -> Exception | None:
@@ -439,6 +439,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc).strip()[:200]}" if str(exc).strip() else type(exc).__name__
 
 
-def _endpoint(options: dict[str, Any]) -> str | None:
+def endpoint_of(options: dict[str, Any]) -> str | None:
+    """The endpoint URL fsspec options name (``endpoint_url``, at the top or in ``client_kwargs``), if any."""
     client = options.get("client_kwargs") or {}
     return options.get("endpoint_url") or client.get("endpoint_url")

@@ -221,13 +221,18 @@ def test_bad_compressors_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_storing_an_array_onto_itself_is_refused(tmp_path, fmt):
+def test_storing_an_array_onto_itself_replaces_it_with_the_result(tmp_path, fmt):
     data = oracle(np.float32, (8, 8))
     target, kw = target_for(tmp_path, fmt)
     store(da.from_array(data, chunks=4), target, **kw)
-    with pytest.raises(InvalidArgumentError, match="which is this very"):
-        store(ds.open(target) * 2, target, overwrite=True, **kw)
+    # Without overwrite, what is there stays.
+    with pytest.raises(TargetExistsError):
+        store(ds.open(target) * 2, target, **kw)
     np.testing.assert_array_equal(ds.open(target).compute(), data)
+    # With it, the new array is written beside the old one, read whole, then swapped in.
+    with dask.config.set(scheduler="threads"):
+        np.testing.assert_array_equal(store(ds.open(target) * 2, target, overwrite=True, **kw).compute(), data * 2)
+    np.testing.assert_array_equal(ds.open(target).compute(), data * 2)
 
 
 def test_hdf5_input_and_output_in_one_file(tmp_path):

@@ -44,11 +44,12 @@ from daskstream.errors import (
 )
 from daskstream.graph.layers import read_layers, rechunk_records
 from daskstream.graph.optimize import computed_once_layers, with_layers_computed
+from daskstream.graph.readers import sources_read
 from daskstream.graph.reads import source_array
 from daskstream.planning.grid import regular_chunk_shape, regular_grid
 from daskstream.planning.settings import PlanSettings
 from daskstream.runtime.progress import BlockProgress
-from daskstream.runtime.resources import settings_for
+from daskstream.runtime.resources import refuse_unbuildable, settings_for
 from daskstream.runtime.schedulers import current as current_session
 from daskstream.sources import open_source
 from daskstream.sources.base import checked_path
@@ -108,7 +109,14 @@ def store(
         anything else there is refused, naming what differs. Groups and
         folders that are not arrays are never deleted. An unfinished store of
         the same computation is still resumed when ``resume`` is true: its
-        result would be the same.
+        result would be the same. What is replaced stays untouched until its
+        replacement is whole: the new array is written beside it (a hidden
+        ``.NAME.daskstream-new`` folder beside a Zarr store, or dataset beside
+        an HDF5 one), resumably, and swapped in by renames once finished, so
+        ``x`` may read the very array it replaces, through any reader; the
+        swap needs the space of both. An object store has no rename: there
+        the old array is deleted first, and so only when every reader in
+        ``x``'s graph is a daskstream source of another place.
     codec
         ``"default"``: zstd level 3 for Zarr (``zarr.codecs.ZstdCodec``,
         ``numcodecs.Zstd`` for format 2), gzip level 1 with shuffle for HDF5
@@ -182,7 +190,9 @@ def store(
         an HDF5 file held open by another process).
     InvalidArgumentError
         Arguments that cannot work: not a dask array, no HDF5 dataset named,
-        a URL, an unknown compressor, or ``x`` reading from the target itself.
+        a URL, an unknown compressor; ``x`` reading from a folder the target
+        lies in; on an object store, overwrite with a reader in ``x``'s graph
+        whose place daskstream cannot name, or that is the target.
 
     Notes
     -----
@@ -252,6 +262,7 @@ def store(
     carried = carried or Carried.of(x)
     as_opened = settings_for(x)
     settings = as_opened if memory_budget is None else settings_for(x, memory_budget=memory_budget)
+    refuse_unbuildable(x, settings.resources)
     if kind == "hdf5":
         if not member or not member.strip("/"):
             raise InvalidArgumentError(
@@ -274,7 +285,10 @@ def store(
             )
         else:
             writer = ZarrTarget(path, member, codec, version, carried, inner)
-    writer.check_sources([source for _, source, _ in read_layers(x)])
+    # Every source the graph holds, found in its objects, not only in its read layers: a kernel's or a
+    # closure's reads count as much.
+    writer.check_sources(sources_read(x))
+    writer.recover()
     # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
     finished = None if overwrite else writer.completed(x)
     if isinstance(codec, str) and codec == "auto":

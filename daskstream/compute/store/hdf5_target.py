@@ -12,19 +12,15 @@ import os
 import posixpath
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import dask
 import dask.array as da
 import numpy as np
-from dask.optimization import cull
 
 from daskstream.advice import keyword, said
 from daskstream.compute.computation import computation_plan
-from daskstream.compute.store.hdf5_encoder import hdf5_encoder_for
+from daskstream.compute.store.hdf5_writer import H5_WRITE_ERRORS, Hdf5Writer, flat_index
 from daskstream.compute.store.named_codecs import named_codec
 from daskstream.compute.store.record import (
     H5_COMPLETE_ATTR,
@@ -32,9 +28,9 @@ from daskstream.compute.store.record import (
     H5_IDENTITY_ATTR,
     H5_MAX_BLOCKS,
     StoreIdentity,
-    block_name,
     chunk_shape,
 )
+from daskstream.compute.store.swap import aside_name, staging_name
 from daskstream.compute.store.target import (
     Carried,
     ProgressCallback,
@@ -53,13 +49,10 @@ from daskstream.errors import (
     warn,
 )
 from daskstream.graph.layers import source_places
-from daskstream.graph.optimize import with_aggregates_computed
 from daskstream.planning.budget import FILTERED_WRITE_COPIES, plannable_bytes
-from daskstream.planning.grid import regular_block_slices
 from daskstream.planning.settings import Resources
-from daskstream.runtime.pools import one_process_pool
-from daskstream.runtime.schedulers import active_client, active_get
-from daskstream.safe_writes import same_path
+from daskstream.runtime.stopping import deferred_stop
+from daskstream.safe_writes import os_place, same_path
 from daskstream.sources.base import Source, own_writes
 from daskstream.sources.handles import forget_handles
 from daskstream.sources.hdf5_filters import import_h5py
@@ -67,10 +60,6 @@ from daskstream.sources.metadata import hdf5_ready
 
 # Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.
 BATCH_BYTES = 16 * 2**20
-
-
-# What h5py raises when HDF5 cannot write: OSError mostly, RuntimeError from flush and close.
-H5_WRITE_ERRORS = (OSError, RuntimeError)
 
 
 class Hdf5Target(Target):
@@ -91,7 +80,9 @@ class Hdf5Target(Target):
     ) -> None:
         # Sources of the array stored that read other datasets of this file (see check_sources).
         self._same_file: list[Source] = []
-        self.path = os.path.abspath(path)
+        # The dataset the new array is written to when it replaces one (see _prepare_staged), else None.
+        self._staged: str | None = None
+        self.path = os_place(path)
         self.member = member
         self.compressor = compressor
         # The budget and parallelism the store plans for: they bound the blocks held at once (see window).
@@ -132,9 +123,10 @@ class Hdf5Target(Target):
         report: ProgressCallback | None,
     ) -> None:
         h5file = self._open_file()
+        self._staged = None
         try:
             dset, done = self._prepare(h5file, x, identity, resume=resume, overwrite=overwrite)
-            pending = [b for b in blocks if not done[_flat(b, x.numblocks)]] if x.size else []
+            pending = [b for b in blocks if not done[flat_index(b, x.numblocks)]] if x.size else []
             total = len(blocks)
             if report:
                 report(total - len(pending), total)
@@ -143,11 +135,17 @@ class Hdf5Target(Target):
             try:
                 # What was computed is kept, so the same store run again finds it complete.
                 dset.attrs[H5_COMPLETE_ATTR] = identity.to_json()
-                del dset.attrs[H5_IDENTITY_ATTR]
-                del dset.attrs[H5_DONE_ATTR]
-                h5file.close()
+                for attribute in (H5_IDENTITY_ATTR, H5_DONE_ATTR):
+                    if attribute in dset.attrs:  # (a staged dataset found whole has none left)
+                        del dset.attrs[attribute]
+                h5file.flush()
             except H5_WRITE_ERRORS as exc:
                 raise self.write_error(exc, "remove the progress record") from exc
+            self._swap_in(h5file)
+            try:
+                h5file.close()
+            except H5_WRITE_ERRORS as exc:
+                raise self.write_error(exc, "close the file") from exc
         except TargetWriteError as exc:
             # Closing flushes again; after a failed write that fails too and must not hide the first error.
             with contextlib.suppress(OSError, RuntimeError):
@@ -191,8 +189,7 @@ class Hdf5Target(Target):
                     continue
                 if location != source.path or source.format != "hdf5":
                     raise self._reads_itself(source, f"whose data comes from {self.path} (linked from it)")
-                if self._same_object(source):
-                    raise self._reads_itself(source, f"which is this very dataset ({self.member} is {source.dataset})")
+                # The very dataset replaced is read too: it is replaced by swap, once the new one is whole.
                 self._same_file.append(source)
         if self._same_file and not in_process_scheduler():
             raise InvalidArgumentError(
@@ -200,17 +197,6 @@ class Hdf5Target(Target):
                 "no other process read a file open for writing; use the threaded scheduler, or write to "
                 "another file"
             )
-
-    def _same_object(self, source: Source) -> bool:
-        """Whether the dataset written is the one ``source`` reads, under any name (hard links included)."""
-
-        h5py = import_h5py()
-        try:
-            with h5py.File(self.path, "r") as f:
-                target, read = f.get(self.member), f.get(source.dataset)
-                return target is not None and read is not None and target.id == read.id
-        except (OSError, KeyError, ValueError):
-            return False  # unreadable: _open_file reports it
 
     def _open_file(self) -> Any:
 
@@ -268,11 +254,74 @@ class Hdf5Target(Target):
                 if recorded is not None:
                     self._check_identity(recorded, identity)
                 raise self._refuse_existing("an HDF5 dataset")
-            try:
-                del h5file[self.member]
-            except H5_WRITE_ERRORS as exc:
-                raise self.write_error(exc, "delete the existing dataset") from exc
-        return self._create(h5file, x, identity, nblocks), np.zeros(nblocks, dtype=bool)
+            # Replaced by swap: written beside the old dataset, which stays until the new one is whole.
+            return self._prepare_staged(h5file, x, identity, resume=resume, nblocks=nblocks)
+        return self._create(h5file, x, identity, nblocks, self.member), np.zeros(nblocks, dtype=bool)
+
+    # --- replacing by swap (see daskstream.compute.store.swap) ---------------------------------------
+
+    def _beside(self, name_of: Callable[[str], str]) -> str:
+        folder, name = posixpath.split(self.member)
+        return posixpath.join(folder or "/", name_of(name))
+
+    def _prepare_staged(
+        self, h5file: Any, x: da.Array, identity: StoreIdentity, *, resume: bool, nblocks: int
+    ) -> tuple[Any, np.ndarray]:
+        """The dataset the new array is written to beside the target, resumed where it holds this store."""
+        h5py = import_h5py()
+        self._staged = self._beside(staging_name)
+        staged = h5file.get(self._staged)
+        if isinstance(staged, h5py.Dataset):
+            with contextlib.suppress(TargetMismatchError):  # a record of ours that cannot be read: made again
+                recorded = self._recorded_identity(staged)
+                finished = self._read_identity(staged, H5_COMPLETE_ATTR) if recorded is None else None
+                same_shape = (tuple(staged.shape), np.dtype(staged.dtype)) == (tuple(x.shape), x.dtype)
+                if same_shape and resume and recorded is not None and not recorded.differences(identity):
+                    return staged, self._recorded_done(staged, nblocks)
+                if same_shape and finished is not None and not finished.differences(identity):
+                    return staged, np.ones(nblocks, dtype=bool)
+        try:
+            if staged is not None:
+                del h5file[self._staged]  # what another computation staged there: daskstream's own
+        except H5_WRITE_ERRORS as exc:
+            raise self.write_error(exc, "remove an earlier store's unfinished replacement") from exc
+        return self._create(h5file, x, identity, nblocks, self._staged), np.zeros(nblocks, dtype=bool)
+
+    def _swap_in(self, h5file: Any) -> None:
+        """Put the finished staged dataset in the target's place (two link renames), then delete the old one."""
+        if self._staged is None:
+            return
+        aside = self._beside(aside_name)
+        try:
+            with deferred_stop():
+                if aside in h5file:
+                    del h5file[aside]
+                h5file.move(self.member, aside)
+                h5file.move(self._staged, self.member)
+                del h5file[aside]
+                h5file.flush()
+        except H5_WRITE_ERRORS as exc:
+            raise self.write_error(exc, f"put the new dataset in place (it is whole at {self._staged})") from exc
+
+    def recover(self) -> None:
+        """Finish (or undo) a swap that a killed process left half done: the old dataset still aside."""
+        h5py = import_h5py()
+        aside, staged = self._beside(aside_name), self._beside(staging_name)
+        try:
+            with h5py.File(self.path, "r") as f:
+                if aside not in f:
+                    return
+        except (OSError, ValueError):
+            return  # absent or unreadable: the store reports it when it opens the file
+        forget_handles()
+        try:
+            with h5py.File(self.path, "a") as f, deferred_stop():
+                if self.member not in f:
+                    f.move(staged if staged in f else aside, self.member)
+                if aside in f:
+                    del f[aside]
+        except H5_WRITE_ERRORS as exc:
+            raise self.write_error(exc, "finish replacing the dataset, which an earlier store began") from exc
 
     def _check_parents(self, h5file: Any, h5py: Any) -> None:
         """Refuse a dataset path that runs through a dataset: only groups hold other objects."""
@@ -335,7 +384,7 @@ class Hdf5Target(Target):
             raise self._unreadable_record(f"attribute {H5_DONE_ATTR!r}", exc) from None
         return np.unpackbits(packed, count=nblocks).astype(bool)
 
-    def _create(self, h5file: Any, x: da.Array, identity: StoreIdentity, nblocks: int) -> Any:
+    def _create(self, h5file: Any, x: da.Array, identity: StoreIdentity, nblocks: int, name: str) -> Any:
         chunks = chunk_shape(x)
         options: dict[str, Any] = {}
         # HDF5 cannot chunk (or so compress) a scalar or an empty dataset.
@@ -349,7 +398,7 @@ class Hdf5Target(Target):
         if fill is not None:
             options["fillvalue"] = fill
         try:
-            dset = h5file.create_dataset(self.member, shape=x.shape, dtype=x.dtype, **options)
+            dset = h5file.create_dataset(name, shape=x.shape, dtype=x.dtype, **options)
             self._carry(dset)
             # The record is in place before any block is written; both reach the disk with one flush.
             dset.attrs[H5_IDENTITY_ATTR] = identity.to_json()
@@ -441,156 +490,3 @@ class Hdf5Target(Target):
         # HDF5 writes a block through its filters: a shuffled copy and the compressed bytes beside it.
         free = plannable_bytes(resources.memory_budget) - computing - FILTERED_WRITE_COPIES * block_bytes
         return max(1, min(wanted, free // (2 * block_bytes)))
-
-
-def _flat(index: tuple[int, ...], numblocks: tuple[int, ...]) -> int:
-    return int(np.ravel_multi_index(index, numblocks)) if numblocks else 0
-
-
-class Hdf5Writer:
-    """The one writer of an HDF5 target: blocks come in computed, go out written and recorded."""
-
-    def __init__(
-        self,
-        target: Hdf5Target,
-        h5file: Any,
-        dset: Any,
-        x: da.Array,
-        done: np.ndarray,
-        total: int,
-        report: ProgressCallback | None,
-    ) -> None:
-        self.target, self.h5file, self.dset, self.x = target, h5file, dset, x
-        self.done, self.total, self.report = done, total, report
-        self.unrecorded: list[tuple[int, ...]] = []
-        self.count = int(done.sum())
-        # Aggregates that later passes take (a mean to centre with) are computed once, not per batch.
-        x = self.x = with_aggregates_computed(x, target.resources)
-        # Where the tasks can encode the chunks (see hdf5_encoder), they return the bytes to put in place.
-        self.encoder = hdf5_encoder_for(dset) if dask.config.get("daskstream.compute.encode-in-tasks", True) else None
-        computed = self.encoder.encoded_blocks(x) if self.encoder is not None else x
-        self.computed_name = computed.name
-        # One graph for all blocks, optimized once (as x.to_delayed(optimize_graph=True) does); each
-        # batch sends the scheduler only the tasks its blocks need, found by walking back from them.
-        # Building one Delayed per block and merging them with dask.compute costs batch² per batch.
-        keys = computed.__dask_keys__()
-        self.graph: dict[Any, Any] = dict(computed.__dask_optimize__(computed.__dask_graph__(), keys))
-
-    def _key(self, index: tuple[int, ...]) -> tuple:
-        return (self.computed_name, *index)
-
-    def _subgraph(self, keys: Sequence[Any]) -> dict[Any, Any]:
-        """The tasks ``keys`` need: dask's cull walks back from them, in proportion to them, not to the graph."""
-        return cull(self.graph, list(keys))[0]
-
-    def run(self, pending: list[tuple[int, ...]]) -> None:
-        window = self.target.window(self.x)
-        client = active_client()
-        try:
-            if client is not None:
-                self._run_distributed(client, pending, window)
-            else:
-                self._run_local(pending, window)
-        except BaseException:
-            # Blocks written before the failure are kept: record them if the file still takes it.
-            with contextlib.suppress(TargetWriteError):
-                self._record()
-            raise
-        self._record()
-
-    def _run_local(self, pending: list[tuple[int, ...]], window: int) -> None:
-        # What dask.compute(x) would use: the configured scheduler, else the threaded one.
-        schedule = active_get([self.x])
-        if schedule is None:  # arrays always have a default scheduler; this says so to the type checker
-            raise RuntimeError("dask has no scheduler for this array")
-        with one_process_pool():
-            self._run_batches(pending, window, schedule)
-
-    def _run_batches(self, pending: list[tuple[int, ...]], window: int, schedule: Callable[..., Any]) -> None:
-        batches = batched(pending, window)
-
-        def compute(batch: Sequence[tuple[int, ...]]) -> tuple[Sequence[tuple[int, ...]], Sequence[Any]]:
-            keys = [self._key(index) for index in batch]
-            return batch, schedule(self._subgraph(keys), keys)
-
-        # The next batch computes while this one is written: at most two batches in memory.
-        with ThreadPoolExecutor(1, thread_name_prefix="daskstream-store") as pool:
-            first = next(batches, None)
-            running = pool.submit(compute, first) if first else None
-            while running is not None:
-                batch, results = running.result()
-                following = next(batches, None)
-                running = pool.submit(compute, following) if following else None
-                for index, block in zip(batch, results):
-                    self._write(index, block)
-                del results
-                self._record()
-
-    def _run_distributed(self, client: Any, pending: list[tuple[int, ...]], window: int) -> None:
-        from distributed import as_completed
-
-        queue = iter(pending)
-        in_flight: dict[Any, tuple[int, ...]] = {}
-        finished = as_completed()
-
-        def submit(n: int) -> None:
-            batch = list(islice(queue, n))
-            if batch:
-                keys = [self._key(index) for index in batch]
-                for future, index in zip(client.get(self._subgraph(keys), keys, sync=False), batch):
-                    in_flight[future] = index
-                    finished.add(future)
-
-        # Top up in groups rather than one by one: each submission sends a graph to the scheduler.
-        refill = max(1, window // 2)
-        submit(window)
-        try:
-            for future in finished:
-                index = in_flight.pop(future)
-                block = future.result()
-                future.release()
-                self._write(index, block)
-                del block
-                if len(self.unrecorded) >= refill or not in_flight:
-                    self._record()
-                if window - len(in_flight) >= refill:
-                    submit(window - len(in_flight))
-        except BaseException:
-            client.cancel(list(in_flight))
-            raise
-
-    def _write(self, index: tuple[int, ...], block: np.ndarray) -> None:
-        region = regular_block_slices(self.x.chunks, index)
-        try:
-            if self.encoder is not None:
-                # The chunk's bytes, encoded by the task: put in place as they are.
-                offset = tuple(s.start for s in region)
-                self.dset.id.write_direct_chunk(offset, block.flat[0])
-            else:
-                self.dset[region] = block
-        except H5_WRITE_ERRORS as exc:
-            raise self.target.write_error(exc, f"write block {block_name(index)}") from exc
-        self.unrecorded.append(index)
-
-    def _record(self) -> None:
-        if not self.unrecorded:
-            return
-        try:
-            # Data first, then the record that claims it: a block is never marked done before it is flushed.
-            self.h5file.flush()
-            for index in self.unrecorded:
-                self.done[_flat(index, self.x.numblocks)] = True
-            self.dset.attrs[H5_DONE_ATTR] = np.packbits(self.done)
-            self.h5file.flush()
-        except H5_WRITE_ERRORS as exc:
-            raise self.target.write_error(exc, "record progress") from exc
-        self.count += len(self.unrecorded)
-        self.unrecorded = []
-        if self.report:
-            self.report(self.count, self.total)
-
-
-def batched(items: list[tuple[int, ...]], n: int) -> Iterator[list[tuple[int, ...]]]:
-    it = iter(items)
-    while batch := list(islice(it, n)):
-        yield batch

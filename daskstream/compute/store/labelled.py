@@ -38,6 +38,7 @@ import numpy as np
 
 from daskstream.advice import keyword, said
 from daskstream.compute.store.label_checks import is_dataset, refuse_unstorable_labels
+from daskstream.compute.store.swap import swaps_together
 from daskstream.compute.store.target import Carried, target_format
 from daskstream.errors import InvalidArgumentError
 from daskstream.sources.detect import split_dataset
@@ -117,17 +118,20 @@ def store_labelled(
         coord.attrs = json_ready(dict(coord.attrs))
     coords.attrs = json_ready(dict(x.attrs)) if is_dataset(x) else {}
     variables = {str(name): variable for name, variable in named.items()}  # every name a str: refused otherwise
-    for name, variable in variables.items():
-        carried = _carried(variable, x.coords, zarr_format)
-        store_array(
-            _dask(variable),
-            path,
-            dataset=name,
-            zarr_format=zarr_format,
-            storage_options=storage_options,
-            carried=carried,
-            **options,
-        )
+    # Variables replacing others are put in place together, once all are whole: one computed from another
+    # variable of this store reads the old one, never its replacement.
+    with swaps_together():
+        for name, variable in variables.items():
+            carried = _carried(variable, x.coords, zarr_format)
+            store_array(
+                _dask(variable),
+                path,
+                dataset=name,
+                zarr_format=zarr_format,
+                storage_options=storage_options,
+                carried=carried,
+                **options,
+            )
     # The coordinates, by xarray, beside the variables (written again as they are on a resumed store); then
     # the group's metadata consolidated, as xarray leaves a store it writes, so xr.open_zarr reads it at once.
     where: dict[str, Any] = {"storage_options": storage_options} if storage_options else {}

@@ -51,11 +51,12 @@ from daskstream.compute.store.record import (
 )
 from daskstream.compute.store.target import OVERWRITE, Carried, write_error
 from daskstream.compute.store.zarr_target import ZarrTarget
-from daskstream.errors import DaskstreamError, TargetMismatchError, TargetWriteError
+from daskstream.errors import DaskstreamError, InvalidArgumentError, TargetMismatchError, TargetWriteError
+from daskstream.graph.readers import unplaced_readers
 from daskstream.planning.settings import Resources
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.base import Source
-from daskstream.sources.objects import Place, is_url
+from daskstream.sources.objects import Place, endpoint_of, is_url
 
 _METADATA_KEYS = ("zarr.json", ".zarray", ".zgroup")
 
@@ -106,12 +107,12 @@ class ObjectZarrTarget(ZarrTarget):
         return sum(size for key, size in sizes.items() if key.split("/", 1)[0] != PROGRESS_DIR)
 
     def check_sources(self, sources: list[Source]) -> None:
-        mine = _bucket_path(self.array_place)
+        mine = bucket_path(self.array_place)
         for source in sources:
             if not is_url(source.path):
                 continue  # a local file cannot be this object store's data
-            theirs = _bucket_path(Place(source.name.replace("::", "/"), getattr(source, "storage_options", {})))
-            if theirs is None or mine is None or theirs[0] != mine[0]:
+            theirs = bucket_path(Place(source.name.replace("::", "/"), getattr(source, "storage_options", {})))
+            if theirs is None or mine is None or not same_store(theirs[0], mine[0]):
                 continue
             inside, around = _within(theirs[1], mine[1]), _within(mine[1], theirs[1])
             if inside and around:
@@ -120,6 +121,30 @@ class ObjectZarrTarget(ZarrTarget):
                 raise self._reads_itself(source, f"which is stored inside this target, at {source.name}")
             if around:
                 raise self._reads_itself(source, f"and this target lies inside it, at {source.name}")
+
+    # --- replacing: an object store has no rename to swap with ------------------------------------------
+
+    def recover(self) -> None:
+        """Nothing to recover: an object store's target is never swapped."""
+
+    def _replaces(self, identity: StoreIdentity, *, resume: bool) -> bool:
+        return False
+
+    def _replace_in_place(self, x: da.Array) -> None:
+        """Delete the array there for ``x`` -- only when every reader in ``x``'s graph is known (and, by
+        :meth:`check_sources`, reads elsewhere): an object store cannot write beside and swap."""
+        unplaced = unplaced_readers(x)
+        if unplaced:
+            raise InvalidArgumentError(
+                said(
+                    f"{self.name}: the array stored reads through {', '.join(unplaced[:3])}"
+                    f"{' and more' if len(unplaced) > 3 else ''}, whose data may come from this very target, and "
+                    "an object store cannot write the new array beside the old and swap them: replacing it would "
+                    "delete what is read before it is read. Open the data with daskstream (whose reads name "
+                    "their place), or store to a new URL and delete the old one after"
+                )
+            )
+        self._delete()
 
     def _parent_kind(self, parts: list[str]) -> str | None:
         return remote_node_kind(self.place.child("/".join(parts)) if parts else self.place)
@@ -275,14 +300,38 @@ def _metadata_version(place: Place) -> str | None:
     return None
 
 
-def _bucket_path(place: Place) -> tuple[str, str] | None:
-    """``(protocol and bucket, path inside it)`` of a place, to compare two places' extents."""
+def bucket_path(place: Place) -> tuple[tuple[str, str, str], str] | None:
+    """``((file system, endpoint, bucket), path inside it)`` of a place, to compare two places' extents."""
     url = place.url
     if "://" not in url:
         return None
     protocol, rest = url.split("://", 1)
     bucket, _, inside = rest.partition("/")
-    return f"{protocol.lower()}://{bucket}", posixpath.normpath("/" + inside)
+    return (filesystem_of(protocol), str(endpoint_of(place.storage_options) or ""), bucket), posixpath.normpath(
+        "/" + inside
+    )
+
+
+def filesystem_of(protocol: str) -> str:
+    """The fsspec file system a URL's ``protocol`` reaches, by fsspec's own table of aliases (``s3``/``s3a``,
+    ``gs``/``gcs``, ``abfs``/``az``...), without importing it; the protocol itself where fsspec knows none.
+
+    >>> filesystem_of("s3a") == filesystem_of("S3")
+    True
+    """
+    from fsspec.registry import known_implementations, registry
+
+    name = protocol.lower()
+    if name in registry:
+        kind = registry[name]
+        return f"{kind.__module__}.{kind.__qualname__}"
+    return str(known_implementations.get(name, {}).get("class", name))
+
+
+def same_store(first: tuple[str, str, str], second: tuple[str, str, str]) -> bool:
+    """Whether two ``(file system, endpoint, bucket)`` may be one store: one file system and bucket, and
+    endpoints that are the same or not both known (the one not given may be the other's, by the environment)."""
+    return first[0] == second[0] and first[2] == second[2] and (first[1] == second[1] or not (first[1] and second[1]))
 
 
 def _within(path: str, folder: str) -> bool:

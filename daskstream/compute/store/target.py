@@ -166,6 +166,9 @@ class Target(abc.ABC):
     ) -> None:
         """Write the blocks of ``x`` not yet recorded as done, recording each as it lands."""
 
+    def recover(self) -> None:  # noqa: B027 - a target that never swaps has nothing to recover
+        """Finish (or undo) a replacement of what the target holds that a killed process left half done."""
+
     @property
     def name(self) -> str:
         return self.path if self.member is None else f"{self.path}::{self.member}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import posixpath
 import re
@@ -35,6 +36,7 @@ from daskstream.compute.store.record import (
     parse_block_name,
     write_atomically,
 )
+from daskstream.compute.store.swap import recover_folder, staged_places, swap_folders, swap_when_whole
 from daskstream.compute.store.target import (
     OVERWRITE,
     Carried,
@@ -54,7 +56,7 @@ from daskstream.errors import (
 )
 from daskstream.files import open_regular
 from daskstream.graph.layers import source_places
-from daskstream.safe_writes import lies_within
+from daskstream.safe_writes import lies_within, os_place
 from daskstream.sources.base import Source
 from daskstream.sources.metadata import ZARR_V2_DIMENSIONS, json_ready
 from daskstream.sources.zarr_nodes import folder_node_type
@@ -97,7 +99,7 @@ class ZarrTarget(Target):
         carried: Carried | None = None,
         inner_chunks: tuple[int, ...] | None = None,
     ) -> None:
-        self.path = os.path.abspath(path)
+        self.path = os_place(path)
         self.member = member
         self.compressor = compressor
         self.zarr_format = zarr_format
@@ -116,15 +118,79 @@ class ZarrTarget(Target):
         return total
 
     def check_sources(self, sources: list[Source]) -> None:
+        # Reading the very array replaced is safe: it is replaced by swap, after the new one is whole (see
+        # write). Reading what a swap writes beside it, a folder the target lies in, or a file inside the
+        # target's folder (removed with the old array) is not.
+        staged, aside = self._swap_places()
         for source in sources:
             for location in source_places(source):
+                for place in (staged, aside):
+                    if lies_within(location, place) or lies_within(place, location):
+                        raise self._reads_itself(source, f"which holds {place}, where store writes beside the target")
                 inside, around = lies_within(location, self.array_dir), lies_within(self.array_dir, location)
-                if inside and around:
-                    raise self._reads_itself(source, "which is this very target")
-                if inside:
+                if inside and not around:
+                    # A file inside the array's folder is no part of the array, and goes with the old folder.
                     raise self._reads_itself(source, f"which is stored inside this target, at {location}")
-                if around:
+                if around and not inside:
                     raise self._reads_itself(source, f"and this target lies inside it, at {location}")
+
+    # --- replacing by swap (see daskstream.compute.store.swap) ---------------------------------------
+
+    def _swap_places(self) -> tuple[str, str]:
+        """Where the new array is written beside the target, and where the old one goes while they swap."""
+        return staged_places(self.path, self.array_dir, self.member)
+
+    def recover(self) -> None:
+        """Finish (or undo) a swap into this target that a killed process left half done."""
+        staged, aside = self._swap_places()
+        try:
+            recover_folder(self.array_dir, staged, aside)
+        except OSError as exc:
+            raise self.write_error(exc, "finish replacing the array, which an earlier store began") from exc
+
+    def _replaces(self, identity: StoreIdentity, *, resume: bool) -> bool:
+        """Whether an ``overwrite`` store replaces what the target holds (written beside it, then swapped)
+        rather than writing in place: always, unless the target holds this very store unfinished."""
+        self._check_parents()
+        self._check_links()
+        if self._node_kind() not in ("array", None):
+            return False  # a group or foreign data: _prepare refuses it
+        recorded = self._recorded_identity()
+        if recorded is not None and resume and not recorded.differences(identity):
+            return False
+        return self._node_kind() == "array" or recorded is not None
+
+    def _staged_target(self) -> ZarrTarget:
+        staged, _ = self._swap_places()
+        return ZarrTarget(staged, None, self.compressor, self.zarr_format, self.carried, self.inner_chunks)
+
+    def _write_replacing(
+        self, x: da.Array, identity: StoreIdentity, *, resume: bool, report: ProgressCallback | None
+    ) -> None:
+        """Write ``x`` beside the target (resuming a staged store of it), then swap it in whole."""
+        staged = self._staged_target()
+        finished = staged.completed(x)
+        if finished is not None and not finished.differences(identity):
+            total = math.prod(x.numblocks)  # written whole before a stop cut the swap short
+            if report:
+                report(total, total)
+        else:
+            recorded = None
+            with contextlib.suppress(TargetMismatchError):
+                recorded = staged._recorded_identity()
+            if not (resume and recorded is not None and not recorded.differences(identity)):
+                # Anything else under the staging name -- another computation's, a store asked not to resume,
+                # damaged -- is daskstream's own unfinished work, never the user's data: started again.
+                shutil.rmtree(staged.path, ignore_errors=True)
+            staged.write(x, identity, resume=True, overwrite=False, report=report)
+        swap_when_whole(lambda: self._swap_in(staged.path, x))
+
+    def _swap_in(self, staged: str, x: da.Array) -> None:
+        try:
+            swap_folders(staged, self.array_dir, self._swap_places()[1])
+        except OSError as exc:
+            raise self.write_error(exc, f"put the new array in place (it is whole at {staged})") from exc
+        self._carry_scales(x)
 
     def write(
         self,
@@ -135,6 +201,9 @@ class ZarrTarget(Target):
         overwrite: bool,
         report: ProgressCallback | None,
     ) -> None:
+        if overwrite and self._replaces(identity, resume=resume):
+            self._write_replacing(x, identity, resume=resume, report=report)
+            return
         done = self._prepare(x, identity, resume=resume, overwrite=overwrite)
         blocks = list(np.ndindex(*x.numblocks))
         pending = [b for b in blocks if b not in done] if x.size else []
@@ -183,7 +252,7 @@ class ZarrTarget(Target):
                 if recorded is not None:
                     self._check_identity(recorded, identity)
                 raise self._refuse_existing("a Zarr array")
-            self._delete()
+            self._replace_in_place(x)
         missing = self._missing_folders()
         self._record(identity)
         try:
@@ -412,6 +481,10 @@ class ZarrTarget(Target):
             name = "zstd" if self.compressor == "default" else self.compressor
             return named_codec(name, "zarr", zarr_format=self.zarr_format)
         return self.compressor
+
+    def _replace_in_place(self, x: da.Array) -> None:
+        """Delete what the target holds so that ``x`` is written there (where it cannot be swapped)."""
+        self._delete()
 
     def _delete(self) -> None:
         # Only reached for a Zarr array or an unfinished store's folder: never a group or foreign data.
