@@ -40,7 +40,10 @@ def _marks(code: str) -> list:
         return [pytest.mark.skip(reason="runs against an S3 server: tests/objects/test_docs_objects.py")]
     if re.search(r"^python3 -m pip install", code, re.M):
         return [pytest.mark.skip(reason="installs the package: CI runs the README's quick start")]
-    imported = set(re.findall(r"^(?:import|from) (\w+)", code, re.M))
+    # Every part of every module imported: daskstream.torch needs torch as much as import torch does.
+    imported = {
+        part for module in re.findall(r"^\s*(?:import|from) ([\w.]+)", code, re.M) for part in module.split(".")
+    }
     missing = [name for name in OPTIONAL if name in imported and importlib.util.find_spec(name) is None]
     return [pytest.mark.skip(reason=f"needs {', '.join(missing)}")] if missing else []
 
