@@ -31,7 +31,7 @@ from daskstream.sources.listing import Listing
 from daskstream.sources.listing import list_file as list
 from daskstream.streaming import Stream, stream
 from daskstream.tuning import TuneResult, tune
-from daskstream.views import register_notebook_views
+from daskstream import views as _views  # noqa: F401 - gives the planner's results their notebook cards
 
 __version__ = "0.1.0"
 
@@ -40,8 +40,6 @@ __version__ = "0.1.0"
 # dask's own optimizer untouched (daskstream.compute.rewrite: false hands it every graph). Nothing else:
 # the allocator's arenas are capped where daskstream starts work (see daskstream.runtime.allocator).
 install_optimizer()
-# In an IPython shell (a notebook), the planner's results show as HTML cards; nowhere else is anything shown.
-register_notebook_views()
 
 __all__ = [
     "ChunkPlan",

@@ -1,10 +1,10 @@
 """Notebook views of what the planner returns: the HTML cards of :class:`ChunkPlan` and :class:`ComputePlan`.
 
 The planner keeps no presentation (it imports no HTML and no drawing): its
-results are plain values, and how a notebook shows them is here, above it.
-:func:`register_notebook_views` gives these views to IPython's HTML
-formatter; ``import daskstream`` calls it when it runs in an IPython shell
-(Jupyter, JupyterLab, VS Code, ``ipython``), and does nothing elsewhere.
+results are plain values whose ``_repr_html_`` asks for the view given here
+(:mod:`daskstream.planning.cards`), built when a notebook shows one. Any
+frontend that reads ``_repr_html_`` (Jupyter, JupyterLab, VS Code, marimo,
+Panel, nbconvert) shows the card; nothing of IPython's is changed.
 
 >>> from daskstream.planning.chunks import plan_chunks_exact
 >>> plan = plan_chunks_exact((4096, 1024), "float32", storage_chunks=None, layout="C", memory_budget=1 << 30,
@@ -16,12 +16,9 @@ True
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from typing import Any
-
 from daskstream.display import card, details, grid_figure, table
 from daskstream.planning.budget import format_size
+from daskstream.planning.cards import CARDS
 from daskstream.planning.computation import ComputePlan
 from daskstream.planning.plan import ChunkPlan
 
@@ -61,25 +58,8 @@ def compute_plan_html(plan: ComputePlan) -> str:
     return card("daskstream ComputePlan", table(rows), details("why", plan.explain()))
 
 
-# Each planner result's type and its view.
-NOTEBOOK_VIEWS: dict[type, Callable[[Any], str]] = {ChunkPlan: chunk_plan_html, ComputePlan: compute_plan_html}
+# Each planner result's type and its view: the results' _repr_html_ asks for them when a notebook shows one.
+CARDS.update({ChunkPlan: chunk_plan_html, ComputePlan: compute_plan_html})
 
 
-def register_notebook_views(shell: Any = None) -> bool:
-    """Show the planner's results as HTML cards in ``shell`` (by default the IPython shell running, if any).
-
-    Returns whether there was a shell to register with. IPython is never
-    imported here: without a shell already running there is nothing to show.
-    """
-    if shell is None:
-        ipython = sys.modules.get("IPython")
-        shell = ipython.get_ipython() if ipython is not None else None
-        if shell is None:
-            return False
-    formatter = shell.display_formatter.formatters["text/html"]
-    for kind, view in NOTEBOOK_VIEWS.items():
-        formatter.for_type(kind, view)
-    return True
-
-
-__all__ = ["NOTEBOOK_VIEWS", "chunk_plan_html", "compute_plan_html", "register_notebook_views"]
+__all__ = ["chunk_plan_html", "compute_plan_html"]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import h5py
 import numpy as np
 
 import daskstream as ds
 from daskstream.display import grid_figure, grid_svg
-from daskstream.views import chunk_plan_html, register_notebook_views
+from daskstream.planning import ChunkPlan
+from daskstream.planning.computation import ComputePlan
+from daskstream.views import chunk_plan_html
 
 
 def storage_lines(svg):
@@ -127,17 +131,22 @@ def test_plans_and_tuning_results_are_one_line_at_a_terminal_prompt(tmp_path):
     assert "Candidate(" not in shown
 
 
-def test_a_notebook_shows_plans_as_cards_and_a_plain_import_registers_nothing(tmp_path):
+def test_plans_carry_their_cards_and_importing_daskstream_changes_no_formatter(tmp_path):
     from IPython.core.interactiveshell import InteractiveShell
 
     path = tmp_path / "a.npy"
     np.save(path, np.zeros((4096, 256), "f4"))
     chunk_plan = ds.plan(path, memory_budget="64MiB")
     compute_plan = ds.plan_compute(ds.open(path, memory_budget="64MiB").sum(), memory_budget="64MiB")
-    assert register_notebook_views() is False  # no shell runs the tests
+    # Any frontend that asks the object (marimo, Panel, nbconvert) gets the card, built when asked.
+    assert chunk_plan._repr_html_() == chunk_plan_html(chunk_plan)
+    assert "daskstream ComputePlan" in compute_plan._repr_html_()
     shell = InteractiveShell.instance()
     try:
-        assert register_notebook_views(shell) is True
+        formatter = shell.display_formatter.formatters["text/html"]
+        # Nothing of daskstream's is registered with IPython: the objects answer for themselves.
+        assert ChunkPlan not in formatter.type_printers
+        assert ComputePlan not in formatter.type_printers
         shown, _ = shell.display_formatter.format(chunk_plan)
         assert shown["text/html"] == chunk_plan_html(chunk_plan)
         assert "<svg" in shown["text/html"]
@@ -146,6 +155,16 @@ def test_a_notebook_shows_plans_as_cards_and_a_plain_import_registers_nothing(tm
         assert "daskstream ComputePlan" in shown["text/html"]
     finally:
         InteractiveShell.clear_instance()
-    # The planner's own results know nothing of HTML.
-    assert not hasattr(chunk_plan, "_repr_html_")
-    assert not hasattr(compute_plan, "_repr_html_")
+
+
+def test_a_kernel_that_imports_daskstream_before_ipython_shows_the_cards(tmp_path):
+    code = (
+        "import numpy as np, daskstream as ds\n"
+        f"np.save({str(tmp_path / 'a.npy')!r}, np.zeros((64, 8), 'f4'))\n"
+        f"plan = ds.plan({str(tmp_path / 'a.npy')!r})\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "shown, _ = InteractiveShell.instance().display_formatter.format(plan)\n"
+        "print('daskstream ChunkPlan' in shown['text/html'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "True"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from daskstream.advice import named, said
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.budget import format_size
+from daskstream.planning.cards import card_of
 
 # The names of a task's memory terms, in the order they are reported.
 TERMS = ("input", "decoded copy", "halo", "intermediate", "workspace", "output")
@@ -149,6 +150,10 @@ class ComputePlan:
                 " or smaller chunks (ds.open(..., chunks=...)), or run fewer threads",
             )
         )
+
+    def _repr_html_(self) -> str | None:
+        """The plan as an HTML card, for notebooks: drawn when asked by :mod:`daskstream.views`."""
+        return card_of(self)
 
     def explain(self) -> str:
         """Plain-text account: the passes, what each reads and computes, and the projected memory."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from daskstream.advice import joined, named, said
 from daskstream.planning.budget import format_size
+from daskstream.planning.cards import card_of
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.settings import SchedulerCost
 
@@ -149,6 +150,10 @@ class ChunkPlan:
     def splits_storage_chunks(self) -> bool:
         """True when some storage chunk is read by more than one task."""
         return self.read_amplification > 1.0
+
+    def _repr_html_(self) -> str | None:
+        """The plan as an HTML card, for notebooks: drawn when asked by :mod:`daskstream.views`."""
+        return card_of(self)
 
     def explain(self) -> str:
         """Plain-text account of the inputs, the terms of the chunk size, and why each axis was cut as it was."""
