@@ -25,6 +25,9 @@ extensions = [
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "_ext"]
 root_doc = "index"
+# What a reader copies is what they type: "--chunks" stays two hyphens, quotes stay straight (docutils
+# would otherwise turn "--" into an en dash in the command-line reference and every page's prose).
+smartquotes = False
 
 # Anchors for the headings of every page, so that pages link to each other's sections.
 myst_heading_anchors = 4

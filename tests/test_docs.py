@@ -93,6 +93,12 @@ def test_the_site_builds_without_a_warning(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-6000:]
     assert (build / "index.html").is_file()
+    # A flag or a quote a reader copies is what they must type: no en dash before an option's name, no
+    # curly quotes, anywhere in the built pages.
+    for page in build.rglob("*.html"):
+        text = page.read_text()
+        assert not re.search(r"\u2013[a-z]", text), f"{page.relative_to(build)}: an en dash where -- was written"
+        assert not re.search("[\u201c\u201d\u2018\u2019]", text), f"{page.relative_to(build)}: curly quotes"
     for page in (REPO / "docs").rglob("*.md"):
         if "_build" not in page.parts:
             assert (build / page.relative_to(REPO / "docs")).with_suffix(".html").is_file(), page
