@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from reaper import reaped, released
 from stream_helpers import N, indexed
 
 
@@ -70,20 +71,21 @@ def dask_processes(
     base = [dask] if dask else [sys.executable, "-m", "dask"]
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
     logs = [(folder / "scheduler.log").open("w"), (folder / "workers.log").open("w")]
-    scheduler = subprocess.Popen(
+    # Each in a process group of its own, which the reaper ends if this test process dies (see reaper.py).
+    scheduler = reaped(
         [*base, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
          "--scheduler-file", str(scheduler_file), *options, *scheduler_options],
-        stdout=subprocess.DEVNULL, stderr=logs[0], env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=logs[0], env=env,
     )  # fmt: skip
     workers = []
     try:
         _wait_for(scheduler_file.exists, "the scheduler file", scheduler)
         workers.append(
-            subprocess.Popen(
+            reaped(
                 [*base, "worker", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1", "--nworkers",
                  str(nworkers), "--nthreads", "1", "--memory-limit", memory_limit, "--no-dashboard", *options,
                  *worker_options],
-                stdout=subprocess.DEVNULL, stderr=logs[1], env=env, start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=logs[1], env=env,
             )
         )  # fmt: skip
         from distributed import Client
@@ -103,6 +105,7 @@ def dask_processes(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            released(proc)
         for log in logs:
             log.close()
 

@@ -10,6 +10,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from reaper import reaped, released
+
 SERVER = Path(__file__).with_name("s3_server.py")
 
 
@@ -50,9 +52,10 @@ class S3:
 
 def start_s3_server(latency: float = 0.0) -> tuple[subprocess.Popen, str]:
     """Start the server on a free port of 127.0.0.1; the process and its endpoint URL."""
-    proc = subprocess.Popen(
+    # In a process group of its own, which the reaper ends if this test process dies (see tests/reaper.py).
+    proc = reaped(
         [sys.executable, str(SERVER), "0", "--latency", str(latency)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     port = proc.stdout.readline().strip()
     if not port.isdigit():
@@ -72,3 +75,4 @@ def running_s3_server(latency: float = 0.0):
         proc.kill()
         proc.wait()
         proc.stdout.close()
+        released(proc)
