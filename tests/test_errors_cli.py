@@ -66,7 +66,7 @@ USAGE_ERRORS = [
     (["reduce", "{npy}", "--op", "sum", "--bogus"], ["no such option", "--bogus", "(see daskstream reduce --help)"]),
     (["reduce"], ["missing argument 'PATH'", "(see daskstream reduce --help)"]),
     (["reduce", "{npy}"], ["missing option '--op'"]),
-    (["reduce", "{npy}", "--op", "sum", "--axis", "first"], ["'--axis'", "'first' is not a valid integer"]),
+    (["reduce", "{npy}", "--op", "sum", "--axis", "first"], ["--axis first", "names no dimensions", "0 to 1"]),
     (["reduce", "{npy}", "--op", "quantile", "--q", "half"], ["'--q'", "'half' is not a valid float"]),
     (["reduce", "{npy}", "--op", "histogram", "--range", "0"], ["'--range'", "2 arguments", "reduce --help"]),
     (["reduce", "{npy}", "--op", "sum", "surplus"], ["unexpected extra argument (surplus)"]),

@@ -15,8 +15,10 @@ import numpy as np
 
 import daskstream as ds
 from daskstream import dependencies
+from daskstream.advice import keyword, said
 from daskstream.compute.store.codecs import OBJECTIVES
 from daskstream.compute.store.named_codecs import named_codec
+from daskstream.errors import InvalidArgumentError
 from daskstream.sources.objects import is_url
 
 # The largest value a numpy index holds: no axis, chunk or count can be longer.
@@ -225,6 +227,47 @@ out_option = click.option(
     default=None,
     help="Also write the result to FILE: .npy, .csv, .zarr or .h5 (by its suffix); replaces what is there.",
 )
+
+
+def axis_option(what: str) -> Any:
+    """``--axis``, by number or, for a labelled input, by dimension name; repeated for several."""
+    return click.option(
+        "--axis",
+        multiple=True,
+        metavar="AXIS",
+        help=f"{what}, by number or, for a labelled file, by dimension name (--axis time); repeat for several "
+        "(default: all).",
+    )
+
+
+def axes_named(axis: tuple[str, ...], dims: tuple[str | None, ...] | None, ndim: int, name: str) -> tuple[int, ...]:
+    """``--axis`` values as axis numbers: numbers as given (negative ones count from the end), names by the
+    dimension names ``dims`` of the input ``name``.
+
+    >>> axes_named(("0", "lon"), ("time", "lat", "lon"), 3, "t.nc")
+    (0, 2)
+    """
+    found = []
+    for given in axis:
+        text = given.strip()
+        if text.lstrip("-").isdigit():
+            found.append(int(text))
+        elif dims is not None and text in dims:
+            found.append(dims.index(text))
+        else:
+            have = (
+                f"its dimensions are {', '.join(str(d) for d in dims)}"
+                if dims is not None and any(d is not None for d in dims)
+                else "it names no dimensions"
+            )
+            raise InvalidArgumentError(
+                said(
+                    keyword("axis", given),
+                    f": {name} has no dimension of that name ({have}); give a dimension name or an axis number "
+                    f"from 0 to {ndim - 1}",
+                )
+            )
+    return tuple(found)
 
 
 adaptive_option = click.option(

@@ -11,6 +11,8 @@ import dask.config
 import daskstream as ds
 from daskstream.cli.app import main
 from daskstream.cli.options import (
+    axes_named,
+    axis_option,
     budget_option,
     session_if_asked,
     source_facts,
@@ -97,7 +99,7 @@ def plan(
 @main.command("tune")
 @click.argument("path", required=False)
 @click.option("--op", default="sum", show_default=True, help='Reduction to tune for, or "describe".')
-@click.option("--axis", type=int, multiple=True, help="Axis the reduction removes; repeat for several (default: all).")
+@axis_option("Axis the reduction removes")
 @click.option("--dataset", default=None, help="HDF5 dataset or Zarr member (or write PATH::NAME).")
 @click.option(
     "--time-budget", default=None, help='Longest time to measure, e.g. "10s" (default: daskstream.tune.time-budget).'
@@ -122,7 +124,7 @@ def plan(
 def tune_command(
     path: str | None,
     op: str,
-    axis: tuple[int, ...],
+    axis: tuple[str, ...],
     dataset: str | None,
     time_budget: str | None,
     sample_fraction: float | None,
@@ -160,11 +162,13 @@ def tune_command(
         for name, value in (("sample-fraction", sample_fraction), ("cost-fraction", cost_fraction))
         if value is not None
     }
+    source = ds.open_source(path, dataset=dataset)
+    axes = axes_named(axis, source.dims, source.ndim, source.name)
     with dask.config.set(fractions), session_if_asked(scheduler, cluster_file, memory_budget):
         result = tune(
             path,
             op=op,
-            axis=axis or None,
+            axis=axes or None,
             dataset=dataset,
             memory_budget=memory_budget,
             time_budget=time_budget,

@@ -13,6 +13,7 @@ from daskstream.cli.app import main
 from daskstream.cli.options import (
     WhereItRuns,
     adaptive_option,
+    axis_option,
     compute_options,
     out_option,
     plain_json,
@@ -37,7 +38,7 @@ from daskstream.planning.budget import format_size
 @click.option(
     "--op", required=True, help="sum, mean, var, std, min, max, median, quantile, ... (see daskstream.reduce)."
 )
-@click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
+@axis_option("Axis to reduce")
 @click.option("--q", type=float, multiple=True, help="Quantile in [0, 1] for --op quantile; repeat for several.")
 @click.option(
     "--ddof",
@@ -58,7 +59,7 @@ from daskstream.planning.budget import format_size
 def reduce_command(
     path: str,
     op: str,
-    axis: tuple[int, ...],
+    axis: tuple[str, ...],
     q: tuple[float, ...],
     ddof: int,
     bins: int | None,
@@ -109,15 +110,16 @@ def reduce_command(
         out_names=out_names,
     ) as opened:
         x, s = opened.array, opened.session
+        axes = opened.axes(axis, path)
         adaptation = None
         if adaptive:
-            run = ds.reduce(x, op, axis=axis or None, adaptive=True, progress=not where.quiet, **options)
+            run = ds.reduce(x, op, axis=axes or None, adaptive=True, progress=not where.quiet, **options)
             passes = 1
             done = measured(opened, run.compute)
             value = done.value
             adaptation = run.adaptation
         else:
-            result = ds.reduce(x, op, axis=axis or None, **options)
+            result = ds.reduce(x, op, axis=axes or None, **options)
             collections = tuple(result) if op == "histogram" else (result,)
             passes = ds.plan_compute(*collections).passes
             # The bar sets its rate beside the codec's limit once one is remembered (measured after a first run).
@@ -135,7 +137,7 @@ def reduce_command(
         shown = [plain_json(v) for v in value] if op == "histogram" else plain_json(value)
         report = {
             "op": op,
-            "axis": list(axis) or None,
+            "axis": list(axes) or None,
             "result": shown,
             "seconds": seconds,
             "bytes_read": done.bytes_read,
@@ -150,7 +152,7 @@ def reduce_command(
         return
     read = "" if done.bytes_read is None else f", {format_size(done.bytes_read)} read in {passes} pass(es)"
     read += at.text()
-    over = f"axis {', '.join(map(str, axis))}" if axis else "all axes"
+    over = f"axis {', '.join(map(str, axes))}" if axes else "all axes"
     if op == "histogram":
         lines = histogram_lines(*value)
     elif op == "quantile" and len(q) > 1 and np.ndim(value) == 1:
@@ -171,7 +173,7 @@ def reduce_command(
 
 @main.command("describe")
 @click.argument("path")
-@click.option("--axis", type=int, multiple=True, help="Axis to reduce; repeat for several (default: all).")
+@axis_option("Axis to reduce")
 @click.option("--bins", type=int, default=None, help="Also a histogram with this many bins.")
 @range_option("which takes a second pass")
 @click.option(
@@ -187,7 +189,7 @@ def reduce_command(
 @storage_option
 def describe_command(
     path: str,
-    axis: tuple[int, ...],
+    axis: tuple[str, ...],
     bins: int | None,
     bin_range: tuple[float, float] | None,
     quartiles: bool,
@@ -218,7 +220,7 @@ def describe_command(
     # The names are those the description will have.
     out_names = [*STATISTICS, *(QUARTILES if quartiles else ()), *(("histogram", "bin_edges") if bins else ())]
     adaptation = None
-    options: dict[str, Any] = {"axis": axis or None, "bins": bins, "range": bin_range}
+    options: dict[str, Any] = {"bins": bins, "range": bin_range}
     with opened_in_session(
         path,
         where,
@@ -227,6 +229,7 @@ def describe_command(
         out=out,
         out_names=out_names,
     ) as opened:
+        options["axis"] = opened.axes(axis, path) or None
         if adaptive:
             run = ds.describe(opened.array, **options, quartiles=quartiles, adaptive=True, progress=not where.quiet)
             description = run.compute()

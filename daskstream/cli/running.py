@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import daskstream as ds
-from daskstream.cli.options import WhereItRuns, url_options
+from daskstream.cli.options import WhereItRuns, axes_named, url_options
 from daskstream.cli.output import RateBesideLimit, check_out, out_format
 from daskstream.compute.limits import CodecLimit, codec_limit
-from daskstream.graph.layers import places_read
+from daskstream.graph.layers import opened_source, places_read
 from daskstream.runtime.metering import ReadMeter
 from daskstream.runtime.session import Session
 
@@ -32,6 +32,12 @@ class Opened:
     array: Any
     reads: list[tuple[str, str]]
     quiet: bool
+
+    def axes(self, axis: tuple[str, ...], name: str) -> tuple[int, ...]:
+        """``--axis`` values as axis numbers: names by the dimensions the input names (a NetCDF variable's, a
+        Zarr array's ``dimension_names``, an HDF5 dataset's scales)."""
+        source = opened_source(self.array)
+        return axes_named(axis, None if source is None else source.dims, self.array.ndim, name)
 
     def bar_limit(self) -> CodecLimit | None:
         """The codec's limit the progress bar shows the rate beside, where one is remembered (never measured
