@@ -56,11 +56,38 @@ def _cases() -> list:
     ]
 
 
+def _run(command: list[str], folder: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MPLBACKEND": "Agg", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.parametrize(("language", "code"), _cases())
 def test_the_block_runs_on_its_own(language, code, tmp_path):
-    env = {**os.environ, "MPLBACKEND": "Agg", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    command = [sys.executable, "-c", code] if language == "python" else ["bash", "-e", "-o", "pipefail", "-c", code]
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    # Saved as a script and run as one, as a reader would: stricter than ``python -c`` (a process a
+    # LocalCluster spawns imports the script again, which runs a cluster only under __main__).
+    script = tmp_path / ("block.py" if language == "python" else "block.sh")
+    script.write_text(code)
+    command = [sys.executable, script.name] if language == "python" else ["bash", "-e", "-o", "pipefail", script.name]
+    run = _run(command, tmp_path)
+    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+
+
+def _page_cases() -> list:
+    cases = []
+    for page in PAGES:
+        blocks = [code for language, code, _ in code_blocks(page) if language == "python"]
+        marks = [mark for code in blocks for mark in _marks(code)]
+        if len(blocks) > 1:
+            cases.append(pytest.param(blocks, id=str(page.relative_to(REPO)), marks=marks[:1]))
+    return cases
+
+
+@pytest.mark.parametrize("blocks", _page_cases())
+def test_a_page_runs_as_notebook_cells_in_one_kernel_and_folder(blocks, tmp_path):
+    # A reader pasting a page's blocks one after another into a notebook: one interpreter, one folder,
+    # each block after the last (a block must not clash with what an earlier one left).
+    cells = "\n".join(f"exec(compile({code!r}, 'cell {n}', 'exec'))" for n, code in enumerate(blocks, 1))
+    run = _run([sys.executable, "-c", cells], tmp_path)
     assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
 
 
