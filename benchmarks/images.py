@@ -11,7 +11,7 @@ images a second, and how much faster the threads run than one (1.0: the
 decoder holds the GIL).
 
 Contenders (each resizes with Pillow's antialiased bilinear filter, as
-``daskstream.sources.images`` does):
+``daskstream.sources.images.folder`` does):
 
 * ``pillow``: ``Image.open`` + ``convert("RGB")`` + ``resize``;
 * ``pillow draft``: the same after ``Image.draft("RGB", target)``, which has

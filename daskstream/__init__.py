@@ -26,7 +26,7 @@ from daskstream.planning import ChunkPlan
 from daskstream.runtime.session import Session, session
 from daskstream.sources import Source, open_source
 from daskstream.sources.handles import forget_handles as close_files
-from daskstream.sources.images import ImageFolder, open_images
+from daskstream.sources.images.folder import ImageFolder, open_images
 from daskstream.sources.listing import Listing
 from daskstream.sources.listing import list_file as list
 from daskstream.streaming import Stream, stream

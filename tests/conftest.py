@@ -169,7 +169,7 @@ def repo_root() -> Path:
 @pytest.fixture
 def full_opens(monkeypatch):
     """How many times each HDF5 file's full metadata was read (a daskstream source of a dataset in it opened)."""
-    from daskstream.sources.hdf5 import Hdf5Source
+    from daskstream.sources.hdf5.source import Hdf5Source
 
     opened = collections.Counter()
     describe = Hdf5Source._describe

@@ -119,6 +119,16 @@ def test_a_long_module_says_why_at_its_top(path):
     assert "longer than most modules" in docstring.lower(), f"{path.relative_to(ROOT)}: split it, or say why not"
 
 
+@pytest.mark.parametrize(
+    "folder", sorted(p.parent for p in PACKAGE.rglob("__init__.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_a_package_folder_holds_at_most_twenty_modules(folder):
+    # A family of modules sharing a prefix is a subpackage (sources/zarr/, sources/hdf5/...): a reader finds
+    # a room by its name, not by scanning forty files.
+    modules = sorted(p.name for p in folder.glob("*.py"))
+    assert len(modules) <= 20, f"{folder.relative_to(ROOT)} holds {len(modules)} modules; group them by family"
+
+
 def test_the_checks_catch_what_they_are_for():
     upward = ast.parse("def f():\n    from daskstream.arrays import open\n")
     optional = ast.parse("def f():\n    try:\n        import numba\n    except ImportError:\n        pass\n")

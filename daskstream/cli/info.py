@@ -12,7 +12,7 @@ from daskstream import dependencies
 from daskstream.cli.app import main, versions_facts
 from daskstream.cli.options import source_facts, storage_option, url_options
 from daskstream.planning.budget import format_size
-from daskstream.sources.objects import is_url
+from daskstream.sources.objects.places import is_url
 
 
 @main.command()

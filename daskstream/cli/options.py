@@ -19,7 +19,7 @@ from daskstream.advice import keyword, said
 from daskstream.compute.store.codecs import OBJECTIVES
 from daskstream.compute.store.named_codecs import named_codec
 from daskstream.errors import InvalidArgumentError
-from daskstream.sources.objects import is_url
+from daskstream.sources.objects.places import is_url
 
 # The largest value a numpy index holds: no axis, chunk or count can be longer.
 _INT64_MAX = 2**63 - 1

@@ -29,8 +29,8 @@ from daskstream.errors import DaskstreamError, InvalidArgumentError
 from daskstream.files import open_regular
 from daskstream.runtime.stopping import raise_if_stopped
 from daskstream.safe_writes import check_replaceable, refuse_onto_reads, written_whole
-from daskstream.sources.hdf5_filters import import_h5py
-from daskstream.sources.objects import is_url
+from daskstream.sources.hdf5.filters import import_h5py
+from daskstream.sources.objects.places import is_url
 
 OUT_SUFFIXES = (".npy", ".csv", ".zarr", ".h5", ".hdf5")
 # The attribute of a Zarr group --out wrote, listing its arrays: only such a group is ever replaced.

@@ -36,7 +36,7 @@ from daskstream.planning.budget import format_size
 from daskstream.runtime.progress import BlockProgress
 from daskstream.runtime.resources import resources_for
 from daskstream.sources.detect import split_dataset
-from daskstream.sources.hdf5_filters import import_h5py
+from daskstream.sources.hdf5.filters import import_h5py
 
 
 @main.command("store")

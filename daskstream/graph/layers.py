@@ -36,7 +36,7 @@ from dask.utils import key_split
 from daskstream.planning.passes import LayerFacts
 from daskstream.planning.settings import PlanSettings, Resources
 from daskstream.sources.base import Source
-from daskstream.sources.objects import is_url
+from daskstream.sources.objects.places import is_url
 
 # On a region array's layer: the regions each of its blocks reads (see :mod:`daskstream.graph.regions`).
 REGIONS_ANNOTATION = "daskstream-regions"

@@ -20,7 +20,7 @@ from daskstream.planning.grid import read_amplification, regular_grid
 from daskstream.planning.plan import ChunkPlan
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources.base import Source
-from daskstream.sources.objects import is_url
+from daskstream.sources.objects.places import is_url
 
 ChunksSpec = str | int | tuple | Mapping | ChunkPlan
 

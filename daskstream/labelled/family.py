@@ -9,7 +9,7 @@ reads less:
 At open
     The first file in full, as :func:`daskstream.open_dataset` opens one
     file. Of each other file, through h5py's low-level API in one open
-    (:func:`daskstream.sources.hdf5_headers.file_header`): the number of
+    (:func:`daskstream.sources.hdf5.headers.file_header`): the number of
     links in the group; the values, dtype and attributes of every dimension
     coordinate, which must equal the first file's (decoded, as
     ``join="exact"`` compares them) except along the joined dimension, whose
@@ -66,10 +66,10 @@ from daskstream.opening import as_dask_array
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources.base import Source, file_stamp
 from daskstream.sources.detect import guess_format, is_url
-from daskstream.sources.hdf5_filters import import_h5py
-from daskstream.sources.hdf5_headers import FileHeader, StoredAttr, file_header
+from daskstream.sources.hdf5.filters import import_h5py
+from daskstream.sources.hdf5.headers import FileHeader, StoredAttr, file_header
 from daskstream.sources.many import FamilyMember
-from daskstream.sources.zarr_ import local_path
+from daskstream.sources.zarr.source import local_path
 
 # netCDF's own bookkeeping attributes, which xarray's h5netcdf reader hides: never read, never compared.
 NETCDF_HIDDEN_ATTRS = frozenset(

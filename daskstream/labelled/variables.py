@@ -31,7 +31,7 @@ from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source, open_source
 from daskstream.sources.contiguous import ObjectBytes, ObjectFile
 from daskstream.sources.detect import guess_format, is_url, local_path
-from daskstream.sources.objects import Place
+from daskstream.sources.objects.places import Place
 
 # Dimension coordinates up to this size are read when the dataset is opened, as xarray reads its
 # indexes: .sel and plots need them at once, and one read beats a graph per lookup.

@@ -1,7 +1,7 @@
 """How an image of one size becomes an image of the training size: the resize policies, as arithmetic.
 
 Pure functions of the image's size, the target size and the policy; the
-decoder (:mod:`daskstream.sources.image_codec`) asks them what to request
+decoder (:mod:`daskstream.sources.images.codec`) asks them what to request
 from a JPEG decoder's scaled decoding, which region of the decoded image to
 resample and where the result sits in the target.
 

@@ -8,10 +8,10 @@ from typing import Any
 from daskstream.errors import MemberNotFoundError
 from daskstream.sources.base import Source, checked_path
 from daskstream.sources.detect import guess_format, probe_url, split_dataset
-from daskstream.sources.hdf5 import Hdf5Source
+from daskstream.sources.hdf5.source import Hdf5Source
 from daskstream.sources.npy import NpySource
-from daskstream.sources.objects import is_url
-from daskstream.sources.zarr_ import ZarrSource, local_path
+from daskstream.sources.objects.places import is_url
+from daskstream.sources.zarr.source import ZarrSource, local_path
 
 __all__ = ["Hdf5Source", "NpySource", "Source", "ZarrSource", "guess_format", "open_source", "probe_url"]
 
@@ -38,7 +38,7 @@ def open_source(
         The HDF5 dataset or Zarr member; may be omitted when there is only one.
     storage_options
         fsspec options for URLs (endpoint, credentials...). Secrets among them
-        stay in this process: see :mod:`daskstream.sources.objects`.
+        stay in this process: see :mod:`daskstream.sources.objects.places`.
 
     Returns
     -------

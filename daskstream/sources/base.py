@@ -41,7 +41,7 @@ from daskstream.planning.budget import format_size
 from daskstream.planning.chunks import plan_chunks
 from daskstream.planning.plan import ChunkPlan
 from daskstream.planning.settings import PlanSettings
-from daskstream.sources.objects import is_url
+from daskstream.sources.objects.places import is_url
 from daskstream.sources.reads import record_read
 
 Region = tuple[slice, ...]

@@ -35,7 +35,7 @@ from daskstream.caches import LeastRecentlyUsed
 from daskstream.errors import DaskstreamError, SourceChangedError, SourceNotFoundError, SourceRemovedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, to_native
-from daskstream.sources.objects import Got, Place, version_of
+from daskstream.sources.objects.places import Got, Place, version_of
 
 # Linux transfers at most this many bytes per read call.
 _MAX_READ = 0x7FFFF000

@@ -23,11 +23,11 @@ from daskstream.errors import (
 from daskstream.files import open_regular
 from daskstream.sources.base import file_stamp
 from daskstream.sources.contiguous import HEAD_BYTES
-from daskstream.sources.hdf5 import HDF5_MAGIC
+from daskstream.sources.hdf5.source import HDF5_MAGIC
 from daskstream.sources.npy import NPY_MAGIC
-from daskstream.sources.objects import Got, Place, is_url
-from daskstream.sources.zarr_ import local_path
-from daskstream.sources.zarr_nodes import ZARR_METADATA_FILES
+from daskstream.sources.objects.places import Got, Place, is_url
+from daskstream.sources.zarr.nodes import ZARR_METADATA_FILES
+from daskstream.sources.zarr.source import local_path
 
 ZIP_MAGIC = b"PK\x03\x04"
 EXTENSIONS = {

@@ -21,14 +21,14 @@ import numpy as np
 from daskstream.errors import CorruptSourceError, first_line
 from daskstream.planning.budget import format_size
 from daskstream.sources.detect import guess_format
-from daskstream.sources.hdf5_filters import filter_names, import_h5py
-from daskstream.sources.hdf5_types import hdf5_type_text, unreadable_type_text
+from daskstream.sources.hdf5.filters import filter_names, import_h5py
+from daskstream.sources.hdf5.types import hdf5_type_text, unreadable_type_text
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, json_ready, zarr_attrs, zarr_dims
 from daskstream.sources.npy import NpySource
-from daskstream.sources.zarr_ import local_path
-from daskstream.sources.zarr_checks import checked_store
-from daskstream.sources.zarr_codecs import codec_names
-from daskstream.sources.zarr_nodes import folder_node_type
+from daskstream.sources.zarr.checks import checked_store
+from daskstream.sources.zarr.codecs import codec_names
+from daskstream.sources.zarr.nodes import folder_node_type
+from daskstream.sources.zarr.source import local_path
 from daskstream.sources.zip_members import ZipMembers
 
 #: Attributes shown per entry in the tree's text (all are kept in ``attrs``).

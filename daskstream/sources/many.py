@@ -40,10 +40,10 @@ from daskstream.sources import open_source
 from daskstream.sources.base import Region, Source, checked_path, file_stamp, now_ns
 from daskstream.sources.detect import is_url, split_dataset
 from daskstream.sources.handles import cached_handle
-from daskstream.sources.hdf5 import HDF5_MAGIC, Hdf5Source
-from daskstream.sources.hdf5_headers import dataset_header, is_plain
+from daskstream.sources.hdf5.headers import dataset_header, is_plain
+from daskstream.sources.hdf5.source import HDF5_MAGIC, Hdf5Source
 from daskstream.sources.tokens import source_token
-from daskstream.sources.zarr_ import local_path
+from daskstream.sources.zarr.source import local_path
 
 GLOB_CHARACTERS = frozenset("*?[")
 

@@ -15,7 +15,7 @@ from daskstream.errors import CorruptSourceError, UnsupportedDtypeError
 from daskstream.files import open_regular
 from daskstream.sources.base import Region, Source, checked_element, file_stamp, native, now_ns
 from daskstream.sources.contiguous import READ_BATCH_BYTES, ObjectBytes, read_contiguous_box
-from daskstream.sources.objects import Got, Place, is_url
+from daskstream.sources.objects.places import Got, Place, is_url
 from daskstream.sources.tokens import source_token
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -32,7 +32,7 @@ class NpySource(Source):
         The file, or an fsspec URL of an object (``s3://bucket/a.npy``).
     storage_options
         fsspec options for a URL (endpoint, credentials...). Secrets among
-        them stay in this process: see :mod:`daskstream.sources.objects`.
+        them stay in this process: see :mod:`daskstream.sources.objects.places`.
     head
         The object's first bytes as :func:`daskstream.sources.detect.probe_url`
         fetched them, which saves opening a URL one request.

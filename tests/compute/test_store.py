@@ -621,7 +621,7 @@ def test_a_target_that_cannot_be_created_is_a_write_error(tmp_path, fmt):
 _AS_NOBODY = """
 import json, os, sys
 import dask.array as da, dask.local, dask.threaded, h5py, numcodecs, zarr, zarr.codecs, zarr.storage
-import daskstream.arrays, daskstream.runtime.resources, daskstream.sources.handles, daskstream.sources.hdf5
+import daskstream.arrays, daskstream.runtime.resources, daskstream.sources.handles, daskstream.sources.hdf5.source
 from daskstream.compute.store import store
 x = da.ones(4, chunks=2)
 x.compute()

@@ -98,7 +98,7 @@ def test_a_damaged_chunk_is_an_error_naming_it_never_zeros(tmp_path):
 
 
 def test_a_fault_in_the_decoder_is_not_taken_for_a_damaged_file(tmp_path, monkeypatch):
-    from daskstream.sources import hdf5_chunks
+    from daskstream.sources.hdf5 import chunks as hdf5_chunks
 
     location = _write(tmp_path / "a.h5", "x", compression="gzip")
     source = daskstream.open_source(location)

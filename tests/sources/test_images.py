@@ -45,8 +45,8 @@ from daskstream.errors import (
     SourceRemovedError,
     UnknownFormatError,
 )
-from daskstream.sources.image_codec import DecodeSpec, decode_into
-from daskstream.sources.image_reads import run_parallel
+from daskstream.sources.images.codec import DecodeSpec, decode_into
+from daskstream.sources.images.reads import run_parallel
 
 SIZE = (32, 48)  # (height, width), as open_images takes it
 BILINEAR = Image.Resampling.BILINEAR

@@ -18,7 +18,7 @@ from zarr.codecs import (
 
 import daskstream
 from daskstream.errors import CorruptSourceError
-from daskstream.sources.zarr_chunks import chunk_reader_for
+from daskstream.sources.zarr.chunks import chunk_reader_for
 
 DATA = np.random.default_rng(5).standard_normal((301, 77)).round(2).astype("f4")
 REGIONS = [(), (slice(40, 120), slice(10, 70)), (slice(5, 290), slice(3, 70)), (300, slice(None))]

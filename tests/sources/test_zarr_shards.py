@@ -15,7 +15,7 @@ from zarr.codecs import BloscCodec, ShardingCodec, ShardingCodecIndexLocation, Z
 import daskstream
 import daskstream as ds
 from daskstream.errors import CorruptSourceError
-from daskstream.sources.zarr_shards import EMPTY, MERGE_GAP, MOST_RUN_BYTES, ShardLayout
+from daskstream.sources.zarr.shards import EMPTY, MERGE_GAP, MOST_RUN_BYTES, ShardLayout
 
 SHAPE, INNER, SHARD = (150, 130), (10, 20), (40, 60)
 DATA = np.random.default_rng(3).standard_normal(SHAPE).round(3).astype("f4")

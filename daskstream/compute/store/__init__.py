@@ -54,7 +54,7 @@ from daskstream.runtime.schedulers import current as current_session
 from daskstream.sources import open_source
 from daskstream.sources.base import checked_path
 from daskstream.sources.detect import split_dataset
-from daskstream.sources.hdf5_filters import import_h5py
+from daskstream.sources.hdf5.filters import import_h5py
 
 # Marks the ``compressor`` keyword as not given: None is a value it takes (no compression).
 _UNSET: Any = object()

@@ -2,7 +2,7 @@
 
 zarr-python 3 runs every write through one event loop and encodes on its own
 thread pool, so dask threads writing through it queue behind each other, as
-reads did (see :mod:`daskstream.sources.zarr_chunks`). For a local array
+reads did (see :mod:`daskstream.sources.zarr.chunks`). For a local array
 whose codecs numcodecs encodes -- the bytes codec, then zstd, blosc or gzip
 and an optional crc32c checksum (format 3), or one numcodecs compressor and
 no filters (format 2) -- a task here pads its block to the chunk shape with
@@ -62,7 +62,7 @@ class ChunkWriter:
         before the chunks rather than after them.
     place
         For an array on an object store: its prefix there
-        (:class:`~daskstream.sources.objects.Place`, which travels without
+        (:class:`~daskstream.sources.objects.places.Place`, which travels without
         its secrets). Each chunk is then one PUT of its whole object, which
         object stores make atomic; ``array_dir`` and the metadata stamp are
         unused (the target checks its metadata's version when it finishes).

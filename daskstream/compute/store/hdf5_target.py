@@ -55,7 +55,7 @@ from daskstream.runtime.stopping import deferred_stop
 from daskstream.safe_writes import os_place, same_path
 from daskstream.sources.base import Source, own_writes
 from daskstream.sources.handles import forget_handles
-from daskstream.sources.hdf5_filters import import_h5py
+from daskstream.sources.hdf5.filters import import_h5py
 from daskstream.sources.metadata import hdf5_ready
 
 # Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.

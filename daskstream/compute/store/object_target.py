@@ -22,7 +22,7 @@ each is made safe:
   reported complete.
 
 Secrets in ``storage_options`` stay in this process (see
-:mod:`daskstream.sources.objects`); workers of a cluster use their own
+:mod:`daskstream.sources.objects.places`); workers of a cluster use their own
 credentials.
 """
 
@@ -56,7 +56,7 @@ from daskstream.graph.readers import unplaced_readers
 from daskstream.planning.settings import Resources
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.base import Source
-from daskstream.sources.objects import Place, endpoint_of, is_url
+from daskstream.sources.objects.places import Place, endpoint_of, is_url
 
 _METADATA_KEYS = ("zarr.json", ".zarray", ".zgroup")
 

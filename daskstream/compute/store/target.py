@@ -28,8 +28,8 @@ from daskstream.graph.layers import read_layers
 from daskstream.runtime.schedulers import scheduler_kind
 from daskstream.sources.base import Source, file_stamp, native
 from daskstream.sources.detect import EXTENSIONS, guess_format
-from daskstream.sources.hdf5_filters import import_h5py
-from daskstream.sources.zarr_ import is_url
+from daskstream.sources.hdf5.filters import import_h5py
+from daskstream.sources.zarr.source import is_url
 
 #: The advice to write over what a target holds.
 OVERWRITE = passing("overwrite", True)

@@ -59,7 +59,7 @@ from daskstream.graph.layers import source_places
 from daskstream.safe_writes import lies_within, os_place
 from daskstream.sources.base import Source
 from daskstream.sources.metadata import ZARR_V2_DIMENSIONS, json_ready
-from daskstream.sources.zarr_nodes import folder_node_type
+from daskstream.sources.zarr.nodes import folder_node_type
 
 # The temporary files zarr's LocalStore writes before renaming them into place.
 ZARR_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")

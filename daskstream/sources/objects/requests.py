@@ -8,7 +8,7 @@ the bytes of one write recorded under the version of another. Its client call
 (``_call_s3``) is the one s3fs's own ``cat_file`` makes.
 Other asynchronous filesystems (GCS, Azure, HTTP...) use their own
 ``_cat_file``; synchronous ones are read one request after another. Errors are
-left as the backends raise them: :class:`daskstream.sources.objects.Place`
+left as the backends raise them: :class:`daskstream.sources.objects.places.Place`
 translates them.
 """
 

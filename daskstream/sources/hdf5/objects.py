@@ -15,8 +15,8 @@ import weakref
 
 from daskstream.sources.contiguous import ObjectBytes, ObjectFile
 from daskstream.sources.handles import cached_handle
-from daskstream.sources.hdf5_filters import import_h5py
-from daskstream.sources.objects import public_options
+from daskstream.sources.hdf5.filters import import_h5py
+from daskstream.sources.objects.places import public_options
 
 
 class _ObjectHdf5:

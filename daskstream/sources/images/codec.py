@@ -195,7 +195,7 @@ def sniff(head: bytes) -> str:
     >>> sniff(b"GIF89a..")
     Traceback (most recent call last):
     ...
-    daskstream.sources.image_codec.BadImage: a GIF image, not JPEG or PNG; convert it to JPEG or PNG, or leave it out
+    daskstream.sources.images.codec.BadImage: a GIF image, not JPEG or PNG; convert it to JPEG or PNG, or leave it out
     """
     if head.startswith(JPEG_MAGIC):
         return "JPEG"

@@ -4,7 +4,7 @@ h5py decodes a filter only when HDF5 finds it (built in, registered by
 hdf5plugin, or a plugin on ``HDF5_PLUGIN_PATH``); where it does not, a read
 fails deep in HDF5, so the error here names the filter and what provides it.
 Filters h5py decodes hold its global lock, those daskstream decodes itself
-(:mod:`~daskstream.sources.hdf5_chunks`) do not: the notes here say which.
+(:mod:`~daskstream.sources.hdf5.chunks`) do not: the notes here say which.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a file of a family is checked by when it is opened: shapes, dtypes, small arrays and raw attributes.
 
 Opening many files of one family reads the full metadata of the first only
-(:class:`~daskstream.sources.hdf5.Hdf5Source`: filters, chunk index, links,
+(:class:`~daskstream.sources.hdf5.source.Hdf5Source`: filters, chunk index, links,
 dimension scales, attributes decoded). Each other file is read here through
 h5py's low-level API for just what proves it matches: one file open, the
 objects named and nothing else, no dimension scale resolved and no attribute
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.sources.base import native
-from daskstream.sources.hdf5_filters import import_h5py
+from daskstream.sources.hdf5.filters import import_h5py
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """A folder (or pattern, list or tar file) of JPEG and PNG images as one array of shape (N, H, W, C), uint8.
 
-:func:`open_images` finds the files (:mod:`daskstream.sources.image_files`),
+:func:`open_images` finds the files (:mod:`daskstream.sources.images.files`),
 checks each one's header in parallel, labels them from their class folders
-or a CSV file (:mod:`daskstream.sources.image_labels`) and returns an
+or a CSV file (:mod:`daskstream.sources.images.labels`) and returns an
 :class:`ImageFolder`, whose ``images`` is a :class:`~daskstream.Source`: every
-read decodes and resizes the images it spans (:mod:`daskstream.sources.image_codec`)
+read decodes and resizes the images it spans (:mod:`daskstream.sources.images.codec`)
 on the reading thread and up to ``threads - 1`` helper threads this process
-shares among its reads (:mod:`daskstream.sources.image_reads`). Pillow
+shares among its reads (:mod:`daskstream.sources.images.reads`). Pillow
 releases the GIL while it decodes and resamples, so the threads decode side
 by side. A source holds the files' names and stamps and the decoding
 arguments, never a file or a thread pool, so it sits in dask graphs and
@@ -35,7 +35,7 @@ from daskstream.errors import (
 from daskstream.files import open_regular
 from daskstream.planning.budget import format_size
 from daskstream.sources.base import Region, Source, file_stamp, listing, now_ns
-from daskstream.sources.image_codec import (
+from daskstream.sources.images.codec import (
     DEFAULT_MAX_PIXELS,
     BadImage,
     DecodeSpec,
@@ -44,9 +44,9 @@ from daskstream.sources.image_codec import (
     read_header,
     require_pillow,
 )
-from daskstream.sources.image_files import Found, candidate, find_images
-from daskstream.sources.image_labels import Labels, csv_labels, folder_labels
-from daskstream.sources.image_reads import FolderFiles, TarMembers, run_parallel
+from daskstream.sources.images.files import Found, candidate, find_images
+from daskstream.sources.images.labels import Labels, csv_labels, folder_labels
+from daskstream.sources.images.reads import FolderFiles, TarMembers, run_parallel
 from daskstream.sources.tokens import source_token
 
 ON_ERROR = ("raise", "skip")
@@ -97,7 +97,7 @@ def open_images(
         one of labels (``label``, ``class``, ``category``, ``target``); names
         are paths below ``path`` or file names, with or without extension;
         whole-number labels are the labels, others class names (sorted,
-        numbered from 0). See :mod:`daskstream.sources.image_labels`.
+        numbered from 0). See :mod:`daskstream.sources.images.labels`.
         ``None``: unlabelled.
     mode
         ``"RGB"`` (3 channels) or ``"L"`` (greyscale, 1 channel). Other

@@ -11,11 +11,11 @@ it decompresses, so two tasks decode on two cores, and nothing else spawns
 threads.
 
 Arrays on object stores are read the same way, their chunk objects fetched
-concurrently (see :mod:`daskstream.sources.objects`), and so are arrays in
-zip files (:mod:`daskstream.sources.zarr_files`). Every decompressor is told
+concurrently (see :mod:`daskstream.sources.objects.places`), and so are arrays in
+zip files (:mod:`daskstream.sources.zarr.files`). Every decompressor is told
 the size it must give (:mod:`daskstream.sources.bounded`). Any other codec
 goes through zarr, whose reads are checked first
-(:mod:`daskstream.sources.zarr_checks`).
+(:mod:`daskstream.sources.zarr.checks`).
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.base import Region, storage_pieces
 from daskstream.sources.bounded import DECODE_ERRORS, blosc_decode, bounded_decoder, gzip_decode, zstd_decode
 from daskstream.sources.chunk_cache import active, keep, kept, on_surface
-from daskstream.sources.zarr_bounds import is_bytes_to_bytes, largest_chunk_file, largest_v3_chunk
-from daskstream.sources.zarr_files import ChunkObjects, LocalChunkFiles, ZipChunkFiles
-from daskstream.sources.zarr_shards import ShardLayout
+from daskstream.sources.zarr.bounds import is_bytes_to_bytes, largest_chunk_file, largest_v3_chunk
+from daskstream.sources.zarr.files import ChunkObjects, LocalChunkFiles, ZipChunkFiles
+from daskstream.sources.zarr.shards import ShardLayout
 
 
 def chunk_reader_for(array: Any, objects: ChunkObjects | None = None) -> ZarrChunkReader | None:
     """A reader for ``array`` when its codecs are decoded here and its chunks are local files, zip members
-    (its store a :func:`~daskstream.sources.zarr_checks.checked_store` over a zip) or ``objects``.
+    (its store a :func:`~daskstream.sources.zarr.checks.checked_store` over a zip) or ``objects``.
 
     ``objects``: the array's chunk objects on an object store, for an array
     zarr opened through fsspec; without it only local directories and zip files are read here.
@@ -122,7 +122,7 @@ class ZarrChunkReader:
         (:mod:`daskstream.sources.chunk_cache`): whole chunks, not shards.
     shards
         How a shard holds its inner chunks, for sharded arrays whose shard
-        files are read in part (:mod:`daskstream.sources.zarr_shards`).
+        files are read in part (:mod:`daskstream.sources.zarr.shards`).
     """
 
     def __init__(

@@ -3,9 +3,9 @@
 The three kinds of store share one source, whose opening, stamps, token and
 listing of members each differ by kind; kept together, a change to one is seen
 beside the others. What it reads the store's metadata with lives beside it:
-nodes (:mod:`~daskstream.sources.zarr_nodes`), codecs
-(:mod:`~daskstream.sources.zarr_codecs`) and the digests its token is made of
-(:mod:`~daskstream.sources.zarr_digests`).
+nodes (:mod:`~daskstream.sources.zarr.nodes`), codecs
+(:mod:`~daskstream.sources.zarr.codecs`) and the digests its token is made of
+(:mod:`~daskstream.sources.zarr.digests`).
 """
 
 from __future__ import annotations
@@ -47,22 +47,22 @@ from daskstream.sources.base import (
 )
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.metadata import plain, zarr_attrs, zarr_dims
-from daskstream.sources.objects import Got, Place, is_url, public_options
+from daskstream.sources.objects.places import Got, Place, is_url, public_options
 from daskstream.sources.tokens import source_token
-from daskstream.sources.zarr_bounds import largest_chunk_file
-from daskstream.sources.zarr_checks import check_zarr_reads, checked_store
-from daskstream.sources.zarr_chunks import chunk_reader_for, reads_shards_in_part
-from daskstream.sources.zarr_codecs import _unavailable_codec, codec_configs, codec_names
-from daskstream.sources.zarr_digests import _listing_digest, _tree_digest, metadata_digest
-from daskstream.sources.zarr_files import ChunkObjects, check_chunk_files
-from daskstream.sources.zarr_nodes import (
+from daskstream.sources.zarr.bounds import largest_chunk_file
+from daskstream.sources.zarr.checks import check_zarr_reads, checked_store
+from daskstream.sources.zarr.chunks import chunk_reader_for, reads_shards_in_part
+from daskstream.sources.zarr.codecs import _unavailable_codec, codec_configs, codec_names
+from daskstream.sources.zarr.digests import _listing_digest, _tree_digest, metadata_digest
+from daskstream.sources.zarr.files import ChunkObjects, check_chunk_files
+from daskstream.sources.zarr.nodes import (
     _MAX_METADATA_BYTES,
     ZARR_METADATA_FILES,
     _arrays_among,
     _check_metadata_files,
     _member_name,
 )
-from daskstream.sources.zarr_shards import MOST_RUN_BYTES
+from daskstream.sources.zarr.shards import MOST_RUN_BYTES
 from daskstream.sources.zip_members import ZipMembers
 
 # What zarr-python raises for metadata it cannot parse or chunks it cannot decode.
@@ -92,14 +92,14 @@ class ZarrSource(Source):
         omitted when the store holds exactly one array.
     storage_options
         Passed to fsspec for URLs (credentials, endpoints...). Secrets among
-        them stay in this process: see :mod:`daskstream.sources.objects`.
+        them stay in this process: see :mod:`daskstream.sources.objects.places`.
 
     Notes
     -----
     ``storage_chunks`` is the chunk grid: the unit a task reads without
     reading more than it needs. Shards in a directory or on an object store
     are read in part (their index, then the byte ranges of the inner chunks a
-    task needs: :mod:`daskstream.sources.zarr_shards`). In a local directory
+    task needs: :mod:`daskstream.sources.zarr.shards`). In a local directory
     that costs no more than reading them whole, so the inner chunks are the
     unit; on an object store each part is a request, and in a zip file shards
     are read whole, so the shards are. ``shard_chunks`` is the grid of files

@@ -3,7 +3,7 @@
 The kinds of element whose bytes are numpy's, the bytes an element takes in
 the file's chunks, whether HDF5 leaves a reader's buffer as it was for data
 never written, and whether the chunk addresses HDF5 reports hold in a file
-with a user block: what decides whether :class:`~daskstream.sources.hdf5.Hdf5Source`
+with a user block: what decides whether :class:`~daskstream.sources.hdf5.source.Hdf5Source`
 reads bytes itself or through h5py.
 """
 

@@ -11,7 +11,7 @@ name's: that is checked when the images are opened.
 
 A tar file's members are indexed once, by :mod:`tarfile`, into their names,
 byte offsets and sizes; reads then take each member's bytes with one
-``os.pread`` at its offset (:class:`~daskstream.sources.image_reads.TarMembers`),
+``os.pread`` at its offset (:class:`~daskstream.sources.images.reads.TarMembers`),
 from any number of threads at once, with no tar object in the read path. A
 compressed tar (``.tar.gz``...) cannot be read so (a member's bytes are not at
 any offset of the file) and is refused with the command that decompresses it.
@@ -38,8 +38,8 @@ from daskstream.errors import (
 )
 from daskstream.files import open_regular
 from daskstream.sources.base import checked_path, file_stamp, listing
-from daskstream.sources.image_codec import JPEG_MAGIC, PNG_MAGIC
-from daskstream.sources.image_reads import Window, stamp_of
+from daskstream.sources.images.codec import JPEG_MAGIC, PNG_MAGIC
+from daskstream.sources.images.reads import Window, stamp_of
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png"})
 _GLOB_CHARACTERS = frozenset("*?[")

@@ -3,7 +3,7 @@
 Each fetcher gives a box's chunk (or shard) bytes in turn, checked on the way:
 a chunk written after the source was opened is a :class:`SourceChangedError`,
 a missing one reads as the fill value, and one larger than the array's codecs
-can store a chunk in (:func:`~daskstream.sources.zarr_bounds.largest_chunk_file`)
+can store a chunk in (:func:`~daskstream.sources.zarr.bounds.largest_chunk_file`)
 is refused before it is read.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from daskstream.errors import CorruptSourceError, DaskstreamError, SourceChangedError, SourceRemovedError
 from daskstream.files import open_regular
 from daskstream.sources.base import REREAD_ADVICE, Region, file_stamp, storage_pieces
-from daskstream.sources.zarr_bounds import check_chunk_size
+from daskstream.sources.zarr.bounds import check_chunk_size
 from daskstream.sources.zip_members import ZipMembers
 
 
@@ -139,7 +139,7 @@ class ChunkObjects:
     Parameters
     ----------
     place
-        The array's prefix (:class:`~daskstream.sources.objects.Place`).
+        The array's prefix (:class:`~daskstream.sources.objects.places.Place`).
     versions
         ``versions()`` returns each object's version when the source was
         listed (key relative to the array -> version). A read object whose

@@ -4,7 +4,7 @@ Where daskstream does not decode an array (its codecs or dtype are zarr's to
 decode: transposes, numcodecs' array filters, variable-length strings...),
 zarr reads it through :func:`checked_store`: each chunk zarr fetches is first
 undone here through the codecs that decompress, every decoder told the most
-it may make (:mod:`daskstream.sources.zarr_bounds`), and a variable-length
+it may make (:mod:`daskstream.sources.zarr.bounds`), and a variable-length
 codec's count of items compared with the chunk's, so a chunk that claims or
 makes more is refused before zarr allocates for it. Over a zip file the same
 store reads every member itself, within the sizes each may hold
@@ -23,21 +23,21 @@ import numpy as np
 
 from daskstream.errors import CorruptSourceError, DaskstreamError
 from daskstream.sources.bounded import DECODE_ERRORS, bounded_decoder
-from daskstream.sources.zarr_bounds import (
+from daskstream.sources.zarr.bounds import (
     decoded_chunk_bytes,
     is_bytes_to_bytes,
     largest_chunk_file,
     largest_v3_chunk,
     reshaped_growth,
 )
-from daskstream.sources.zarr_chunks import (
+from daskstream.sources.zarr.chunks import (
     NotDecodedHere,
     declares_no_growth,
     numcodecs_step,
     v2_decoder,
     v3_decoder,
 )
-from daskstream.sources.zarr_shards import EMPTY
+from daskstream.sources.zarr.shards import EMPTY
 from daskstream.sources.zip_members import ZipMembers
 
 

@@ -42,7 +42,7 @@ from daskstream.errors import (
     first_line,
 )
 from daskstream.sources.handles import cached_handle
-from daskstream.sources.object_requests import (
+from daskstream.sources.objects.requests import (
     MISSING_BUCKET_CODES,
     Got,
     Request,

@@ -32,7 +32,7 @@ from daskstream.sources.base import (
 )
 from daskstream.sources.contiguous import READ_BATCH_BYTES, FileBytes, ObjectBytes, read_contiguous_box
 from daskstream.sources.handles import cached_handle
-from daskstream.sources.hdf5_chunks import (
+from daskstream.sources.hdf5.chunks import (
     DECODABLE,
     CheckedChunks,
     ChunkDecoder,
@@ -40,8 +40,8 @@ from daskstream.sources.hdf5_chunks import (
     ChunkIndex,
     FilterCheck,
 )
-from daskstream.sources.hdf5_datasets import _find_dataset
-from daskstream.sources.hdf5_filters import (
+from daskstream.sources.hdf5.datasets import _find_dataset
+from daskstream.sources.hdf5.filters import (
     HDF5_LOCK_NOTE,
     PARALLEL_DECODE_NOTE,
     _first_chunk_filtered_by_missing,
@@ -49,15 +49,13 @@ from daskstream.sources.hdf5_filters import (
     filter_names,
     import_h5py,
 )
-from daskstream.sources.hdf5_layout import (
+from daskstream.sources.hdf5.layout import (
     _RAW_READABLE_KINDS,
     _chunk_addresses_hold,
     _leaves_buffer_unfilled,
     _stored_itemsize,
 )
-from daskstream.sources.hdf5_objects import _ObjectHdf5, object_hdf5
-from daskstream.sources.hdf5_types import hdf5_type_text, readable_dtype
-from daskstream.sources.linked import (
+from daskstream.sources.hdf5.linked import (
     LinkedFile,
     check_external_links,
     check_linked_files,
@@ -65,8 +63,10 @@ from daskstream.sources.linked import (
     linked_files,
     refuse_links_out_of_object,
 )
+from daskstream.sources.hdf5.objects import _ObjectHdf5, object_hdf5
+from daskstream.sources.hdf5.types import hdf5_type_text, readable_dtype
 from daskstream.sources.metadata import hdf5_attrs, hdf5_dims, hdf5_scales
-from daskstream.sources.objects import Got, Place, is_url
+from daskstream.sources.objects.places import Got, Place, is_url
 from daskstream.sources.tokens import source_token
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Hdf5Source(Source):
         exactly one.
     storage_options
         fsspec options for a URL (endpoint, credentials...). Secrets among
-        them stay in this process: see :mod:`daskstream.sources.objects`.
+        them stay in this process: see :mod:`daskstream.sources.objects.places`.
     head
         The object's first bytes as :func:`daskstream.sources.detect.probe_url`
         fetched them, which saves opening a URL one request.
@@ -101,7 +101,7 @@ class Hdf5Source(Source):
     datasets of plain numeric types are read straight from their byte offset,
     without h5py's global lock; so are chunked ones whose filters are among
     deflate, shuffle, Fletcher-32, zstd and blosc, decoded in parallel (see
-    :mod:`daskstream.sources.hdf5_chunks`).
+    :mod:`daskstream.sources.hdf5.chunks`).
 
     On an object store (``path`` an fsspec URL), the file is opened with
     h5py reading through an :class:`~daskstream.sources.contiguous.ObjectFile`:
