@@ -28,7 +28,14 @@ _PHASE = {"now": "while starting; nothing was done"}
 
 
 def command_process() -> bool:
-    """Whether this process is the ``daskstream`` command (the console script or ``python -m daskstream``)."""
+    """Whether this process is the ``daskstream`` command (the console script or ``python -m daskstream``).
+
+    Not a process the command's scheduler or cluster started: a spawned worker imports daskstream with the
+    command's ``sys.argv`` but its own interpreter command line, and is stopped by the command, silently.
+    """
+    started = " ".join(getattr(sys, "orig_argv", ()))
+    if "--multiprocessing-fork" in started or "spawn_main" in started or "forkserver" in started:
+        return False
     program = os.path.basename(sys.argv[0]) if sys.argv else ""
     if program in ("daskstream", "daskstream.exe"):
         return True
