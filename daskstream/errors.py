@@ -261,9 +261,16 @@ def shown(value: Any, limit: int = 40) -> str:
     '100000000000...000000 (51 characters)'
     >>> shown([1, 2])
     '[1, 2]'
+    >>> shown(10**5000)
+    'an int of 16610 bits'
     """
     # Arrays as lists ([1, 2] rather than array([1, 2])); scalars as numpy writes them (np.float64(nan)).
-    text = repr(value.tolist() if getattr(value, "ndim", 0) and hasattr(value, "tolist") else value)
+    try:
+        text = repr(value.tolist() if getattr(value, "ndim", 0) and hasattr(value, "tolist") else value)
+    except ValueError:
+        # An int past Python's limit on the digits it converts to text (sys.set_int_max_str_digits), alone or
+        # inside a container: said by its size.
+        return f"an int of {value.bit_length()} bits" if isinstance(value, int) else f"a {type(value).__name__}"
     if len(text) <= limit:
         return text
     return f"{text[: max(12, limit // 2 - 8)]}...{text[-6:]} ({len(text)} characters)"

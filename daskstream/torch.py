@@ -25,9 +25,9 @@ import numpy as np
 
 from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
-from daskstream.errors import InvalidArgumentError
+from daskstream.errors import InvalidArgumentError, shown
 from daskstream.streaming import stream
-from daskstream.streaming.states import check_state, shown_value
+from daskstream.streaming.states import check_state
 
 torch = optional_import("torch", package="torch", needed_for="daskstream.torch", extra="torch")
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402 - only once torch is known to import
@@ -303,7 +303,7 @@ def _dataset_states(loader_state: dict[str, Any]) -> dict[Any, Any]:
     workers = snapshot.get("_worker_snapshots", {}) if isinstance(snapshot, dict) else snapshot
     if not isinstance(workers, dict):
         raise InvalidArgumentError(
-            f"the StatefulDataLoader state's _snapshot is {shown_value(snapshot)}, expected a dict whose "
+            f"the StatefulDataLoader state's _snapshot is {shown(snapshot)}, expected a dict whose "
             "'_worker_snapshots' is a dict of each worker's snapshot: load a state that "
             "StatefulDataLoader.state_dict() returned, unchanged"
         )
@@ -311,7 +311,7 @@ def _dataset_states(loader_state: dict[str, Any]) -> dict[Any, Any]:
     for key, worker_snapshot in workers.items():
         if worker_snapshot is not None and not isinstance(worker_snapshot, dict):
             raise InvalidArgumentError(
-                f"the StatefulDataLoader state's snapshot of {key!r} is {shown_value(worker_snapshot)}, expected a "
+                f"the StatefulDataLoader state's snapshot of {key!r} is {shown(worker_snapshot)}, expected a "
                 "dict (its 'dataset_state' is the worker's position): load a state that "
                 "StatefulDataLoader.state_dict() returned, unchanged"
             )
@@ -362,8 +362,8 @@ def _job_position(states: dict[Any, Any], plan: Any) -> dict[str, Any]:
     workers = sorted(state["plan"]["worker"] for state in checked.values())
     if len(epochs) != 1 or workers != list(range(saved["num_workers"])):
         raise InvalidArgumentError(
-            f"the StatefulDataLoader state holds the positions of workers {shown_value(workers)} of "
-            f"{saved['num_workers']} in epochs {shown_value(sorted(epochs))}: a job position needs every worker's, "
+            f"the StatefulDataLoader state holds the positions of workers {shown(workers)} of "
+            f"{saved['num_workers']} in epochs {shown(sorted(epochs))}: a job position needs every worker's, "
             "once each, in one epoch"
         )
     alike = _one_loaders(first)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import daskstream as ds
-from daskstream.errors import InvalidArgumentError, SourceChangedError
+from daskstream.errors import InvalidArgumentError, SourceChangedError, shown
 from daskstream.planning.streams import SHARES
 from daskstream.streaming.states import (
     INT64_LIMIT,
@@ -28,7 +28,6 @@ from daskstream.streaming.states import (
     STATE_FORMAT,
     Saved,
     check_state,
-    shown_value,
 )
 
 LENGTH, BATCH = 60, 7
@@ -240,7 +239,7 @@ def test_a_tampered_state_is_refused_naming_the_field_and_changes_nothing(case):
     elif value is UNKNOWN:
         assert f"{name} is not a field of a stream's" in message
     else:
-        assert f"{name} is {shown_value(value)}, expected " in message
+        assert f"{name} is {shown(value)}, expected " in message
     assert message.count("load_state_dict takes") == 1
     assert what_a_stream_holds(s) == held
     first, second = EPOCHS[config]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from daskstream.errors import InvalidArgumentError, SourceChangedError
+from daskstream.errors import InvalidArgumentError, SourceChangedError, shown
 from daskstream.planning.streams import shards_digest
 from daskstream.streaming.plan import StreamPlan
-from daskstream.streaming.states import STATE_FORMAT, check_state, shown_value
+from daskstream.streaming.states import STATE_FORMAT, check_state
 
 # What a state's plan may differ in when an elastic stream resumes from a global position.
 _ELASTIC_FREE = ("world_size", "rank", "worker", "num_workers")
@@ -111,7 +111,7 @@ class StreamCheckpoints(StreamPlan):
         if state["data"] != data:
             raise SourceChangedError(
                 f"the saved stream state is of other data than this stream's {', '.join(i.name for i in self.inputs)}"
-                f" (saved: {shown_value(state['data'], 200)}, now: {shown_value(data, 200)}): the data changed since "
+                f" (saved: {shown(state['data'], 200)}, now: {shown(data, 200)}): the data changed since "
                 "the state was saved, so its position would not name the same items; start the epoch again without "
                 "the state"
             )
@@ -133,9 +133,7 @@ class StreamCheckpoints(StreamPlan):
                 "state saved with num_workers=0"
             )
         elif differs:
-            said = "; ".join(
-                f"{key} {shown_value(was)} then, {shown_value(now)} now" for key, (was, now) in differs.items()
-            )
+            said = "; ".join(f"{key} {shown(was)} then, {shown(now)} now" for key, (was, now) in differs.items())
             hint = (
                 " (make the stream with elastic=True to resume on another world size or number of workers)"
                 if set(differs) <= {*_ELASTIC_FREE, "shards"}

@@ -198,7 +198,7 @@ def _seed(value: Any, saved: Saved) -> str | None:
         )
     if 0 <= value < INT64_LIMIT or value == saved.seed:
         return None
-    own = f" or this stream's own seed {shown_value(saved.seed)}" if saved.seed is not None else ""
+    own = f" or this stream's own seed {shown(saved.seed)}" if saved.seed is not None else ""
     return f"an int from 0 to 2**63 - 1 (the seeds a stream draws){own}"
 
 
@@ -280,11 +280,11 @@ def check_state(state: Any, *, seed: int | None) -> dict[str, Any]:
     """
     if not isinstance(state, dict) or not isinstance(state.get("format"), str) or state["format"] != STATE_FORMAT:
         if not isinstance(state, dict):
-            found = f"{type(state).__name__} {shown_value(state)}"
+            found = f"{type(state).__name__} {shown(state)}"
         elif "format" in state:
-            found = f"a dict of format {shown_value(state['format'])}"
+            found = f"a dict of format {shown(state['format'])}"
         else:
-            found = f"a dict without a format: {shown_value(state)}"
+            found = f"a dict without a format: {shown(state)}"
         raise InvalidArgumentError(
             f"load_state_dict takes what a daskstream stream's state_dict() returned (a dict whose format is "
             f"{STATE_FORMAT!r}), not {found}"
@@ -306,14 +306,6 @@ def check_state(state: Any, *, seed: int | None) -> dict[str, Any]:
         f"{'; '.join(problems)}. Nothing was loaded; the stream is as it was. Load the state as state_dict() "
         "returned it (JSON and torch.save keep it), or start the epoch without one"
     )
-
-
-def shown_value(value: Any, limit: int = 40) -> str:
-    """``value`` for a message (:func:`~daskstream.errors.shown`), also an int too long for ``str``."""
-    try:
-        return shown(value, limit)
-    except ValueError:  # an int past Python's limit on digits converted (sys.set_int_max_str_digits)
-        return f"an int of {value.bit_length()} bits" if isinstance(value, int) else f"a {type(value).__name__}"
 
 
 def _label(key: Any, within: str) -> str:
@@ -338,7 +330,7 @@ def _layout_problems(values: dict[Any, Any], fields: tuple[Field, ...], within: 
                 problems.append(f"{_label(field.name, within)} is missing, expected {field.kind.text}")
         elif not field.kind.test(values[field.name]):
             value = values[field.name]
-            problems.append(f"{_label(field.name, within)} is {shown_value(value)}, expected {field.kind.text}")
+            problems.append(f"{_label(field.name, within)} is {shown(value)}, expected {field.kind.text}")
     return problems
 
 
@@ -348,9 +340,7 @@ def _range_problems(values: dict[str, Any], fields: tuple[Field, ...], within: s
         if field.within is not None and field.name in values:
             expected = field.within(values[field.name], saved)
             if expected is not None:
-                problems.append(
-                    f"{_label(field.name, within)} is {shown_value(values[field.name])}, expected {expected}"
-                )
+                problems.append(f"{_label(field.name, within)} is {shown(values[field.name])}, expected {expected}")
     return problems
 
 
