@@ -123,13 +123,11 @@ def recover_folder(target: str, staged: str, aside: str) -> None:
     if not os.path.isdir(aside) or os.path.islink(aside):
         return
     with deferred_stop():
-        if os.path.lexists(target):
-            pass
-        elif os.path.isdir(staged):
+        if not os.path.lexists(target):
+            if not os.path.isdir(staged):
+                os.replace(aside, target)
+                return
             os.replace(staged, target)
-        else:
-            os.replace(aside, target)
-            return
     shutil.rmtree(aside, ignore_errors=True)
 
 

@@ -153,12 +153,13 @@ class ZarrTarget(Target):
         rather than writing in place: always, unless the target holds this very store unfinished."""
         self._check_parents()
         self._check_links()
-        if self._node_kind() not in ("array", None):
+        kind = self._node_kind()
+        if kind not in ("array", None):
             return False  # a group or foreign data: _prepare refuses it
         recorded = self._recorded_identity()
         if recorded is not None and resume and not recorded.differences(identity):
             return False
-        return self._node_kind() == "array" or recorded is not None
+        return kind == "array" or recorded is not None
 
     def _staged_target(self) -> ZarrTarget:
         staged, _ = self._swap_places()
