@@ -525,7 +525,11 @@ def store(
     Returns
     -------
     dask.array.Array
-        The stored array, read back from the target. For an
+        The stored array, read back from the target: a
+        :class:`~daskstream.compute.store.result.StoredArray`, whose
+        ``result`` and repr say what the store wrote and what an earlier,
+        interrupted run had written before (every store also logs that line
+        on the ``daskstream.store`` logger, at INFO). For an
         ``xarray.DataArray`` or ``Dataset`` (written with their dimension
         names, coordinates and attributes, as xarray writes them to Zarr:
         :mod:`daskstream.compute.store.labelled`), what ``xr.open_zarr`` of

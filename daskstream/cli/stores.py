@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from typing import Any
 
 import click
@@ -32,6 +31,7 @@ from daskstream.compute.limits import codec_limit
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import CodecChoice
 from daskstream.compute.store.named_codecs import HDF5_FILTER_NAMES, NAMED_CODECS
+from daskstream.compute.store.result import StoreTally
 from daskstream.planning.budget import format_size
 from daskstream.runtime.progress import BlockProgress
 from daskstream.runtime.resources import resources_for
@@ -111,7 +111,7 @@ def store(
             compressor, choice = _auto_codec(
                 x, target, target_dataset, overwrite, optimize, int(zarr_format), where.quiet, as_json
             )
-        tally = _StoreTally(None if where.quiet else BlockProgress(f"store {target}", int(x.nbytes)))
+        tally = StoreTally(None if where.quiet else BlockProgress(f"store {target}", int(x.nbytes)))
         with spelled(dataset="--target-dataset", storage_options="--target-storage-option"):
             stored = ds.store(
                 x,
@@ -129,24 +129,6 @@ def store(
             )
     adaptation = getattr(stored, "adaptation", None)
     _print_store_summary(tally, x, source, target, target_dataset, as_json, choice, target_options, adaptation)
-
-
-class _StoreTally:
-    """Counts what a store does from its progress reports, passing them on to a bar."""
-
-    def __init__(self, bar: BlockProgress | None) -> None:
-        self.bar = bar
-        self.shows = bar is not None  # store then shows a rechunk's first pass too
-        self.total = 0
-        self.done_before: int | None = None
-        self.started = time.perf_counter()
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.done_before is None:  # the first report says how many blocks an earlier run had written
-            self.done_before = done
-        self.total = total
-        if self.bar is not None:
-            self.bar(done, total)
 
 
 def _auto_codec(
@@ -182,7 +164,7 @@ def _array_exists(path: str, member: str | None, kind: str) -> bool:
 
 
 def _print_store_summary(
-    tally: _StoreTally,
+    tally: StoreTally,
     x: Any,
     source: str,
     target: str,
@@ -192,25 +174,24 @@ def _print_store_summary(
     storage_options: dict[str, Any] | None = None,
     adaptation: Any = None,
 ) -> None:
-    seconds = time.perf_counter() - tally.started
-    before = tally.done_before or 0
-    written = tally.total - before
+    done = tally.result(target)
     on_disk = stored_bytes(target, dataset=target_dataset, storage_options=storage_options)
     summary = {
         "source": source,
         "target": target,
-        "blocks": tally.total,
-        "blocks_written": written,
-        "already_complete": written == 0 and tally.total > 0,
+        "blocks": done.blocks,
+        "blocks_written": done.written,
+        "blocks_done_before": done.done_before,
+        "already_complete": done.already_complete,
         "bytes_in": int(x.nbytes),
         "bytes_stored": on_disk,
         "ratio": round(int(x.nbytes) / on_disk, 3) if on_disk else None,
-        "seconds": round(seconds, 3),
+        "seconds": round(done.seconds, 3),
     }
     # The rate of the blocks written in this run beside the codec's encode limit, once there is enough to say.
     at = RateBesideLimit.of(
-        int(x.nbytes) * written // max(tally.total, 1),
-        seconds,
+        int(x.nbytes) * done.written // max(done.blocks, 1),
+        done.seconds,
         lambda: codec_limit(
             ds.open(target, dataset=target_dataset, storage_options=storage_options),
             threads=resources_for(x).threads,
@@ -225,13 +206,13 @@ def _print_store_summary(
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     elif summary["already_complete"]:
-        click.echo(f"{target}: already complete: {tally.total} blocks; nothing written")
+        click.echo(str(done))
     else:
-        resumed = f", {before} done before" if before else ""
+        resumed = f", {done.done_before} done before" if done.done_before else ""
         ratio = f" (ratio {summary['ratio']:.2f})" if summary["ratio"] else ""
         click.echo(
-            f"{source} -> {target}: {written} of {tally.total} blocks written{resumed}, "
-            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {seconds:.2f} s{at.text()}"
+            f"{source} -> {target}: {done.written} of {done.blocks} blocks written{resumed}, "
+            f"{format_size(int(x.nbytes))} in, {format_size(on_disk)} on disk{ratio}, {done.seconds:.2f} s{at.text()}"
         )
     if adaptation is not None and not as_json and not summary["already_complete"]:
         click.echo(adaptation.explain())
@@ -330,7 +311,7 @@ def convert(
         choice = None
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, where.quiet, as_json)
-        tally = _StoreTally(None if where.quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
+        tally = StoreTally(None if where.quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
         # The target's options, as the convert command names them.
         with spelled(storage_options="--target-storage-option"):
             stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,

@@ -7,6 +7,7 @@ Everything is written to real files and read back with zarr, h5py or
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -400,8 +401,41 @@ def test_a_failed_store_resumes_with_only_the_missing_blocks(tmp_path, fmt):
     assert computed_blocks(counter) == sorted(every - done)
     assert calls[0] == (len(done), 8)
     assert calls[-1] == (8, 8)
+    # What it resumed, said as the command says it.
+    assert (y.result.blocks, y.result.written, y.result.done_before) == (8, 8 - len(done), len(done))
+    assert y.result.resumed
+    assert not y.result.already_complete
+    assert repr(y).startswith(f"stored {target}: {8 - len(done)} of 8 blocks written, {len(done)} done before, ")
     assert not progress_record_exists(target)
     assert not list(Path(target.split("::")[0]).parent.rglob("*.partial"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_store_logs_what_it_wrote_and_what_it_found_done(tmp_path, fmt, caplog):
+    data = oracle(np.float32, (16, 10))
+    flags, counter = bookkeeping(tmp_path, fail_at=6)
+    target, kw = target_for(tmp_path, fmt)
+    caplog.set_level(logging.INFO, logger="daskstream.store")
+    x = failing_array(data, flags, counter)
+    with dask.config.set(scheduler="sync"), pytest.raises(Boom):
+        store(x, target, memory_budget=budget_for_batches(x, 2), **kw)
+    assert not caplog.records  # a store that failed finished nothing: its error says so
+    (flags / "fail-at").unlink()
+
+    resumed = store(failing_array(data, flags, counter), target, **kw).result
+    again = store(failing_array(data, flags, counter), target, **kw)
+    shown = [record.getMessage() for record in caplog.records]
+    assert 0 < resumed.done_before < 8
+    assert resumed.written == 8 - resumed.done_before
+    assert shown[0] == f"store {resumed}"
+    assert f", {resumed.done_before} done before, " in shown[0]
+    assert shown[1] == f"store {target}: already complete: 8 blocks; nothing written"
+    assert again.result.already_complete
+    assert not again.result.resumed
+    # Whatever is computed from the stored array is a plain dask array, and reads what was stored.
+    assert type(again * 1) is da.Array
+    np.testing.assert_array_equal((again * 1).compute(), data * 3)
+    assert again._repr_html_().startswith(f"<p><b>stored</b> {target}: already complete")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

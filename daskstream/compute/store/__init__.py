@@ -34,6 +34,7 @@ from daskstream.compute.store.codecs import choose_codec
 from daskstream.compute.store.hdf5_target import Hdf5Target
 from daskstream.compute.store.object_target import ObjectZarrTarget
 from daskstream.compute.store.record import StoreIdentity
+from daskstream.compute.store.result import StoredArray, StoreTally, log_result
 from daskstream.compute.store.target import Carried, ProgressCallback, Target, target_format
 from daskstream.compute.store.zarr_target import ZarrTarget
 from daskstream.errors import (
@@ -76,7 +77,7 @@ def store(
     storage_options: dict[str, Any] | None = None,
     compressor: Any = _UNSET,
     carried: Carried | None = None,
-) -> da.Array:
+) -> StoredArray:
     """Write a dask array to a Zarr store or an HDF5 dataset, out of core and resumably.
 
     Parameters
@@ -165,9 +166,14 @@ def store(
 
     Returns
     -------
-    dask.array.Array
+    StoredArray
         ``daskstream.open`` of the written array with the budget the store
-        planned for: lazy, reading from disk.
+        planned for: lazy, reading from disk. A ``dask.array.Array`` whose
+        ``result`` (:class:`~daskstream.compute.store.result.StoreResult`)
+        says what the store did, as its repr does: blocks written, blocks an
+        earlier interrupted run had written and this one resumed from, the
+        time taken. The same line goes to the ``daskstream.store`` logger at
+        INFO (``logging.basicConfig(level="INFO")`` shows it).
 
     Raises
     ------
@@ -236,6 +242,10 @@ def store(
     >>> y = store(x, os.path.join(folder, "twice.zarr"))
     >>> y.compute().tolist()
     [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
+    >>> y.result.written, y.result.done_before
+    (3, 0)
+    >>> store(x, os.path.join(folder, "twice.zarr")).result.already_complete
+    True
     >>> z = store(x, os.path.join(folder, "twice.h5::/data"))
     >>> int(z.sum().compute())
     90
@@ -247,7 +257,7 @@ def store(
             )
         codec = compressor
     x = _regular(_check_array(x))
-    report = _progress_reporter(progress, target, x)
+    report = tally = StoreTally(_progress_reporter(progress, target, x))
     path, member = split_dataset(checked_path(target, "target"), dataset)
     if member is not None:
         member = checked_path(member, "dataset")
@@ -307,8 +317,7 @@ def store(
     if finished is not None and not finished.differences(identity):
         # The same computation stored there before, to the end: nothing to write.
         total = math.prod(x.numblocks)
-        if report:
-            report(total, total)
+        report(total, total)
     else:
         first = computed_once_layers(x)
         if first:
@@ -322,8 +331,10 @@ def store(
         if record.folder is not None:
             shutil.rmtree(record.folder, ignore_errors=True)
 
+    result = tally.result(os.fspath(target) if dataset is None else f"{os.fspath(target)}::{dataset}")
+    log_result(result)
     written = open_source(writer.path, dataset=writer.member, storage_options=storage_options)
-    return source_array(written, "auto", settings)
+    return StoredArray.of(source_array(written, "auto", settings), result)
 
 
 def stored_bytes(
