@@ -166,8 +166,19 @@ class StreamDataset(IterableDataset):
         if info is None:
             return self._plan
         if self._worker_stream is None or self._worker_stream.num_workers != info.num_workers:
-            self._worker_stream = self._stream(info.id, info.num_workers)
+            self._worker_stream = self._worker_share(info)
         return self._worker_stream
+
+    def _worker_share(self, info: Any) -> Any:
+        """A loader worker's own stream, made once per worker process."""
+        made = self._stream(info.id, info.num_workers)
+        made.loop_ends_epoch = False
+        if not self._epoch_calls:
+            # Workers started afresh each epoch see the same epoch every time: the DataLoader's per-epoch
+            # seed (shared by a loader's workers) changes the order of the items instead. Set as the worker
+            # starts, so that every state it saves (its first included) holds it; a state loaded brings its own.
+            made.order_entropy = int(info.seed) - int(info.id)
+        return made
 
     def state_dict(self) -> dict[str, Any]:
         """Where the batches this copy handed out end (see :meth:`daskstream.Stream.state_dict`).
@@ -217,7 +228,7 @@ class StreamDataset(IterableDataset):
             return
         if info is not None:
             # A worker's own position (StatefulDataLoader): a fresh share, not one a job position moved.
-            self._worker_stream = self._stream(info.id, info.num_workers)
+            self._worker_stream = self._worker_share(info)
         self._load(self._consumer(), state)
 
     def _load(self, consumer: Any, state: dict[str, Any]) -> None:
@@ -230,13 +241,14 @@ class StreamDataset(IterableDataset):
         self._shared[2] = 0
 
     def __iter__(self) -> Any:
-        # Eager, not a generator: the epoch and the position are taken now, as StatefulDataLoader reads
-        # state_dict() right after iter() and before the first batch.
+        # The epoch and the position are settled now, as StatefulDataLoader reads state_dict() right after
+        # iter() and before the first batch; the epoch counts as iterated with its first batch, so that an
+        # iterator made and dropped unused (torchdata makes one to restore a state, then another once the
+        # saved epoch had ended) leaves the next one the same epoch.
         info = get_worker_info()
         self._follow_set_epoch()
         batches = self._consumer()
         epoch = self._epoch_base + self._iterations
-        self._iterations += 1
         shared = None
         resumed = False
         if info is not None:
@@ -244,17 +256,16 @@ class StreamDataset(IterableDataset):
             if position is not None and int(self._shared[2]) and position["epoch"] == epoch:
                 batches.load_state_dict(position)
                 resumed = True
-            elif not self._epoch_calls and batches.state_dict()["batches"] == 0:
-                # Workers started afresh each epoch see the same epoch every time: the DataLoader's
-                # per-epoch seed (shared by a loader's workers) changes the order of the items instead.
-                batches.order_entropy = int(info.seed) - int(info.id)
             batches.in_caller_thread = True
             shared = _SharedBatches()
             batches.allocate = shared
         if batches.epoch != epoch:
             batches.set_epoch(epoch)
         done = self._drop_job_position if resumed else None
-        return _as_tensors(iter(batches), shared, done)
+        return _as_tensors(iter(batches), shared, self._counted_iteration, done)
+
+    def _counted_iteration(self) -> None:
+        self._iterations += 1
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers plan their own share; the main process's plan (and its open sources) stays here, but its
@@ -275,10 +286,11 @@ class StreamDataset(IterableDataset):
         return f"<daskstream StreamDataset: {self._plan!r}>"
 
 
-def _as_tensors(batches: Any, shared: _SharedBatches | None, done: Any = None) -> Any:
+def _as_tensors(batches: Any, shared: _SharedBatches | None, started: Any, done: Any = None) -> Any:
     """The stream's batches as tensors (made in shared memory in a worker), tuples as :class:`Batch`;
-    ``done()`` once they are all handed out."""
+    ``started()`` once the first is asked for, ``done()`` once they are all handed out."""
     as_tensor = torch.from_numpy if shared is None else shared.tensor
+    started()
     for batch in batches:
         if isinstance(batch, tuple):
             yield Batch(*(as_tensor(part) for part in batch))

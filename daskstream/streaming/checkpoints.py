@@ -49,8 +49,11 @@ class StreamCheckpoints(StreamPlan):
         -------
         dict
             ``epoch`` and ``batches``: the next iteration yields epoch
-            ``epoch`` from this consumer's batch ``batches`` (an epoch whose
-            batches were all handed out is the next epoch at 0); ``seed``;
+            ``epoch`` from this consumer's batch ``batches``: after the
+            epoch's last batch, the epoch with all its batches (a resumed
+            iteration yields none, and the one after it starts the next
+            epoch), or, once the loop over the epoch has ended (the iterator
+            is exhausted), the next epoch at 0; ``seed``;
             ``data`` and ``plan``: what the arrays and the split were, so that
             a changed source or plan is refused; for an elastic stream,
             ``start`` (the global batch the epoch's shares were cut from) and,
@@ -60,12 +63,15 @@ class StreamCheckpoints(StreamPlan):
             ``torch.save`` keep them).
         """
         if self._position is not None:
-            epoch, batches, start = self._position
+            epoch, batches, start, ended = self._position
         elif self._resume is not None:
-            epoch, batches, start = self._resume
+            (epoch, batches, start), ended = self._resume, 0
         else:
-            epoch, batches, start = self.epoch, 0, 0
-        if batches >= self._batches_left(start):
+            epoch, batches, start, ended = self.epoch, 0, 0, 0
+        if ended and self.loop_ends_epoch:
+            # The consumer asked past the epoch's last batch: its loop is over, the next one is the next epoch.
+            # A state saved after the last batch but within the loop (at its last step) resumes where it is,
+            # yielding nothing more of the epoch, as torchdata's loaders do.
             epoch, batches, start = epoch + 1, 0, 0
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
@@ -81,10 +87,6 @@ class StreamCheckpoints(StreamPlan):
             if self.num_workers == 1:
                 state["global_batches"] = int(min(start + batches * self.world_size, self.global_batches))
         return state
-
-    def _batches_left(self, start: int) -> int:
-        """Batches this consumer yields in an epoch whose shares were cut from global batch ``start``."""
-        return len(self._elastic_batches(start)) if self.elastic else len(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration resume where ``state`` (from :meth:`state_dict`) ends.

@@ -58,6 +58,7 @@ class StreamPlan:
     num_workers: int
     elastic: bool
     read_next_epoch: bool
+    loop_ends_epoch: bool
     threads: int
     order_entropy: int | None
     block_bounds: list[tuple[int, int]]
@@ -67,7 +68,8 @@ class StreamPlan:
     extra_reads: int
     prefetch: int
     epoch: int
-    # Where the batches handed out end, and a loaded state to resume from: see Stream.__init__.
+    # Where the batches handed out end (epoch, batches, start, whether the epoch's loop has ended), and a loaded
+    # state to resume from: see Stream.__init__.
     _position: list[int] | None
     _resume: tuple[int, int, int] | None
 
@@ -180,7 +182,11 @@ class StreamPlan:
         ``epoch`` from its first batch).
         """
         epoch = int(epoch)
-        if self._resume is not None and self._resume[0] != epoch and self._resume[1:] != (0, 0):
+        if (
+            self._resume is not None
+            and self._resume[0] != epoch
+            and 0 < self._resume[1] < self._batches_left(self._resume[2])
+        ):
             warnings.warn(
                 f"the state loaded into this stream resumes epoch {self._resume[0]} at batch {self._resume[1]}; "
                 f"set_epoch({epoch}) starts epoch {epoch} from its first batch instead",
@@ -190,6 +196,10 @@ class StreamPlan:
             self._resume = None
         self.epoch = epoch
         self._position = None
+
+    def _batches_left(self, start: int) -> int:
+        """Batches this consumer yields in an epoch whose shares were cut from global batch ``start``."""
+        return len(self._elastic_batches(start)) if self.elastic else len(self)
 
     def _order_rng(self, epoch: int) -> np.random.Generator:
         """The shards' order: shared by every rank and worker (from ``seed``), or fresh without one."""

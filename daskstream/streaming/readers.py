@@ -49,16 +49,25 @@ class StreamReading(StreamPlan):
     def __iter__(self) -> Iterator[Any]:
         cap_malloc_arenas()  # the reader threads share freed memory (daskstream.compute.malloc-arenas)
         epoch, start, first = self.epoch, 0, 0
-        resume, self._resume = self._resume, None
+        resume = self._resume
         if resume is not None and resume[0] == epoch:
             _, first, start = resume
+        # Where the batches handed out end is this epoch's from now on (a state saved before the first batch
+        # is this epoch's start); but the epoch and a loaded state are taken with the first batch asked for,
+        # so an iterator made and dropped unused (torchdata's loaders make one to restore a state, then
+        # another) leaves the next one the same epoch.
+        position = self._position = [epoch, first, start, 0]
+        return self._claimed(position)
+
+    def _claimed(self, position: list[int]) -> Iterator[Any]:
+        epoch, first, start, _ = position
+        self._resume = None
         self.epoch = epoch + 1
-        position = self._position = [epoch, first, start]
         if self.in_caller_thread:
             batches = self._in_caller_thread(epoch, first, start)
         else:
             batches = self._iterate(epoch, first, start)
-        return _counted(batches, position)
+        yield from _counted(batches, position)
 
     def _in_caller_thread(self, epoch: int, first: int, start: int) -> Iterator[Any]:
         stop = threading.Event()
@@ -290,11 +299,13 @@ class StreamReading(StreamPlan):
 
 def _counted(batches: Iterator[Any], position: list[int]) -> Iterator[Any]:
     """``batches``, counting in ``position[1]`` each one handed out (before the consumer has it, so that a
-    state saved while it is used resumes after it)."""
+    state saved while it is used resumes after it), and setting ``position[3]`` once the consumer has
+    asked past the last (the epoch is over for it: a state saved then resumes at the next epoch)."""
     try:
         for batch in batches:
             position[1] += 1
             yield batch
+        position[3] = 1
     finally:
         close = getattr(batches, "close", None)
         if close is not None:

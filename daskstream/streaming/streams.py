@@ -287,6 +287,10 @@ class Stream(StreamReading, StreamCheckpoints, StreamView):
         # Form batches in the iterating thread (reads still run ahead): for a loader worker, which is
         # the prefetching process already, a second thread handing batches over only costs time.
         self.in_caller_thread = False
+        # Whether an epoch ends with the loop over it, so that a state saved after the loop resumes at the next
+        # epoch. Not in a loader worker: its share may end while the loader's epoch goes on, and the loader
+        # itself starts the next epoch once every worker's has ended.
+        self.loop_ends_epoch = True
         # Reading threads, kept between epochs, and the next epoch's first reads, begun during the last one.
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._primed: tuple[int, list[tuple[int, int]], deque] | None = None
@@ -298,7 +302,8 @@ class Stream(StreamReading, StreamCheckpoints, StreamView):
         self.read_rows, self.extra_reads = self._reads(prefetch)
         self.prefetch = self._prefetch(prefetch)
         self.epoch = 0
-        # Where the batches handed out end: [epoch, batches yielded, global batch the epoch started from].
+        # Where the batches handed out end: [epoch, batches yielded, global batch the epoch started from,
+        # whether the loop over the epoch has ended].
         self._position: list[int] | None = None
         # A loaded state's (epoch, batches, start), applied by the next iteration of that epoch.
         self._resume: tuple[int, int, int] | None = None

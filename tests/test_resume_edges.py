@@ -1,0 +1,145 @@
+"""A resume at any position of an epoch, the first batch to past the last, yields exactly what was left.
+
+``Stream`` over generated sizes, splits and positions (hypothesis); torchdata's
+``StatefulDataLoader`` with 0 to 4 workers, persistent or not, at the positions
+where a loader's workers differ: before any has yielded, while some have not,
+the last batches (workers whose share has ended), after the last, and after
+the loop over the epoch has ended.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from stream_helpers import indexed
+
+import daskstream as ds
+
+ENDED = -1  # a position: the loop over the epoch ran to its end, then the state was saved
+
+
+def rows(batch) -> list[int]:
+    part = batch[0] if isinstance(batch, tuple) else batch
+    return [int(v) for v in np.asarray(part)[:, 0]]
+
+
+@pytest.fixture(scope="module")
+def sizes_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("resume-edges")
+
+
+def stored_rows(folder, n: int) -> str:
+    path = folder / f"rows-{n}.npy"
+    if not path.exists():
+        np.save(path, indexed(n=n, width=2))
+    return str(path)
+
+
+def cut_and_resume(made, position: int) -> tuple[list, list, list, list]:
+    """The uninterrupted epochs 0 and 1, and the batches before and after a state saved at ``position``
+    (then the epoch after the resumed one)."""
+    uninterrupted = made()
+    epoch_zero = [rows(b) for b in uninterrupted]
+    epoch_one = [rows(b) for b in uninterrupted]
+    first = made()
+    if position == ENDED:
+        before = [rows(b) for b in first]
+    else:
+        batches = iter(first)
+        before = [rows(next(batches)) for _ in range(position)]
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = made()
+    resumed.load_state_dict(state)
+    after = [rows(b) for b in resumed]
+    return epoch_zero, epoch_one, before, after + [rows(b) for b in resumed]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 400),
+    batch_size=st.integers(1, 48),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    elastic=st.booleans(),
+    world=st.integers(1, 3),
+    workers=st.integers(1, 3),
+    data=st.data(),
+)
+def test_a_stream_resumed_at_any_position_yields_exactly_the_rest(
+    sizes_folder, n, batch_size, drop_last, shuffle, elastic, world, workers, data
+):
+    rank = data.draw(st.integers(0, world - 1), label="rank")
+    worker = data.draw(st.integers(0, workers - 1), label="worker")
+    path = stored_rows(sizes_folder, n)
+
+    def made():
+        return ds.stream(
+            path, batch_size=batch_size, drop_last=drop_last, shuffle=shuffle, seed=11, elastic=elastic,
+            rank=rank, world_size=world, worker=worker, num_workers=workers, shuffle_blocks=2, memory_budget="1MiB",
+        )  # fmt: skip
+
+    batches = len(made())
+    position = data.draw(st.sampled_from([ENDED, *range(batches + 1)]), label="position")
+    epoch_zero, epoch_one, before, after = cut_and_resume(made, position)
+    if position == ENDED:
+        # The loop over the epoch had ended: the state is the next epoch's start.
+        assert after[: len(epoch_one)] == epoch_one
+    else:
+        # The rest of the epoch (nothing after its last batch), then the next epoch as it would have come.
+        assert before + after == epoch_zero + epoch_one
+
+
+# --- torchdata's StatefulDataLoader ---------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+from daskstream.torch import StreamDataset  # noqa: E402 - only where torch is installed
+
+ROWS, BATCH = 203, 10  # 21 batches, the last of 3 rows: shares of 21 batches split unevenly among workers
+
+
+def loader_positions(workers: int, batches: int) -> list[int]:
+    """The states worth saving with ``workers``: none yielded, some workers not yet, the last batches
+    (some workers' shares over), after the last, after the loop."""
+    early = range(min(workers + 2, batches + 1))
+    late = range(max(0, batches - workers - 1), batches + 1)
+    return [*sorted({*early, *late}), ENDED]
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # more workers than cores here
+@pytest.mark.parametrize(
+    ("workers", "persistent"), [(0, False), (1, False), (2, False), (2, True), (3, False), (4, True)]
+)
+@pytest.mark.parametrize("elastic", [False, True], ids=["split", "elastic"])
+def test_a_stateful_dataloader_resumed_anywhere_yields_exactly_the_rest(sizes_folder, workers, persistent, elastic):
+    path = stored_rows(sizes_folder, ROWS)
+
+    def loader():
+        torch.manual_seed(5)  # the DataLoader's seed mixes the items of workers started afresh each epoch
+        dataset = StreamDataset(path, batch_size=BATCH, shuffle=True, seed=1, elastic=elastic)
+        return stateful.StatefulDataLoader(dataset, batch_size=None, num_workers=workers, persistent_workers=persistent)
+
+    uninterrupted = loader()
+    epoch_zero = [rows(b) for b in uninterrupted]
+    epoch_one = [rows(b) for b in uninterrupted]
+    assert sorted(r for b in epoch_zero for r in b) == list(range(ROWS))
+    for position in loader_positions(workers, len(epoch_zero)):
+        interrupted = loader()
+        batches = iter(interrupted)
+        before = [rows(b) for b in batches] if position == ENDED else [rows(next(batches)) for _ in range(position)]
+        state = interrupted.state_dict()
+        del batches, interrupted
+        resumed = loader()
+        resumed.load_state_dict(state)
+        after = [rows(b) for b in resumed]
+        if position == ENDED:
+            assert after == epoch_one, "a state saved after the loop resumes at the next epoch"
+            continue
+        assert before + after == epoch_zero, f"resumed after {position} of {len(epoch_zero)} batches"
+        assert [rows(b) for b in resumed] == epoch_one, f"and the epoch after, from {position}"
