@@ -93,6 +93,22 @@ def test_a_stream_resumed_at_any_position_yields_exactly_the_rest(
         assert before + after == epoch_zero + epoch_one
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 300), batch_size=st.integers(1, 40), world=st.integers(1, 5), shuffle=st.booleans())
+def test_elastic_padding_repeats_fewer_items_than_ranks(sizes_folder, n, batch_size, world, shuffle):
+    path = stored_rows(sizes_folder, n)
+    ranks = [
+        ds.stream(path, batch_size=batch_size, shuffle=shuffle, seed=2, elastic=True, rank=r, world_size=world)
+        for r in range(world)
+    ]
+    taken = [[row for batch in rank for row in rows(batch)] for rank in ranks]
+    assert len({len(rank) for rank in ranks}) == 1  # the same number of steps on every rank
+    assert all(len(items) <= -(-n // world) for items in taken)
+    every = [row for items in taken for row in items]
+    assert set(every) == set(range(n))
+    assert len(every) - n <= world - 1
+
+
 # --- torchdata's StatefulDataLoader ---------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

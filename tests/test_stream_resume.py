@@ -239,10 +239,14 @@ def test_an_elastic_order_is_the_same_for_any_world_size_and_workers(stored, shu
 
 def test_elastic_ranks_get_equal_batch_counts_when_padded(stored):
     counts = [len(ds.stream(stored, batch_size=50, elastic=True, rank=r, world_size=4)) for r in range(4)]
-    assert counts == [16] * 4  # 61 global batches, padded to 64
+    assert counts == [16] * 4  # 61 global batches: 15 steps of four whole ones, then the last item cut in four
     order = job_order(stored, 4)
     assert len(order) == 64
-    assert set(list(itertools.chain.from_iterable(order))) == set(range(N))
+    taken = list(itertools.chain.from_iterable(order))
+    assert set(taken) == set(range(N))
+    assert len(taken) == 4 * -(-N // 4)  # each rank ceil(N / 4) items: 3 repeated, not 3 batches
+    assert [len(batch) for batch in order[-4:]] == [1, 1, 1, 1]
+    assert set(taken[-3:]) <= set(order[0])  # the padding wraps to the epoch's first items
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])

@@ -302,6 +302,63 @@ def elastic_batches(
     return (start + rank + steps * world_size) % max(total, 1)
 
 
+def elastic_shares(shares: str, drop_last: bool) -> str:
+    """The shares an elastic stream's epoch is cut with: with ``drop_last``, ``"pad"``'s last pieces would be
+    partial batches, so they are dropped as ``"drop"`` drops them.
+
+    >>> elastic_shares("pad", True), elastic_shares("pad", False), elastic_shares("uneven", True)
+    ('drop', 'pad', 'uneven')
+    """
+    return "drop" if shares == "pad" and drop_last else shares
+
+
+def elastic_rows(
+    length: int,
+    batch_size: int,
+    drop_last: bool,
+    start: int,
+    world_size: int,
+    rank: int,
+    shares: str,
+    worker: int,
+    workers: int,
+) -> np.ndarray:
+    """The ``(low, high)`` positions in the epoch's sequence of each batch a consumer of an elastic stream
+    takes, in order; ``high`` past ``length`` wraps to the sequence's start.
+
+    The consumer's batches are global batches (:func:`elastic_batches`),
+    ``batch_size`` items each, except with ``"pad"`` the last step's: the
+    items left after the last step of whole global batches are cut into one
+    piece per rank, ``ceil(left / world_size)`` items each, the last piece
+    wrapping to the epoch's first items. So every rank takes the same number
+    of steps, at most ``ceil(items / world_size)`` items (from ``start``),
+    and at most ``world_size - 1`` items are repeated, where whole global
+    batches would repeat up to ``world_size - 1`` batches.
+
+    >>> elastic_rows(25, 4, False, 0, 2, 0, "pad", 0, 1).tolist()  # 25 items: 13 each, item 0 twice
+    [[0, 4], [8, 12], [16, 20], [24, 25]]
+    >>> elastic_rows(25, 4, False, 0, 2, 1, "pad", 0, 1).tolist()
+    [[4, 8], [12, 16], [20, 24], [25, 26]]
+    >>> elastic_rows(25, 4, False, 0, 2, 0, "uneven", 1, 2).tolist()  # worker 1 of 2 takes steps 1 and 3
+    [[8, 12], [24, 25]]
+    """
+    shares = elastic_shares(shares, drop_last)
+    total = batch_count(length, batch_size, drop_last)
+    steps = np.arange(worker, elastic_steps(total, start, world_size, rank, shares), workers, dtype=np.int64)
+    low = ((start + rank + steps * world_size) % max(total, 1)) * batch_size
+    bounds = np.stack([low, np.minimum(low + batch_size, length)], axis=1)
+    if shares == "pad":
+        left = max(0, length - start * batch_size)
+        whole = left // (world_size * batch_size)
+        tail = left - whole * world_size * batch_size
+        if tail:
+            piece = -(-tail // world_size)
+            # Fewer items than ranks wrap more than once: a piece is never longer than the sequence.
+            first = ((start + whole * world_size) * batch_size + rank * piece) % length
+            bounds[steps == whole] = (first, first + piece)
+    return bounds
+
+
 def shards_digest(bounds: list[tuple[int, int]]) -> str:
     """A short stable name of a list of shards, to tell in a saved state that the split is the same.
 
@@ -380,6 +437,8 @@ __all__ = [
     "auto_prefetch",
     "batch_count",
     "elastic_batches",
+    "elastic_rows",
+    "elastic_shares",
     "elastic_steps",
     "order_bytes",
     "plan_reads",

@@ -22,7 +22,8 @@ from daskstream.planning.streams import (
     StreamLayout,
     auto_prefetch,
     batch_count,
-    elastic_batches,
+    elastic_rows,
+    elastic_shares,
     elastic_steps,
     plan_reads,
     plan_shards,
@@ -124,7 +125,8 @@ class StreamPlan:
     def rank_batches(self) -> int:
         """Batches this consumer's rank yields each epoch, over all its workers."""
         if self.elastic:
-            return elastic_steps(self.global_batches, 0, self.world_size, self.rank, self.shares)
+            shares = elastic_shares(self.shares, self.drop_last)
+            return elastic_steps(self.global_batches, 0, self.world_size, self.rank, shares)
         low, high = self._rank_run()
         return self._batches_of(high - low)
 
@@ -134,9 +136,18 @@ class StreamPlan:
         return self._batches_of(self.length)
 
     def _elastic_batches(self, start: int) -> np.ndarray:
-        """The global batches this consumer takes from global batch ``start`` on (see :func:`elastic_batches`)."""
-        return elastic_batches(
-            self.global_batches, start, self.world_size, self.rank, self.shares, self.worker, self.num_workers
+        """The ``(low, high)`` positions of the batches this consumer takes from global batch ``start`` on
+        (see :func:`elastic_rows`)."""
+        return elastic_rows(
+            self.length,
+            self.batch_size,
+            self.drop_last,
+            start,
+            self.world_size,
+            self.rank,
+            self.shares,
+            self.worker,
+            self.num_workers,
         )
 
     # -- planning: this machine (reads, prefetch, memory) ------------------------------

@@ -182,20 +182,22 @@ class StreamReading(StreamPlan):
         plan = self._elastic_epoch(epoch, start, first)
         reads = self._read_ahead(epoch, plan.reads, stop, waits)
         if not self.shuffle:
-            for parts in reads:
-                yield self._emit(parts)
+            for parts in plan.parts:
+                read = [next(reads) for _ in parts]
+                # A batch past the end of the epoch's sequence ("pad") wraps to its start: two reads.
+                yield self._emit(read[0] if len(read) == 1 else _joined(read, self.axis))
             return
         held: dict[int, tuple[list[list[np.ndarray]], np.ndarray]] = {}
         arrived = 0
-        for batch, (low, high) in zip(plan.batches, plan.entries, strict=True):
-            while arrived <= high:
+        for entries in plan.entries:
+            while arrived <= entries[-1][1]:
                 window = plan.needed[arrived]
                 shards = [next(reads) for _ in plan.windows[window]]
                 held[arrived] = (shards, window_order(self._window_rng(epoch, window), int(plan.sizes[window])))
                 arrived += 1
-            for entry in [entry for entry in held if entry < low]:
+            for entry in [entry for entry in held if entry < entries[0][0]]:
                 del held[entry]  # no later batch of this consumer takes from it
-            yield self._emit(plan.gather(int(batch), (low, high), held, self.axis, self.allocate))
+            yield self._emit(plan.gather(entries, held, self.axis, self.allocate))
         for _ in reads:  # none left: lets the reader finish the epoch (and begin the next one's reads)
             pass
 
@@ -310,6 +312,11 @@ def _counted(batches: Iterator[Any], position: list[int]) -> Iterator[Any]:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _joined(reads: list[list[np.ndarray]], axis: int) -> list[np.ndarray]:
+    """Reads of the same inputs, one after the other along ``axis``."""
+    return [np.concatenate(parts, axis=axis) for parts in zip(*reads, strict=True)]
 
 
 def _cancel(futures: Any) -> None:

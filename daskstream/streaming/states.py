@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from daskstream.errors import InvalidArgumentError, shown
-from daskstream.planning.streams import SHARES, batch_count, elastic_steps, rank_run, worker_share
+from daskstream.planning.streams import SHARES, batch_count, elastic_shares, elastic_steps, rank_run, worker_share
 
 # The layout of what state_dict returns; a state of another layout is refused, not misread.
 STATE_FORMAT = "daskstream.stream/1"
@@ -106,6 +106,8 @@ class Saved:
         plan = self.plan
         length, size, drop_last = int(plan["length"]), int(plan["batch_size"]), bool(plan["drop_last"])
         world_size, rank, shares = int(plan["world_size"]), int(plan["rank"]), plan["shares"]
+        if plan["elastic"]:
+            shares = elastic_shares(shares, drop_last)
         worker, num_workers = int(plan["worker"]), int(plan["num_workers"])
         if plan["elastic"]:
             # Python ranges rather than elastic_batches' arrays: no array however large the numbers.

@@ -30,8 +30,11 @@ class StreamView(StreamPlan):
         """The items this consumer yields in an epoch, as runs of the epoch's sequence."""
         if not self.elastic:
             return [(self.share[0], self.share[1])]
-        rows = self.batch_size
-        return [(int(g) * rows, min(int(g) * rows + rows, self.length)) for g in self._elastic_batches(0)]
+        delivered = []
+        for low, high in self._elastic_batches(0).tolist():
+            # "pad"'s last piece may wrap past the end to the sequence's start.
+            delivered += [(low, min(high, self.length))] + ([(0, high - self.length)] if high > self.length else [])
+        return delivered
 
     def explain(self) -> str:
         """Plain-text account of the split, the order, the reads and what the stream holds."""
