@@ -24,14 +24,32 @@ Contenders (each resizes with Pillow's antialiased bilinear filter, as
 * ``ds.open_images``: ``source.read()`` of the folder opened with ``threads=``
   (Pillow with draft, as chosen; reading the files included). Its open -- a
   header check of every file, on the same threads -- is timed apart (a second
-  open, the first having imported Pillow's readers) and given per file.
+  open, the first having imported Pillow's readers) and given per file;
+  ``ds.open_images fast``: the same with ``quality="fast"`` (JPEGs decoded
+  down to half the target's pixels in each direction, then resampled).
+
+Pipelines, as a training loop runs them: two epochs in batches of 64, timed
+together and given per epoch (the first batch of tf.data's, which traces it,
+untimed):
+
+* ``tf.data``: tf.data's pipeline as its guide writes it --
+  ``from_tensor_slices(files).map(read_file + decode_jpeg + resize,
+  num_parallel_calls=AUTOTUNE).batch(64).prefetch(AUTOTUNE)`` on a private
+  pool of ``--threads`` threads; ``tf.image.resize``'s default, bilinear
+  without antialiasing (cheaper, aliased when it shrinks);
+  ``tf.data antialias`` with ``antialias=True``;
+* ``ds.stream`` and ``ds.stream fast``: ``ds.stream(open_images(...).images,
+  batch_size=64, shuffle=True)`` with ``num_workers`` set to ``--threads``,
+  accurate and fast (reading the second epoch's first images during the
+  first's last batches, as by default).
 
 Quality: the PSNR of each contender's arrays against Pillow's full decode
 resized with Lanczos (higher is closer; the full-decode contenders' own figure
 is the bilinear filter's).
 
     python -m benchmarks.images [--count 64] [--sizes 500x375,1024x768] [--target 224x224]
-                                [--threads 2] [--repeats 5] [--out benchmarks/results/images]
+                                [--threads 2] [--repeats 5] [--contenders a,b,...]
+                                [--out benchmarks/results/images]
 """
 
 from __future__ import annotations
@@ -52,7 +70,19 @@ from benchmarks.open_sum import machine_info, usable_cpus
 from benchmarks.timing import write_results
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-CONTENDERS = ("pillow", "pillow draft", "simplejpeg", "simplejpeg scaled", "imagecodecs", "ds.open_images")
+CONTENDERS = (
+    "pillow",
+    "pillow draft",
+    "simplejpeg",
+    "simplejpeg scaled",
+    "imagecodecs",
+    "ds.open_images",
+    "ds.open_images fast",
+    "tf.data",
+    "tf.data antialias",
+    "ds.stream",
+    "ds.stream fast",
+)
 
 # Runs in a fresh interpreter: decodes every file of a folder to the target size, threads at once.
 TIMER = r"""
@@ -88,16 +118,55 @@ elif name == "imagecodecs":
         return resized(Image.fromarray(imagecodecs.jpeg8_decode(data)))
 
 opened = None
-if name == "ds.open_images":
+quality = "fast" if name.endswith(" fast") else "accurate"
+if name.startswith("ds.open_images"):
     import daskstream as ds
     ds.open_images(folder, size=(height, width), threads=threads)  # (imports Pillow's readers: timed apart)
     start = time.perf_counter()
-    source = ds.open_images(folder, size=(height, width), threads=threads).images
+    source = ds.open_images(folder, size=(height, width), threads=threads, quality=quality).images
     opened = time.perf_counter() - start
     source.read((slice(0, 2 * threads),))
     start = time.perf_counter()
     out = source.read()
     seconds = time.perf_counter() - start
+elif name.startswith("ds.stream"):
+    # The pipeline a training loop iterates: shuffled batches of 64, read ahead on the stream's threads.
+    import dask
+    import daskstream as ds
+    with dask.config.set(num_workers=threads):
+        source = ds.open_images(folder, size=(height, width), labels=None, threads=threads, quality=quality).images
+        stream = ds.stream(source, batch_size=64, shuffle=True, seed=0)
+        start = time.perf_counter()
+        batches = [batch for batch in stream]
+        batches += [batch for batch in stream][:0]  # the second epoch, timed with the first
+        seconds = (time.perf_counter() - start) / 2
+    out = list(np.concatenate(batches))
+    if len(sys.argv) > 6:  # compared image by image: the in-order stream of the same files
+        out = list(np.concatenate(list(ds.stream(source, batch_size=64, read_next_epoch=False))))
+elif name.startswith("tf.data"):
+    # tf.data's pipeline as its guide writes it: decode_jpeg, resize (bilinear; antialias=False unless
+    # named), parallel map, batch, prefetch, on a private pool of `threads` threads.
+    import tensorflow as tf
+    antialias = name.endswith("antialias")
+    def load(path):
+        image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+        return tf.cast(tf.image.resize(image, (height, width), antialias=antialias), tf.uint8)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    pipeline = (
+        tf.data.Dataset.from_tensor_slices(files)
+        .map(load, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(64)
+        .prefetch(tf.data.AUTOTUNE)
+        .with_options(options)
+    )
+    for _ in pipeline.take(1):
+        pass  # traced and started once, untimed
+    start = time.perf_counter()
+    batches = [batch.numpy() for batch in pipeline]
+    batches += [batch.numpy() for batch in pipeline][:0]  # the second epoch, timed with the first
+    seconds = (time.perf_counter() - start) / 2
+    out = list(np.concatenate(batches))
 else:
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         list(pool.map(decode, blobs[: 2 * threads]))
@@ -160,19 +229,25 @@ def timed(name: str, folder: Path, threads: int, target: tuple[int, int], keep: 
     return json.loads(done.stdout)
 
 
-def versions() -> dict[str, str]:
-    import imagecodecs
+def versions(contenders: list[str]) -> dict[str, str]:
     import PIL
-    import simplejpeg
     from PIL import features
 
-    return {
-        "Pillow": PIL.__version__,
-        "Pillow libjpeg-turbo": str(features.version("libjpeg_turbo")),
-        "simplejpeg": simplejpeg.__version__,
-        "imagecodecs": imagecodecs.__version__,
-        "imagecodecs libjpeg": imagecodecs.jpeg8_version(),
-    }
+    found = {"Pillow": PIL.__version__, "Pillow libjpeg-turbo": str(features.version("libjpeg_turbo"))}
+    if any(name.startswith("simplejpeg") for name in contenders):
+        import simplejpeg
+
+        found["simplejpeg"] = simplejpeg.__version__
+    if "imagecodecs" in contenders:
+        import imagecodecs
+
+        found["imagecodecs"] = imagecodecs.__version__
+        found["imagecodecs libjpeg"] = imagecodecs.jpeg8_version()
+    if any(name.startswith("tf.data") for name in contenders):
+        import tensorflow as tf
+
+        found["tensorflow"] = tf.__version__
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -183,7 +258,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write <out>.md and <out>.json")
+    parser.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help=f"comma-separated, of: {', '.join(CONTENDERS)}"
+    )
     args = parser.parse_args(argv)
+    contenders = args.contenders.split(",")
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    if unknown:
+        parser.error(f"unknown contenders: {', '.join(unknown)}")
     tw, th = (int(n) for n in args.target.split("x"))
     rows: list[dict[str, Any]] = []
     opened_us: dict[str, float] = {}
@@ -194,20 +276,20 @@ def main(argv: list[str] | None = None) -> None:
             write_photos(folder, h, w, args.count)
             best = reference(folder, th, tw)
             quality = {}
-            for name in CONTENDERS:
+            for name in contenders:
                 kept = os.path.join(scratch, "out.npy")
                 timed(name, folder, 1, (th, tw), kept)
                 quality[name] = psnr(np.load(kept), best)
             times: dict[tuple[str, int], list[float]] = {}
             opens: list[float] = []
             for _ in range(max(3, args.repeats)):
-                for name in CONTENDERS:
+                for name in contenders:
                     for threads in sorted({1, args.threads}):
                         run = timed(name, folder, threads, (th, tw))
                         times.setdefault((name, threads), []).append(run["seconds"])
                         if run["opened"] is not None and threads == args.threads:
                             opens.append(run["opened"])
-            for name in CONTENDERS:
+            for name in contenders:
                 one = statistics.median(times[name, 1])
                 many = statistics.median(times[name, args.threads])
                 rows.append(
@@ -220,7 +302,8 @@ def main(argv: list[str] | None = None) -> None:
                         "PSNR dB": quality[name],
                     }
                 )
-            opened_us[size] = statistics.median(opens) / args.count * 1e6
+            if opens:
+                opened_us[size] = statistics.median(opens) / args.count * 1e6
             print(f"{size} done", file=sys.stderr)
     command = "python -m benchmarks.images " + " ".join(argv if argv is not None else sys.argv[1:])
     header = list(rows[0])
@@ -228,7 +311,12 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         lines.append("| " + " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
     machine = machine_info(args.threads)
-    info = {"cpu": machine["cpu"], "usable CPUs": usable_cpus(), "python": machine["versions"]["python"], **versions()}
+    info = {
+        "cpu": machine["cpu"],
+        "usable CPUs": usable_cpus(),
+        "python": machine["versions"]["python"],
+        **versions(contenders),
+    }
     opening = [
         f"- ds.open_images, header check at open: {us:.0f} us a file ({size}, {args.threads} threads)"
         for size, us in opened_us.items()

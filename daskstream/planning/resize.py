@@ -104,7 +104,9 @@ def fitted_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, 
     return out_w, out_h
 
 
-def decode_at_least(width: int, height: int, target: tuple[int, int], policy: str) -> tuple[int, int]:
+def decode_at_least(
+    width: int, height: int, target: tuple[int, int], policy: str, quality: str = "accurate"
+) -> tuple[int, int]:
     """``(width, height)`` a scaled JPEG decoding must keep the image at, at least, for ``policy``'s resample.
 
     A JPEG decoder can decode at 1/2, 1/4 or 1/8 scale for a fraction of the
@@ -114,13 +116,32 @@ def decode_at_least(width: int, height: int, target: tuple[int, int], policy: st
     is the target itself: a cropped region of an image at least the target's
     size in both directions is too. For ``"pad"``, the fitted size.
 
+    ``quality="fast"`` keeps half of that in each direction (rounded up):
+    the decode may then have down to half the lines the target has, which
+    the resample stretches, for fewer pixels decoded; detail finer than half
+    the target's resolution is lost, as a resample without antialiasing
+    loses it to aliasing.
+
     >>> decode_at_least(1024, 768, (224, 224), "crop"), decode_at_least(1024, 768, (224, 224), "pad")
     ((224, 224), (224, 168))
+    >>> decode_at_least(1024, 768, (224, 224), "crop", "fast")
+    (112, 112)
     """
     out_h, out_w = target
-    if policy == "pad":
-        return fitted_size(width, height, target)
-    return out_w, out_h
+    wanted = fitted_size(width, height, target) if policy == "pad" else (out_w, out_h)
+    if quality == "fast":
+        return -(-wanted[0] // 2), -(-wanted[1] // 2)
+    return wanted
 
 
-__all__ = ["RESIZE_POLICIES", "Resize", "check_resize_policy", "decode_at_least", "fitted_size", "plan_resize"]
+QUALITIES = ("accurate", "fast")
+
+__all__ = [
+    "QUALITIES",
+    "RESIZE_POLICIES",
+    "Resize",
+    "check_resize_policy",
+    "decode_at_least",
+    "fitted_size",
+    "plan_resize",
+]

@@ -191,6 +191,45 @@ def test_scaled_jpeg_decoding_is_as_good_as_a_full_decode(tmp_path):
     assert np.abs(got - full).max() < 24
 
 
+@pytest.mark.parametrize("resize", ["stretch", "crop", "pad"])
+def test_the_fast_decode_is_a_jpeg_decoded_at_half_the_pixels_then_resampled(tmp_path, resize):
+    # A photo four times the target: the accurate path decodes at 1/4 scale, the fast one at 1/8.
+    path = save(tmp_path / "big.jpg", photo(4 * SIZE[1], 4 * SIZE[0], 11))
+    fast = ds.open_images([path], size=SIZE, resize=resize, quality="fast")
+    got = fast.images.read()[0]
+    accurate = ds.open_images([path], size=SIZE, resize=resize).images.read()[0]
+    with Image.open(path) as image:
+        fitted = contained(image.size, SIZE[::-1]) if resize == "pad" else SIZE[::-1]
+        image.draft("RGB", tuple(-(-side // 2) for side in fitted))
+        assert image.size == (SIZE[1] // 2, SIZE[0] // 2)  # Pillow's own scaled decode, at 1/8
+        buffer = io.BytesIO()
+        image.convert("RGB").save(buffer, format="PNG")
+    buffer.seek(0)
+    np.testing.assert_array_equal(got, oracle(buffer, size=SIZE, resize=resize))
+    # Coarser than the accurate path, but the same picture.
+    difference = np.abs(got.astype(float) - accurate)
+    assert 0 < difference.mean() < 4
+    assert "fast" in repr(fast)
+
+
+def test_the_fast_decode_leaves_pngs_and_jpegs_below_the_target_as_the_accurate_one(tmp_path):
+    # A PNG is decoded whole either way; a JPEG smaller than the target has no smaller scale to take.
+    files = [
+        save(tmp_path / "big.png", photo(4 * SIZE[1], 4 * SIZE[0], 12)),
+        save(tmp_path / "s.jpg", photo(33, 21, 3)),
+    ]
+    np.testing.assert_array_equal(
+        ds.open_images(files, size=SIZE, quality="fast").images.read(), ds.open_images(files, size=SIZE).images.read()
+    )
+
+
+@pytest.mark.parametrize("quality", ["Fast", "draft", None, 1])
+def test_an_unknown_quality_is_refused_naming_both(photos, quality):
+    root, _ = photos
+    with pytest.raises(InvalidArgumentError, match=r"quality=.*'accurate'.*'fast'"):
+        ds.open_images(root, size=SIZE, quality=quality)
+
+
 def test_reads_of_any_part_match_the_whole(photos):
     root, files = photos
     source = ds.open_images(root, size=SIZE).images

@@ -30,7 +30,7 @@ from daskstream.advice import keyword, said
 from daskstream.dependencies import optional_import
 from daskstream.errors import InvalidArgumentError
 from daskstream.planning.budget import format_size
-from daskstream.planning.resize import check_resize_policy, decode_at_least, plan_resize
+from daskstream.planning.resize import QUALITIES, check_resize_policy, decode_at_least, plan_resize
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -88,6 +88,9 @@ class DecodeSpec:
         Whether images are turned upright as their EXIF orientation says.
     max_pixels
         The largest ``width * height`` a file's header may declare.
+    quality
+        ``"accurate"`` or ``"fast"``: how far a JPEG's scaled decoding may go
+        (:func:`~daskstream.planning.resize.decode_at_least`).
     """
 
     size: tuple[int, int]
@@ -95,9 +98,12 @@ class DecodeSpec:
     resize: str
     exif_orientation: bool
     max_pixels: int
+    quality: str = "accurate"
 
     @classmethod
-    def checked(cls, size: Any, mode: Any, resize: Any, exif_orientation: Any, max_pixels: Any) -> DecodeSpec:
+    def checked(
+        cls, size: Any, mode: Any, resize: Any, exif_orientation: Any, max_pixels: Any, quality: Any = "accurate"
+    ) -> DecodeSpec:
         """The spec of these arguments, each checked, or an :class:`InvalidArgumentError` naming the one that is not."""
         if (
             not isinstance(size, tuple | list)
@@ -120,15 +126,20 @@ class DecodeSpec:
             raise InvalidArgumentError(f"exif_orientation={exif_orientation!r}: use True or False")
         if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels <= 0:
             raise InvalidArgumentError(f"max_pixels={max_pixels!r}: give a positive number of pixels")
-        return cls((int(size[0]), int(size[1])), mode, resize, exif_orientation, max_pixels)
+        if not isinstance(quality, str) or quality not in QUALITIES:
+            raise InvalidArgumentError(
+                said(keyword("quality", quality), ": use 'accurate' (the default) or 'fast' (JPEGs decoded smaller)")
+            )
+        return cls((int(size[0]), int(size[1])), mode, resize, exif_orientation, max_pixels, quality)
 
     @property
     def channels(self) -> int:
         return MODES[self.mode]
 
     def describe(self) -> str:
-        """``"224x224 RGB, crop"``."""
-        return f"{self.size[0]}x{self.size[1]} {self.mode}, {self.resize}"
+        """``"224x224 RGB, crop"`` (``", fast"`` after it for the fast decode)."""
+        fast = ", fast" if self.quality == "fast" else ""
+        return f"{self.size[0]}x{self.size[1]} {self.mode}, {self.resize}{fast}"
 
 
 @dataclass(frozen=True)
@@ -255,8 +266,9 @@ def decode_into(data: bytes, out: np.ndarray, spec: DecodeSpec) -> None:
     """Decode the JPEG or PNG file ``data`` into ``out``, an array of ``spec.size + (channels,)``, as ``spec`` says.
 
     JPEG files are decoded at the smallest of 1/8, 1/4, 1/2 and full scale
-    that keeps at least the pixels the resample needs
-    (:func:`~daskstream.planning.resize.decode_at_least`), then resampled
+    that keeps at least the pixels the resample needs (half of them in each
+    direction for ``spec.quality == "fast"``:
+    :func:`~daskstream.planning.resize.decode_at_least`), then resampled
     with Pillow's bilinear filter, which is antialiased when it shrinks (its
     support widens with the scale, so every source pixel counts). For
     ``"pad"``, ``out`` must hold zeros: only the image's part is written.
@@ -278,7 +290,7 @@ def decode_into(data: bytes, out: np.ndarray, spec: DecodeSpec) -> None:
             width, height = opened.size
             if orientation in _SWAPS_AXES:
                 width, height = height, width
-            want_w, want_h = decode_at_least(width, height, spec.size, spec.resize)
+            want_w, want_h = decode_at_least(width, height, spec.size, spec.resize, spec.quality)
             # The request is in the file's own frame, before the turn upright.
             opened.draft(spec.mode, (want_h, want_w) if orientation in _SWAPS_AXES else (want_w, want_h))
         opened.load()
