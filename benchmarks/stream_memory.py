@@ -4,8 +4,10 @@ Each case runs in a fresh interpreter: a stream over one of the benchmark
 data sets (:mod:`benchmarks.samples`) and a training loop at its worst for
 memory -- it first takes batches as fast as they come, so that the stream,
 found waiting, adds every read ahead its budget allows, then steps slowly
-enough that every read ahead, shuffle window and queued batch fills up. Two
-peaks are taken over the epoch:
+enough that every read ahead, shuffle window and queued batch fills up; it
+steps slowly again over the epoch's last batches and the next epoch's first
+ones, while the stream reads the next epoch's first shards. Two peaks are
+taken over the whole epoch and the turn to the next:
 
 * **traced**: what Python and numpy allocate (``tracemalloc``), the memory
   the stream's objects hold;
@@ -58,10 +60,14 @@ traced_start = tracemalloc.get_traced_memory()[0]
 resident_start = status("VmRSS:")
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets VmHWM to the present size
+# Slowly over the first windows once the reads ahead have grown, then fast, then slowly again across
+# the turn of the epoch, while the next epoch's first reads are begun, and into the next epoch.
 for n, batch_held in enumerate(s):
-    if n > fast:
+    if fast < n <= fast + slow or n >= len(s) - slow:
         time.sleep(step)
-    if n > fast + slow:
+for n, batch_held in enumerate(s):
+    time.sleep(step)
+    if n > slow:
         break
 traced = tracemalloc.get_traced_memory()[1] - traced_start
 resident = status("VmHWM:") - resident_start

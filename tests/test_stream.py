@@ -399,7 +399,7 @@ def test_ranks_on_machines_of_different_sizes_split_alike(tmp_path):
 def test_a_change_under_a_stream_says_what_to_do_in_a_training_loop(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, indexed(n=4000))
-    s = ds.stream(str(path), batch_size=100, prefetch=1, memory_budget="256KiB")
+    s = ds.stream(str(path), batch_size=100, prefetch=1, memory_budget="512KiB")
     batches = iter(s)
     next(batches)
     np.save(path, indexed(n=4000) + 1)

@@ -31,8 +31,9 @@ SPLIT_THREADS = 4
 MAX_EXTRA_READS = 8
 SHARES = ("pad", "drop", "uneven")
 
-#: What a stream's threads, queues and futures take whatever the data (Python objects; measured ~40 KiB).
-BOOKKEEPING_BYTES = 64 * 2**10
+#: What a stream's threads, queues, futures and the parts of its reads take whatever the data (Python
+#: objects; measured ~100 KiB with every read ahead in flight, tests/test_stream.py's slow loop).
+BOOKKEEPING_BYTES = 128 * 2**10
 #: One read's entry in an epoch's list of reads (a tuple of two ints: ~120 B).
 READ_ENTRY_BYTES = 128
 
@@ -74,7 +75,7 @@ class StreamLayout:
         """What the stream holds at most, term by term, for reads of ``read`` bytes and batches of ``batch``.
 
         >>> StreamLayout(1000, 8, shuffle=False, shuffle_blocks=0, threads=2).terms(800, 80, 2, 0)
-        {'read ahead': 2400, 'decoding': 0, 'allocator reserve': 1680, 'shuffle window': 0, 'shuffle order': 0, 'reads kept by batches': 800, 'batches ready': 160, 'batch forming': 160, 'batch in use': 80, 'bookkeeping': 68096}
+        {'read ahead': 2400, 'decoding': 0, 'allocator reserve': 3280, 'shuffle window': 0, 'shuffle order': 0, 'reads kept by batches': 800, 'batches ready': 160, 'batch forming': 160, 'batch in use': 80, 'bookkeeping': 133632}
         """
         threads = self.threads if threads is None else threads
         window_items = self.shuffle_blocks * read // max(1, self.item_bytes)
@@ -92,10 +93,12 @@ class StreamLayout:
             "read ahead": ahead * read,
             # What each reading thread holds while it decodes, beside the read it fills.
             "decoding": threads * self.decode_bytes,
-            # A freed read the C allocator keeps, per reading thread's heap, for that thread's next read,
-            # and a freed batch in the heap batches are made in: resident, though nothing uses them
-            # (glibc; measured in benchmarks/stream_memory.py).
-            "allocator reserve": threads * read + batch,
+            # What the C allocator keeps of freed reads and batches, per reading thread's heap, and a freed
+            # batch in the heap batches are made in: resident, though nothing uses them. glibc maps a large
+            # block and unmaps it when freed, but then raises its thresholds to that block's size, so that a
+            # heap keeps up to twice the largest freed block at its top before handing memory back (measured
+            # in benchmarks/stream_memory.py over whole epochs).
+            "allocator reserve": 2 * threads * max(read, batch) + batch,
             "shuffle window": (self.held_windows * self.shuffle_blocks * read) if self.shuffle else 0,
             # The window's random order (4-byte positions below 2**31 items) and a batch's sorted share of it.
             "shuffle order": (
@@ -324,7 +327,7 @@ def elastic_rows(
     workers: int,
 ) -> np.ndarray:
     """The ``(low, high)`` positions in the epoch's sequence of each batch a consumer of an elastic stream
-    takes, in order; ``high`` past ``length`` wraps to the sequence's start.
+    takes, in order; ``high`` past ``length`` wraps to the sequence's start (``low`` is always below it).
 
     The consumer's batches are global batches (:func:`elastic_batches`),
     ``batch_size`` items each, except with ``"pad"`` the last step's: the
@@ -338,7 +341,7 @@ def elastic_rows(
     >>> elastic_rows(25, 4, False, 0, 2, 0, "pad", 0, 1).tolist()  # 25 items: 13 each, item 0 twice
     [[0, 4], [8, 12], [16, 20], [24, 25]]
     >>> elastic_rows(25, 4, False, 0, 2, 1, "pad", 0, 1).tolist()
-    [[4, 8], [12, 16], [20, 24], [25, 26]]
+    [[4, 8], [12, 16], [20, 24], [0, 1]]
     >>> elastic_rows(25, 4, False, 0, 2, 0, "uneven", 1, 2).tolist()  # worker 1 of 2 takes steps 1 and 3
     [[8, 12], [24, 25]]
     """

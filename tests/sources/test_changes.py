@@ -275,7 +275,7 @@ def test_a_change_while_streaming_is_raised_in_the_loop(tmp_path):
     path = tmp_path / "s.npy"
     np.save(path, np.zeros((4000, 32)))
     # Small blocks (64 rows) and one batch of prefetch: most of the file is still unread after one batch.
-    batches = iter(ds.stream(str(path), batch_size=8, prefetch=1, memory_budget="256KiB"))
+    batches = iter(ds.stream(str(path), batch_size=8, prefetch=1, memory_budget="512KiB"))
     next(batches)
     np.save(path, np.ones((4000, 32)))
     later(path)
