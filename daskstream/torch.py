@@ -6,7 +6,7 @@ imports ``torch``::
     from daskstream.torch import StreamDataset
 
     dataset = StreamDataset("x.npy", batch_size=256, shuffle=True, seed=0, rank=rank, world_size=world)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None)  # the stream reads in threads of its own
     for epoch in range(epochs):
         dataset.set_epoch(epoch)  # optional: see StreamDataset
         for x in loader:
@@ -73,7 +73,16 @@ class StreamDataset(IterableDataset):
     yield the same number of batches (``len(dataset)``, also the
     DataLoader's ``len()``). Within a rank, the batches are split among the
     DataLoader's workers in contiguous runs: no item is yielded twice, and
-    the rank's batch count does not depend on ``num_workers``.
+    the rank's items and batch count do not depend on ``num_workers``, but
+    its batches do (the loader takes its workers' batches in turn, and each
+    worker shuffles its own run); ``elastic=True`` gives the same batches in
+    the same order for any number of workers.
+
+    **Workers.** ``num_workers=0`` is usually the fastest: the stream reads,
+    decodes and gathers in threads of its own, outside the GIL. Each worker
+    is a stream of its own, planned for the whole memory budget: ``W``
+    workers may hold ``W`` times it (give each a share with
+    ``memory_budget=``).
 
     **Orders.** With ``shuffle`` and no ``seed``, one is drawn now and
     shared with the workers. Call ``dataset.set_epoch(epoch)`` at the start

@@ -4,7 +4,8 @@
 ``StatefulDataLoader`` with 0 to 4 workers, persistent or not, at the positions
 where a loader's workers differ: before any has yielded, while some have not,
 the last batches (workers whose share has ended), after the last, and after
-the loop over the epoch has ended.
+the loop over the epoch has ended. Elastic padding, and the batches a rank
+yields with any number of loader workers.
 """
 
 from __future__ import annotations
@@ -159,3 +160,37 @@ def test_a_stateful_dataloader_resumed_anywhere_yields_exactly_the_rest(sizes_fo
             continue
         assert before + after == epoch_zero, f"resumed after {position} of {len(epoch_zero)} batches"
         assert [rows(b) for b in resumed] == epoch_one, f"and the epoch after, from {position}"
+
+
+# --- the batches a rank yields, whatever the number of loader workers -------------------------------
+
+
+def loader_batches(path: str, workers: int, **options) -> list[list[int]]:
+    torch.manual_seed(0)
+    dataset = StreamDataset(path, batch_size=BATCH, seed=4, **options)
+    dataset.set_epoch(1)
+    return [rows(b) for b in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # more workers than cores here
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_an_elastic_dataset_yields_the_same_batches_in_order_for_any_number_of_workers(sizes_folder, shuffle):
+    path = stored_rows(sizes_folder, ROWS)
+    alone = loader_batches(path, 0, shuffle=shuffle, elastic=True)
+    assert sorted(r for b in alone for r in b) == list(range(ROWS))
+    for workers in (1, 2, 3):
+        assert loader_batches(path, workers, shuffle=shuffle, elastic=True) == alone, f"{workers} workers"
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_workers_split_a_rank_in_runs_the_same_rows_and_in_order_the_same_batches(sizes_folder):
+    # What the docstrings say of the default split: the rank's rows and batch count whatever the workers;
+    # in order, the same batches too, in the order the loader takes them from its workers.
+    path = stored_rows(sizes_folder, ROWS)
+    alone = loader_batches(path, 0)
+    for workers in (1, 2, 3):
+        split = loader_batches(path, workers)
+        assert len(split) == len(alone)
+        assert sorted(split) == sorted(alone), f"{workers} workers"
+    shuffled = {workers: loader_batches(path, workers, shuffle=True) for workers in (0, 2)}
+    assert sorted(r for b in shuffled[2] for r in b) == sorted(r for b in shuffled[0] for r in b)

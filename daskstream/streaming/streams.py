@@ -118,8 +118,13 @@ def stream(
     worker, num_workers
         This consumer's place among the loader workers of one rank (a
         DataLoader's ``worker_info``): the rank's batches are split among the
-        workers in contiguous runs, so the rank yields the same batches
-        whatever the number of workers.
+        workers in contiguous runs, each worker reading (and shuffling) only
+        its own run. The rank yields the same items and the same number of
+        batches whatever the number of workers, but not the same batches: a
+        DataLoader takes its workers' batches in turn, so their order
+        changes, and shuffled batches are drawn within each worker's run. For
+        the same batches in the same order with any number of workers (and
+        ranks), make the stream ``elastic``.
     elastic
         One global order of batches whatever the world size and workers: the
         shards and shuffle windows depend only on the data, ``seed``, the
@@ -128,11 +133,14 @@ def stream(
         global batches ``r``, ``r + world_size``... (its workers in turn), so
         step ``k`` of a job is the same ``world_size`` batches on any number
         of ranks, and a job resumed on another number (``load_state_dict``)
-        continues the same epoch without repeating or skipping an item. The
-        price is read amplification when shuffling: each consumer reads every
-        window it takes a batch from, up to ``world_size * num_workers`` bytes
-        read per byte delivered (:meth:`Stream.explain` says how many); in
-        order, each batch is read by itself.
+        continues the same epoch without repeating or skipping an item. With
+        ``shares="pad"`` the last step's items are cut into one piece per
+        rank, so ranks take the same number of steps and at most
+        ``world_size - 1`` items are repeated. The price is read
+        amplification when shuffling: each consumer reads every window it
+        takes a batch from, up to ``world_size * num_workers`` bytes read per
+        byte delivered (:meth:`Stream.explain` says how many); in order, each
+        batch is read by itself.
     read_next_epoch
         Read the next epoch's first batches while the last ones of this epoch
         are consumed, so the next epoch starts without a wait (default).
