@@ -7,8 +7,11 @@ builds the import graph from every import statement, inside functions too.
 from __future__ import annotations
 
 import ast
+import contextlib
+import logging
 import pathlib
 import tomllib
+from collections.abc import Iterator
 
 import pytest
 from importlinter.cli import lint_imports
@@ -45,9 +48,25 @@ DEFERRED = {
 }
 
 
+@contextlib.contextmanager
+def logging_kept() -> Iterator[None]:
+    """Logging as it was before, afterwards: import-linter's command configures it for a process of its own
+    (``logging.config.dictConfig``, which disables every logger made so far: daskstream's among them)."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    kept = [(logger, logger.disabled, logger.level, logger.propagate, list(logger.handlers)) for logger in loggers]
+    root = (logging.root.level, list(logging.root.handlers))
+    try:
+        yield
+    finally:
+        for logger, disabled, level, propagate, handlers in kept:
+            logger.disabled, logger.level, logger.propagate, logger.handlers = disabled, level, propagate, handlers
+        logging.root.level, logging.root.handlers = root
+
+
 def test_the_import_contracts_are_kept(capsys):
     # Layers, a pure planner and no cycles between sibling modules: see pyproject.toml.
-    status = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    with logging_kept():
+        status = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
     report = capsys.readouterr().out
     assert status == 0, report
     assert "BROKEN" not in report
