@@ -347,18 +347,18 @@ def elastic_rows(
     """
     shares = elastic_shares(shares, drop_last)
     total = batch_count(length, batch_size, drop_last)
-    steps = np.arange(worker, elastic_steps(total, start, world_size, rank, shares), workers, dtype=np.int64)
-    low = ((start + rank + steps * world_size) % max(total, 1)) * batch_size
+    low = elastic_batches(total, start, world_size, rank, shares, worker, workers) * batch_size
     bounds = np.stack([low, np.minimum(low + batch_size, length)], axis=1)
     if shares == "pad":
         left = max(0, length - start * batch_size)
         whole = left // (world_size * batch_size)
         tail = left - whole * world_size * batch_size
-        if tail:
+        # The pieces are the last step, step `whole`: this worker's last batch, where the worker takes it.
+        if tail and whole % workers == worker:
             piece = -(-tail // world_size)
             # Fewer items than ranks wrap more than once: a piece is never longer than the sequence.
             first = ((start + whole * world_size) * batch_size + rank * piece) % length
-            bounds[steps == whole] = (first, first + piece)
+            bounds[-1] = (first, first + piece)
     return bounds
 
 

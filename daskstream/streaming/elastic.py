@@ -13,6 +13,18 @@ from typing import Any
 import numpy as np
 
 
+def wrapped_runs(low: int, high: int, length: int) -> list[tuple[int, int]]:
+    """Positions ``low`` to ``high`` of a sequence of ``length``: one run, or two where ``high`` passes the end
+    and wraps to the start ("pad"'s last piece; ``low`` is below ``length``).
+
+    >>> wrapped_runs(2, 5, 10), wrapped_runs(8, 12, 10)
+    ([(2, 5)], [(8, 10), (0, 2)])
+    """
+    if high <= length:
+        return [(low, high)]
+    return [(low, length), (0, high - length)]
+
+
 class _ElasticEpoch:
     """An elastic stream's epoch for one consumer: its batches, the windows they lie in, and its reads.
 
@@ -41,22 +53,21 @@ class _ElasticEpoch:
         self,
         windows: list[list[tuple[int, int]]],
         bounds: np.ndarray,
-        batch_size: int,
         length: int,
         shuffle: bool,
     ) -> None:
-        self.windows, self.bounds, self.batch_size, self.length = windows, bounds, batch_size, length
+        self.windows, self.bounds, self.length = windows, bounds, length
         self.needed: list[int] = []
         self.entries: list[list[tuple[int, int, int, int]]] = []
         if not shuffle:
-            self.parts = [self._parts(int(low), int(high)) for low, high in bounds]
+            self.parts = [wrapped_runs(int(low), int(high), length) for low, high in bounds]
             self.reads = [part for parts in self.parts for part in parts]
             return
         self.sizes = np.array([sum(high - low for low, high in window) for window in windows], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
         for low, high in bounds:
             entries = []
-            for part_low, part_high in self._parts(int(low), int(high)):
+            for part_low, part_high in wrapped_runs(int(low), int(high), length):
                 first_window = int(np.searchsorted(self.offsets, part_low, side="right")) - 1
                 last_window = int(np.searchsorted(self.offsets, part_high - 1, side="right")) - 1
                 # A window the last batch took from is still held: it is not read again.
@@ -67,12 +78,6 @@ class _ElasticEpoch:
                 entries.append((first_entry, len(self.needed) - 1, part_low, part_high))
             self.entries.append(entries)
         self.reads = [shard for window in self.needed for shard in windows[window]]
-
-    def _parts(self, low: int, high: int) -> list[tuple[int, int]]:
-        """A batch's runs of the sequence: one, or two where it wraps past the end to the start."""
-        if high <= self.length:
-            return [(low, high)]
-        return [(low, self.length), (0, high - self.length)]
 
     def gather(
         self,

@@ -242,7 +242,7 @@ class StreamPlan:
         if self.shuffle:
             sequence = self._shard_sequence(epoch)
             windows = [sequence[i : i + self.shuffle_blocks] for i in range(0, len(sequence), self.shuffle_blocks)]
-        return _ElasticEpoch(windows, self._elastic_batches(start)[first:], self.batch_size, self.length, self.shuffle)
+        return _ElasticEpoch(windows, self._elastic_batches(start)[first:], self.length, self.shuffle)
 
     def __len__(self) -> int:
         if self.elastic:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from daskstream.display import card, grid_figure, table
 from daskstream.planning.budget import format_size
+from daskstream.streaming.elastic import wrapped_runs
 from daskstream.streaming.plan import StreamPlan
 
 
@@ -30,11 +31,7 @@ class StreamView(StreamPlan):
         """The items this consumer yields in an epoch, as runs of the epoch's sequence."""
         if not self.elastic:
             return [(self.share[0], self.share[1])]
-        delivered = []
-        for low, high in self._elastic_batches(0).tolist():
-            # "pad"'s last piece may wrap past the end to the sequence's start.
-            delivered += [(low, min(high, self.length))] + ([(0, high - self.length)] if high > self.length else [])
-        return delivered
+        return [run for low, high in self._elastic_batches(0).tolist() for run in wrapped_runs(low, high, self.length)]
 
     def explain(self) -> str:
         """Plain-text account of the split, the order, the reads and what the stream holds."""
