@@ -25,6 +25,7 @@ from daskstream.compute.labels import axes_by_name, described, is_labelled, redu
 from daskstream.compute.reductions import reduce as reduce_lazily
 from daskstream.compute.store import store as store_as_planned
 from daskstream.compute.store.labelled import is_dataset, store_labelled
+from daskstream.compute.store.result import StoredArray
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.reads import ChunksSpec
 from daskstream.opening import (
@@ -487,7 +488,7 @@ def store(
     adaptive: bool = False,
     progress: Any = None,
     **options: Any,
-) -> da.Array:
+) -> StoredArray:
     """Write ``x`` to a Zarr store or an HDF5 dataset, out of core and resumably; adaptively with ``adaptive=True``.
 
     Without ``adaptive`` this is :func:`daskstream.compute.store` (every
@@ -550,7 +551,7 @@ def store(
     arrays = [v.data for v in x.data_vars.values()] if is_dataset(x) else [unlabelled(x)]
     settings = settings_for(*arrays, memory_budget=options.get("memory_budget")) if adaptive else None
 
-    def store_array(array: da.Array, where: Any, **given: Any) -> da.Array:
+    def store_array(array: da.Array, where: Any, **given: Any) -> StoredArray:
         if settings is not None:
             return adaptive_store(array, where, settings=settings, progress=progress, **given)
         return store_as_planned(array, where, progress=progress, **given)

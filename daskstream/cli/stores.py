@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any
@@ -31,7 +32,7 @@ from daskstream.compute.limits import codec_limit
 from daskstream.compute.store import stored_bytes, target_format
 from daskstream.compute.store.codecs import CodecChoice
 from daskstream.compute.store.named_codecs import HDF5_FILTER_NAMES, NAMED_CODECS
-from daskstream.compute.store.result import StoreTally
+from daskstream.compute.store.result import StoreResult
 from daskstream.planning.budget import format_size
 from daskstream.runtime.progress import BlockProgress
 from daskstream.runtime.resources import resources_for
@@ -111,7 +112,7 @@ def store(
             compressor, choice = _auto_codec(
                 x, target, target_dataset, overwrite, optimize, int(zarr_format), where.quiet, as_json
             )
-        tally = StoreTally(None if where.quiet else BlockProgress(f"store {target}", int(x.nbytes)))
+        bar = False if where.quiet else BlockProgress(f"store {target}", int(x.nbytes))
         with spelled(dataset="--target-dataset", storage_options="--target-storage-option"):
             stored = ds.store(
                 x,
@@ -123,12 +124,12 @@ def store(
                 optimize=optimize,
                 zarr_format=int(zarr_format),
                 inner_chunks=parsed_sizes(inner_chunks, "--inner-chunks"),
-                progress=tally,
+                progress=bar,
                 storage_options=target_options,
                 adaptive=adaptive,
             )
     adaptation = getattr(stored, "adaptation", None)
-    _print_store_summary(tally, x, source, target, target_dataset, as_json, choice, target_options, adaptation)
+    _print_store_summary(stored.result, x, source, target, target_dataset, as_json, choice, target_options, adaptation)
 
 
 def _auto_codec(
@@ -164,7 +165,7 @@ def _array_exists(path: str, member: str | None, kind: str) -> bool:
 
 
 def _print_store_summary(
-    tally: StoreTally,
+    result: StoreResult,
     x: Any,
     source: str,
     target: str,
@@ -174,7 +175,8 @@ def _print_store_summary(
     storage_options: dict[str, Any] | None = None,
     adaptation: Any = None,
 ) -> None:
-    done = tally.result(target)
+    # Named as the command was given it (a --target-dataset apart).
+    done = dataclasses.replace(result, target=target)
     on_disk = stored_bytes(target, dataset=target_dataset, storage_options=storage_options)
     summary = {
         "source": source,
@@ -311,11 +313,11 @@ def convert(
         choice = None
         if codec == "auto":
             compressor, choice = _auto_codec(x, target, None, overwrite, optimize, 3, where.quiet, as_json)
-        tally = StoreTally(None if where.quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes)))
+        bar = False if where.quiet else BlockProgress(f"convert {source} -> {target}", int(x.nbytes))
         # The target's options, as the convert command names them.
         with spelled(storage_options="--target-storage-option"):
-            stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=tally,
+            stored = ds.store(x, target, overwrite=overwrite, codec=compressor, optimize=optimize, progress=bar,
                               inner_chunks=parsed_sizes(inner_chunks, "--inner-chunks"), storage_options=target_options,
                               adaptive=adaptive)  # fmt: skip
     adaptation = getattr(stored, "adaptation", None)
-    _print_store_summary(tally, x, source, target, None, as_json, choice, target_options, adaptation)
+    _print_store_summary(stored.result, x, source, target, None, as_json, choice, target_options, adaptation)

@@ -29,6 +29,7 @@ from typing import Any
 import dask.array as da
 
 from daskstream.compute.store import store
+from daskstream.compute.store.result import StoredArray
 from daskstream.compute.store.target import target_format
 from daskstream.compute.store.zarr_writes import PendingWrites, runs_blocks_with
 from daskstream.graph.layers import read_layers
@@ -51,7 +52,7 @@ def adaptive_store(
     settings: PlanSettings,
     progress: Any = None,
     **options: Any,
-) -> da.Array:
+) -> StoredArray:
     """``store(x, target, ..., adaptive=True)``: the stored array, with the run's
     :class:`~daskstream.tuning.adaptive.record.Adaptation` as its ``adaptation`` attribute.
 
