@@ -318,14 +318,22 @@ def filesystem_of(protocol: str) -> str:
 
     >>> filesystem_of("s3a") == filesystem_of("S3")
     True
+    >>> import s3fs  # registers the class under its own module's name
+    >>> filesystem_of("s3a") == filesystem_of("s3")
+    True
     """
     from fsspec.registry import known_implementations, registry
 
     name = protocol.lower()
+    # fsspec's table names a class by its public path ("s3fs.S3FileSystem") and its registry, once a file
+    # system is imported, by where it is defined ("s3fs.core.S3FileSystem"): the table comes first, so one
+    # protocol gives one name whatever has been imported; the registry answers for protocols only it knows.
+    if name in known_implementations:
+        return str(known_implementations[name]["class"])
     if name in registry:
         kind = registry[name]
         return f"{kind.__module__}.{kind.__qualname__}"
-    return str(known_implementations.get(name, {}).get("class", name))
+    return name
 
 
 def same_store(first: tuple[str, str, str], second: tuple[str, str, str]) -> bool:
