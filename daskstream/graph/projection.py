@@ -167,6 +167,11 @@ def _task_memory(
             read = out
             decoded, halo, workspace = _read_costs(graph, layer, out)
             out_term = 0
+        elif _makes_view(layer):
+            # A view allocates nothing: it holds its base, however large the shape it shows (a rolling
+            # window's view is `window` times its block), for as long as a later step takes it.
+            out = max((facts[i].block_bytes for i, _ in facts[m].inputs), default=0)
+            out_term = 0
         else:
             taken = [facts[i].block_bytes for i, _ in facts[m].inputs]
             workspace = _workspace(layer, max(taken, default=out), out, piece_values)
@@ -245,6 +250,24 @@ def _workspace(layer: Layer, taken: int, out: int, piece_values: int) -> int:
     if name in _PIECE_FUNCTIONS:
         return pieces
     return out
+
+
+# numpy's functions that return a view of their input, by (module, name): no memory of their own.
+_VIEW_FUNCTIONS = {
+    ("numpy.lib.stride_tricks", "sliding_window_view"),
+    ("numpy.lib._stride_tricks_impl", "sliding_window_view"),
+    ("numpy", "transpose"),
+    ("numpy", "moveaxis"),
+    ("numpy", "swapaxes"),
+    ("numpy", "broadcast_to"),
+    ("numpy", "expand_dims"),
+    ("numpy", "squeeze"),
+}
+
+
+def _makes_view(layer: Layer) -> bool:
+    func = _function(layer)
+    return func is not None and (getattr(func, "__module__", None), getattr(func, "__name__", None)) in _VIEW_FUNCTIONS
 
 
 def _function(layer: Layer) -> Any:

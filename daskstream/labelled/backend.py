@@ -21,7 +21,7 @@ opens every file in full itself, one call of this engine each.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from daskstream.errors import DaskstreamError, InvalidArgumentError
+from daskstream.labelled.calendar import calendar_planned
 from daskstream.labelled.dataset import open_dataset
 from daskstream.labelled.variables import decoded, labelled_variables
 from daskstream.opening import as_dask_array
@@ -95,8 +96,11 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
             )
         settings = resolve_settings(memory_budget=memory_budget)
 
-        def lazily(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
-            planned = as_dask_array(source, settings).chunks
+        def lazily(
+            source: Source, coordinate: bool, dims: tuple[str, ...], periods: Mapping[str, Any]
+        ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+            # The chunks ds.open_dataset would give, whole periods along time included, as the preferred ones.
+            planned = as_dask_array(source, settings, chunks=calendar_planned(source, settings, dims, periods)).chunks
             return indexing.LazilyIndexedArray(SourceArray(source)), planned
 
         variables, attrs, close = labelled_variables(

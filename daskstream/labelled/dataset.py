@@ -18,13 +18,14 @@ variable-length strings, which xarray holds as Python strings.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from daskstream.errors import (
     InvalidArgumentError,
 )
 from daskstream.graph.reads import ChunksSpec
+from daskstream.labelled.calendar import check_names
 from daskstream.labelled.family import open_family
 from daskstream.labelled.variables import (
     DECODERS,
@@ -79,7 +80,12 @@ def open_dataset(
         Bytes one worker may use: each variable's chunks are planned for it.
     chunks
         As for :func:`daskstream.open`, for every variable: ``"auto"`` (the
-        planner's choice, aligned to storage), ``"storage"``, ``"tune"``...
+        planner's choice, aligned to storage), ``"storage"``, ``"tune"``, or
+        by dimension name as xarray takes them (``{"time": 365}``; a variable
+        without that dimension keeps its planned chunks). With ``"auto"``,
+        chunks along a time coordinate hold whole years where a year fits the
+        budget, else whole months, so groupby, resample and rolling along time
+        find whole periods in a task.
     decode_cf
         Decode as xarray does (``scale_factor``/``add_offset``, ``_FillValue``
         to NaN, times to datetimes, the ``coordinates`` attribute); ``False``
@@ -171,10 +177,13 @@ def _opened(
     """One file or store as a Dataset: its variables planned within ``settings`` (``sampling``: as for
     :func:`daskstream.opening.as_dask_array`), decoded by xarray's switches ``options``."""
 
-    def data_of(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
-        return planned_data(source, chunks, settings, eager=coordinate, sampling=sampling)
+    def data_of(
+        source: Source, coordinate: bool, dims: tuple[str, ...], periods: Mapping[str, tuple[tuple[int, ...], ...]]
+    ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+        return planned_data(source, chunks, settings, eager=coordinate, sampling=sampling, dims=dims, periods=periods)
 
     variables, attrs, close = labelled_variables(path, group=group, storage_options=storage_options, data_of=data_of)
+    check_names(chunks, {dim for variable in variables.values() for dim in variable.dims}, str(path))
     dataset = decoded(xr, variables, attrs, where=str(path), drop_variables=drop_variables, **options)
     dataset.set_close(close)
     return dataset

@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dask.array as da
@@ -158,9 +158,12 @@ class _Family:
         return posixpath.join("/", self.group or "", name)
 
     def open(self) -> Any | None:
-        def data_of(source: Source, coordinate: bool) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+        def data_of(
+            source: Source, coordinate: bool, dims: tuple[str, ...], periods: Mapping[str, Any]
+        ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
+            # Each file of a family is one piece of the joined dimension: its own periods do not place its chunks.
             self.sources[source.dataset or ""] = source
-            return planned_data(source, self.chunks, self.settings, eager=coordinate, sampling=self.sampling)
+            return planned_data(source, self.chunks, self.settings, eager=coordinate, sampling=self.sampling, dims=dims)
 
         self.variables, attrs, close = labelled_variables(
             self.locations[0], group=self.group, storage_options=None, data_of=data_of

@@ -26,6 +26,7 @@ from daskstream.errors import (
     shown,
 )
 from daskstream.graph.reads import ChunksSpec
+from daskstream.labelled.calendar import by_axis, calendar_planned, calendar_starts
 from daskstream.opening import as_dask_array
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source, open_source
@@ -59,11 +60,33 @@ def h5netcdf_module() -> Any:
     )
 
 
+#: How a reader of labelled variables gets each one's data: ``(source, is_dimension_coordinate, dims, periods)``
+#: to the data and its chunks.
+DataOf = Callable[
+    [Source, bool, tuple[str, ...], Mapping[str, tuple[tuple[int, ...], ...]]], tuple[Any, tuple[tuple[int, ...], ...]]
+]
+
+
 def planned_data(
-    source: Source, chunks: ChunksSpec, settings: PlanSettings, *, eager: bool, sampling: PlanSettings | None = None
+    source: Source,
+    chunks: ChunksSpec,
+    settings: PlanSettings,
+    *,
+    eager: bool,
+    sampling: PlanSettings | None = None,
+    dims: tuple[str, ...] = (),
+    periods: Mapping[str, tuple[tuple[int, ...], ...]] | None = None,
 ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
     """``source``'s data as daskstream plans it within ``settings``, and its chunks; read now when ``eager`` and
-    small (a dimension coordinate). ``sampling``: as for :func:`daskstream.opening.as_dask_array`."""
+    small (a dimension coordinate). ``sampling``: as for :func:`daskstream.opening.as_dask_array`.
+
+    ``dims`` name the source's axes, so ``chunks`` may be given by dimension name as xarray takes them
+    (``{"time": 365}``); ``periods``: where calendar periods start along the dimensions that have them
+    (:func:`calendar_starts`), so planned chunks hold whole years or months (:mod:`daskstream.planning.periods`).
+    """
+    chunks = by_axis(chunks, dims, source.name)
+    if isinstance(chunks, str) and chunks == "auto" and periods and not eager:
+        chunks = calendar_planned(source, settings, dims, periods)
     data = as_dask_array(source, settings, chunks=chunks, sampling=sampling)
     if eager and source.nbytes <= EAGER_COORDINATE_BYTES:
         # Read now, as xarray reads its indexes: here, in one read, rather than through a scheduler.
@@ -73,14 +96,15 @@ def planned_data(
 
 def labelled_variables(
     path: str | os.PathLike[str], *, group: str | None, storage_options: dict[str, Any] | None,
-    data_of: Callable[[Source, bool], tuple[Any, tuple[tuple[int, ...], ...]]],
+    data_of: DataOf,
 ) -> tuple[dict[str, Any], dict[str, Any], Callable[[], None]]:  # fmt: skip
     """The undecoded variables of ``group`` in ``path``, their attributes and how to close the file.
 
     Dimensions, attributes and encodings are xarray's reader's; each variable's
-    data and chunks are ``data_of(source, is_dimension_coordinate)`` for the
-    daskstream source of the same array, or xarray's reader's own data where
-    daskstream does not read it.
+    data and chunks are ``data_of(source, is_dimension_coordinate, dims, periods)``
+    for the daskstream source of the same array (``periods``: where the
+    file's calendar periods start, by dimension, see :func:`calendar_starts`),
+    or xarray's reader's own data where daskstream does not read it.
     """
     xr = xarray_module()
     location = str(path) if is_url(str(path)) else local_path(os.fspath(path))
@@ -92,9 +116,12 @@ def labelled_variables(
         array = open_source(location)
         name = posixpath.splitext(posixpath.basename(location.rstrip("/")))[0]
         dims = tuple(f"dim_{axis}" for axis in range(array.ndim))
-        return {name: _variable(xr, *data_of(array, False), dims, {}, {})}, {}, lambda: None
+        return {name: _variable(xr, *data_of(array, False, dims, {}), dims, {}, {})}, {}, lambda: None
     variables = {}
-    for name, raw in labels.get_variables().items():
+    raws = dict(labels.get_variables())
+    # Where years and months start along each time coordinate, so chunks along it hold whole periods.
+    periods = calendar_starts(xr, raws)
+    for name, raw in raws.items():
         member = posixpath.join("/", group or "", name)
         source: Source | None
         try:
@@ -105,7 +132,7 @@ def labelled_variables(
         if source is None or source.shape != raw.shape or source.dtype.kind == "T":  # (or shaped as characters)
             variables[name] = raw
             continue
-        data, chunks = data_of(source, raw.dims == (name,))
+        data, chunks = data_of(source, raw.dims == (name,), tuple(raw.dims), periods)
         variables[name] = _variable(xr, data, chunks, raw.dims, raw.attrs, raw.encoding)
     return variables, dict(labels.get_attrs()), labels.close
 

@@ -1,0 +1,155 @@
+"""Chunks that fit how labelled data is analysed: given by dimension name, and whole calendar periods along time.
+
+xarray users give chunks by dimension (``chunks={"time": 365}``), and their
+analyses group, resample and roll along a time coordinate. Here the file's
+time coordinates are decoded once, where each year and month starts is
+found, and the planner's chunks along those dimensions are moved onto those
+starts (:func:`daskstream.planning.periods.calendar_chunks`): whole years
+where a year fits the budget, else whole months.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from daskstream.errors import InvalidChunksError
+from daskstream.graph.reads import ChunksSpec
+from daskstream.planning.periods import calendar_chunks
+from daskstream.planning.plan import per_task_cap
+from daskstream.planning.settings import PlanSettings
+from daskstream.sources import Source
+
+# A time coordinate longer than this is not decoded to find its periods (its chunks stay the planner's).
+LARGEST_CALENDAR = 10_000_000
+
+
+def by_axis(chunks: ChunksSpec, dims: tuple[str, ...], name: str) -> ChunksSpec:
+    """``chunks`` with dimension names replaced by axes (``{"time": 365}`` to ``{0: 365}``), as xarray takes them.
+
+    >>> by_axis({"time": 365, "lat": -1}, ("time", "lat", "lon"), "t.nc::/t")
+    {0: 365, 1: -1}
+    >>> by_axis({"time": 10}, ("lat", "lon"), "t.nc::/z")
+    {}
+
+    A name that is no dimension of any variable is refused by the caller (:func:`check_names`); a variable
+    without that dimension keeps its planned chunks along the others, as in xarray.
+    """
+    if not isinstance(chunks, Mapping) or not any(isinstance(key, str) for key in chunks):
+        return chunks
+    axes: dict[Any, Any] = {}
+    for key, size in chunks.items():
+        if isinstance(key, str):
+            if key in dims:
+                axes[dims.index(key)] = size
+        else:
+            axes[key] = size
+    return axes
+
+
+def check_names(chunks: ChunksSpec, dims: set[str], where: str) -> None:
+    """Refuse chunks named by a dimension the file does not have, naming those it has."""
+    if not isinstance(chunks, Mapping):
+        return
+    unknown = sorted(str(key) for key in chunks if isinstance(key, str) and key not in dims)
+    if unknown:
+        raise InvalidChunksError(
+            f"chunks={dict(chunks)!r}: {where} has no dimension {unknown[0]!r}; its dimensions are "
+            f"{', '.join(sorted(dims)) or 'none'}"
+        )
+
+
+def calendar_starts(xr: Any, variables: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """For each dimension coordinate holding increasing dates: where its years start, and where its months do.
+
+    ``variables``: the file's variables as read, undecoded. A coordinate that
+    does not decode as dates (or is not increasing) has no periods.
+    """
+    found = {}
+    for name, raw in variables.items():
+        units = str(raw.attrs.get("units", ""))
+        if raw.dims != (name,) or " since " not in units or not 2 < raw.shape[0] <= LARGEST_CALENDAR:
+            continue
+        try:
+            dates = np.asarray(xr.conventions.decode_cf_variable(name, raw, decode_times=True).values)
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError):
+            continue  # (the decoders say what is wrong when the dataset is decoded)
+        starts = period_starts(dates)
+        if starts is not None:
+            found[name] = starts
+    return found
+
+
+def period_starts(dates: np.ndarray) -> tuple[tuple[int, ...], ...] | None:
+    """``(year starts, month starts)`` of increasing ``dates`` (numpy datetimes or cftime dates), else ``None``.
+
+    >>> days = np.arange("2000-12-30", "2001-02-02", dtype="datetime64[D]")
+    >>> period_starts(days)
+    ((2,), (2, 33))
+    """
+    if dates.dtype.kind == "M":
+        if np.isnat(dates).any() or not bool(np.all(dates[1:] > dates[:-1])):
+            return None
+        years = dates.astype("datetime64[Y]").astype(np.int64)
+        months = dates.astype("datetime64[M]").astype(np.int64)
+    elif dates.dtype.kind == "O" and all(hasattr(d, "year") and hasattr(d, "month") for d in dates):
+        try:
+            if not all(a < b for a, b in itertools.pairwise(dates)):
+                return None
+        except TypeError:  # dates of different calendars
+            return None
+        years = np.array([d.year for d in dates], dtype=np.int64)
+        months = years * 12 + np.array([d.month for d in dates], dtype=np.int64)
+    else:
+        return None
+    return tuple(tuple(int(i) for i in np.flatnonzero(p[1:] != p[:-1]) + 1) for p in (years, months))
+
+
+def calendar_planned(
+    source: Source, settings: PlanSettings, dims: tuple[str, ...], periods: Mapping[str, tuple[tuple[int, ...], ...]]
+) -> ChunksSpec:
+    """The planner's chunks for ``source``, moved onto whole periods along the dimensions that have them;
+    ``"auto"`` when none moves.
+
+    A period's chunk is held to the bounds the planner works to: a thread's
+    share of the budget over the working set, and a share of the array that
+    keeps every thread busy.
+    """
+    if not any(dim in periods for dim in dims) or source.ndim != len(dims):
+        return "auto"
+    plan = source.plan(settings)
+    resources = settings.resources
+    cap = min(
+        per_task_cap(
+            resources.memory_budget,
+            resources.threads,
+            settings.working_set_factor_for(source.dtype),
+            source.decode_bytes,
+        ),
+        source.nbytes // max(1, settings.min_tasks_per_thread * resources.threads * resources.workers),
+    )
+    dask_chunks = list(plan.dask_chunks)
+    moved = False
+    for axis, dim in enumerate(dims):
+        # Contiguous data is cut into slabs along its first axis only: other cuts would read strided bytes.
+        if dim not in periods or (source.storage_chunks is None and axis != 0):
+            continue
+        others = math.prod(c for a, c in enumerate(plan.chunks) if a != axis)
+        found = calendar_chunks(
+            source.shape[axis],
+            row_bytes=others * source.dtype.itemsize,
+            cap_bytes=cap,
+            planned_rows=plan.chunks[axis],
+            period_starts=periods[dim],
+            storage_rows=source.storage_chunks[axis] if source.storage_chunks else None,
+        )
+        if found is not None and found != dask_chunks[axis]:
+            dask_chunks[axis], moved = found, True
+    return tuple(dask_chunks) if moved else "auto"
+
+
+__all__ = ["by_axis", "calendar_planned", "calendar_starts", "check_names", "period_starts"]
