@@ -44,6 +44,7 @@ from daskstream.graph.layers import (
 )
 from daskstream.graph.pieces import moment_chunk_in_pieces
 from daskstream.graph.reads import read_array
+from daskstream.planning.grid import read_amplification
 from daskstream.planning.passes import PassPlan
 from daskstream.sources.base import Source
 
@@ -318,13 +319,18 @@ def _numblocks_of(layer: Blockwise) -> tuple[int, ...]:
     return tuple(sizes.get(letter, 1) for letter in layer.output_indices)
 
 
+#: How much more often a re-read in new chunks may decode storage chunks than the read it replaces.
+AMPLIFICATION_SLACK = 1.25
+
+
 def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
     """``graph`` with every re-chunking of a source read replaced by a read of the source in the new chunks.
 
     dask re-chunks by splitting and concatenating blocks, which holds each
     block until all its pieces have been taken (element-wise work on two
     sources of different chunks re-chunks both). A source can be read in any
-    chunks: read it in those directly.
+    chunks: read it in those directly, unless those chunks cut its storage
+    chunks more than the read did (:data:`AMPLIFICATION_SLACK`).
     """
     replaced = {}
     for name in names:
@@ -337,6 +343,13 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
         if chunks is None or found is None:
             continue
         source, read = found
+        # A read in the new chunks that cuts storage chunks the old one read whole decodes each of them once
+        # per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper.
+        before = (graph.layers[read].collection_annotations or {}).get("chunks")
+        if before is not None and read_amplification(source.shape, source.storage_chunks, chunks) > (
+            read_amplification(source.shape, source.storage_chunks, before) * AMPLIFICATION_SLACK
+        ):
+            continue
         replaced[name] = (source, chunks, read)
     if not replaced:
         return graph

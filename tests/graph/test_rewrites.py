@@ -59,3 +59,36 @@ def test_the_copy_of_a_read_keeps_what_it_was_planned_for(tmp_path):
     assert planned_with(again) == planned_with(x)
     assert planned_with(again).memory_budget == 2**20
     np.testing.assert_array_equal(again.compute(), np.arange(60.0).reshape(10, 6)[2:9])
+
+
+def _reads_after_rewrite(x):
+    from dask.core import flatten
+
+    from daskstream.graph.layers import needed_layers, source_read_by
+    from daskstream.graph.rewrites import reread_rechunks
+
+    graph = x.__dask_graph__()
+    rewritten = reread_rechunks(graph, needed_layers(graph, list(flatten(x.__dask_keys__()))))
+    return {
+        name: (layer.collection_annotations or {}).get("chunks")
+        for name, layer in rewritten.layers.items()
+        if source_read_by(rewritten, layer) is not None and name in rewritten.dependencies
+    }
+
+
+def test_a_rechunk_is_read_in_its_chunks_unless_that_decodes_storage_chunks_again(tmp_path):
+    import h5py
+
+    path = tmp_path / "years.h5"
+    values = np.arange(730 * 12, dtype="f4").reshape(730, 12)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("t", data=values, chunks=(365, 12), compression="gzip")
+    x = ds.open(f"{path}::/t", chunks=(365, 12))
+    # Pieces of 73 rows cut each 365-row storage chunk five ways: read so, each would be decoded five times.
+    pieces = x.rechunk((73, 12)) + 1
+    assert all(chunks == ((365, 365), (12,)) for chunks in _reads_after_rewrite(pieces).values())
+    np.testing.assert_array_equal(pieces.compute(), values + 1)
+    # Chunks made of whole storage chunks are read as they are.
+    whole = x.rechunk((730, 12)) + 1
+    assert ((730,), (12,)) in _reads_after_rewrite(whole).values()
+    np.testing.assert_array_equal(whole.compute(), values + 1)
