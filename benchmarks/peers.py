@@ -433,6 +433,28 @@ def climate_block(start: int, stop: int, lat: np.ndarray, nlon: int) -> np.ndarr
     return (mean + rng.standard_normal((stop - start, len(lat), nlon))).astype(np.float32)
 
 
+def climate_dataset(shape: tuple[int, int, int]) -> Any:
+    """The analysis field as a lazy xarray Dataset ``t(time, lat, lon)``, daily from 2000-01-01, a year a chunk."""
+    import dask.array as da
+    import pandas as pd
+    import xarray as xr
+
+    ntime, nlat, nlon = shape
+    lat = np.linspace(-90 + 90 / nlat, 90 - 90 / nlat, nlat)
+    lon = np.arange(nlon) * 360 / nlon + 180 / nlon
+    blocks = tuple(min(365, ntime - s) for s in range(0, ntime, 365))
+
+    def block(block_info: dict | None = None) -> np.ndarray:
+        first, last = block_info[None]["array-location"][0]  # type: ignore[index]
+        return climate_block(first, last, lat, nlon)
+
+    t = da.map_blocks(block, chunks=(blocks, (nlat,), (nlon,)), dtype=np.float32, meta=np.empty((0, 0, 0), "f4"))
+    return xr.Dataset(
+        {"t": (("time", "lat", "lon"), t, {"units": "degC", "long_name": "temperature"})},
+        coords={"time": pd.date_range("2000-01-01", periods=ntime), "lat": lat, "lon": lon},
+    )
+
+
 def ensure_analysis_file(layout: str, shape: tuple[int, int, int], data_dir: Path, echo: Callable[[str], None]) -> Path:
     """Write the NetCDF-4 file of ``layout`` (xarray, h5netcdf) unless a right one is there; return its path."""
     import h5py
@@ -457,26 +479,10 @@ def ensure_analysis_file(layout: str, shape: tuple[int, int, int], data_dir: Pat
         echo(f"{path}: not the expected {layout} file; writing it again")
         remove(path)
     import dask
-    import dask.array as da
-    import pandas as pd
-    import xarray as xr
 
     data_dir.mkdir(parents=True, exist_ok=True)
     start_time = time.perf_counter()
-    ntime, nlat, nlon = shape
-    lat = np.linspace(-90 + 90 / nlat, 90 - 90 / nlat, nlat)
-    lon = np.arange(nlon) * 360 / nlon + 180 / nlon
-    blocks = tuple(min(365, ntime - s) for s in range(0, ntime, 365))
-
-    def block(block_info: dict | None = None) -> np.ndarray:
-        first, last = block_info[None]["array-location"][0]  # type: ignore[index]
-        return climate_block(first, last, lat, nlon)
-
-    t = da.map_blocks(block, chunks=(blocks, (nlat,), (nlon,)), dtype=np.float32, meta=np.empty((0, 0, 0), "f4"))
-    dataset = xr.Dataset(
-        {"t": (("time", "lat", "lon"), t, {"units": "degC", "long_name": "temperature"})},
-        coords={"time": pd.date_range("2000-01-01", periods=ntime), "lat": lat, "lon": lon},
-    )
+    dataset = climate_dataset(shape)
     encoding: dict[str, Any] = {"chunksizes": chunks}
     if zlib:
         encoding |= {"zlib": True, "complevel": 1, "shuffle": True}

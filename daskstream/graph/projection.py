@@ -157,6 +157,7 @@ def _task_memory(
         if i not in inside and facts[i].kind != "constant"
     )
     held: dict[str, int] = {}
+    based: dict[str, int] = {}  # the bytes under a view: its base's, not its shape's
     best: tuple[int, tuple[tuple[str, int], ...]] = (-1, ())
     for m in members:
         layer = graph.layers[m]
@@ -170,11 +171,13 @@ def _task_memory(
         elif _makes_view(layer):
             # A view allocates nothing: it holds its base, however large the shape it shows (a rolling
             # window's view is `window` times its block), for as long as a later step takes it.
-            out = max((facts[i].block_bytes for i, _ in facts[m].inputs), default=0)
+            out = max((based.get(i, facts[i].block_bytes) for i, _ in facts[m].inputs), default=0)
+            based[m] = out
             out_term = 0
         else:
-            taken = [facts[i].block_bytes for i, _ in facts[m].inputs]
-            workspace = _workspace(layer, max(taken, default=out), out, piece_values)
+            taken = [(based.get(i, facts[i].block_bytes), i) for i, _ in facts[m].inputs]
+            largest, source = max(taken, default=(out, m))
+            workspace = _workspace(layer, largest, out, piece_values, _input_itemsize(graph.layers[source]))
             out_term = out
         intermediate = sum(held.values())
         terms = (
@@ -211,9 +214,11 @@ def _read_costs(graph: HighLevelGraph, layer: Layer, block: int) -> tuple[int, i
     haloed = math.prod(n + 2 * r for n, r in zip(largest, regions.reach))
     itemsize = block // items if items else 0
     halo = (haloed - items) * itemsize
-    # A kernel holds its haloed input and output and, as any function here, one more of its output.
+    # Each kernel holds its haloed input and its output; a kernel's input is freed once the next has run, so
+    # kernels k deep hold k + 1 haloed blocks at most (two moving means, lat then lon: 4.1 blocks a task
+    # measured with the read block, 4 projected).
     kernels = _kernel_depth(regions)
-    return decoded, halo, 2 * haloed * itemsize * kernels
+    return decoded, halo, (kernels + 1) * haloed * itemsize if kernels else 0
 
 
 def _kernel_depth(regions: Any) -> int:
@@ -228,8 +233,9 @@ def _kernel_depth(regions: Any) -> int:
     return own + max(inner, default=0)
 
 
-def _workspace(layer: Layer, taken: int, out: int, piece_values: int) -> int:
-    """An operation's temporaries beyond its output, from what its function is known to hold."""
+def _workspace(layer: Layer, taken: int, out: int, piece_values: int, taken_itemsize: int | None = None) -> int:
+    """An operation's temporaries beyond its output, from what its function is known to hold
+    (``taken``: bytes of its largest input, of ``taken_itemsize`` bytes a value)."""
     func = _function(layer)
     if func is None:
         return out
@@ -249,7 +255,15 @@ def _workspace(layer: Layer, taken: int, out: int, piece_values: int) -> int:
         return items * copies * max(np.dtype(dtype).itemsize, _input_itemsize(layer))
     if name in _PIECE_FUNCTIONS:
         return pieces
-    return out
+    module = getattr(func, "__module__", None) or ""
+    if name in _INPUT_COPIES:
+        return max(out, _INPUT_COPIES[name] * taken)
+    if (module == "numpy" and name in _NUMPY_LIGHT) or module.startswith(_LIGHT_MODULES):
+        return out
+    # Any other function (flox's groupby steps, a user's kernel): what the chunk planner assumes a step
+    # holds, float64 copies of its input (PlanSettings.float64_copies), or its output if larger.
+    values = taken // max(taken_itemsize or _input_itemsize(layer), 1)
+    return max(out, UNKNOWN_FLOAT64_COPIES * 8 * values)
 
 
 # numpy's functions that return a view of their input, by (module, name): no memory of their own.
@@ -268,6 +282,26 @@ _VIEW_FUNCTIONS = {
 def _makes_view(layer: Layer) -> bool:
     func = _function(layer)
     return func is not None and (getattr(func, "__module__", None), getattr(func, "__name__", None)) in _VIEW_FUNCTIONS
+
+
+# numpy functions that hold no more than their output beside their input (reductions, products).
+_NUMPY_LIGHT = {
+    "sum", "prod", "max", "min", "amax", "amin", "mean", "any", "all", "argmax", "argmin", "einsum", "dot",
+    "tensordot", "matmul", "concatenate", "stack", "clip", "round", "around", "cumsum", "cumprod", "isnan",
+    "isfinite", "where", "zeros_like", "ones_like", "full_like", "empty_like",
+}  # fmt: skip
+# Modules whose functions are dask's own block steps: each makes its output and little else.
+_LIGHT_MODULES = ("dask.array.chunk", "dask.array.reductions", "dask.array.einsumfuncs", "dask.array.core",
+                  "dask.array.wrap", "flox.dask")  # fmt: skip
+# Functions that copy their input this many times in its own dtype (measured with tracemalloc on a 1-degree
+# daily float32 field): numpy's quantile partitions a copy of columns assembled from the pieces read (2 a
+# task beside the block); flox's blockwise reduction (a resample whose periods a chunk holds whole)
+# reorders the block and masks it.
+_INPUT_COPIES = {"_block_quantile": 2, "_reduce_blockwise": 2}
+#: Float64 copies of its input an unknown function is taken to hold: the chunk planner's own assumption
+#: (PlanSettings.float64_copies). flox's map-reduce step of a monthly mean holds 3 (a year of float32 days:
+#: 6.0 blocks), its standard deviation 3.7.
+UNKNOWN_FLOAT64_COPIES = 3
 
 
 def _function(layer: Layer) -> Any:

@@ -321,6 +321,8 @@ def _numblocks_of(layer: Blockwise) -> tuple[int, ...]:
 
 #: How much more often a re-read in new chunks may decode storage chunks than the read it replaces.
 AMPLIFICATION_SLACK = 1.25
+#: Storage chunks up to this size are read again in a rechunk's pieces however often those cut them.
+REREAD_CHUNK_BYTES = 4 * 2**20
 
 
 def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
@@ -330,7 +332,8 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
     block until all its pieces have been taken (element-wise work on two
     sources of different chunks re-chunks both). A source can be read in any
     chunks: read it in those directly, unless those chunks cut its storage
-    chunks more than the read did (:data:`AMPLIFICATION_SLACK`).
+    chunks (larger than :data:`REREAD_CHUNK_BYTES`) more than the read did
+    (:data:`AMPLIFICATION_SLACK`).
     """
     replaced = {}
     for name in names:
@@ -343,11 +346,15 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
         if chunks is None or found is None:
             continue
         source, read = found
-        # A read in the new chunks that cuts storage chunks the old one read whole decodes each of them once
-        # per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper.
+        # A read in the new chunks that cuts large storage chunks the old one read whole decodes each of them
+        # once per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper.
+        # Small storage chunks (a day of a 1-degree grid) cost little to read again, and less than holding them.
         before = (graph.layers[read].collection_annotations or {}).get("chunks")
-        if before is not None and read_amplification(source.shape, source.storage_chunks, chunks) > (
-            read_amplification(source.shape, source.storage_chunks, before) * AMPLIFICATION_SLACK
+        if (
+            before is not None
+            and source.storage_chunk_bytes() > REREAD_CHUNK_BYTES
+            and read_amplification(source.shape, source.storage_chunks, chunks)
+            > read_amplification(source.shape, source.storage_chunks, before) * AMPLIFICATION_SLACK
         ):
             continue
         replaced[name] = (source, chunks, read)

@@ -30,10 +30,9 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 
 from daskstream.errors import DaskstreamError, InvalidArgumentError
-from daskstream.labelled.calendar import calendar_planned
+from daskstream.labelled.calendar import calendar_array
 from daskstream.labelled.dataset import open_dataset
 from daskstream.labelled.variables import decoded, labelled_variables
-from daskstream.opening import as_dask_array
 from daskstream.runtime.resources import resolve_settings
 from daskstream.sources import Source
 from daskstream.sources.detect import guess_format, is_url, local_path
@@ -100,7 +99,7 @@ class DaskstreamBackendEntrypoint(BackendEntrypoint):
             source: Source, coordinate: bool, dims: tuple[str, ...], periods: Mapping[str, Any]
         ) -> tuple[Any, tuple[tuple[int, ...], ...]]:
             # The chunks ds.open_dataset would give, whole periods along time included, as the preferred ones.
-            planned = as_dask_array(source, settings, chunks=calendar_planned(source, settings, dims, periods)).chunks
+            planned = calendar_array(source, settings, dims, periods).chunks
             return indexing.LazilyIndexedArray(SourceArray(source)), planned
 
         variables, attrs, close = labelled_variables(

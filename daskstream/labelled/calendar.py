@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from daskstream.errors import InvalidChunksError
+from daskstream.errors import ChunkSplitWarning, InvalidChunksError
 from daskstream.graph.reads import ChunksSpec
+from daskstream.graph.rewrites import REREAD_CHUNK_BYTES
+from daskstream.opening import as_dask_array
 from daskstream.planning.periods import calendar_chunks
 from daskstream.planning.plan import per_task_cap
 from daskstream.planning.settings import PlanSettings
@@ -138,18 +141,72 @@ def calendar_planned(
         # Contiguous data is cut into slabs along its first axis only: other cuts would read strided bytes.
         if dim not in periods or (source.storage_chunks is None and axis != 0):
             continue
-        others = math.prod(c for a, c in enumerate(plan.chunks) if a != axis)
-        found = calendar_chunks(
-            source.shape[axis],
-            row_bytes=others * source.dtype.itemsize,
-            cap_bytes=cap,
-            planned_rows=plan.chunks[axis],
-            period_starts=periods[dim],
-            storage_rows=source.storage_chunks[axis] if source.storage_chunks else None,
-        )
+        storage_rows = source.storage_chunks[axis] if source.storage_chunks else None
+        split = _years_split(source, plan.chunks, axis, cap, periods[dim])
+        found: tuple[int, ...] | None
+        if split is not None:
+            (across, pieces), found = split
+            dask_chunks[across] = tuple(_pieces(source.shape[across], pieces))
+        else:
+            others = math.prod(c for a, c in enumerate(plan.chunks) if a != axis)
+            found = calendar_chunks(
+                source.shape[axis], row_bytes=others * source.dtype.itemsize, cap_bytes=cap,
+                planned_rows=plan.chunks[axis], period_starts=periods[dim], storage_rows=storage_rows,
+            )  # fmt: skip
         if found is not None and found != dask_chunks[axis]:
             dask_chunks[axis], moved = found, True
     return tuple(dask_chunks) if moved else "auto"
 
 
-__all__ = ["by_axis", "calendar_planned", "calendar_starts", "check_names", "period_starts"]
+def calendar_array(
+    source: Source, settings: PlanSettings, dims: tuple[str, ...], periods: Mapping[str, tuple[tuple[int, ...], ...]]
+) -> Any:
+    """``source`` as a dask array in :func:`calendar_planned`'s chunks.
+
+    Cutting a grid's small storage chunks to keep whole years is the plan's
+    own choice, not a user's chunks to warn about.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChunkSplitWarning)
+        return as_dask_array(source, settings, chunks=calendar_planned(source, settings, dims, periods))
+
+
+def _years_split(
+    source: Source, planned: tuple[int, ...], axis: int, cap: int, starts: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+    """Whole years along ``axis`` with the next axis cut into the fewest pieces that let a year fit ``cap``:
+    ``((that axis, its piece), the years' chunks)``, or ``None``.
+
+    A monthly climatology over chunks of whole years reduces each chunk to its
+    twelve months and an anomaly from it runs a task per chunk; over chunks of
+    months its groups fall in separate chunks and the anomaly runs a task per
+    day (ten times slower, and dask holds those days' blocks between passes).
+    So under a budget a year of the whole grid does not fit, the grid is cut
+    rather than the year: along the first other axis, where storage chunks
+    are small enough to read again in parts (or the cut falls between them).
+    """
+    others = [a for a in range(source.ndim) if a != axis and source.shape[a] > 1]
+    if not others or source.storage_chunks is None:
+        return None
+    across = others[0]
+    rest = math.prod(c for a, c in enumerate(planned) if a not in (axis, across))
+    storage = source.storage_chunks
+    cheap = source.storage_chunk_bytes() <= REREAD_CHUNK_BYTES
+    for count in range(1, source.shape[across] + 1):
+        piece = -(-source.shape[across] // count)
+        if not cheap and piece % storage[across] and piece < source.shape[across]:
+            continue
+        found = calendar_chunks(
+            source.shape[axis], row_bytes=piece * rest * source.dtype.itemsize, cap_bytes=cap,
+            planned_rows=planned[axis], period_starts=starts[:1], storage_rows=storage[axis],
+        )  # fmt: skip
+        if found is not None:
+            return ((across, piece), found) if count > 1 else None
+    return None
+
+
+def _pieces(length: int, piece: int) -> list[int]:
+    return [min(piece, length - start) for start in range(0, length, piece)]
+
+
+__all__ = ["by_axis", "calendar_array", "calendar_planned", "calendar_starts", "check_names", "period_starts"]

@@ -26,7 +26,7 @@ from daskstream.errors import (
     shown,
 )
 from daskstream.graph.reads import ChunksSpec
-from daskstream.labelled.calendar import by_axis, calendar_planned, calendar_starts
+from daskstream.labelled.calendar import by_axis, calendar_array, calendar_starts
 from daskstream.opening import as_dask_array
 from daskstream.planning.settings import PlanSettings
 from daskstream.sources import Source, open_source
@@ -86,8 +86,9 @@ def planned_data(
     """
     chunks = by_axis(chunks, dims, source.name)
     if isinstance(chunks, str) and chunks == "auto" and periods and not eager:
-        chunks = calendar_planned(source, settings, dims, periods)
-    data = as_dask_array(source, settings, chunks=chunks, sampling=sampling)
+        data = calendar_array(source, settings, dims, periods)
+    else:
+        data = as_dask_array(source, settings, chunks=chunks, sampling=sampling)
     if eager and source.nbytes <= EAGER_COORDINATE_BYTES:
         # Read now, as xarray reads its indexes: here, in one read, rather than through a scheduler.
         return source.read(), data.chunks

@@ -61,16 +61,25 @@ def test_chunks_along_time_hold_whole_years_and_groupby_results_are_xarrays(tmp_
     np.testing.assert_allclose(monthly.values, oracle.resample(time="MS").mean().values, rtol=1e-6)
 
 
-def test_a_budget_a_year_does_not_fit_gets_whole_months_and_one_no_month_fits_the_planners_chunks(tmp_path):
+def test_under_a_budget_a_year_does_not_fit_the_grid_is_cut_before_the_year(tmp_path):
     path = tmp_path / "daily.nc"
     written = write_daily(path)
     time = written.indexes["time"]
-    day = 6 * 8 * 4
-    # A thread's share of the budget over the working set (7 for float32) holds 40 days, not a year.
-    by_month = ds.open_dataset(path, memory_budget=2 * 7 * 40 * day)["t"]
+    year = 366 * 8 * 4  # a leap year of one latitude row
+    # A thread's share of the budget over the working set (7 for float32) holds a year of 2.5 of the 6 rows.
+    cut = ds.open_dataset(path, memory_budget=2 * 7 * int(2.5 * year))["t"]
+    assert ends(cut.data.chunks[0]) == starts(time, "year")
+    assert cut.data.chunks[1] == (2, 2, 2)
+    oracle = xr.open_dataset(path, engine="h5netcdf")["t"].load()
+    np.testing.assert_allclose(
+        cut.groupby("time.month").std().values, oracle.groupby("time.month").std().values, rtol=1e-5
+    )
+    # Not a year of one row: whole months of the whole grid.
+    by_month = ds.open_dataset(path, memory_budget=2 * 7 * 40 * 6 * 8 * 4)["t"]
     assert ends(by_month.data.chunks[0]) <= starts(time, "month")
     assert max(by_month.data.chunks[0]) <= 40
-    by_planner = ds.open_dataset(path, memory_budget=2 * 7 * 20 * day)["t"]
+    assert by_month.data.chunks[1] == (6,)
+    by_planner = ds.open_dataset(path, memory_budget=2 * 7 * 20 * 6 * 8 * 4)["t"]
     assert not ends(by_planner.data.chunks[0]) <= starts(time, "month")
 
 
