@@ -111,7 +111,7 @@ def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> 
     The rewritten graph, and its :class:`~daskstream.planning.computation.ComputePlan`.
     """
 
-    graph = reread_rechunks(graph, needed_layers(graph, keys))
+    graph = reread_rechunks(graph, needed_layers(graph, keys), resources.per_task_bytes)
     graph = variance_in_pieces(graph, needed_layers(graph, keys))
     described = describe(graph, needed_layers(graph, keys))
     budget, threads = resources.memory_budget, resources.threads
@@ -144,9 +144,9 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
 
     graph = x.__dask_graph__()
     keys = list(flatten(x.__dask_keys__()))
-    graph = reread_rechunks(graph, needed_layers(graph, keys))
-    described = describe(graph, needed_layers(graph, keys))
     planned = planned_with(graph) or resources
+    graph = reread_rechunks(graph, needed_layers(graph, keys), planned.per_task_bytes)
+    described = describe(graph, needed_layers(graph, keys))
     plan = plan_passes(described.facts, hold_limit=planned.per_task_bytes)
     if plan.passes <= 1:
         return x

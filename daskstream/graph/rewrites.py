@@ -325,7 +325,7 @@ AMPLIFICATION_SLACK = 1.25
 REREAD_CHUNK_BYTES = 4 * 2**20
 
 
-def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGraph:
+def reread_rechunks(graph: HighLevelGraph, names: Iterable[str], hold_limit: int | None = None) -> HighLevelGraph:
     """``graph`` with every re-chunking of a source read replaced by a read of the source in the new chunks.
 
     dask re-chunks by splitting and concatenating blocks, which holds each
@@ -333,7 +333,8 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
     sources of different chunks re-chunks both). A source can be read in any
     chunks: read it in those directly, unless those chunks cut its storage
     chunks (larger than :data:`REREAD_CHUNK_BYTES`) more than the read did
-    (:data:`AMPLIFICATION_SLACK`).
+    (:data:`AMPLIFICATION_SLACK`) and a task may hold two of them
+    (``hold_limit``: a task's share of the budget; ``None``, no limit).
     """
     replaced = {}
     for name in names:
@@ -350,9 +351,10 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str]) -> HighLevelGra
         # once per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper.
         # Small storage chunks (a day of a 1-degree grid) cost little to read again, and less than holding them.
         before = (graph.layers[read].collection_annotations or {}).get("chunks")
+        # Under a budget that cannot hold them, reading again is what keeps the promise, however slow.
         if (
             before is not None
-            and source.storage_chunk_bytes() > REREAD_CHUNK_BYTES
+            and REREAD_CHUNK_BYTES < source.storage_chunk_bytes() <= (hold_limit or source.nbytes) // 2
             and read_amplification(source.shape, source.storage_chunks, chunks)
             > read_amplification(source.shape, source.storage_chunks, before) * AMPLIFICATION_SLACK
         ):
