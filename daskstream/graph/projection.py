@@ -150,12 +150,13 @@ def _task_memory(
     """Step through one fused task, keeping what each step holds; the terms at the largest step."""
     inside = set(members)
     remaining = {m: sum(1 for other in members if any(i == m for i, _ in facts[other].inputs)) for m in members}
-    received = sum(
-        count * facts[i].block_bytes
-        for m in members
-        for i, count in facts[m].inputs
-        if i not in inside and facts[i].kind != "constant"
-    )
+    # Each block from outside arrives once, however many steps of the task take it.
+    arriving: dict[str, int] = {}
+    for m in members:
+        for i, count in facts[m].inputs:
+            if i not in inside and facts[i].kind != "constant":
+                arriving[i] = max(arriving.get(i, 0), count)
+    received = sum(count * facts[i].block_bytes for i, count in arriving.items())
     held: dict[str, int] = {}
     based: dict[str, int] = {}  # the bytes under a view: its base's, not its shape's
     best: tuple[int, tuple[tuple[str, int], ...]] = (-1, ())
@@ -275,6 +276,8 @@ _VIEW_FUNCTIONS = {
     ("numpy", "broadcast_to"),
     ("numpy", "expand_dims"),
     ("numpy", "squeeze"),
+    # dask's zeros_like and full_like: a scalar broadcast to the block's shape.
+    ("dask.array.wrap", "_broadcast_trick_inner"),
 }
 
 
@@ -399,8 +402,13 @@ def _held(
             for t in dependents[name]
         ):
             aggregates += f.block_bytes * f.blocks
+    # A block waits for a second consumer when two tasks take it, not two steps of one task.
     waiting = max(
-        (facts[root].block_bytes for root in groups if len(dependents[root]) > 1 and facts[root].kind != "constant"),
+        (
+            facts[root].block_bytes
+            for root in groups
+            if len({group_of[t] for t in dependents[root]}) > 1 and facts[root].kind != "constant"
+        ),
         default=0,
     )
     held = []

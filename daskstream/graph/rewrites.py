@@ -17,7 +17,9 @@ keys of its own, for a pass that must read the data again.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import operator
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, cast
@@ -325,6 +327,32 @@ AMPLIFICATION_SLACK = 1.25
 REREAD_CHUNK_BYTES = 4 * 2**20
 
 
+#: Read blocks a new chunk may draw from for a rechunk to keep them (rather than read again in its chunks).
+HELD_FAN_IN = 2
+
+
+def fan_in(before: tuple[tuple[int, ...], ...], after: tuple[tuple[int, ...], ...]) -> int:
+    """The most blocks of ``before`` one chunk of ``after`` overlaps.
+
+    >>> fan_in(((365, 365), (10,)), ((73,) * 10, (10,)))
+    1
+    >>> fan_in(((365, 365, 365), (10,)), ((1095,), (5, 5)))
+    3
+    """
+    most = 1
+    for old, new in zip(before, after, strict=True):
+        old_ends = list(itertools.accumulate(old))
+        widest, start = 1, 0
+        for length in new:
+            stop = start + length
+            first = bisect.bisect_right(old_ends, start)
+            last = bisect.bisect_left(old_ends, stop)
+            widest = max(widest, last - first + 1)
+            start = stop
+        most *= widest
+    return most
+
+
 def reread_rechunks(graph: HighLevelGraph, names: Iterable[str], hold_limit: int | None = None) -> HighLevelGraph:
     """``graph`` with every re-chunking of a source read replaced by a read of the source in the new chunks.
 
@@ -351,10 +379,12 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str], hold_limit: int
         # once per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper.
         # Small storage chunks (a day of a 1-degree grid) cost little to read again, and less than holding them.
         before = (graph.layers[read].collection_annotations or {}).get("chunks")
-        # Under a budget that cannot hold them, reading again is what keeps the promise, however slow.
+        # Under a budget that cannot hold them, reading again is what keeps the promise, however slow; and a
+        # new chunk drawn from many read blocks (a column of every year) would keep them all until the last.
         if (
             before is not None
             and REREAD_CHUNK_BYTES < source.storage_chunk_bytes() <= (hold_limit or source.nbytes) // 2
+            and fan_in(before, chunks) <= HELD_FAN_IN
             and read_amplification(source.shape, source.storage_chunks, chunks)
             > read_amplification(source.shape, source.storage_chunks, before) * AMPLIFICATION_SLACK
         ):

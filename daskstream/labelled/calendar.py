@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from daskstream.advice import keyword, said
 from daskstream.errors import ChunkSplitWarning, InvalidChunksError
 from daskstream.graph.reads import ChunksSpec
 from daskstream.graph.rewrites import REREAD_CHUNK_BYTES
@@ -67,8 +68,10 @@ def check_names(chunks: ChunksSpec, dims: set[str], where: str) -> None:
     unknown = sorted(str(key) for key in chunks if isinstance(key, str) and key not in dims)
     if unknown:
         raise InvalidChunksError(
-            f"chunks={dict(chunks)!r}: {where} has no dimension {unknown[0]!r}; its dimensions are "
-            f"{', '.join(sorted(dims)) or 'none'}"
+            said(
+                keyword("chunks", dict(chunks)),
+                f": {where} has no dimension {unknown[0]!r}; its dimensions are {', '.join(sorted(dims)) or 'none'}",
+            )
         )
 
 

@@ -80,17 +80,22 @@ def test_a_rechunk_is_read_in_its_chunks_unless_that_decodes_storage_chunks_agai
     import h5py
 
     path = tmp_path / "years.h5"
-    values = np.arange(730 * 3000, dtype="f4").reshape(730, 3000)
+    values = np.arange(1095 * 3000, dtype="f4").reshape(1095, 3000)
     with h5py.File(path, "w") as f:
         f.create_dataset("t", data=values, chunks=(365, 3000), compression="gzip")  # 4.2 MiB a chunk
     x = ds.open(f"{path}::/t", chunks=(365, 3000))
     # Pieces of 73 rows cut each 365-row storage chunk five ways: read so, each would be decoded five times.
     pieces = x.rechunk((73, 3000)) + 1
-    assert all(chunks == ((365, 365), (3000,)) for chunks in _reads_after_rewrite(pieces).values())
+    assert all(chunks == ((365, 365, 365), (3000,)) for chunks in _reads_after_rewrite(pieces).values())
     np.testing.assert_array_equal(pieces.compute(), values + 1)
     # Chunks made of whole storage chunks are read as they are.
     whole = x.rechunk((730, 3000)) + 1
-    assert ((730,), (3000,)) in _reads_after_rewrite(whole).values()
+    assert ((730, 365), (3000,)) in _reads_after_rewrite(whole).values()
     np.testing.assert_array_equal(whole.compute(), values + 1)
     # Under a budget a task cannot hold two storage chunks in, the pieces are read again: slower, within it.
-    assert ((73,) * 10, (3000,)) in _reads_after_rewrite(pieces, hold_limit=365 * 3000 * 4).values()
+    assert ((73,) * 15, (3000,)) in _reads_after_rewrite(pieces, hold_limit=365 * 3000 * 4).values()
+    # Columns drawn from every block read (each year of a pixel's series) are read again too: kept, the
+    # blocks would all wait for the last column.
+    columns = x.rechunk((1095, 1000)) + 1
+    assert ((1095,), (1000, 1000, 1000)) in _reads_after_rewrite(columns).values()
+    np.testing.assert_array_equal(columns.compute(), values + 1)
