@@ -37,7 +37,7 @@ projection is ``ds.plan_compute`` of the same analysis, made before the run. Eve
 with the competent xarray's.
 
 Run ``python -m benchmarks.analyses`` (``--help`` for the options); at the default shape, 4 layouts and 3
-repeats it takes about 40 minutes on 2 cores and 3.8 GB of disk in ``--data-dir`` (kept for later runs).
+repeats it takes about 90 minutes on 2 cores (``--repeats 1``: 30) and 3.4 GB of disk in ``--data-dir`` (kept).
 """
 
 from __future__ import annotations
