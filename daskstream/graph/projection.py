@@ -286,11 +286,12 @@ def _makes_view(layer: Layer) -> bool:
     return func is not None and (getattr(func, "__module__", None), getattr(func, "__name__", None)) in _VIEW_FUNCTIONS
 
 
-# numpy functions that hold no more than their output beside their input (reductions, products).
+# numpy functions that hold no more than their output beside their input (reductions, products); its
+# element-wise ufuncs and np.where are known as element-wise before this is asked.
 _NUMPY_LIGHT = {
     "sum", "prod", "max", "min", "amax", "amin", "mean", "any", "all", "argmax", "argmin", "einsum", "dot",
-    "tensordot", "matmul", "concatenate", "stack", "clip", "round", "around", "cumsum", "cumprod", "isnan",
-    "isfinite", "where", "zeros_like", "ones_like", "full_like", "empty_like",
+    "tensordot", "matmul", "concatenate", "stack", "clip", "round", "around", "cumsum", "cumprod",
+    "zeros_like", "ones_like", "full_like", "empty_like",
 }  # fmt: skip
 # Modules whose functions are dask's own block steps: each makes its output and little else.
 _LIGHT_MODULES = ("dask.array.chunk", "dask.array.reductions", "dask.array.einsumfuncs", "dask.array.core",

@@ -376,11 +376,12 @@ def reread_rechunks(graph: HighLevelGraph, names: Iterable[str], hold_limit: int
             continue
         source, read = found
         # A read in the new chunks that cuts large storage chunks the old one read whole decodes each of them
-        # once per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper.
-        # Small storage chunks (a day of a 1-degree grid) cost little to read again, and less than holding them.
+        # once per piece (a year's chunk read again for every 12 days of an anomaly): dask's split is cheaper,
+        # where it holds few of them. Small storage chunks (a day of a 1-degree grid) cost little to read
+        # again; under a budget that cannot hold two large ones, reading again is what keeps the promise,
+        # however slow; and a new chunk drawn from many read blocks (a column of every year) would keep them
+        # all until the last.
         before = (graph.layers[read].collection_annotations or {}).get("chunks")
-        # Under a budget that cannot hold them, reading again is what keeps the promise, however slow; and a
-        # new chunk drawn from many read blocks (a column of every year) would keep them all until the last.
         if (
             before is not None
             and REREAD_CHUNK_BYTES < source.storage_chunk_bytes() <= (hold_limit or source.nbytes) // 2

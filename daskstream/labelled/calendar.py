@@ -38,12 +38,12 @@ CALENDAR_FLOAT64_COPIES = 5
 LARGEST_CALENDAR = 10_000_000
 
 
-def by_axis(chunks: ChunksSpec, dims: tuple[str, ...], name: str) -> ChunksSpec:
+def by_axis(chunks: ChunksSpec, dims: tuple[str, ...]) -> ChunksSpec:
     """``chunks`` with dimension names replaced by axes (``{"time": 365}`` to ``{0: 365}``), as xarray takes them.
 
-    >>> by_axis({"time": 365, "lat": -1}, ("time", "lat", "lon"), "t.nc::/t")
+    >>> by_axis({"time": 365, "lat": -1}, ("time", "lat", "lon"))
     {0: 365, 1: -1}
-    >>> by_axis({"time": 10}, ("lat", "lon"), "t.nc::/z")
+    >>> by_axis({"time": 10}, ("lat", "lon"))
     {}
 
     A name that is no dimension of any variable is refused by the caller (:func:`check_names`); a variable
@@ -134,18 +134,10 @@ def calendar_planned(
     if not any(dim in periods for dim in dims) or source.ndim != len(dims):
         return "auto"
     plan = source.plan(settings)
-    resources = settings.resources
+    factor = max(plan.working_set_factor, analysis_working_set_factor(source.dtype, CALENDAR_FLOAT64_COPIES))
     cap = min(
-        per_task_cap(
-            resources.memory_budget,
-            resources.threads,
-            max(
-                settings.working_set_factor_for(source.dtype),
-                analysis_working_set_factor(source.dtype, CALENDAR_FLOAT64_COPIES),
-            ),
-            source.decode_bytes,
-        ),
-        source.nbytes // max(1, settings.min_tasks_per_thread * resources.threads * resources.workers),
+        per_task_cap(plan.memory_budget, plan.threads, factor, plan.decode_bytes),
+        source.nbytes // max(1, plan.min_tasks),
     )
     dask_chunks = list(plan.dask_chunks)
     moved = False

@@ -84,7 +84,7 @@ def planned_data(
     (``{"time": 365}``); ``periods``: where calendar periods start along the dimensions that have them
     (:func:`calendar_starts`), so planned chunks hold whole years or months (:mod:`daskstream.planning.periods`).
     """
-    chunks = by_axis(chunks, dims, source.name)
+    chunks = by_axis(chunks, dims)
     if isinstance(chunks, str) and chunks == "auto" and periods and not eager:
         data = calendar_array(source, settings, dims, periods)
     else:
