@@ -269,7 +269,7 @@ def plan_chunks(
     >>> plan = plan_chunks((1000, 1000), "f8", storage_chunks=(100, 100), layout="chunked",
     ...                    memory_budget="64MiB", threads=2, workers=1, target_chunk_bytes="1MiB")
     >>> plan.chunks, plan.n_tasks, plan.read_amplification
-    ((100, 1000), 10, 1.0)
+    ((1000, 100), 10, 1.0)
     >>> plan_chunks((10_000, 100), "f4", memory_budget="1GiB", threads=2, workers=1,
     ...             target_chunk_bytes="1MiB").chunks
     (2500, 100)

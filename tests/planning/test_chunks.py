@@ -50,8 +50,10 @@ def plan(shape, dtype="f4", **kw):
             {"shape": (101, 2**15), "target_chunk_bytes": 50 * 2**17, "threads": 1, "min_tasks_per_thread": 1},
             (34, 2**15),
         ),
-        # Chunked storage: grown in whole storage chunks, fastest axis first.
-        ({"shape": (4000, 4000), "storage_chunks": (100, 100), "layout": "chunked"}, (500, 4000)),
+        # Chunked storage: grown in whole storage chunks, slowest axis first, so each storage chunk is one
+        # contiguous run of the block.
+        ({"shape": (4000, 4000), "storage_chunks": (100, 100), "layout": "chunked"}, (4000, 500)),
+        ({"shape": (40, 4000, 4000), "storage_chunks": (1, 100, 100), "layout": "chunked"}, (40, 500, 100)),
         # A reduction over axis 0 spans axis 0 first, so the combine tree stays shallow.
         ({"shape": (4000, 4000), "storage_chunks": (100, 100), "layout": "chunked", "reduce_axis": 0}, (4000, 500)),
         # Storage chunks bigger than the target but within the budget: one per task, never split.
@@ -77,6 +79,7 @@ def plan(shape, dtype="f4", **kw):
         "small",
         "no-sliver",
         "chunked",
+        "chunked-3d",
         "reduce-axis0",
         "big-storage-chunks",
         "split",
