@@ -26,7 +26,7 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
-from dask._task_spec import GraphNode, TaskRef, convert_legacy_task
+from dask._task_spec import GraphNode, Task, TaskRef, convert_legacy_task
 from dask.blockwise import Blockwise
 from dask.core import flatten
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
@@ -85,13 +85,21 @@ def describe(graph: HighLevelGraph, names: Iterable[str] | None = None) -> Graph
             described.sources[name] = sources
             names_read = tuple(source.name for source in sources)
             facts = LayerFacts(name, "read", _block_bytes(layer), blocks or 1, inputs, sources=names_read)
-        elif not graph.dependencies.get(name) and blocks is None:
+        elif (not graph.dependencies.get(name) and blocks is None) or _is_gate(layer):
+            # A later pass's gate gives its reads their Source once the pass before is done: an order, no data.
             facts = LayerFacts(name, "constant")
         else:
             facts = LayerFacts(name, "compute", _block_bytes(layer), blocks or 1, inputs)
         described.facts.append(facts)
     described.facts = _reduction_partials(described.facts)
     return described
+
+
+def _is_gate(layer: Layer) -> bool:
+    if not isinstance(layer, MaterializedLayer) or len(layer) != 1:
+        return False
+    value = next(iter(layer.values()))
+    return isinstance(value, Task) and value.func is passed_after
 
 
 def _reduction_partials(facts: list[LayerFacts]) -> list[LayerFacts]:
@@ -170,6 +178,16 @@ def sources_read_by(graph: HighLevelGraph, layer: Layer) -> tuple[Source, ...]:
 
 def source_read_by(graph: HighLevelGraph, layer: Layer) -> Source | None:
     """The Source a daskstream read layer reads (a Blockwise taking the Source as a graph constant)."""
+    found = source_constant(graph, layer)
+    return None if found is None else found[1]
+
+
+def source_constant(graph: HighLevelGraph, layer: Layer) -> tuple[str, Source] | None:
+    """The layer holding the Source a read layer takes, and the Source; ``None`` for a layer reading none.
+
+    The constant may be a later pass's gate (:func:`passed_after`): the
+    Source, released once the passes before are done.
+    """
     if not isinstance(layer, Blockwise):
         return None
     for name, index in layer.indices:
@@ -179,9 +197,18 @@ def source_read_by(graph: HighLevelGraph, layer: Layer) -> Source | None:
         held = graph.layers[key]
         if isinstance(held, MaterializedLayer) and len(held) == 1:
             value = next(iter(held.values()))
+            if isinstance(value, Task) and value.func is passed_after and isinstance(value.args[0], TaskRef):
+                gated = graph.layers.get(str(value.args[0].key))
+                value = next(iter(gated.values())) if isinstance(gated, MaterializedLayer) and len(gated) == 1 else None
             if isinstance(value, Source):
-                return value
+                return key, value
     return None
+
+
+def passed_after(value: Any, *done: Any) -> Any:
+    """``value``, once the tasks giving ``done`` have run: what orders a later pass's reads after the
+    aggregates of the passes before."""
+    return value
 
 
 def _block_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str, int]:
@@ -507,11 +534,13 @@ __all__ = [
     "merged_graph",
     "needed_layers",
     "opened_source",
+    "passed_after",
     "planned_with",
     "read_layers",
     "reads_sources",
     "rechunk_records",
     "record_plan",
+    "source_constant",
     "source_read_by",
     "sources_read_by",
     "whole_input",

@@ -44,6 +44,8 @@ from daskstream.graph.layers import (
     planned_with,
     reads_sources,
 )
+from daskstream.graph.linking import source_links
+from daskstream.graph.ordering import gate_expansions
 from daskstream.graph.projection import project
 from daskstream.graph.rewrites import fuse_siblings, reread_rechunks, rewrite, variance_in_pieces
 from daskstream.planning.computation import ComputePlan
@@ -115,8 +117,8 @@ def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> 
     graph = variance_in_pieces(graph, needed_layers(graph, keys))
     described = describe(graph, needed_layers(graph, keys))
     budget, threads = resources.memory_budget, resources.threads
-    plan = plan_passes(described.facts, hold_limit=budget // threads)
-    read_passes = plan.read_passes
+    plan = plan_passes(described.facts, hold_limit=budget // threads, linked=source_links(graph, described.facts))
+    read_passes, planned_passes = plan.read_passes, (plan, described.facts)
     if plan.recomputed:
         graph = rewrite(graph, plan)
     fused = fuse_siblings(graph, needed_layers(graph, keys), keys)
@@ -124,11 +126,14 @@ def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> 
         graph = fused
         described = describe(graph, needed_layers(graph, keys))
         # The rewritten graph computes what each pass needs in that pass: planned again, nothing is recomputed.
-        plan = plan_passes(described.facts, hold_limit=budget // threads)
+        plan = plan_passes(described.facts, hold_limit=budget // threads, linked=source_links(graph, described.facts))
     outputs = layer_names(keys)
     computation = project(
         graph, described, plan, budget=budget, concurrency=threads, outputs=outputs, read_passes=read_passes
     )
+    # Orders work, changes nothing computed or held as projected: after the projection. The passes are those
+    # planned before the rewrite: after it, the layers of each pass are apart.
+    graph = gate_expansions(graph, planned_passes[1], planned_passes[0], budget // threads)
     return graph, computation
 
 
@@ -147,7 +152,7 @@ def with_aggregates_computed(x: Any, resources: Resources) -> Any:
     planned = planned_with(graph) or resources
     graph = reread_rechunks(graph, needed_layers(graph, keys), planned.per_task_bytes)
     described = describe(graph, needed_layers(graph, keys))
-    plan = plan_passes(described.facts, hold_limit=planned.per_task_bytes)
+    plan = plan_passes(described.facts, hold_limit=planned.per_task_bytes, linked=source_links(graph, described.facts))
     if plan.passes <= 1:
         return x
     takers: dict[str, list[str]] = {f.name: [] for f in described.facts}

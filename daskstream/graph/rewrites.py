@@ -41,9 +41,12 @@ from daskstream.graph.layers import (
     blockwise_like,
     layer_names,
     needed_layers,
+    passed_after,
+    source_constant,
     source_read_by,
     sources_read_by,
 )
+from daskstream.graph.ordering import done_layer
 from daskstream.graph.pieces import moment_chunk_in_pieces
 from daskstream.graph.reads import read_array
 from daskstream.planning.grid import read_amplification
@@ -71,9 +74,13 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
         for name in names:
             keys |= set(graph.layers[name].get_output_keys())
         renamed = {name: clone_key(name, seed) for name in names}
+        earlier = sorted(b for b in plan.barriers if plan.levels[b] < level)
         for name in names:
             layers[renamed[name]] = _clone(graph.layers[name], keys, seed, graph)
             dependencies[renamed[name]] = {renamed.get(dep, dep) for dep in graph.dependencies.get(name, ())}
+            constant = source_constant(graph, graph.layers[name])
+            if constant is not None and earlier:
+                _gate(layers, dependencies, renamed[name], constant[0], earlier, seed)
     for name, level in plan.levels.items():
         # Layers of pass ``level`` take its copies of what earlier passes streamed.
         wanted = {
@@ -85,6 +92,32 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
             layers[name] = _redirect(graph.layers[name], wanted, graph)
             dependencies[name] = {wanted.get(dep, dep) for dep in dependencies[name]}
     return HighLevelGraph(layers, dependencies)
+
+
+def _gate(
+    layers: dict[str, Layer],
+    dependencies: dict[str, set[str]],
+    read: str,
+    constant: str,
+    barriers: list[str],
+    seed: Hashable,
+) -> None:
+    """Make the read layer ``read`` of a later pass start only once ``barriers`` are computed.
+
+    Nothing else orders a pass's reads after the aggregates it waits for: a
+    scheduler free to read early holds every block read (and everything split
+    from it) until the aggregate is known, the memory the pass was planned to
+    save. The read takes its Source (layer ``constant``) through a task that
+    waits for a ``None`` from each barrier block, made where that block is:
+    no aggregate moves (:mod:`daskstream.graph.ordering`).
+    """
+    done = [done_layer(layers, dependencies, b, layers[b].get_output_keys()) for b in barriers]
+    done_keys = sorted((k for name in done for k in layers[name].get_output_keys()), key=str)
+    gate = clone_key(f"after-{constant}", seed)
+    layers[gate] = MaterializedLayer({gate: Task(gate, passed_after, TaskRef(constant), *map(TaskRef, done_keys))})
+    dependencies[gate] = {constant, *done}
+    layers[read] = _redirect(layers[read], {constant: gate}, HighLevelGraph(layers, dependencies))
+    dependencies[read] = (dependencies[read] - {constant}) | {gate}
 
 
 def _clone(layer: Layer, keys: set[Key], seed: Hashable, graph: HighLevelGraph) -> Layer:

@@ -33,7 +33,7 @@ described and rewritten in :mod:`daskstream.graph.layers` and :mod:`daskstream.g
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 KINDS = ("read", "constant", "compute")
@@ -113,7 +113,9 @@ class PassPlan:
         return max((len(p) for p in self.read_passes.values()), default=0)
 
 
-def plan_passes(facts: Sequence[LayerFacts], *, hold_limit: int) -> PassPlan:
+def plan_passes(
+    facts: Sequence[LayerFacts], *, hold_limit: int, linked: Callable[[str, Set[str], int], bool] | None = None
+) -> PassPlan:
     """Plan the passes over the sources of the layers described, in dependency order.
 
     Parameters
@@ -124,6 +126,15 @@ def plan_passes(facts: Sequence[LayerFacts], *, hold_limit: int) -> PassPlan:
         Bytes of source data one output block may depend on and still be
         computed in the pass that reads them (typically one task's share of
         the memory budget).
+    linked
+        ``linked(layer, barriers, limit)``: whether the source blocks that
+        the layer's blocks join, not looking into ``barriers``, hold more than
+        ``limit`` bytes (:func:`daskstream.graph.linking.source_links`). A block read
+        for an aggregate and for work after it waits until every aggregate
+        block it feeds is known, and so do the blocks those depend on: an
+        aggregate whose blocks join more than ``hold_limit`` is a barrier,
+        however little one of its blocks depends on. Without it, only what
+        one block depends on counts.
 
     Returns
     -------
@@ -147,25 +158,20 @@ def plan_passes(facts: Sequence[LayerFacts], *, hold_limit: int) -> PassPlan:
     1
     """
     by_name: dict[str, LayerFacts] = {}
-    levels: dict[str, int] = {}
-    reach: dict[str, int] = {}
-    barriers: set[str] = set()
     for layer in facts:
         for name, _ in layer.inputs:
             if name not in by_name:
                 raise ValueError(f"layer {layer.name!r} takes {name!r}, which is not described before it")
         by_name[layer.name] = layer
-        if layer.kind == "constant":
-            reach[layer.name] = 0
-            levels[layer.name] = 0
-            continue
-        # A read's own block comes from its sources; it may take inputs too (a kernel reading its
-        # halos takes the aggregates it is computed with).
-        own = layer.block_bytes if layer.kind == "read" else 0
-        reach[layer.name] = own + sum(count * reach[name] for name, count in layer.inputs if name not in barriers)
-        levels[layer.name] = max((levels[name] + (name in barriers) for name, _ in layer.inputs), default=0)
-        if layer.kind == "compute" and reach[layer.name] > hold_limit:
-            barriers.add(layer.name)
+    levels, reach, barriers = _barriers(facts, hold_limit)
+    on_diamond = _on_diamond(facts, barriers) if linked is not None else frozenset()
+    if linked is not None and on_diamond:
+        # Work that joins an aggregate with the data read for it, other than through a barrier, holds what
+        # the aggregate links: measured task by task, only there (planning otherwise walks layers alone).
+        def links_too_much(name: str, before: Set[str]) -> bool:
+            return name in on_diamond and linked(name, before, hold_limit)
+
+        levels, reach, barriers = _barriers(facts, hold_limit, links_too_much)
 
     shared = barriers | {
         layer.name
@@ -192,6 +198,76 @@ def plan_passes(facts: Sequence[LayerFacts], *, hold_limit: int) -> PassPlan:
         read_passes={source: tuple(sorted(p)) for source, p in read_passes.items()},
         hold_limit=hold_limit,
     )
+
+
+def _barriers(
+    facts: Sequence[LayerFacts], hold_limit: int, links_too_much: Callable[[str, Set[str]], bool] | None = None
+) -> tuple[dict[str, int], dict[str, int], set[str]]:
+    """Each layer's pass and reach, and the barriers: layers depending on more than ``hold_limit`` of
+    source data, or (``links_too_much``) joining more than that, in one pass, through their blocks."""
+    levels: dict[str, int] = {}
+    reach: dict[str, int] = {}
+    barriers: set[str] = set()
+    for layer in facts:
+        if layer.kind == "constant":
+            reach[layer.name] = 0
+            levels[layer.name] = 0
+            continue
+        # A read's own block comes from its sources; it may take inputs too (a kernel reading its
+        # halos takes the aggregates it is computed with).
+        own = layer.block_bytes if layer.kind == "read" else 0
+        reach[layer.name] = own + sum(count * reach[name] for name, count in layer.inputs if name not in barriers)
+        levels[layer.name] = max((levels[name] + (name in barriers) for name, _ in layer.inputs), default=0)
+        if (layer.kind == "compute" and reach[layer.name] > hold_limit) or (
+            links_too_much is not None
+            and reach[layer.name] > 0
+            and any(count > 1 for _, count in layer.inputs)
+            and links_too_much(layer.name, barriers)
+        ):
+            barriers.add(layer.name)
+    return levels, reach, barriers
+
+
+def _on_diamond(facts: Sequence[LayerFacts], barriers: Set[str]) -> frozenset[str]:
+    """Compute layers whose result is taken, directly or not, together with data read for them.
+
+    Only there does a shared read wait for the layer: ``x - x.mean()``, not
+    ``x.mean()`` alone. Read sets are bit masks: a graph of many files has a
+    read layer per file.
+    """
+    bit = {f.name: 1 << i for i, f in enumerate(f for f in facts if f.kind == "read")}
+    inputs_of = {f.name: f.inputs for f in facts}
+    reads_of: dict[str, int] = {}
+    takers: dict[str, list[str]] = {f.name: [] for f in facts}
+    for f in facts:
+        mask = bit.get(f.name, 0)
+        for name, _ in f.inputs:
+            mask |= reads_of.get(name, 0)
+            takers.setdefault(name, []).append(f.name)
+        reads_of[f.name] = mask
+    found = set()
+    for f in facts:
+        if f.kind != "compute" or not reads_of[f.name] or not any(count > 1 for _, count in f.inputs):
+            continue
+        if f.name in barriers:
+            continue
+        after, stack = {f.name}, list(takers[f.name])
+        while stack:
+            name = stack.pop()
+            if name not in after:
+                after.add(name)
+                # Past a barrier the aggregate is a constant: what takes it there waits for nothing read.
+                if name not in barriers:
+                    stack.extend(takers[name])
+        joined = (
+            reads_of[name] & reads_of[f.name]
+            for taker in after - {f.name}
+            for name, _ in inputs_of[taker]
+            if name not in after
+        )
+        if any(joined):
+            found.add(f.name)
+    return frozenset(found)
 
 
 def copy_level(input_name: str, taker_level: int, levels: Mapping[str, int], shared: Iterable[str]) -> int:

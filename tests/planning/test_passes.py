@@ -192,3 +192,27 @@ def test_each_source_is_read_once_per_pass_that_needs_it(facts):
     assert plan.passes == max((len(p) for p in plan.read_passes.values()), default=0)
     # Never more passes than levels: one read per pass at most.
     assert plan.passes <= 1 + max(plan.levels.values())
+
+
+def test_an_aggregate_linking_more_than_a_task_may_hold_is_a_barrier_only_where_its_reads_wait_for_it():
+    # Each group mean takes 2 blocks (200 bytes, within the hold limit), but its groups straddle blocks.
+    facts = [
+        LayerFacts("read", "read", block_bytes=100, blocks=10, sources=("x.nc",)),
+        LayerFacts("means", "compute", block_bytes=8, blocks=5, inputs=(("read", 2),)),
+        LayerFacts("anomaly", "compute", block_bytes=100, blocks=10, inputs=(("read", 1), ("means", 1))),
+    ]
+    asked = []
+
+    def links_more_than(name, barriers, limit):
+        asked.append(name)
+        return True
+
+    plan = plan_passes(facts, hold_limit=300, linked=links_more_than)
+    assert asked == ["means"]
+    assert plan.barriers == {"means"}
+    assert plan.passes == 2
+    assert plan_passes(facts, hold_limit=300, linked=lambda *_: False).passes == 1
+    # The means alone, taken by nothing that reads: no block waits for them, nothing to measure.
+    asked.clear()
+    assert plan_passes(facts[:2], hold_limit=300, linked=links_more_than).passes == 1
+    assert asked == []
