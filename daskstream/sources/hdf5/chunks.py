@@ -25,7 +25,9 @@ bounds, and refused if it makes more (:class:`FilterCheck`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +276,9 @@ class ChunkedReader:
                 continue
             destination = out[target]
             raw = fetched.get(grid)
+            if raw is None and self._reads_in_part(stored, inside):
+                self._read_part_into(grid, stored, inside, destination)
+                continue
             if self._reads_straight_into(destination, stored):
                 if raw is None:
                     self._read_raw_into(grid, stored, destination)
@@ -315,6 +320,39 @@ class ChunkedReader:
             and destination.flags.c_contiguous
             and destination.dtype == self.decoder.dtype
         )
+
+    def _reads_in_part(self, stored: StoredChunk, inside: Region) -> bool:
+        """Whether the part ``inside`` of an unfiltered chunk is read alone: from a local file, where each run
+        of it is one system call, and where it is not the whole chunk (read straight into place instead)."""
+        unfiltered = all(stored.filter_mask & (1 << i) for i in range(len(self.decoder.pipeline)))
+        whole = all(s.start == 0 and s.stop == c for s, c in zip(inside, self.decoder.chunk_shape))
+        return (
+            unfiltered
+            and not whole
+            and not self.data.concurrent
+            and stored.size == self.decoder.nbytes
+            and _runs_of(inside, self.decoder.chunk_shape)[0] <= MAX_PART_RUNS
+        )
+
+    def _read_part_into(
+        self, grid: tuple[int, ...], stored: StoredChunk, inside: Region, destination: np.ndarray
+    ) -> None:
+        """Read only the bytes of ``inside`` of an unfiltered chunk, run by run, into ``destination``."""
+        _, run_elements, starts = _runs_of(inside, self.decoder.chunk_shape)
+        itemsize = self.decoder.dtype.itemsize
+        straight = destination.flags.c_contiguous and destination.dtype == self.decoder.dtype
+        part = destination if straight else np.empty(destination.shape, dtype=self.decoder.dtype)
+        flat = part.reshape(-1).view(np.uint8).data
+        run_bytes = run_elements * itemsize
+        try:
+            for i, start in enumerate(starts):
+                self.data.read_into(flat[i * run_bytes : (i + 1) * run_bytes], stored.byte_offset + start * itemsize)
+        except (OSError, EOFError) as exc:
+            if isinstance(exc, DaskstreamError):
+                raise
+            raise self._damaged(grid, stored, exc) from None
+        if not straight:
+            destination[...] = part  # into native byte order, where the file's differs
 
     def _read_raw_into(self, grid: tuple[int, ...], stored: StoredChunk, destination: np.ndarray) -> None:
         # One copy fewer: the file's bytes land in the task's output.
@@ -361,6 +399,39 @@ class ChunkedReader:
             f"{self.name}: the chunk at {origin} ({stored.size} bytes at byte {stored.byte_offset}) could not "
             f"be decoded ({type(exc).__name__}: {exc}); the file is damaged: re-create or re-copy it"
         )
+
+
+#: The most runs a part of an unfiltered chunk is read in; a part in more (a column of a wide chunk, say)
+#: reads the whole chunk, one system call.
+MAX_PART_RUNS = 4096
+
+
+def _runs_of(inside: Region, chunk_shape: tuple[int, ...]) -> tuple[int, int, Iterator[int]]:
+    """The contiguous runs of a part of a C-ordered chunk: how many, elements in each, and where each starts
+    (in elements from the chunk's first, in order).
+
+    >>> count, each, starts = _runs_of((slice(1, 3), slice(0, 4)), (5, 4))
+    >>> count, each, list(starts)
+    (1, 8, [4])
+    >>> count, each, starts = _runs_of((slice(1, 3), slice(1, 3)), (5, 4))
+    >>> count, each, list(starts)
+    (2, 2, [5, 9])
+    """
+    ndim = len(chunk_shape)
+    extents = [s.stop - s.start for s in inside]
+    # The run spans the last axes the part covers whole, and the axis before them as far as the part goes.
+    first = ndim - 1
+    while first > 0 and extents[first] == chunk_shape[first]:
+        first -= 1
+    run_elements = math.prod(extents[first:])
+    strides = [math.prod(chunk_shape[a + 1 :]) for a in range(ndim)]
+    count = math.prod(extents[:first])
+    base = sum(s.start * st for s, st in zip(inside, strides))
+    starts = (
+        base + sum(i * st for i, st in zip(index, strides))
+        for index in itertools.product(*(range(e) for e in extents[:first]))
+    )
+    return count, run_elements, starts
 
 
 # Filters HDF5 decodes without bounding what they make: deflate and bzip2 grow their buffer for as long

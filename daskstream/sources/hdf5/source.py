@@ -467,6 +467,8 @@ class Hdf5Source(Source):
         """
         if self.storage_chunks is None:
             return 0 if self.object is None else min(READ_BATCH_BYTES, self.nbytes)
+        if self.raw_chunks and not self.pipeline and self.object is None:
+            return 0  # unfiltered chunks of a local file: the part a block needs is read straight into it
         # Whole chunks, as the layout states them: a chunk reaching past the dataset's edge is stored whole.
         return (3 if self.pipeline else 1) * math.prod(self.storage_chunks) * self.dtype.itemsize
 
