@@ -10,13 +10,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daskstream.sources import open_source
+from daskstream.sources.hdf5 import chunks as chunk_reading
 from daskstream.sources.hdf5.chunks import _runs_of
 
 SHAPE, CHUNKS = (37, 9, 11), (16, 9, 4)
 
 
+@pytest.fixture(scope="module", params=[0, chunk_reading.RUN_COST_BYTES], ids=["in-part", "by-cost"])
+def run_cost(request):
+    # At no cost per run every part is read alone; at the real cost these small chunks are read whole.
+    kept = chunk_reading.RUN_COST_BYTES
+    chunk_reading.RUN_COST_BYTES = request.param
+    yield request.param
+    chunk_reading.RUN_COST_BYTES = kept
+
+
 @pytest.fixture(scope="module", params=["<f4", ">f8", "<i2"])
-def unfiltered(request, tmp_path_factory):
+def unfiltered(request, tmp_path_factory, run_cost):
     path = tmp_path_factory.mktemp("parts") / "raw.h5"
     data = (np.arange(np.prod(SHAPE)).reshape(SHAPE) % 977).astype(request.param)
     with h5py.File(path, "w") as f:
