@@ -43,10 +43,10 @@ import numpy as np
 from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import per_chunk_rows, sum_rows
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
-from daskstream.graph.layers import read_layers
+from daskstream.graph.layers import read_layers, record_route
 from daskstream.graph.pieces import PIECE_VALUES
 from daskstream.graph.rewrites import clone_array
-from daskstream.planning.budget import QUANTILE_BLOCK_COPIES
+from daskstream.planning.budget import QUANTILE_BLOCK_COPIES, format_size
 from daskstream.planning.columns import ColumnPlan, plan_columns
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import Resources
@@ -177,10 +177,30 @@ def order_statistic(
     kept = [a for a in range(x.ndim) if a not in axes]
     column_bytes = math.prod(x.shape[a] for a in axes) * max(x.dtype.itemsize, 8) * QUANTILE_BLOCK_COPIES
     columns = _column_plan(x, axes, resources) if kept else None
+    share = format_size(resources.per_task_bytes)
+    what = "median" if median else "quantile"
     if columns is not None:
         result = _quantile_along_axes(x, q, columns.chunks, axes, q_array, median, skipna, each_alone)
+        record_route(
+            result,
+            f"{what} in memory, numpy's selection over whole columns: a column of the reduced axes, "
+            f"{format_size(column_bytes)} in the float64 copies it is selected in, fits a task's share ({share})",
+        )
+    elif not kept and column_bytes <= resources.per_task_bytes:
+        # Every value fits one task: numpy's one pass beats the radix select's passes over the data.
+        result = _quantile_along_axes(x, q, {}, axes, q_array, median, skipna, each_alone)
+        record_route(
+            result,
+            f"{what} in memory, numpy's selection in one task: all values, {format_size(column_bytes)} in the "
+            f"float64 copies they are selected in, fit a task's share ({share})",
+        )
     elif not kept:
         result = _radix_quantile(x, 0.5 if each_alone else q, q_array, weak, median, resources, skipna)
+        record_route(
+            result,
+            f"{what} by radix select, a pass over the data per digit: all values, {format_size(column_bytes)} in "
+            f"the float64 copies numpy would select them in, do not fit a task's share ({share})",
+        )
     else:
         # The reduced extent is too long for one task: radix select per kept position would hold a
         # 65,536-bin count per position. Move the kept axes first and select slice by slice instead.

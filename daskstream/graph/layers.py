@@ -47,6 +47,9 @@ PLANNED_FOR = "daskstream-planned-for"
 # The annotation of a layer running sibling steps together: their names.
 SIBLINGS_ANNOTATION = "daskstream-siblings"
 
+#: On the layer of an operation with an in-memory and an out-of-core way: which it takes, and why.
+ROUTE_ANNOTATION = "daskstream-route"
+
 #: On a rechunked array's layer: its :class:`RechunkRecord`.
 RECHUNK_ANNOTATION = "daskstream-rechunk"
 
@@ -378,6 +381,21 @@ def record_plan(layer: Layer, settings: PlanSettings | Resources) -> None:
     }
 
 
+def record_route(array: Any, route: str) -> None:
+    """Write on the layer making ``array`` which way its operation computes, and why (``ComputePlan.routes``)."""
+    layer = array.__dask_graph__().layers[array.name]
+    annotations = layer.collection_annotations
+    if not isinstance(annotations, MutableMapping):
+        annotations = layer.collection_annotations = dict(annotations or {})
+    annotations[ROUTE_ANNOTATION] = route
+
+
+def routes_of(graph: HighLevelGraph, names: Iterable[str]) -> tuple[str, ...]:
+    """The routes recorded on the layers ``names`` (:func:`record_route`), each once."""
+    found = ((graph.layers[n].collection_annotations or {}).get(ROUTE_ANNOTATION) for n in sorted(names))
+    return tuple(dict.fromkeys(route for route in found if route))
+
+
 def _planned(graph: Any) -> list[dict[str, int]]:
     if hasattr(graph, "__dask_graph__"):
         graph = graph.__dask_graph__()
@@ -522,6 +540,7 @@ __all__ = [
     "PLANNED_FOR",
     "RECHUNK_ANNOTATION",
     "REGIONS_ANNOTATION",
+    "ROUTE_ANNOTATION",
     "SIBLINGS_ANNOTATION",
     "GraphFacts",
     "RechunkRecord",
@@ -540,6 +559,8 @@ __all__ = [
     "reads_sources",
     "rechunk_records",
     "record_plan",
+    "record_route",
+    "routes_of",
     "source_constant",
     "source_read_by",
     "sources_read_by",

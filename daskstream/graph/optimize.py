@@ -43,6 +43,7 @@ from daskstream.graph.layers import (
     planned_max_tasks,
     planned_with,
     reads_sources,
+    routes_of,
 )
 from daskstream.graph.linking import source_links
 from daskstream.graph.ordering import gate_expansions
@@ -131,6 +132,7 @@ def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> 
     computation = project(
         graph, described, plan, budget=budget, concurrency=threads, outputs=outputs, read_passes=read_passes
     )
+    computation = dataclasses.replace(computation, routes=routes_of(graph, needed_layers(graph, keys)))
     # Orders work, changes nothing computed or held as projected: after the projection. The passes are those
     # planned before the rewrite: after it, the layers of each pass are apart.
     graph = gate_expansions(graph, planned_passes[1], planned_passes[0], budget // threads)

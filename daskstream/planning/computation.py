@@ -100,6 +100,9 @@ class ComputePlan:
     limits
         What this machine's codec limits are for the sources read, as far as
         they are known (remembered from an earlier measurement): one line each.
+    routes
+        Where an operation has an in-memory and an out-of-core way (an exact
+        quantile), which one it takes and why: one line each.
     """
 
     budget: int
@@ -114,6 +117,7 @@ class ComputePlan:
     reads: Mapping[str, int] = field(default_factory=dict)
     max_tasks: int | None = None
     limits: tuple[str, ...] = ()
+    routes: tuple[str, ...] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -189,6 +193,7 @@ class ComputePlan:
             f"Projected peak: {self.concurrency} x {worst}{held} = {format_size(self.projected_peak_bytes)}, "
             f"{verdict} the budget of {format_size(self.budget)}"
         )
+        lines.extend(f"Route: {route}" for route in self.routes)
         lines.extend(f"Limit here: {limit}" for limit in self.limits)
         return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import h5py
 import numpy as np
 import pytest
@@ -53,3 +54,18 @@ def test_per_pixel_percentiles_of_a_stored_field_are_numpys(tmp_path, chunks, co
     np.testing.assert_array_equal(got, np.quantile(data, [0.05, 0.95], axis=0))
     got = ds.reduce(x, "median", axis=(0, 2)).compute()
     np.testing.assert_array_equal(got, np.median(data, axis=(0, 2)))
+
+
+@pytest.mark.parametrize(("budget", "route"), [("64MiB", "in memory"), ("2MiB", "by radix select")])
+def test_a_quantile_over_all_values_takes_the_fastest_exact_route_that_fits_and_says_why(tmp_path, budget, route):
+    path = tmp_path / "values.npy"
+    values = np.random.default_rng(8).standard_normal((2000, 300)).astype("f4")
+    np.save(path, values)
+    x = ds.open(path, memory_budget=budget)
+    result = ds.reduce(x, "quantile", q=[0.1, 0.9])
+    routes = [line for line in ds.plan_compute(result).explain().splitlines() if line.startswith("Route: ")]
+    assert len(routes) == 1
+    assert route in routes[0]
+    assert ("do not fit" in routes[0]) is (route != "in memory")
+    with dask.config.set(scheduler="threads", num_workers=2):
+        np.testing.assert_array_equal(result.compute(), np.quantile(values, [0.1, 0.9]))
