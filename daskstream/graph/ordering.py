@@ -29,7 +29,7 @@ from dask.graph_manipulation import clone_key
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
-from daskstream.graph.layers import as_node, passed_after
+from daskstream.graph.layers import as_node, passed_after, sources_read_by
 from daskstream.planning.passes import LayerFacts, PassPlan
 
 #: The most tasks of work computed from aggregates alone that are ordered after reads, per computation:
@@ -192,8 +192,6 @@ class _Tasks:
 
 def _reading(graph: HighLevelGraph, expansions: set[str]) -> dict[str, bool]:
     """The layers that read a source (``True``) or take what one reads (``False``), short of ``expansions``."""
-    from daskstream.graph.layers import sources_read_by
-
     reading: dict[str, bool] = {}
     order = graph._toposort_layers()
     for name in order:

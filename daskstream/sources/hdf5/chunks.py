@@ -21,6 +21,13 @@ than its filters can make of the chunk's bytes. HDF5 itself checks neither
 deflate and bzip2 filters grow their output for as long as a stream
 decodes: a chunk h5py will decode through those is first decoded here, within
 bounds, and refused if it makes more (:class:`FilterCheck`).
+
+An unfiltered chunk need not be read whole: where its runs cost less than the
+chunk, the part a block needs is read alone, straight into the block.
+
+Longer than most modules: the chunk index, the reader and the filter check
+share what a stored chunk is and what its bytes may be trusted to hold; apart,
+each would restate the others' bounds.
 """
 
 from __future__ import annotations
