@@ -394,7 +394,9 @@ def _radix_quantile(
 
 def _digit_bits(targets: int, per_task_bytes: int) -> int:
     """Bits counted per pass: 16, unless the counts (one per digit and wanted order statistic, int64) would
-    take more than a quarter of a task's share (a combine holds several rows), or many quantiles are wanted.
+    take more than a fifth of a task's share, or many quantiles are wanted. The task taking a pass's counts
+    holds four rows (its input and three of workspace); the fifth leaves room for what waits between tasks,
+    so a budget that fits wide digits is never refused where narrower ones would have run.
 
     Narrower digits cost more passes (four for float32 instead of two), never more memory.
 
@@ -402,7 +404,7 @@ def _digit_bits(targets: int, per_task_bytes: int) -> int:
     (16, 8, 8)
     """
     wide_row = targets * (1 << DIGIT_BITS) * 8
-    if targets <= _WIDE_DIGIT_TARGETS and 4 * wide_row <= per_task_bytes:
+    if targets <= _WIDE_DIGIT_TARGETS and 5 * wide_row <= per_task_bytes:
         return DIGIT_BITS
     return 8
 

@@ -180,6 +180,10 @@ def plan_passes(
         or (layer.kind == "compute" and reach[layer.name] == 0 and layer.block_bytes * layer.blocks <= hold_limit)
     }
     needed = _needed_copies(facts, by_name, levels, shared)
+    held = _held_instead(facts, reach, needed, shared, hold_limit)
+    if held:
+        shared |= held
+        needed = _needed_copies(facts, by_name, levels, shared)
     recomputed: dict[int, list[str]] = {}
     read_passes: dict[str, set[int]] = {}
     for layer in facts:
@@ -226,6 +230,41 @@ def _barriers(
         ):
             barriers.add(layer.name)
     return levels, reach, barriers
+
+
+def _held_instead(
+    facts: Sequence[LayerFacts],
+    reach: Mapping[str, int],
+    needed: Mapping[str, set[int]],
+    shared: Set[str],
+    hold_limit: int,
+) -> set[str]:
+    """Small results of reductions that later passes would compute again: held from their pass instead.
+
+    A reduction below a barrier (a radix select's first state, taken by the
+    next pass's counts and by its last state) is recomputed from the sources in
+    every pass taking it: a pass over its data to save holding a few bytes. Held
+    instead, nearest the takers first, while they take at most
+    ``hold_limit // HELD_FRACTION`` in all.
+    """
+    allowance = hold_limit // HELD_FRACTION
+    held: set[str] = set()
+    for layer in reversed(facts):
+        size = layer.block_bytes * layer.blocks
+        if (
+            layer.kind == "compute"
+            and layer.name not in shared
+            and len(needed.get(layer.name, ())) > 1
+            and layer.block_bytes < reach[layer.name]
+            and size <= allowance
+        ):
+            held.add(layer.name)
+            allowance -= size
+    return held
+
+
+#: The share of a task's hold limit that results held from one pass to the next instead of computed again may take.
+HELD_FRACTION = 16
 
 
 def _on_diamond(facts: Sequence[LayerFacts], barriers: Set[str]) -> frozenset[str]:

@@ -231,10 +231,11 @@ def test_quantile_keeps_the_sign_of_zero(values, q):
 )
 def test_each_pass_of_a_radix_select_over_a_slice_reads_it_again(tmp_path, op, q, answer):
     """A pass after the first reads a copy of the array's graph. dask's clone left a slice's tasks taking the
-    original's keys (dask/dask#12455): the passes then shared one read, each block held for the next pass."""
+    original's keys (dask/dask#12455): the passes then shared one read, each block held for the next pass.
+    The budget is one whose tasks the values do not fit: the radix select's route, not numpy's in one task."""
     a = np.random.default_rng(8).standard_normal((41, 19, 6)).astype("f4")
     np.save(tmp_path / "a.npy", a)
-    x = ds.open(tmp_path / "a.npy", chunks=(10, 19, 6))
+    x = ds.open(tmp_path / "a.npy", chunks=(10, 19, 6), memory_budget="128KiB")
 
     def passes(y):
         with ReadMeter() as once:

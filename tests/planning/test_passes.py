@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -106,6 +108,30 @@ def test_small_aggregates_and_constants_are_shared_between_passes():
     assert {"mean", "source-description"} <= plan.shared
     assert copy_level("mean", 1, plan.levels, plan.shared) == plan.levels["mean"]
     assert copy_level("x", 1, plan.levels, plan.shared) == 1
+
+
+def test_a_small_result_a_later_pass_takes_is_held_rather_than_computed_again_from_the_data():
+    # A radix select: the first digits' state (a few bytes, from an aggregate within what a task may hold)
+    # is taken by the next digits' counts, whose aggregate is the barrier, and by the state after them.
+    facts = [
+        read("x", blocks=4),
+        aggregate("top-counts", "x", fan_in=4),
+        step("first-state", ("top-counts", 1), block_bytes=48, blocks=1),
+        read("again", blocks=4),
+        step("counts", ("again", 1), ("first-state", 1), block_bytes=1 * MiB, blocks=4),
+        aggregate("next-counts", "counts", fan_in=4),
+        step("next-state", ("next-counts", 1), ("first-state", 1), block_bytes=48, blocks=1),
+    ]
+    plan = plan_passes(facts, hold_limit=LIMIT)
+    assert plan.barriers == {"next-counts"}
+    assert "first-state" in plan.shared
+    assert plan.recomputed == {}
+    assert plan.read_passes == {"x.npy": (0,)}
+    # Results larger than a sixteenth of what a task may hold: computed again, each pass reading for them.
+    large = [dataclasses.replace(f, block_bytes=LIMIT // 8) if "-state" in f.name or f.name == "top-counts" else f
+             for f in facts]  # fmt: skip
+    plan = plan_passes(large, hold_limit=LIMIT)
+    assert plan.read_passes == {"x.npy": (0, 1)}
 
 
 def test_a_layer_must_follow_its_inputs():

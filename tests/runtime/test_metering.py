@@ -42,15 +42,21 @@ def test_workers_of_a_running_cluster_are_counted(npy, dask_cluster):
     assert meter.bytes_read == data.nbytes
 
 
-@pytest.mark.parametrize(("dtype", "passes"), [("f8", 4), ("f4", 2), ("i2", 1)])
-def test_exact_median_reads_the_data_once_per_radix_pass(npy, tmp_path, dtype, passes):
-    # 16 bits of the keys per pass: a second pass must not read the first pass's data again
-    # (nor hold it in memory waiting for it).
+@pytest.mark.parametrize(
+    ("dtype", "budget", "passes"),
+    [("f8", "24MiB", 4), ("f4", "24MiB", 2), ("i2", "24MiB", 1), ("f8", "8MiB", 8), ("f8", None, 1)],
+    ids=["f8", "f4", "i2", "f8-narrow-digits", "f8-values-fit-a-task"],
+)
+def test_exact_median_reads_the_data_once_per_radix_pass(npy, tmp_path, dtype, budget, passes):
+    # At 24 MiB the values (in float64 copies) do not fit a task, their counts do: 16 bits of the keys per
+    # pass; at 8 MiB 8 bits. A later pass must not read an earlier pass's data again, neither for the state
+    # it hands on (a few bytes, held) nor its blocks (nor hold them in memory waiting for it). With the
+    # default budget the values fit one task: numpy's selection, one read.
     _, data = npy
     values = (data * 1000).astype(dtype)
     path = tmp_path / f"{dtype}.npy"
     np.save(path, values)
-    x = ds.open(path, chunks=(400, 300))
+    x = ds.open(path, chunks=(400, 300), memory_budget=budget)
     with ReadMeter() as meter:
         median = ds.reduce(x, "median").compute(scheduler="threads")
     assert median == np.median(values)
