@@ -15,6 +15,7 @@ import pytest
 from dask.array.optimization import optimize as dask_optimize
 
 import daskstream as ds
+from daskstream.compute.streams import optimize_streaming
 from daskstream.graph.optimize import optimize
 
 # Counts glibc's arenas (malloc_info's <heap> entries) after eight threads have each allocated: glibc gives a
@@ -89,7 +90,7 @@ def test_graphs_reading_no_daskstream_source_are_optimized_as_dask_does():
 
 
 def test_the_optimizer_is_a_default_a_program_can_replace_and_a_setting_can_switch_off(tmp_path):
-    assert dask.config.get("array_optimize") is optimize
+    assert dask.config.get("array_optimize") is optimize_streaming
     with dask.config.set(array_optimize=dask_optimize):
         assert dask.config.get("array_optimize") is dask_optimize
     path = str(tmp_path / "a.npy")

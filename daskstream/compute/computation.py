@@ -10,12 +10,17 @@ and ``daskstream.compute.rewrite: false`` sends every graph there.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import dask.config
+from dask.array.optimization import optimize as dask_optimize
+from dask.utils import ensure_dict
 
+from daskstream import config
+from daskstream.compute.streams import optimize_streaming, streaming_of
 from daskstream.graph.layers import merged_graph
-from daskstream.graph.optimize import optimize, plan_graph
+from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import ComputePlan
 from daskstream.planning.settings import Resources
 
@@ -23,13 +28,24 @@ from daskstream.planning.settings import Resources
 def computation_plan(collections: list[Any], resources: Resources) -> ComputePlan:
     """:func:`plan_compute` of dask ``collections`` for ``resources`` resolved by the caller."""
     graph, keys = merged_graph(collections)
-    return plan_graph(graph, keys, resources)[1]
+    rewritten, plan = plan_graph(graph, keys, resources)
+    if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):
+        # Counted on the graph dask will run: optimized as dask does, then streamed.
+        optimized = ensure_dict(dask_optimize(rewritten, keys))
+        streaming = streaming_of(optimized, keys, threads=resources.threads * resources.workers)
+        plan = dataclasses.replace(plan, streaming=streaming)
+    return plan
+
+
+#: The most tasks whose streaming a plan counts: beyond, counting costs what the plan spares.
+STREAMING_COUNTED_TASKS = 200_000
 
 
 def install_optimizer() -> None:
-    """Make :func:`daskstream.graph.optimize.optimize` dask's array optimizer by default: a default, so an
-    ``array_optimize`` a program sets itself (``dask.config.set``) still wins."""
-    dask.config.update_defaults({"array_optimize": optimize})
+    """Make :func:`daskstream.compute.streams.optimize_streaming` (daskstream's planning, then streaming
+    tasks) dask's array optimizer by default: a default, so an ``array_optimize`` a program sets itself
+    (``dask.config.set``) still wins."""
+    dask.config.update_defaults({"array_optimize": optimize_streaming})
 
 
 __all__ = ["computation_plan", "install_optimizer"]

@@ -31,7 +31,7 @@ def moments(
     ddof: int = 0,
     skipna: bool = False,
     keepdims: bool = False,
-    split_every: int | None = None,
+    split_every: int | dict[int, int] | None = None,
 ) -> da.Array:
     """Variance over ``axes``, merging per-chunk (count, mean, M2) with Chan's formula.
 

@@ -24,7 +24,7 @@ import numpy as np
 from daskstream.advice import keyword, said
 from daskstream.compute.histograms import histogram_of
 from daskstream.compute.moments import moments
-from daskstream.compute.partials import combine_fan_in
+from daskstream.compute.partials import combine_fan_in, fan_in_by_axis
 from daskstream.compute.quantiles import order_statistic
 from daskstream.errors import InvalidArgumentError, UnknownOperationError, UnsupportedDtypeError
 from daskstream.planning.grid import normalize_axes
@@ -122,10 +122,11 @@ def reduce(
     if x.size == 0:
         return _reduce_empty(x, op, axes, keepdims=keepdims, dtype=dtype, ddof=ddof)
     fan_in = split_every or combine_fan_in(x, axes, partial_itemsize=8 * 3, resources=resources)
+    by_axis = split_every or fan_in_by_axis(x, axes, fan_in)
     if op in _MOMENTS:
-        variance = moments(x, axes, ddof=ddof, skipna=op.startswith("nan"), keepdims=keepdims, split_every=fan_in)
+        variance = moments(x, axes, ddof=ddof, skipna=op.startswith("nan"), keepdims=keepdims, split_every=by_axis)
         return da.sqrt(variance) if op.endswith("std") else variance
-    kwargs: dict[str, Any] = {"axis": axes, "split_every": fan_in}
+    kwargs: dict[str, Any] = {"axis": axes, "split_every": by_axis}
     if op != "count_nonzero":
         kwargs["keepdims"] = keepdims
     if op in _ACCUMULATING:

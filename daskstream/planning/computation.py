@@ -66,6 +66,37 @@ class TaskMemory:
 
 
 @dataclass(frozen=True)
+class Streaming:
+    """The blocks' work of a computation run in streaming tasks, a chain of a block's tasks at a time each.
+
+    Attributes
+    ----------
+    streams
+        Streaming tasks.
+    folded
+        Tasks of the graph dask built that run inside them.
+    tasks
+        Tasks the scheduler runs, streaming tasks included.
+    """
+
+    streams: int
+    folded: int
+    tasks: int
+
+    def line(self) -> str:
+        """For :meth:`ComputePlan.explain`.
+
+        >>> Streaming(streams=8, folded=3900, tasks=20).line().split("; ")[1]
+        'the scheduler runs 20 tasks (3,912 without)'
+        """
+        return (
+            f"Streaming: {self.folded:,} tasks of the blocks' work run inside {self.streams:,} streaming tasks, "
+            f"one chain at a time in each; the scheduler runs {self.tasks:,} tasks "
+            f"({self.tasks - self.streams + self.folded:,} without)"
+        )
+
+
+@dataclass(frozen=True)
 class ComputePlan:
     """How a computation reading daskstream sources will run, and what it will hold.
 
@@ -103,6 +134,9 @@ class ComputePlan:
     routes
         Where an operation has an in-memory and an out-of-core way (an exact
         quantile), which one it takes and why: one line each.
+    streaming
+        How the blocks' work runs in streaming tasks
+        (:mod:`daskstream.compute.streams`), where it does.
     """
 
     budget: int
@@ -118,6 +152,7 @@ class ComputePlan:
     max_tasks: int | None = None
     limits: tuple[str, ...] = ()
     routes: tuple[str, ...] = ()
+    streaming: Streaming | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -194,6 +229,8 @@ class ComputePlan:
             f"{verdict} the budget of {format_size(self.budget)}"
         )
         lines.extend(f"Route: {route}" for route in self.routes)
+        if self.streaming is not None:
+            lines.append(self.streaming.line())
         lines.extend(f"Limit here: {limit}" for limit in self.limits)
         return "\n".join(lines)
 
@@ -201,7 +238,7 @@ class ComputePlan:
         return self.explain()
 
 
-__all__ = ["TERMS", "ComputePlan", "TaskMemory"]
+__all__ = ["TERMS", "ComputePlan", "Streaming", "TaskMemory"]
 
 
 def refuse_beyond_ceiling(tasks: int, max_tasks: int | None, budget: int, verb: str = "has") -> None:

@@ -1,0 +1,252 @@
+"""Streaming tasks: one task computes the private work of many blocks in turn and hands on what it gave.
+
+A reduction's partial results come from chains of tasks of their own -- a
+block's read, its element-wise steps, its chunk's partial -- each feeding one
+combine and nothing else. The scheduler pays for every task (distributed
+spends about a millisecond of its CPU on each): a sum of a hundred thousand
+storage chunks made thousands of tasks, most of them a few milliseconds of
+work. Here, after dask's own optimizations, such chains are run a group at a
+time inside one task, a *streaming task*: it computes them one after another,
+each chain's blocks released before the next chain starts, and hands on the
+tuple of what the chains produced; the tasks they fed take their inputs from
+those tuples.
+
+What is computed, and how much one thread holds at a time, is what it was:
+one chain's blocks, and the small results waiting for their combine (which
+waited for them before too). The graph stays dask's: a streaming task is
+scheduled, retried and stolen like any other, and a lost one re-reads only
+its own blocks.
+
+A chain is streamed only where that cannot hold more than before: every task
+in it feeds only the chain (or its one taker), and whatever it takes from
+outside the chain (a source's description, an aggregate of an earlier pass)
+is taken by every chain of its taker too, so no block waits for a streaming
+task to start. Groups are as many as give every thread of the place
+:data:`WAVES` tasks, and hold :data:`MIN_GROUP` chains at least: fewer would
+save the scheduler little. ``daskstream.compute.streaming: false`` leaves
+graphs as dask made them.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dask._task_spec import GraphNode, Task, TaskRef, convert_legacy_graph, execute_graph
+from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph
+from dask.tokenize import tokenize
+from dask.typing import Key
+from dask.utils import ensure_dict
+
+from daskstream import config
+from daskstream.graph.layers import planned_with, reads_sources
+from daskstream.graph.optimize import optimize
+from daskstream.planning.computation import Streaming
+from daskstream.runtime.stopping import raise_if_stopped
+
+#: Tasks per thread of the place the computation runs: enough to even out threads that finish early.
+WAVES = 4
+#: How the keys of streaming tasks begin.
+STREAM_PREFIX = "stream-"
+#: The fewest chains worth one streaming task: with fewer, the scheduler is spared too little.
+MIN_GROUP = 4
+#: The most tasks one chain may hold: a block's work, or a combine of a few blocks' (a tree's lowest level).
+MAX_CHAIN_TASKS = 64
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The chains one streaming task computes, in order: each its output key and its tasks.
+
+    Attributes
+    ----------
+    chains
+        ``(output key, tasks)`` per chain, the tasks as dask's graph nodes.
+    taken
+        Keys computed outside the chains that they take, in the order their
+        values reach :func:`run_chains`.
+    """
+
+    chains: tuple[tuple[Key, Mapping[Key, GraphNode]], ...]
+    taken: tuple[Key, ...]
+
+    def __repr__(self) -> str:  # dask prints the arguments of a task that failed: not every node of a chain
+        return f"Chains({len(self.chains)} chains taking {len(self.taken)} keys)"
+
+
+def optimize_streaming(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """daskstream's optimizer (:func:`daskstream.graph.optimize.optimize`), then streaming tasks where a graph
+    reads daskstream sources: dask's ``array_optimize`` once daskstream is imported."""
+    planned = planned_with(dsk) if isinstance(dsk, HighLevelGraph) and reads_sources(dsk) else None
+    optimized = optimize(dsk, keys, **kwargs)
+    if planned is None or not (config.get("compute.rewrite") and config.get("compute.streaming")):
+        return optimized
+    wanted = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
+    return stream_chains(ensure_dict(optimized), wanted, threads=planned.threads * planned.workers)
+
+
+def run_chains(chains: Chains, *taken_values: Any) -> tuple[Any, ...]:
+    """Compute each chain of ``chains`` in turn, keeping only its output; a stop asked ends it between chains."""
+    taken = dict(zip(chains.taken, taken_values, strict=True))
+    outputs = []
+    for output, tasks in chains.chains:
+        raise_if_stopped()
+        # A copy per chain: execute_graph drops each value once its last taker has run.
+        done = execute_graph(dict(tasks), cache=dict(taken), keys={output})
+        outputs.append(done[output])
+    return tuple(outputs)
+
+
+def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int) -> dict[Key, Any]:
+    """``graph`` with the chains that feed one task each computed in streaming tasks.
+
+    Parameters
+    ----------
+    graph
+        A low-level dask graph, as dask's optimizer leaves it.
+    outputs
+        The keys the computation returns: never folded into a chain.
+    threads
+        Threads of the place the computation runs, all workers together.
+
+    Returns
+    -------
+    dict
+        A graph computing the same ``outputs``; ``graph`` itself (as a dict)
+        where streaming would save too little.
+    """
+    nodes: dict[Key, GraphNode] = convert_legacy_graph(dict(graph))
+    kept = set(outputs)
+    takers: dict[Key, list[Key]] = {key: [] for key in nodes}
+    for key, node in nodes.items():
+        for dep in node.dependencies:
+            if dep in takers:
+                takers[dep].append(key)
+    found, size = _streamable(nodes, takers, kept, threads)
+    if not found or len(found) < 2 * size:
+        return nodes
+    # A group's chains take the same keys from outside: those are then computed before every chain of the
+    # group, never after one of them (chains of two passes in one group would wait for each other).
+    alike: dict[tuple[Key, ...], list[tuple[Key, Key, frozenset[Key]]]] = {}
+    for taker, output, chain in found:
+        alike.setdefault(tuple(_taken_by(chain, nodes)), []).append((taker, output, chain))
+    groups = [chains[start : start + size] for chains in alike.values() for start in range(0, len(chains), size)]
+    taken_from: dict[Key, dict[Key, Key | GraphNode]] = {}
+    for group in groups:
+        name = f"{STREAM_PREFIX}{tokenize([output for _, output, _ in group])}"
+        stream_key = (name, 0)
+        taken = tuple(dict.fromkeys(dep for _, _, chain in group for dep in _taken_by(chain, nodes)))
+        chains = Chains(tuple((output, {k: nodes[k] for k in chain}) for _, output, chain in group), taken)
+        nodes[stream_key] = Task(stream_key, run_chains, chains, *(TaskRef(k) for k in taken))
+        for index, (taker, output, chain) in enumerate(group):
+            taken_from.setdefault(taker, {})[output] = Task(output, operator.getitem, TaskRef(stream_key), index)
+            for key in chain:
+                del nodes[key]
+    for taker, substitutes in taken_from.items():
+        nodes[taker] = nodes[taker].substitute(substitutes)
+    return nodes
+
+
+def streaming_of(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int) -> Streaming | None:
+    """What :func:`stream_chains` makes of ``graph``: its streaming tasks, the tasks they fold, the tasks left;
+    None where it streams nothing."""
+    streamed = stream_chains(graph, outputs, threads=threads)
+    streams = sum(1 for key in streamed if _is_stream(key))
+    if not streams:
+        return None
+    return Streaming(streams=streams, folded=len(graph) - len(streamed) + streams, tasks=len(streamed))
+
+
+def _is_stream(key: Key) -> bool:
+    return str(key[0] if isinstance(key, tuple) else key).startswith(STREAM_PREFIX)
+
+
+def _streamable(
+    nodes: Mapping[Key, GraphNode], takers: Mapping[Key, list[Key]], kept: set[Key], threads: int
+) -> tuple[list[tuple[Key, Key, frozenset[Key]]], int]:
+    """``(taker, output, chain)`` of every chain to stream, takers and outputs in key order; and the chains
+    per streaming task."""
+    by_taker: dict[Key, list[tuple[Key, frozenset[Key]]]] = {}
+    for key, node in nodes.items():
+        deps = [d for d in node.dependencies if d in nodes]
+        private = [d for d in deps if takers[d] == [key] and d not in kept]
+        if len(private) < 2:
+            continue
+        found_chains = [(d, _chain(d, nodes, takers, kept)) for d in private]
+        chains = [(d, c) for d, c in found_chains if c is not None]
+        # What a chain takes from outside must be taken by every chain of its taker: a value computed once
+        # for all of them (a description, an aggregate), never a block that would wait for the group.
+        common = set.intersection(*(set(_taken_by(c, nodes)) for _, c in chains)) if chains else set()
+        chains = [(d, c) for d, c in chains if set(_taken_by(c, nodes)) <= common]
+        if chains:
+            by_taker[key] = chains
+    if not by_taker:
+        return [], 0
+    # A taker's height: 1 where its chains are a block's work each, one more than the highest taker in its
+    # chains otherwise (a combine of combines). The highest level with a chain for every task wanted is
+    # streamed: a tree's lower combines then run inside the streaming tasks too.
+    height: dict[Key, int] = {}
+    for taker in sorted(by_taker, key=lambda t: sum(len(c) for _, c in by_taker[t])):
+        inner = [height.get(t, 1) for _, chain in by_taker[taker] for t in chain if t in by_taker]
+        height[taker] = 1 + max(inner, default=0)
+    wanted = max(1, threads * WAVES)
+    levels: dict[int, int] = {}
+    for taker, h in height.items():
+        levels[h] = levels.get(h, 0) + len(by_taker[taker])
+    level = max((h for h, chains in levels.items() if chains >= wanted), default=1)
+    chosen = sorted((t for t, h in height.items() if h == level), key=_key_order)
+    found = [
+        (taker, output, chain)
+        for taker in chosen
+        for output, chain in sorted(by_taker[taker], key=lambda item: _key_order(item[0]))
+    ]
+    least = MIN_GROUP if level == 1 else 1
+    return found, max(least, math.ceil(len(found) / wanted))
+
+
+def _chain(
+    output: Key, nodes: Mapping[Key, GraphNode], takers: Mapping[Key, list[Key]], kept: set[Key]
+) -> frozenset[Key] | None:
+    """``output`` and the tasks only it depends on, or None when they are more than a block's work."""
+    chain = {output}
+    stack = [output]
+    while stack:
+        for dep in nodes[stack.pop()].dependencies:
+            if dep in chain or dep in kept or dep not in nodes:
+                continue
+            if all(taker in chain for taker in takers[dep]):
+                chain.add(dep)
+                stack.append(dep)
+                if len(chain) > MAX_CHAIN_TASKS:
+                    return None
+    return frozenset(chain)
+
+
+def _taken_by(chain: frozenset[Key], nodes: Mapping[Key, GraphNode]) -> list[Key]:
+    """The keys outside ``chain`` its tasks take, in a fixed order."""
+    return sorted({dep for key in chain for dep in nodes[key].dependencies if dep not in chain}, key=_key_order)
+
+
+def _key_order(key: Key) -> tuple[str, tuple[int, ...], str]:
+    # Block keys are (name, i, j, ...): neighbouring blocks (neighbouring storage) next to each other.
+    if isinstance(key, tuple) and key:
+        rest = key[1:]
+        return (str(key[0]), tuple(i if isinstance(i, int) else -1 for i in rest), str(rest))
+    return (str(key), (), "")
+
+
+__all__ = [
+    "MAX_CHAIN_TASKS",
+    "MIN_GROUP",
+    "STREAM_PREFIX",
+    "WAVES",
+    "Chains",
+    "optimize_streaming",
+    "run_chains",
+    "stream_chains",
+    "streaming_of",
+]
