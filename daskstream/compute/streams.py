@@ -187,17 +187,20 @@ def _streamable(
     if not by_taker:
         return [], 0
     # A taker's height: 1 where its chains are a block's work each, one more than the highest taker in its
-    # chains otherwise (a combine of combines). The highest level with a chain for every task wanted is
-    # streamed: a tree's lower combines then run inside the streaming tasks too.
+    # chains otherwise (a combine of combines). Of the levels with a chain for every task wanted, the one
+    # whose chains hold the most tasks is streamed: a tree's lower combines then run inside the streaming
+    # tasks too.
     height: dict[Key, int] = {}
     for taker in sorted(by_taker, key=lambda t: sum(len(c) for _, c in by_taker[t])):
         inner = [height.get(t, 1) for _, chain in by_taker[taker] for t in chain if t in by_taker]
         height[taker] = 1 + max(inner, default=0)
     wanted = max(1, threads * WAVES)
-    levels: dict[int, int] = {}
+    chains_at: dict[int, int] = {}
+    tasks_at: dict[int, int] = {}
     for taker, h in height.items():
-        levels[h] = levels.get(h, 0) + len(by_taker[taker])
-    level = max((h for h, chains in levels.items() if chains >= wanted), default=1)
+        chains_at[h] = chains_at.get(h, 0) + len(by_taker[taker])
+        tasks_at[h] = tasks_at.get(h, 0) + sum(len(chain) for _, chain in by_taker[taker])
+    level = max((h for h in chains_at if chains_at[h] >= wanted), key=lambda h: (tasks_at[h], -h), default=1)
     chosen = sorted((t for t, h in height.items() if h == level), key=_key_order)
     found = [
         (taker, output, chain)
