@@ -18,7 +18,7 @@ from dask.array.optimization import optimize as dask_optimize
 from dask.utils import ensure_dict
 
 from daskstream import config
-from daskstream.compute.streams import optimize_streaming, streaming_of
+from daskstream.compute.streams import chains_ahead, optimize_streaming, streaming_of
 from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import ComputePlan
@@ -32,7 +32,8 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):
         # Counted on the graph dask will run: optimized as dask does, then streamed.
         optimized = ensure_dict(dask_optimize(rewritten, keys))
-        streaming = streaming_of(optimized, keys, threads=resources.threads * resources.workers)
+        threads = resources.threads * resources.workers
+        streaming = streaming_of(optimized, keys, threads=threads, ahead=chains_ahead(plan))
         plan = dataclasses.replace(plan, streaming=streaming)
     return plan
 

@@ -29,23 +29,24 @@ graphs as dask made them.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
+from collections import deque
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from dask._task_spec import GraphNode, Task, TaskRef, convert_legacy_graph, execute_graph
 from dask.core import flatten
-from dask.highlevelgraph import HighLevelGraph
 from dask.tokenize import tokenize
 from dask.typing import Key
 from dask.utils import ensure_dict
 
 from daskstream import config
-from daskstream.graph.layers import planned_with, reads_sources
-from daskstream.graph.optimize import optimize
-from daskstream.planning.computation import Streaming
+from daskstream.graph.optimize import optimize_planned
+from daskstream.planning.computation import ComputePlan, Streaming
 from daskstream.runtime.stopping import raise_if_stopped
 
 #: Tasks per thread of the place the computation runs: enough to even out threads that finish early.
@@ -69,39 +70,94 @@ class Chains:
     taken
         Keys computed outside the chains that they take, in the order their
         values reach :func:`run_chains`.
+    ahead
+        Chains computed ahead of the one whose output is awaited, each in a
+        thread of its own: the next blocks' requests to an object store are
+        in flight while the current block is decoded.
     """
 
     chains: tuple[tuple[Key, Mapping[Key, GraphNode]], ...]
     taken: tuple[Key, ...]
+    ahead: int = 0
 
     def __repr__(self) -> str:  # dask prints the arguments of a task that failed: not every node of a chain
-        return f"Chains({len(self.chains)} chains taking {len(self.taken)} keys)"
+        return f"Chains({len(self.chains)} chains taking {len(self.taken)} keys, {self.ahead} ahead)"
 
 
 def optimize_streaming(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """daskstream's optimizer (:func:`daskstream.graph.optimize.optimize`), then streaming tasks where a graph
     reads daskstream sources: dask's ``array_optimize`` once daskstream is imported."""
-    planned = planned_with(dsk) if isinstance(dsk, HighLevelGraph) and reads_sources(dsk) else None
-    optimized = optimize(dsk, keys, **kwargs)
-    if planned is None or not (config.get("compute.rewrite") and config.get("compute.streaming")):
+    optimized, plan, planned = optimize_planned(dsk, keys, **kwargs)
+    if plan is None or planned is None or not config.get("compute.streaming"):
         return optimized
     wanted = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
-    return stream_chains(ensure_dict(optimized), wanted, threads=planned.threads * planned.workers)
+    threads = planned.threads * planned.workers
+    return stream_chains(ensure_dict(optimized), wanted, threads=threads, ahead=chains_ahead(plan))
+
+
+def chains_ahead(plan: ComputePlan) -> int:
+    """Chains a streaming task computes ahead: for sources on an object store, as many as the budget holds
+    beside what the plan projects (``daskstream.objects.chains-ahead`` at most); none for local files, whose
+    reads the threads already overlap with their work.
+
+    >>> import dataclasses
+    >>> from daskstream.planning.computation import ComputePlan, TaskMemory
+    >>> worst = TaskMemory("read", (("input", 10),))
+    >>> plan = ComputePlan(budget=100, concurrency=2, tasks=9, passes=1, read_passes={"s3://b/x.zarr": (0,)},
+    ...                    source_bytes={}, pass_work={}, worst=worst)
+    >>> chains_ahead(plan)
+    2
+    >>> chains_ahead(dataclasses.replace(plan, read_passes={"/data/x.zarr": (0,)}))
+    0
+    """
+    if not any(_on_object_store(source) for source in plan.read_passes):
+        return 0
+    # Each chain ahead holds what one task does at its peak, beside the tasks running at once.
+    spare = plan.budget // max(1, plan.projected_peak_bytes) - 1
+    return max(0, min(spare, int(config.setting("objects.chains-ahead"))))
+
+
+def _on_object_store(source: str) -> bool:
+    scheme, found, _ = source.partition("://")
+    return bool(found) and scheme not in ("file", "local")
 
 
 def run_chains(chains: Chains, *taken_values: Any) -> tuple[Any, ...]:
-    """Compute each chain of ``chains`` in turn, keeping only its output; a stop asked ends it between chains."""
+    """Compute each chain of ``chains`` in turn, keeping only its output; a stop asked ends it between chains.
+
+    With chains ahead, each runs in a thread of a pool of ``ahead + 1``; at most that many are under way.
+    """
     taken = dict(zip(chains.taken, taken_values, strict=True))
-    outputs = []
-    for output, tasks in chains.chains:
-        raise_if_stopped()
-        # A copy per chain: execute_graph drops each value once its last taker has run.
-        done = execute_graph(dict(tasks), cache=dict(taken), keys={output})
-        outputs.append(done[output])
-    return tuple(outputs)
+    if not chains.ahead:
+        outputs = []
+        for output, tasks in chains.chains:
+            raise_if_stopped()
+            outputs.append(_run_chain(output, tasks, taken))
+        return tuple(outputs)
+    with ThreadPoolExecutor(chains.ahead + 1, thread_name_prefix="daskstream-chain") as pool:
+        waiting: deque[Future[Any]] = deque()
+        queued = iter(chains.chains)
+        try:
+            for output, tasks in itertools.islice(queued, chains.ahead + 1):
+                waiting.append(pool.submit(_run_chain, output, tasks, taken))
+            results = []
+            while waiting:
+                raise_if_stopped()
+                results.append(waiting.popleft().result())
+                for output, tasks in itertools.islice(queued, 1):
+                    waiting.append(pool.submit(_run_chain, output, tasks, taken))
+            return tuple(results)
+        finally:
+            for future in waiting:
+                future.cancel()
 
 
-def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int) -> dict[Key, Any]:
+def _run_chain(output: Key, tasks: Mapping[Key, GraphNode], taken: Mapping[Key, Any]) -> Any:
+    # A copy per chain: execute_graph drops each value once its last taker has run.
+    return execute_graph(dict(tasks), cache=dict(taken), keys={output})[output]
+
+
+def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int, ahead: int = 0) -> dict[Key, Any]:
     """``graph`` with the chains that feed one task each computed in streaming tasks.
 
     Parameters
@@ -112,6 +168,8 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
         The keys the computation returns: never folded into a chain.
     threads
         Threads of the place the computation runs, all workers together.
+    ahead
+        Chains each streaming task computes ahead (:class:`Chains`).
 
     Returns
     -------
@@ -140,7 +198,7 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
         name = f"{STREAM_PREFIX}{tokenize([output for _, output, _ in group])}"
         stream_key = (name, 0)
         taken = tuple(dict.fromkeys(dep for _, _, chain in group for dep in _taken_by(chain, nodes)))
-        chains = Chains(tuple((output, {k: nodes[k] for k in chain}) for _, output, chain in group), taken)
+        chains = Chains(tuple((output, {k: nodes[k] for k in chain}) for _, output, chain in group), taken, ahead)
         nodes[stream_key] = Task(stream_key, run_chains, chains, *(TaskRef(k) for k in taken))
         for index, (taker, output, chain) in enumerate(group):
             taken_from.setdefault(taker, {})[output] = Task(output, operator.getitem, TaskRef(stream_key), index)
@@ -151,14 +209,14 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
     return nodes
 
 
-def streaming_of(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int) -> Streaming | None:
+def streaming_of(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int, ahead: int = 0) -> Streaming | None:
     """What :func:`stream_chains` makes of ``graph``: its streaming tasks, the tasks they fold, the tasks left;
     None where it streams nothing."""
-    streamed = stream_chains(graph, outputs, threads=threads)
+    streamed = stream_chains(graph, outputs, threads=threads, ahead=ahead)
     streams = sum(1 for key in streamed if _is_stream(key))
     if not streams:
         return None
-    return Streaming(streams=streams, folded=len(graph) - len(streamed) + streams, tasks=len(streamed))
+    return Streaming(streams=streams, folded=len(graph) - len(streamed) + streams, tasks=len(streamed), ahead=ahead)
 
 
 def _is_stream(key: Key) -> bool:
@@ -248,6 +306,7 @@ __all__ = [
     "STREAM_PREFIX",
     "WAVES",
     "Chains",
+    "chains_ahead",
     "optimize_streaming",
     "run_chains",
     "stream_chains",

@@ -58,16 +58,22 @@ from daskstream.planning.settings import Resources
 def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """dask's array optimizer, after planning the passes of graphs that read daskstream sources.
 
-    Installed as dask's ``array_optimize`` when daskstream is imported. The
-    budget and threads planned for are those the graph's arrays were opened
-    with (recorded in it), wherever dask calls this.
+    The budget and threads planned for are those the graph's arrays were
+    opened with (recorded in it), wherever dask calls this.
 
     Raises
     ------
     MemoryBudgetError
         When the computation's projected peak exceeds its memory budget, before anything runs.
     """
+    return optimize_planned(dsk, keys, **kwargs)[0]
 
+
+def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePlan | None, Resources | None]:
+    """:func:`optimize`, and the plan it checked with the resources it planned for (None where it planned
+    nothing: a graph reading no daskstream source, or ``daskstream.compute.rewrite: false``)."""
+    plan: ComputePlan | None = None
+    planned: Resources | None = None
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and reads_sources(dsk):
         planned = planned_with(dsk)
         if planned is not None:
@@ -79,7 +85,7 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
                 # keys need is counted by culling, which costs as many steps as the tasks it keeps.
                 plan = dataclasses.replace(plan, tasks=_needed_tasks(dsk, wanted, ceiling))
             dataclasses.replace(plan, max_tasks=ceiling).check()
-    return dask_optimize(dsk, keys, **kwargs)
+    return dask_optimize(dsk, keys, **kwargs), plan, planned
 
 
 def _needed_tasks(graph: HighLevelGraph, keys: list[Key], ceiling: int) -> int:
@@ -219,4 +225,11 @@ def with_layers_computed(
     return type(x)(computed, x.name, x.chunks, meta=x._meta)
 
 
-__all__ = ["computed_once_layers", "optimize", "plan_graph", "with_aggregates_computed", "with_layers_computed"]
+__all__ = [
+    "computed_once_layers",
+    "optimize",
+    "optimize_planned",
+    "plan_graph",
+    "with_aggregates_computed",
+    "with_layers_computed",
+]

@@ -77,11 +77,14 @@ class Streaming:
         Tasks of the graph dask built that run inside them.
     tasks
         Tasks the scheduler runs, streaming tasks included.
+    ahead
+        Blocks each streaming task reads ahead of the one it works on.
     """
 
     streams: int
     folded: int
     tasks: int
+    ahead: int = 0
 
     def line(self) -> str:
         """For :meth:`ComputePlan.explain`.
@@ -89,10 +92,12 @@ class Streaming:
         >>> Streaming(streams=8, folded=3900, tasks=20).line().split("; ")[1]
         'the scheduler runs 20 tasks (3,912 without)'
         """
+        pace = (
+            f"each reading {self.ahead} ahead of the chain it works on" if self.ahead else "one chain at a time in each"
+        )
         return (
             f"Streaming: {self.folded:,} tasks of the blocks' work run inside {self.streams:,} streaming tasks, "
-            f"one chain at a time in each; the scheduler runs {self.tasks:,} tasks "
-            f"({self.tasks - self.streams + self.folded:,} without)"
+            f"{pace}; the scheduler runs {self.tasks:,} tasks ({self.tasks - self.streams + self.folded:,} without)"
         )
 
 

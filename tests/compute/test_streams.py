@@ -3,8 +3,10 @@ reads of the graph dask built, and far fewer tasks."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
+import time
 import weakref
 
 import dask
@@ -15,9 +17,12 @@ import zarr
 from dask._task_spec import DataNode, List, Task, TaskRef
 
 import daskstream as ds
-from daskstream.compute.streams import MIN_GROUP, WAVES, Chains, stream_chains
+from daskstream.compute.streams import MIN_GROUP, WAVES, Chains, chains_ahead, run_chains, stream_chains
+from daskstream.planning.computation import ComputePlan, TaskMemory
 from daskstream.runtime.metering import ReadMeter
 from daskstream.sources.npy import NpySource
+
+MiB = 2**20
 
 
 def streamed_graph(result, streaming=True):
@@ -185,7 +190,48 @@ def test_the_branches_of_a_tree_are_never_run_one_after_another():
 
 
 def test_a_chains_repr_names_no_task():
-    assert repr(Chains((), ())) == "Chains(0 chains taking 0 keys)"
+    assert repr(Chains((), ())) == "Chains(0 chains taking 0 keys, 0 ahead)"
+
+
+class UnderWay:
+    """Counts the chains under way at once (a block 'read' that waits a little, as a GET does)."""
+
+    lock = threading.Lock()
+    now = 0
+    most = 0
+
+    @classmethod
+    def read(cls, i):
+        with cls.lock:
+            cls.now += 1
+            cls.most = max(cls.most, cls.now)
+        time.sleep(0.02)
+        with cls.lock:
+            cls.now -= 1
+        return np.full(3, float(i))
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_chains_ahead_are_under_way_together_and_hand_on_in_order(ahead):
+    chains = []
+    for i in range(10):
+        read = Task(("read", i), UnderWay.read, i)
+        partial = Task(("part", i), np.sum, TaskRef(("read", i)))
+        chains.append((partial.key, {read.key: read, partial.key: partial}))
+    UnderWay.most = 0
+    assert run_chains(Chains(tuple(chains), (), ahead)) == tuple(3.0 * i for i in range(10))
+    assert UnderWay.most == ahead + 1
+
+
+def test_chains_ahead_only_for_object_stores_and_within_the_budget():
+    worst = TaskMemory("read", (("input", 10 * MiB),))
+    plan = ComputePlan(budget=100 * MiB, concurrency=2, tasks=9, passes=1, read_passes={"s3://b/x.zarr": (0,)},
+                       source_bytes={}, pass_work={}, worst=worst)  # fmt: skip
+    assert chains_ahead(plan) == 2  # the setting's default: the budget holds four more tasks' peaks
+    with dask.config.set({"daskstream.objects.chains-ahead": 8}):
+        assert chains_ahead(plan) == 4
+    assert chains_ahead(dataclasses.replace(plan, budget=25 * MiB)) == 0
+    assert chains_ahead(dataclasses.replace(plan, read_passes={"/data/x.zarr": (0,)})) == 0
 
 
 def test_streaming_can_be_switched_off(stored):

@@ -47,6 +47,19 @@ def test_a_zarr_array_on_s3_reads_exactly_with_one_get_per_object_and_no_head_pe
     assert float(ds.reduce(x, "sum")) == pytest.approx(float(data.sum(dtype="f8")), rel=1e-6)
 
 
+def test_a_sum_on_s3_streams_its_blocks_reading_ahead_each_object_once(s3):
+    data = _field()
+    url = _zarr_on_s3(s3, data, "v3")
+    x = ds.open(url, storage_options=s3.options, chunks=(30, 30))
+    total = ds.reduce(x, "sum")
+    explained = ds.plan_compute(total).explain()
+    assert "reading 2 ahead" in explained
+    s3.reset()
+    with dask.config.set(scheduler="threads"):
+        assert float(total.compute()) == pytest.approx(float(data.sum(dtype="f8")), rel=1e-6)
+    assert s3.requests().get("GET", 0) <= 12 + 2  # every chunk object once, read ahead or not
+
+
 def test_objects_rewritten_after_opening_are_refused_not_mixed(s3):
     data = _field()
     url = _zarr_on_s3(s3, data, "v3")
