@@ -187,6 +187,9 @@ def running_server(latency: float) -> Iterator[Server]:
     if spec is None or spec.loader is None or not S3_HELPERS.is_file():
         raise SystemExit(f"{S3_HELPERS} is missing: run from a checkout of the repository")
     helpers = importlib.util.module_from_spec(spec)
+    # The helpers start the server through the tests' reaper (tests/reaper.py), which they import by name.
+    if str(S3_HELPERS.parents[1]) not in sys.path:
+        sys.path.append(str(S3_HELPERS.parents[1]))
     spec.loader.exec_module(helpers)
     # The server checks no credentials; s3fs wants some. These reach nothing but 127.0.0.1.
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
