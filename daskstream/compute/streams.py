@@ -187,11 +187,13 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
     found, size = _streamable(nodes, takers, kept, threads)
     if not found or len(found) < 2 * size:
         return nodes
-    # A group's chains take the same keys from outside: those are then computed before every chain of the
-    # group, never after one of them (chains of two passes in one group would wait for each other).
-    alike: dict[tuple[Key, ...], list[tuple[Key, Key, frozenset[Key]]]] = {}
+    # A group's chains feed one taker: what the group hands on is held until its last taker runs, and one
+    # taker holds all its inputs anyway (a group feeding many would hold many takers' inputs at once). They
+    # take the same keys from outside, which are then computed before every chain of the group, never after
+    # one of them (chains of two passes in one group would wait for each other).
+    alike: dict[tuple[Key, tuple[Key, ...]], list[tuple[Key, Key, frozenset[Key]]]] = {}
     for taker, output, chain in found:
-        alike.setdefault(tuple(_taken_by(chain, nodes)), []).append((taker, output, chain))
+        alike.setdefault((taker, tuple(_taken_by(chain, nodes))), []).append((taker, output, chain))
     groups = [chains[start : start + size] for chains in alike.values() for start in range(0, len(chains), size)]
     taken_from: dict[Key, dict[Key, Key | GraphNode]] = {}
     for group in groups:

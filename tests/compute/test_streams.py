@@ -70,8 +70,9 @@ def test_streamed_reductions_give_numpys_answer_in_far_fewer_tasks(stored, fmt, 
     result = build(x)
     graph, unstreamed = streamed_graph(result), streamed_graph(result, streaming=False)
     assert streaming_tasks(graph)
-    # The 50 chains of reading and reducing a block became a few streaming tasks for 2 threads.
-    assert len(graph) <= len(unstreamed) - 50 + 2 * WAVES + 1
+    # The 50 chains of reading and reducing a block became a few streaming tasks for 2 threads (a group's
+    # chains feed one combine: a few more where dask's tree combines few at a time).
+    assert len(graph) <= len(unstreamed) - 50 + 3 * WAVES
     with dask.config.set(scheduler="threads"), ReadMeter() as meter:
         got = result.compute()
     np.testing.assert_allclose(got, oracle(data), rtol=1e-6)
