@@ -21,10 +21,11 @@ A chain is streamed only where that cannot hold more than before: every task
 in it feeds only the chain (or its one taker), and whatever it takes from
 outside the chain (a source's description, an aggregate of an earlier pass)
 is taken by every chain of its taker too, so no block waits for a streaming
-task to start. Groups are as many as give every thread of the place
-:data:`WAVES` tasks, and hold :data:`MIN_GROUP` chains at least: fewer would
-save the scheduler little. ``daskstream.compute.streaming: false`` leaves
-graphs as dask made them.
+task to start. A group's chains feed one taker, and groups are about as many
+as give every thread of the place :data:`WAVES` tasks; chains of a block's
+work each go :data:`MIN_GROUP` at least to a group: fewer would save the
+scheduler little. ``daskstream.compute.streaming: false`` leaves graphs as
+dask made them.
 """
 
 from __future__ import annotations
@@ -191,21 +192,20 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
     # taker holds all its inputs anyway (a group feeding many would hold many takers' inputs at once). They
     # take the same keys from outside, which are then computed before every chain of the group, never after
     # one of them (chains of two passes in one group would wait for each other).
-    alike: dict[tuple[Key, tuple[Key, ...]], list[tuple[Key, Key, frozenset[Key]]]] = {}
-    for taker, output, chain in found:
-        alike.setdefault((taker, tuple(_taken_by(chain, nodes))), []).append((taker, output, chain))
-    groups = [chains[start : start + size] for chains in alike.values() for start in range(0, len(chains), size)]
+    alike: dict[tuple[Key, tuple[Key, ...]], list[tuple[Key, frozenset[Key]]]] = {}
+    for taker, output, chain, taken in found:
+        alike.setdefault((taker, taken), []).append((output, chain))
     taken_from: dict[Key, dict[Key, Key | GraphNode]] = {}
-    for group in groups:
-        name = f"{STREAM_PREFIX}{tokenize([output for _, output, _ in group])}"
-        stream_key = (name, 0)
-        taken = tuple(dict.fromkeys(dep for _, _, chain in group for dep in _taken_by(chain, nodes)))
-        chains = Chains(tuple((output, {k: nodes[k] for k in chain}) for _, output, chain in group), taken, ahead)
-        nodes[stream_key] = Task(stream_key, run_chains, chains, *(TaskRef(k) for k in taken))
-        for index, (taker, output, chain) in enumerate(group):
-            taken_from.setdefault(taker, {})[output] = Task(output, operator.getitem, TaskRef(stream_key), index)
-            for key in chain:
-                del nodes[key]
+    for (taker, taken), chains_of_taker in alike.items():
+        for start in range(0, len(chains_of_taker), size):
+            group = chains_of_taker[start : start + size]
+            stream_key = (f"{STREAM_PREFIX}{tokenize([output for output, _ in group])}", 0)
+            chains = Chains(tuple((output, {k: nodes[k] for k in chain}) for output, chain in group), taken, ahead)
+            nodes[stream_key] = Task(stream_key, run_chains, chains, *(TaskRef(k) for k in taken))
+            for index, (output, chain) in enumerate(group):
+                taken_from.setdefault(taker, {})[output] = Task(output, operator.getitem, TaskRef(stream_key), index)
+                for key in chain:
+                    del nodes[key]
     for taker, substitutes in taken_from.items():
         nodes[taker] = nodes[taker].substitute(substitutes)
     return nodes
@@ -227,21 +227,21 @@ def _is_stream(key: Key) -> bool:
 
 def _streamable(
     nodes: Mapping[Key, GraphNode], takers: Mapping[Key, list[Key]], kept: set[Key], threads: int
-) -> tuple[list[tuple[Key, Key, frozenset[Key]]], int]:
-    """``(taker, output, chain)`` of every chain to stream, takers and outputs in key order; and the chains
-    per streaming task."""
-    by_taker: dict[Key, list[tuple[Key, frozenset[Key]]]] = {}
+) -> tuple[list[tuple[Key, Key, frozenset[Key], tuple[Key, ...]]], int]:
+    """``(taker, output, chain, keys it takes from outside)`` of every chain to stream, takers and outputs in
+    key order; and the chains per streaming task."""
+    by_taker: dict[Key, list[tuple[Key, frozenset[Key], tuple[Key, ...]]]] = {}
     for key, node in nodes.items():
         deps = [d for d in node.dependencies if d in nodes]
         private = [d for d in deps if takers[d] == [key] and d not in kept]
         if len(private) < 2:
             continue
         found_chains = [(d, _chain(d, nodes, takers, kept)) for d in private]
-        chains = [(d, c) for d, c in found_chains if c is not None]
+        chains = [(d, c, _taken_by(c, nodes)) for d, c in found_chains if c is not None]
         # What a chain takes from outside must be taken by every chain of its taker: a value computed once
         # for all of them (a description, an aggregate), never a block that would wait for the group.
-        common = set.intersection(*(set(_taken_by(c, nodes)) for _, c in chains)) if chains else set()
-        chains = [(d, c) for d, c in chains if set(_taken_by(c, nodes)) <= common]
+        common = set.intersection(*(set(taken) for _, _, taken in chains)) if chains else set()
+        chains = [(d, c, taken) for d, c, taken in chains if set(taken) <= common]
         if chains:
             by_taker[key] = chains
     if not by_taker:
@@ -251,21 +251,21 @@ def _streamable(
     # whose chains hold the most tasks is streamed: a tree's lower combines then run inside the streaming
     # tasks too.
     height: dict[Key, int] = {}
-    for taker in sorted(by_taker, key=lambda t: sum(len(c) for _, c in by_taker[t])):
-        inner = [height.get(t, 1) for _, chain in by_taker[taker] for t in chain if t in by_taker]
+    for taker in sorted(by_taker, key=lambda t: sum(len(c) for _, c, _ in by_taker[t])):
+        inner = [height.get(t, 1) for _, chain, _ in by_taker[taker] for t in chain if t in by_taker]
         height[taker] = 1 + max(inner, default=0)
     wanted = max(1, threads * WAVES)
     chains_at: dict[int, int] = {}
     tasks_at: dict[int, int] = {}
     for taker, h in height.items():
         chains_at[h] = chains_at.get(h, 0) + len(by_taker[taker])
-        tasks_at[h] = tasks_at.get(h, 0) + sum(len(chain) for _, chain in by_taker[taker])
+        tasks_at[h] = tasks_at.get(h, 0) + sum(len(chain) for _, chain, _ in by_taker[taker])
     level = max((h for h in chains_at if chains_at[h] >= wanted), key=lambda h: (tasks_at[h], -h), default=1)
     chosen = sorted((t for t, h in height.items() if h == level), key=_key_order)
     found = [
-        (taker, output, chain)
+        (taker, output, chain, taken)
         for taker in chosen
-        for output, chain in sorted(by_taker[taker], key=lambda item: _key_order(item[0]))
+        for output, chain, taken in sorted(by_taker[taker], key=lambda item: _key_order(item[0]))
     ]
     least = MIN_GROUP if level == 1 else 1
     return found, max(least, math.ceil(len(found) / wanted))
@@ -289,9 +289,10 @@ def _chain(
     return frozenset(chain)
 
 
-def _taken_by(chain: frozenset[Key], nodes: Mapping[Key, GraphNode]) -> list[Key]:
+def _taken_by(chain: frozenset[Key], nodes: Mapping[Key, GraphNode]) -> tuple[Key, ...]:
     """The keys outside ``chain`` its tasks take, in a fixed order."""
-    return sorted({dep for key in chain for dep in nodes[key].dependencies if dep not in chain}, key=_key_order)
+    outside = {dep for key in chain for dep in nodes[key].dependencies if dep not in chain}
+    return tuple(sorted(outside, key=_key_order))
 
 
 def _key_order(key: Key) -> tuple[str, tuple[int, ...], str]:
