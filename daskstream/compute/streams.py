@@ -40,13 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dask._task_spec import GraphNode, Task, TaskRef, convert_legacy_graph, execute_graph
-from dask.core import flatten
 from dask.tokenize import tokenize
 from dask.typing import Key
 from dask.utils import ensure_dict
 
 from daskstream import config
-from daskstream.graph.optimize import optimize_planned
+from daskstream.graph.optimize import optimize_planned, requested_keys
 from daskstream.planning.computation import ComputePlan, Streaming
 from daskstream.runtime.stopping import raise_if_stopped
 
@@ -91,9 +90,8 @@ def optimize_streaming(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     optimized, plan, planned = optimize_planned(dsk, keys, **kwargs)
     if plan is None or planned is None or not config.get("compute.streaming"):
         return optimized
-    wanted = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
     threads = planned.threads * planned.workers
-    return stream_chains(ensure_dict(optimized), wanted, threads=threads, ahead=chains_ahead(plan))
+    return stream_chains(ensure_dict(optimized), requested_keys(keys), threads=threads, ahead=chains_ahead(plan))
 
 
 def chains_ahead(plan: ComputePlan) -> int:

@@ -77,7 +77,7 @@ def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePl
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and reads_sources(dsk):
         planned = planned_with(dsk)
         if planned is not None:
-            wanted = list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
+            wanted = requested_keys(keys)
             dsk, plan = plan_graph(dsk, wanted, planned)
             ceiling = planned_max_tasks(dsk)
             if ceiling is not None and plan.tasks > ceiling:
@@ -86,6 +86,11 @@ def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePl
                 plan = dataclasses.replace(plan, tasks=_needed_tasks(dsk, wanted, ceiling))
             dataclasses.replace(plan, max_tasks=ceiling).check()
     return dask_optimize(dsk, keys, **kwargs), plan, planned
+
+
+def requested_keys(keys: Any) -> list[Key]:
+    """The keys dask hands an optimizer (one key, or nested lists of them), as one flat list."""
+    return list(flatten(keys)) if isinstance(keys, (list, set, tuple)) else [keys]
 
 
 def _needed_tasks(graph: HighLevelGraph, keys: list[Key], ceiling: int) -> int:
@@ -230,6 +235,7 @@ __all__ = [
     "optimize",
     "optimize_planned",
     "plan_graph",
+    "requested_keys",
     "with_aggregates_computed",
     "with_layers_computed",
 ]
