@@ -16,7 +16,10 @@ Three sections, each contender in a fresh interpreter:
     ``ds.open(path)``, ``da.from_zarr(path)`` and ``xr.open_zarr(path)``. A
     run has ``--timeout`` seconds and ``--memory`` bytes of address space; a
     contender that runs out of either at one size is not run at the larger
-    ones.
+    ones. With ``--held-tasks K``, daskstream's computation then runs for
+    real until ``K`` tasks reading data have finished: the process's peak
+    beside the memory budget (arrays with more chunks than a graph may hold
+    are read in spans, each task streaming many chunks).
 ``cluster``
     A real ``dask scheduler`` and ``dask worker`` processes (one thread each)
     on 127.0.0.1, fresh for every run; a client process sums a virtual array of
@@ -31,7 +34,7 @@ Three sections, each contender in a fresh interpreter:
 
     python -m benchmarks.scale [--sections virtual,cluster,model] [--sizes 1GiB,100GiB,10TiB,1PiB]
                                [--layouts small,era5,levels] [--contenders daskstream,dask,xarray]
-                               [--timeout 60] [--memory 16GiB]
+                               [--timeout 60] [--memory 16GiB] [--held-tasks 0]
                                [--runs 10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4]
                                [--cluster-timeout 600] [--out benchmarks/results/scale]
 """
@@ -78,7 +81,7 @@ LAYOUTS = {
 # One contender's open, build and time to the first task over a virtual array, in an interpreter of its own.
 VIRTUAL_RUN = """
 import json, resource, sys, time
-contender, path, expression, memory = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+contender, path, expression, memory, held = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 import dask.array as da
 import xarray as xr
@@ -114,6 +117,25 @@ try:
             y.compute(scheduler="threads")
     except Started as started:
         result.update(first_task_s=time.perf_counter() - built, tasks=started.args[0], outcome="started")
+    if held and contender == "daskstream":
+        # Run the real work until `held` tasks reading the data have finished: what a task holds, read for real.
+        class StopAfter(Callback):
+            done = 0
+
+            def _posttask(self, key, value, dsk, state, id):
+                if str(key[0] if isinstance(key, tuple) else key).startswith(("mean_chunk", "var", "stream-")):
+                    StopAfter.done += 1
+                    if StopAfter.done >= held:
+                        raise Started(StopAfter.done)
+
+        running = time.perf_counter()
+        try:
+            with StopAfter():
+                y.compute(scheduler="threads")
+        except Started:
+            result.update(held_tasks=StopAfter.done, held_s=time.perf_counter() - running,
+                          held_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                          budget_bytes=ds.plan(path + "/v").memory_budget)
 except ds.DaskstreamError as error:  # before MemoryError: a MemoryBudgetError is one too
     result.update(outcome="refused", message=str(error).splitlines()[0][:400])
     if "build_s" in result:
@@ -178,7 +200,13 @@ def run_child(code: str, args: list[str], timeout: float, *, until: str = "start
 
 
 def virtual(
-    sizes: list[int], layouts: list[str], timeout: float, memory: int, folder: Path, contenders: list[str]
+    sizes: list[int],
+    layouts: list[str],
+    timeout: float,
+    memory: int,
+    folder: Path,
+    contenders: list[str],
+    held: int = 0,
 ) -> list[dict[str, Any]]:
     """Every layout x size x expression x contender, smallest size first; out-of-time contenders stop growing."""
     rows = []
@@ -195,7 +223,8 @@ def virtual(
                     if (contender, expression) in stopped:
                         row["outcome"] = "not run (out of time or memory at a smaller size)"
                     else:
-                        row.update(run_child(VIRTUAL_RUN, [contender, str(path), expression, str(memory)], timeout))
+                        arguments = [contender, str(path), expression, str(memory), str(held)]
+                        row.update(run_child(VIRTUAL_RUN, arguments, timeout))
                         if row["outcome"] not in ("started", "refused"):
                             stopped.add((contender, expression))
                     rows.append(row)
@@ -306,16 +335,26 @@ def model(cluster_rows: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
         began = time.perf_counter()
         plan = ds.plan(str(path / "v"), workers=workers, threads=threads, memory_limit=memory_limit)
         planning_s = time.perf_counter() - began
-        built = plan.n_tasks * 2  # a read and its share of the sum per block, the combining tree's few besides
-        tasks = streamed_tasks(cluster_rows, plan.n_tasks, workers * threads) or built
-        # The scheduler builds and optimizes the graph block by block before streaming folds it.
-        scheduler_s = tasks * per_task + plan.n_tasks * per_block
         read_s = plan.nbytes / (workers * threads * cost.thread_bytes_per_second)
+        if plan.span is not None:
+            # Each task streams a span of chunks: the graph is built a span at a time, and its tasks are counted
+            # as dask optimizes it; the reading goes in waves of whole spans over the threads.
+            blocks = plan.span_tasks
+            tasks = built = ds.plan_compute(ds.open(str(path / "v"), chunks=plan).sum()).tasks
+            span_s = math.prod(plan.span) * plan.chunk_bytes / cost.thread_bytes_per_second
+            read_s = math.ceil(blocks / (workers * threads)) * span_s
+        else:
+            blocks = plan.n_tasks
+            built = blocks * 2  # a read and its share of the sum per block, the combining tree's few besides
+            tasks = streamed_tasks(cluster_rows, blocks, workers * threads) or built
+        # The scheduler builds and optimizes the graph block by block (span by span) before streaming folds it.
+        scheduler_s = tasks * per_task + blocks * per_block
         rows.append({
             "layout": layout, "shape": list(shape), "chunks": list(plan.chunks), "chunk_bytes": plan.chunk_bytes,
-            "blocks": plan.n_tasks, "tasks": tasks, "built_tasks": built, "planning_s": planning_s,
-            "scheduler_s": scheduler_s, "read_s": read_s, "projected_s": max(read_s, scheduler_s),
-            "size_set_by": plan.size_terms()[1], "graph_bytes": built * graph_bytes,
+            "span": list(plan.span) if plan.span is not None else None, "blocks": blocks, "tasks": tasks,
+            "built_tasks": built, "planning_s": planning_s, "scheduler_s": scheduler_s, "read_s": read_s,
+            "projected_s": max(read_s, scheduler_s), "size_set_by": plan.size_terms()[1],
+            "graph_bytes": built * graph_bytes,
         })  # fmt: skip
         shutil.rmtree(path, ignore_errors=True)
     return {"workers": workers, "threads": threads, "memory_limit": memory_limit, "per_task_s": per_task,
@@ -391,6 +430,13 @@ def _first_task(row: dict[str, Any]) -> str:
     return _seconds(row, "first_task_s")
 
 
+def _held(row: dict[str, Any]) -> str:
+    if "held_peak_bytes" not in row:
+        return "—"
+    return (f"{format_bytes(row['held_peak_bytes'])} after {row['held_tasks']} tasks in {row['held_s']:.0f} s "
+            f"({format_bytes(row['budget_bytes'])})")  # fmt: skip
+
+
 def _count(row: dict[str, Any], key: str) -> str:
     return f"{row[key]:,}" if key in row else "—"
 
@@ -421,8 +467,8 @@ def markdown(report: dict[str, Any]) -> str:
             "### Virtual arrays: open, build, time to the first task (threaded scheduler)",
             "",
             "| layout | size | expression | contender | open (s) | build (s) | first task (s) | tasks | chunk "
-            "| peak memory | first task vs plain dask |",
-            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| peak memory | first task vs plain dask | peak after tasks read data (budget) |",
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for row in report["virtual"]:
             dask_row = next(
@@ -444,7 +490,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{outcome} | {_seconds(row, 'open_s')} | {_seconds(row, 'build_s')} | "
                 f"{_first_task(row)} | {_count(row, 'tasks')} | "
                 f"{format_bytes(row['chunk_bytes']) if 'chunk_bytes' in row else '—'} | "
-                f"{format_bytes(row['peak_bytes']) if 'peak_bytes' in row else '—'} | {ratio} |"
+                f"{format_bytes(row['peak_bytes']) if 'peak_bytes' in row else '—'} | {ratio} | {_held(row)} |"
             )
     if report.get("cluster"):
         lines += [
@@ -481,18 +527,22 @@ def markdown(report: dict[str, Any]) -> str:
             f"Per-task scheduler cost: {m['per_task_s'] * 1e3:.2f} ms (the slope of the scheduler's CPU time over "
             f"the tasks of the runs above; dask's threaded scheduler here: {m['local_per_task_s'] * 1e6:.0f} us a "
             f"task, {200_000:,} empty tasks); each thread reads {format_bytes(m['thread_bytes_per_second'])}/s. "
-            "The graph is built with about two tasks per block (its memory below); the scheduler runs four "
-            "streaming tasks a thread and the combines above them, at the rate per block of the largest "
-            f"daskstream run above, and spends {m.get('per_block_s', 0) * 1e3:.2f} ms a block building and "
-            "optimizing the graph (the slope of daskstream's runs above, less their tasks).",
+            "Where the plan has spans (more chunks than a graph may hold), each task streams a span of chunks: "
+            "the tasks are those dask's optimizer leaves of a sum over the spans, and reading goes in waves of "
+            "whole spans over the threads. Without, the graph is built with about two tasks per block (its memory "
+            "below) and the scheduler runs four streaming tasks a thread and the combines above them, at the rate "
+            "per block of the largest daskstream run above. Either way it spends "
+            f"{m.get('per_block_s', 0) * 1e3:.2f} ms a block building and optimizing the graph (the slope of "
+            "daskstream's runs above, less their tasks).",
             "",
-            "| layout | chunks | chunk | blocks | tasks built | tasks run | graph memory | planning (s) "
-            "| scheduler (s) | reading (s) | projected (s) | chunk size set by |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| layout | chunks | chunk | chunks per task | blocks | tasks built | tasks run | graph memory "
+            "| planning (s) | scheduler (s) | reading (s) | projected (s) | chunk size set by |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in m["rows"]:
             lines.append(
-                f"| {r['layout']} | {tuple(r['chunks'])} | {format_bytes(r['chunk_bytes'])} | {r['blocks']:,} | "
+                f"| {r['layout']} | {tuple(r['chunks'])} | {format_bytes(r['chunk_bytes'])} | "
+                f"{tuple(r['span']) if r.get('span') else 1} | {r['blocks']:,} | "
                 f"{r.get('built_tasks', r['tasks']):,} | {r['tasks']:,} | {format_bytes(r['graph_bytes'])} | "
                 f"{r['planning_s']:.3f} | {r['scheduler_s']:.0f} | {r['read_s']:.0f} | {r['projected_s']:.0f} | "
                 f"{r['size_set_by']} |"
@@ -513,6 +563,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1GiB,100GiB,10TiB,1PiB")
     parser.add_argument("--layouts", default="small,era5,levels")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="of the virtual section")
+    parser.add_argument(
+        "--held-tasks",
+        type=int,
+        default=0,
+        help="then run daskstream's computation until this many tasks reading data finish",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a virtual run may take")
     parser.add_argument("--memory", default="16GiB", help="address space a virtual run may take")
     parser.add_argument("--runs", default="10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4")
@@ -544,6 +600,7 @@ def main() -> None:
                 parse_bytes(args.memory),
                 folder,
                 args.contenders.split(","),
+                held=args.held_tasks,
             )
             _keep(kept, report)
     finally:

@@ -45,6 +45,7 @@ from dask.typing import Key
 from dask.utils import ensure_dict
 
 from daskstream import config
+from daskstream.compute.span_graphs import checked_spans
 from daskstream.graph.optimize import optimize_planned, requested_keys
 from daskstream.planning.computation import ComputePlan, Streaming
 from daskstream.runtime.stopping import raise_if_stopped
@@ -87,6 +88,8 @@ class Chains:
 def optimize_streaming(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """daskstream's optimizer (:func:`daskstream.graph.optimize.optimize`), then streaming tasks where a graph
     reads daskstream sources: dask's ``array_optimize`` once daskstream is imported."""
+    if config.get("compute.rewrite"):
+        dsk = checked_spans(dsk, requested_keys(keys)) or dsk
     optimized, plan, planned = optimize_planned(dsk, keys, **kwargs)
     if plan is None or planned is None or not config.get("compute.streaming"):
         return optimized

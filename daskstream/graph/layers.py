@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +49,10 @@ SIBLINGS_ANNOTATION = "daskstream-siblings"
 
 #: On the layer of an operation with an in-memory and an out-of-core way: which it takes, and why.
 ROUTE_ANNOTATION = "daskstream-route"
+
+#: On a spanned array's read layer (:mod:`daskstream.planning.spans`): the chunk shape its spans stream in
+#: and the bytes a task may hold of one block.
+SPAN_ANNOTATION = "daskstream-span"
 
 #: On a rechunked array's layer: its :class:`RechunkRecord`.
 RECHUNK_ANNOTATION = "daskstream-rechunk"
@@ -262,13 +266,17 @@ def _sampled_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str,
                     dep_name = dep[0] if isinstance(dep, tuple) else dep
                     found.setdefault(dep_name, set()).add(dep)
         for dep_name, deps in found.items():
-            if isinstance(dep_name, str) and dep_name in graph.layers:
+            # A key named as the layer but not held in it (a cumsum's) is the layer's own, not an input.
+            if isinstance(dep_name, str) and dep_name in graph.layers and dep_name != name:
                 fan_in[dep_name] = max(fan_in.get(dep_name, 0), len(deps))
     return fan_in
 
 
 def _sort_key(key: Key) -> tuple:
-    return (str(key[0]), *key[1:]) if isinstance(key, tuple) else (str(key),)
+    # A layer's keys may mix block indices and names in one place (a cumsum's ('name', 'extra', i, j)):
+    # each part sorts as its kind first, so any two keys compare.
+    parts = key if isinstance(key, tuple) else (key,)
+    return tuple((isinstance(part, str), str(part) if isinstance(part, str) else part) for part in parts)
 
 
 def _dependencies(value: Any, layer: Layer, graph: HighLevelGraph) -> Iterable[Key]:
@@ -327,6 +335,18 @@ def needed_layers(graph: HighLevelGraph, keys: Iterable[Key]) -> set[str]:
             needed.add(name)
             stack.extend(graph.dependencies.get(name, ()))
     return needed
+
+
+def span_reads(graph: Any) -> dict[str, Mapping[str, Any]]:
+    """The spanned read layers of ``graph`` (:func:`daskstream.graph.reads.span_array`), each with what it was
+    planned in: the chunk shape its spans stream in (``piece``) and the bytes a task may hold (``cap``)."""
+    if not isinstance(graph, HighLevelGraph):
+        return {}
+    return {
+        name: annotations[SPAN_ANNOTATION]
+        for name, layer in graph.layers.items()
+        if SPAN_ANNOTATION in (annotations := layer.collection_annotations or {})
+    }
 
 
 def reads_sources(dsk: HighLevelGraph) -> bool:

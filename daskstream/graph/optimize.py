@@ -44,6 +44,7 @@ from daskstream.graph.layers import (
     planned_with,
     reads_sources,
     routes_of,
+    span_reads,
 )
 from daskstream.graph.linking import source_links
 from daskstream.graph.ordering import gate_expansions
@@ -76,7 +77,9 @@ def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePl
     planned: Resources | None = None
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and reads_sources(dsk):
         planned = planned_with(dsk)
-        if planned is not None:
+        # Spans are streamed a chunk at a time by the steps that take them (daskstream.compute.span_graphs),
+        # and refused there past the budget: their blocks are not what a task holds.
+        if planned is not None and not span_reads(dsk):
             wanted = requested_keys(keys)
             dsk, plan = plan_graph(dsk, wanted, planned)
             ceiling = planned_max_tasks(dsk)

@@ -9,12 +9,13 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from dask._task_spec import Task
 from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
 from daskstream.advice import keyword, named, said
 from daskstream.errors import ChunkSplitWarning, InvalidChunksError, MemoryBudgetError, warn
-from daskstream.graph.layers import record_plan
+from daskstream.graph.layers import SPAN_ANNOTATION, blockwise_like, record_plan
 from daskstream.planning.budget import format_size
 from daskstream.planning.grid import read_amplification, regular_grid
 from daskstream.planning.plan import ChunkPlan
@@ -31,7 +32,48 @@ def source_array(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> 
     Its graph holds only the source's description, never a file handle or the
     data; the same unchanged file in the same chunks gives the same name.
     """
+    if isinstance(chunks, ChunkPlan) and chunks.span is not None:
+        return span_array(source, chunks, settings)
+    if isinstance(chunks, str) and chunks == "auto":
+        plan = planned(source, settings)
+        if plan.span is not None:
+            return span_array(source, plan, settings)
+        return chunked_source_array(source, plan.dask_chunks, settings)
     return chunked_source_array(source, resolve_chunks(source, chunks, settings), settings)
+
+
+def planned(source: Source, settings: PlanSettings) -> ChunkPlan:
+    """``source``'s ``"auto"`` chunk plan within ``settings``, its chunk lengths checked before dask lists them."""
+    plan = source.plan(settings)
+    check_block_count(source, plan.chunks, settings.max_tasks, within=plan.budget_within_ceiling)
+    return plan
+
+
+def span_array(source: Source, plan: ChunkPlan, settings: PlanSettings) -> da.Array:
+    """A dask array reading ``source`` a span of ``plan``'s chunks per block (:mod:`daskstream.planning.spans`).
+
+    Its blocks are :class:`~daskstream.compute.spans.SpanRead` values, not
+    data: the optimizer streams them chunk by chunk into the element-wise
+    steps, slices and reductions that take them
+    (:mod:`daskstream.graph.spans`), or refuses the computation.
+    """
+    if plan.shape != source.shape:
+        raise InvalidChunksError(
+            f"the ChunkPlan is for shape {plan.shape} but {source.name} has shape {source.shape}; "
+            "plan with daskstream.plan(source, ...)"
+        )
+    name = f"daskstream-{source.format}-{tokenize(source.token, plan.chunks, plan.span)}"
+    array = read_array(source, plan.span_dask_chunks, name)
+    layer = array.dask.layers[name]
+    task = layer.task
+    spanned = blockwise_like(layer, task=Task(task.key, read_span, *task.args, piece=plan.chunks))
+    spanned.collection_annotations = {
+        **(spanned.collection_annotations or {}),
+        SPAN_ANNOTATION: {"piece": plan.chunks, "cap": plan.per_chunk_cap},
+    }
+    array.dask.layers[name] = spanned
+    record_plan(spanned, settings)
+    return array
 
 
 def chunked_source_array(source: Source, dask_chunks: tuple[tuple[int, ...], ...], settings: PlanSettings) -> da.Array:
@@ -106,9 +148,7 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
     ``settings``), ``"storage"``, a tuple, dict or int (dask's meanings) or a :class:`ChunkPlan`."""
     if isinstance(chunks, str):
         if chunks == "auto":
-            plan = source.plan(settings)
-            check_block_count(source, plan.chunks, settings.max_tasks, within=plan.budget_within_ceiling)
-            return plan.dask_chunks
+            return planned(source, settings).dask_chunks
         if chunks == "storage":
             if source.storage_chunks is None:
                 raise InvalidChunksError(
@@ -240,14 +280,80 @@ def _normalize_user_chunks(source: Source, chunks: Any, max_tasks: int | None) -
     return out
 
 
+Box = tuple[slice, ...]
+
+
+class SpanRead:
+    """A region of a source not read yet: a span's block, read piece by piece along the storage-aligned grid.
+
+    Parameters
+    ----------
+    source
+        What ``__getitem__`` reads from (a :class:`~daskstream.Source`).
+    region
+        The absolute region, unit-step slices.
+    piece
+        The chunk shape the source is planned in: pieces are its grid's cells
+        within the region.
+    """
+
+    __slots__ = ("piece", "region", "source")
+
+    def __init__(self, source: Any, region: Box, piece: tuple[int, ...]) -> None:
+        self.source, self.region, self.piece = source, region, piece
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(s.stop - s.start for s in self.region)
+
+    def cuts(self) -> tuple[tuple[int, ...], ...]:
+        """Where pieces begin along each axis, relative to the region, with its end last."""
+        return tuple(
+            (0, *range(-(-s.start // step) * step - s.start or step, s.stop - s.start, step), s.stop - s.start)
+            if s.stop > s.start
+            else (0, 0)
+            for s, step in zip(self.region, self.piece, strict=True)
+        )
+
+    def narrowed(self, index: Box) -> SpanRead:
+        """The span's part ``index`` (unit-step slices relative to the region)."""
+        return SpanRead(
+            self.source,
+            tuple(slice(r.start + b.start, r.start + b.stop) for r, b in zip(self.region, index)),
+            self.piece,
+        )
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise MemoryBudgetError(
+            said(
+                f"a block spanning {self.shape} of {getattr(self.source, 'name', 'the source')} reached a step "
+                "without daskstream's optimizer (dask's array_optimize was replaced, or ",
+                named("daskstream.compute.rewrite"),
+                " is false): spans are streamed only there; compute a part of the array at a time",
+            )
+        )
+
+    def __repr__(self) -> str:  # what dask prints of a failed task's arguments
+        return f"<SpanRead {self.shape} in pieces of {self.piece}>"
+
+
+def read_span(source: Any, region: Box, *, piece: tuple[int, ...]) -> SpanRead:
+    """A span read's task: what to read, for the steps after it to read piece by piece."""
+    return SpanRead(source, tuple(slice(s.start or 0, s.stop) for s in region), piece)
+
+
 __all__ = [
     "LISTED_PER_TASK",
     "ChunksSpec",
     "SharedPlans",
+    "SpanRead",
     "check_block_count",
     "chunked_source_array",
+    "planned",
     "read_array",
+    "read_span",
     "resolve_chunks",
     "shared_settings",
     "source_array",
+    "span_array",
 ]

@@ -57,6 +57,7 @@ from daskstream.planning.budget import MAX_BUDGET_BYTES, format_size
 from daskstream.planning.grid import normalize_axes, read_amplification
 from daskstream.planning.plan import LAYOUTS, ChunkPlan, aim_with_reason, per_task_cap
 from daskstream.planning.settings import PlanSettings, SchedulerCost, checked_dtype
+from daskstream.planning.spans import plan_span
 
 
 def plan_chunks(
@@ -235,6 +236,11 @@ def plan_chunks_exact(
         # Even chunks at the per-chunk cap make too many tasks: the least budget whose plan is within the
         # ceiling, found by planning (chunks are whole storage chunks, evened out: only a plan says how many).
         within = _least_budget(memory_budget, lambda budget: tasks(cut(budget, [])) <= ceiling)
+    span = (
+        _span(shape, chunks, itemsize, scheduler, ceiling)
+        if ceiling is not None and within is not None and scheduler.spans
+        else None
+    )
     if storage_chunks is None or (layout in ("C", "F") and storage_chunks == shape):
         storage_chunks = None  # contiguous: cut in slabs, each one byte range
         amplification = 1.0
@@ -266,7 +272,18 @@ def plan_chunks_exact(
         scheduler=scheduler,
         axis_notes=tuple(text for _, text in sorted(notes, key=lambda note: note[0])),
         budget_within_ceiling=within,
+        span=span,
     )
+
+
+def _span(
+    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, scheduler: SchedulerCost, ceiling: int
+) -> tuple[int, ...] | None:
+    """Chunks per task along each axis for chunks outnumbering ``ceiling`` (see :mod:`daskstream.planning.spans`)."""
+    counts = tuple(-(-n // max(1, c)) for n, c in zip(shape, chunks, strict=True))
+    nbytes = math.prod(shape) * itemsize
+    floor = max(scheduler.graph_floor_bytes(nbytes), scheduler.start_floor_bytes(nbytes))
+    return plan_span(counts, math.prod(chunks) * itemsize, max_blocks=ceiling, floor_bytes=floor)
 
 
 # How many times the planned chunk's cells a block with a halo may hold (within the task's memory share):

@@ -66,6 +66,37 @@ class TaskMemory:
 
 
 @dataclass(frozen=True)
+class Spans:
+    """Tasks streaming spans of many chunks each (:mod:`daskstream.planning.spans`).
+
+    Attributes
+    ----------
+    tasks
+        Tasks the scheduler runs.
+    chunks
+        Chunks the largest span holds.
+    chunk_bytes
+        Bytes of the largest chunk: the buffer a task reads into, one at a time.
+    """
+
+    tasks: int
+    chunks: int
+    chunk_bytes: int
+
+    def line(self) -> str:
+        """For :meth:`ComputePlan.explain`.
+
+        >>> Spans(tasks=49_548, chunks=57, chunk_bytes=760 * 2**20).line().split(": ", 1)[1][:58]
+        'the scheduler runs 49,548 tasks, each streaming up to 57 '
+        """
+        return (
+            f"Spans: the scheduler runs {self.tasks:,} tasks, each streaming up to {self.chunks:,} chunks of its "
+            f"span one after another through a buffer of one chunk ({format_size(self.chunk_bytes)}); the "
+            "projection above is of one chunk's work"
+        )
+
+
+@dataclass(frozen=True)
 class Streaming:
     """The blocks' work of a computation run in streaming tasks, a chain of a block's tasks at a time each.
 
@@ -141,6 +172,8 @@ class ComputePlan:
         quantile), which one it takes and why: one line each.
     streaming
         How the blocks' work runs in streaming tasks
+    spans
+        How tasks stream the spans of arrays read in spans
         (:mod:`daskstream.compute.streams`), where it does.
     """
 
@@ -158,6 +191,7 @@ class ComputePlan:
     limits: tuple[str, ...] = ()
     routes: tuple[str, ...] = ()
     streaming: Streaming | None = None
+    spans: Spans | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -236,6 +270,8 @@ class ComputePlan:
         lines.extend(f"Route: {route}" for route in self.routes)
         if self.streaming is not None:
             lines.append(self.streaming.line())
+        if self.spans is not None:
+            lines.append(self.spans.line())
         lines.extend(f"Limit here: {limit}" for limit in self.limits)
         return "\n".join(lines)
 
@@ -243,7 +279,7 @@ class ComputePlan:
         return self.explain()
 
 
-__all__ = ["TERMS", "ComputePlan", "Streaming", "TaskMemory"]
+__all__ = ["TERMS", "ComputePlan", "Spans", "Streaming", "TaskMemory"]
 
 
 def refuse_beyond_ceiling(tasks: int, max_tasks: int | None, budget: int, verb: str = "has") -> None:

@@ -12,6 +12,7 @@ from daskstream.planning.budget import format_size
 from daskstream.planning.cards import card_of
 from daskstream.planning.grid import regular_grid
 from daskstream.planning.settings import SchedulerCost
+from daskstream.planning.spans import span_blocks, span_chunks
 
 LAYOUTS = ("C", "F", "chunked")
 
@@ -47,6 +48,10 @@ class ChunkPlan:
     scheduler
         What tasks cost the scheduler: chunks grow past the preferred size
         until the scheduler keeps up and the graph fits (:class:`SchedulerCost`).
+    span
+        Chunks one task streams along each axis, for an array whose chunks
+        outnumber what a graph may hold (:mod:`daskstream.planning.spans`);
+        ``None``: a task per chunk.
     """
 
     shape: tuple[int, ...]
@@ -67,6 +72,7 @@ class ChunkPlan:
     axis_notes: tuple[str, ...] = field(default=(), repr=False, compare=False)
     #: For a plan beyond the graph ceiling: the least budget whose plan is within it (found by planning).
     budget_within_ceiling: int | None = field(default=None, repr=False, compare=False)
+    span: tuple[int, ...] | None = None
 
     @property
     def dask_chunks(self) -> tuple[tuple[int, ...], ...]:
@@ -147,6 +153,18 @@ class ChunkPlan:
         return ceiling is not None and self.n_tasks > ceiling
 
     @property
+    def span_dask_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask chunks of the tasks: the spans where the plan has them, else the chunks."""
+        return self.dask_chunks if self.span is None else span_chunks(self.dask_chunks, self.span)
+
+    @property
+    def span_tasks(self) -> int:
+        """Tasks a read of the whole array makes: one per span (one per chunk without spans)."""
+        if self.span is None:
+            return self.n_tasks
+        return span_blocks(tuple(len(c) for c in self.dask_chunks), self.span)
+
+    @property
     def splits_storage_chunks(self) -> bool:
         """True when some storage chunk is read by more than one task."""
         return self.read_amplification > 1.0
@@ -196,7 +214,20 @@ class ChunkPlan:
             f"read amplification {self.read_amplification:.2f}, projected peak "
             f"{format_size(self.projected_peak_bytes)} of {format_size(self.memory_budget)}"
         )
-        if self.beyond_graph_ceiling:
+        if self.span is not None:
+            lines.append(
+                said(
+                    f"Spans: {self.n_tasks:,} chunks, more than the {cost.max_blocks:,} a graph may hold: each task "
+                    f"streams {math.prod(self.span):,} of them {self.span} "
+                    f"({format_size(math.prod(self.span) * self.chunk_bytes)}) one after another through a buffer "
+                    f"of one chunk ({format_size(self.chunk_bytes)}), {self.span_tasks:,} tasks; element-wise "
+                    "steps, slices and sums, means, extremes and moments (variances, standard deviations) stream, "
+                    "other steps are refused past the budget; a task per chunk takes a ",
+                    named("memory_budget"),
+                    f" of at least {format_size(self.budget_within_ceiling or 0)}",
+                )
+            )
+        elif self.beyond_graph_ceiling:
             lines.append(
                 said(
                     f"Warning: {self.n_tasks:,} blocks, more than the {cost.max_blocks:,} a graph may hold, though "

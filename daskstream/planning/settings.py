@@ -87,6 +87,11 @@ class SchedulerCost:
         The longest a computation over a whole array may wait for its first
         task: chunks grow so that building its graph takes no longer
         (``None``: no such floor).
+    spans
+        Whether an array whose chunks, at the most a task may hold, still
+        outnumber :attr:`max_blocks` is planned in spans: tasks that stream
+        many chunks each (:mod:`daskstream.planning.spans`). Without, computing
+        all of such an array at once is refused.
     """
 
     task_seconds: float = 1e-4
@@ -96,6 +101,7 @@ class SchedulerCost:
     tasks_per_block: int = 4
     build_seconds: float = 5e-5
     first_task_seconds: float | None = None
+    spans: bool = False
 
     @property
     def max_blocks(self) -> int | None:

@@ -216,6 +216,7 @@ def scheduler_cost(*, distributed: bool) -> SchedulerCost:
         tasks_per_block=config.setting("planning.tasks-per-block"),
         build_seconds=_seconds(config.setting("planning.task-build"), "daskstream.planning.task-build"),
         first_task_seconds=None if within is None else _seconds(within, "daskstream.planning.first-task-within"),
+        spans=config.setting("planning.spans"),
     )
 
 

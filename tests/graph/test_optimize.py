@@ -174,3 +174,15 @@ def test_store_of_a_two_pass_composition_writes_numpys_answer(field, tmp_path):
         np.testing.assert_allclose(written.compute(), expected, rtol=1e-5, atol=1e-5)
         # HDF5 computes the statistics once, not once per batch of blocks.
         assert meter.bytes_read == 2 * data.nbytes
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_cumulative_sums_are_planned_and_give_numpys_answer(field, axis):
+    # A cumsum's layer holds keys named as itself with a name inside ('cumsum-…', 'extra', i, j): describing
+    # it once raised a TypeError (keys that did not compare) and took the layer for one of its own inputs.
+    paths, data, _ = field
+    x = ds.open(paths["npy"], chunks=(100, 64))
+    np.testing.assert_allclose(
+        np.cumsum(x, axis=axis).sum(axis=axis).compute(), np.cumsum(data, axis=axis).sum(axis=axis), rtol=1e-5
+    )
+    np.testing.assert_allclose(np.cumsum(x, axis=axis)[3:250].compute(), np.cumsum(data, axis=axis)[3:250], rtol=1e-5)

@@ -103,7 +103,7 @@ def test_the_time_to_the_first_task_never_grows_chunks_past_the_budget(tmp_path)
 def test_a_budget_too_small_for_the_ceiling_opens_and_names_the_least_budget_that_fits(tmp_path):
     path = tmp_path / "wide.zarr"
     zarr.create_array(str(path), shape=(2**16, 2**16), chunks=(256, 256), dtype="f4")  # 16 GiB, virtual
-    with dask.config.set({"daskstream.planning.max-tasks": 4000}):
+    with dask.config.set({"daskstream.planning.max-tasks": 4000, "daskstream.planning.spans": False}):
         small = ds.plan(path, memory_budget="16MiB")
         assert small.beyond_graph_ceiling
         advised = small.budget_within_ceiling
@@ -118,6 +118,13 @@ def test_a_budget_too_small_for_the_ceiling_opens_and_names_the_least_budget_tha
         with pytest.raises(MemoryBudgetError, match="whose graph the client and scheduler may hold at once"):
             x.sum().compute()  # the whole at once is refused before it runs
         assert float(ds.open(path, memory_budget=advised).sum().compute()) == 0.0
+    with dask.config.set({"daskstream.planning.max-tasks": 4000}):
+        # Planned in spans (the default), the whole computes, a task streaming many chunks; the explanation
+        # still names the budget whose plan is a task per chunk.
+        spanned = ds.plan(path, memory_budget="16MiB")
+        assert spanned.span is not None
+        assert f"a task per chunk takes a memory_budget of at least {format_size(advised)}" in spanned.explain()
+        assert float(ds.open(path, memory_budget="16MiB").sum().compute()) == 0.0
 
 
 def test_an_axis_of_more_blocks_than_a_graph_may_hold_opens_and_its_parts_compute(tmp_path):

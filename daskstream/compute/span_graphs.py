@@ -1,0 +1,259 @@
+"""The graph of a computation over spanned arrays, rewritten so that every step taking a span streams it.
+
+Runs before dask's own optimizations, on the high-level graph (see
+:mod:`daskstream.compute.spans` for what streams and how). Each layer taking
+blocks that may be spans is one of:
+
+``map``
+    a blockwise element-wise step over them, block for block;
+``narrow``
+    slices of them with unit steps (or whole blocks passed on);
+``reduce``
+    a reduction's first step whose combine is known, block for block along
+    the axes it keeps;
+anything else
+    a step that takes them whole: the layer giving them then gives its blocks
+    whole where each fits a task's share of the budget, or the computation is
+    refused before it runs.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+import graphlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask._task_spec import Alias, Task, TaskRef
+from dask.blockwise import Blockwise, blockwise_token
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.typing import Key
+from dask.utils import key_split
+
+from daskstream.advice import named, said
+from daskstream.compute.spans import (
+    Combine,
+    Step,
+    combine_of,
+    is_elementwise,
+    span_map,
+    span_map_whole,
+    span_narrow,
+    span_narrow_whole,
+    span_reduce,
+)
+from daskstream.errors import MemoryBudgetError
+from daskstream.graph.layers import blockwise_like, layer_names, planned_with, source_read_by, span_reads
+from daskstream.graph.optimize import plan_graph
+from daskstream.planning.budget import format_size
+from daskstream.planning.computation import Spans
+
+
+@dataclass
+class _Classified:
+    """The layers of a graph reading spans: what each step taking them is, and which take them whole."""
+
+    reads: dict[str, Mapping[str, Any]]
+    kinds: dict[str, str | None] = field(default_factory=dict)
+    spans: set[str] = field(default_factory=set)  # layers whose blocks may be spans
+    taken_whole: set[str] = field(default_factory=set)
+
+
+def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
+    found = _Classified(reads=span_reads(graph))
+    found.spans = set(found.reads)
+    for name in graphlib.TopologicalSorter(graph.dependencies).static_order():
+        taken = graph.dependencies.get(name, set()) & found.spans
+        if name in found.reads or not taken or name not in graph.layers:
+            continue
+        kind = found.kinds[name] = _kind(graph, name, taken)
+        if kind in ("map", "narrow"):
+            found.spans.add(name)
+    found.taken_whole = layer_names(keys) & found.spans
+    for name, kind in found.kinds.items():
+        if kind is None:
+            found.taken_whole |= graph.dependencies[name] & found.spans
+    return found
+
+
+def stream_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
+    """``graph`` with every step taking spans rewritten to stream them (``None`` where it reads no span).
+
+    Raises
+    ------
+    MemoryBudgetError
+        When a step not known to stream (or the result) would take whole
+        blocks larger than a task's share of the budget.
+    """
+    if not span_reads(graph):
+        return None
+    found = _classified(graph, keys)
+    cap = min(int(planned["cap"]) for planned in found.reads.values())
+    for name in found.taken_whole:
+        takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
+        _check_whole(graph, name, cap, takers)
+    layers = dict(graph.layers)
+    for name, kind in found.kinds.items():
+        if kind is not None:
+            layers[name] = _rewritten(graph, name, kind, whole=name in found.taken_whole)
+    return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
+
+
+def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
+    """:func:`stream_spans` of ``graph``, its chunks' work projected against the budget its arrays were opened
+    with (``None`` where it reads no span).
+
+    Raises
+    ------
+    MemoryBudgetError
+        When a step takes whole blocks past the budget, or one chunk's work does.
+    """
+    streamed = stream_spans(graph, keys)
+    planned = planned_with(graph) if streamed is not None else None
+    if planned is not None:
+        plan_graph(as_pieces(graph, keys), keys, planned)[1].check()
+    return streamed
+
+
+def as_pieces(graph: HighLevelGraph, keys: list[Key]) -> HighLevelGraph:
+    """``graph`` with the blocks of the steps that stream spans annotated as the pieces they hold at once, for
+    projecting a task's memory (the number of blocks is then the pieces', not the tasks')."""
+    found = _classified(graph, keys)
+    streamed = (found.spans - found.taken_whole) | {n for n, kind in found.kinds.items() if kind == "reduce"}
+    pieces = [tuple(planned["piece"]) for planned in found.reads.values()]
+    layers = dict(graph.layers)
+    for name in streamed:
+        layer, chunks = graph.layers[name], _chunks(graph.layers[name])
+        piece = [min(p[axis] for p in pieces if len(p) == len(chunks)) for axis in range(len(chunks or ()))]
+        if chunks is None or not piece:
+            continue
+        copy = copy_module.copy(layer)
+        split = tuple(_split(lengths, step) for lengths, step in zip(chunks, piece, strict=True))
+        copy.collection_annotations = {**(layer.collection_annotations or {}), "chunks": split}
+        layers[name] = copy
+    return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
+
+
+def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
+    """Block lengths cut into pieces of at most ``step``."""
+    return tuple(part for n in lengths for part in (*(step,) * (n // step), *((n % step,) if n % step else ())))
+
+
+def span_facts(streamed: Any, graph: HighLevelGraph) -> Spans:
+    """What :class:`~daskstream.planning.computation.Spans` says of ``streamed``, the optimized graph of
+    ``graph`` (whose span reads it counts chunks per task of)."""
+    found = span_reads(graph)
+    most = bytes_most = 0
+    for name, planned in found.items():
+        layer = graph.layers[name]
+        piece = tuple(planned["piece"])
+        per_span = math.prod(-(-max(c) // p) for c, p in zip(_chunks(layer), piece, strict=True))
+        most = max(most, per_span)
+        itemsize = getattr((layer.collection_annotations or {}).get("dtype"), "itemsize", 8)
+        bytes_most = max(bytes_most, math.prod(piece) * itemsize)
+    return Spans(tasks=len(streamed), chunks=most, chunk_bytes=bytes_most)
+
+
+def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
+    layer = graph.layers[name]
+    if isinstance(layer, Blockwise):
+        return _blockwise_kind(graph, layer, taken)
+    if isinstance(layer, MaterializedLayer) and all(_narrows(value, taken) for value in layer.values()):
+        return "narrow"
+    return None
+
+
+def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> str | None:
+    """``map`` or ``reduce`` for a blockwise step that streams the spans it takes block for block, else None."""
+    if layer.new_axes or layer.concatenate:
+        return None
+    out = layer.output_indices
+    chunks = _chunks(layer)
+    spanned = [(name, index) for name, index in layer.indices if isinstance(name, str) and name in taken]
+    inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
+    if chunks is None or any(index != out for _, index in spanned) or any(c is None for c in inputs):
+        return None
+    if is_elementwise(layer.task.func) and all(c == chunks for c in inputs):
+        return "map"
+    combine = combine_of(layer.task)
+    if combine is None:
+        return None
+    reduced = layer.task.kwargs["axis"]
+    # A first step keeps its blocks along the axes it keeps (and makes one partial of each along the others).
+    if any(c[a] != chunks[a] for c in inputs for a in range(len(c)) if a not in reduced):
+        return None
+    return "reduce"
+
+
+def _chunks(layer: Layer) -> Any:
+    return (layer.collection_annotations or {}).get("chunks")
+
+
+def _narrows(value: Any, taken: set[str]) -> bool:
+    """True for a task passing a block on, or taking a unit-step slice of it."""
+    if isinstance(value, Alias):
+        return True
+    return (
+        isinstance(value, Task)
+        and key_split(getattr(value.func, "__name__", "")) == "getitem"
+        and len(value.args) == 2
+        and isinstance(value.args[0], TaskRef)
+        and isinstance(value.args[1], tuple)
+        and all(isinstance(s, slice) and s.step in (None, 1) for s in value.args[1])
+    )
+
+
+def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str]) -> None:
+    """Refuse blocks of layer ``name`` larger than ``cap`` where a step takes them whole."""
+    layer = graph.layers[name]
+    annotations = layer.collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    itemsize = getattr(dtype, "itemsize", 8)
+    largest = itemsize
+    for lengths in chunks or ():
+        largest *= max(lengths, default=0)
+    if chunks is not None and largest <= cap:
+        return
+    step = ", ".join(sorted({key_split(t) for t in takers})) or "the result"
+    source = next((s.name for n in graph.layers if (s := source_read_by(graph, graph.layers[n])) is not None), "")
+    raise MemoryBudgetError(
+        said(
+            f"{step} takes whole blocks of {key_split(name)} over {source}, {format_size(largest)} each: the array is "
+            f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
+            f"{format_size(cap)}; only element-wise steps, slices and sums, means, extremes and moments stream a "
+            "span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open it "
+            "with a larger ",
+            named("memory_budget"),
+        )
+    )
+
+
+def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:
+    layer = graph.layers[name]
+    if kind == "narrow":
+        narrow = span_narrow_whole if whole else span_narrow
+        tasks = {
+            key: value if isinstance(value, Alias) else Task(key, narrow, *value.args) for key, value in layer.items()
+        }
+        copy = MaterializedLayer(tasks, annotations=layer.annotations)
+        copy.collection_annotations = dict(layer.collection_annotations or {})
+        return copy
+    assert isinstance(layer, Blockwise)
+    out = layer.output_indices
+    axes = tuple(
+        None if index is None else tuple(out.index(i) if i in out else None for i in index)
+        for _, index in layer.indices
+    )
+    step = Step(layer.task, axes)
+    refs = [TaskRef(blockwise_token(i)) for i in range(len(layer.indices))]
+    if kind == "map":
+        task = Task(layer.task.key, span_map_whole if whole else span_map, step, *refs)
+    else:
+        reduced = tuple(layer.task.kwargs["axis"])
+        combined = combine_of(layer.task)
+        assert combined is not None  # a "reduce" layer is one whose combine is known
+        combine = Combine(combined, reduced, len(out))
+        task = Task(layer.task.key, span_reduce, step, combine, *refs)
+    return blockwise_like(layer, task=task)

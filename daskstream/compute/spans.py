@@ -1,0 +1,298 @@
+"""Spans streamed: each task of a spanned array reads its span chunk by chunk into the steps that take it.
+
+An array planned in spans (:mod:`daskstream.planning.spans`) has blocks of
+many chunks, too large for a task to hold. Its read tasks give a
+:class:`SpanRead` -- what to read, not the data -- and :func:`stream_spans`
+rewrites, before dask's own optimizations, the steps that take such blocks:
+
+- an **element-wise step** (numpy ufuncs, arithmetic and comparison
+  operators, ``where``, ``astype``) gives a :class:`Mapped` value, the step
+  still to apply piece by piece;
+- a **slice** (``x[a:b, ...]`` with unit steps) gives a narrower span;
+- a **reduction's first step** (sums, products, means, extremes, moments:
+  what var and std combine, any, all, and their nan- forms) reads the span
+  one chunk at a time, applies the element-wise steps before it and its own
+  to that chunk alone, and combines the partials as it goes with the
+  reduction's own combine, so a task holds one chunk's work and the partials
+  of the axes it keeps, whatever its span.
+
+Any other step taking a span's blocks (a ``map_blocks``, a cumulative sum,
+the result of ``compute``) gets its blocks whole where they fit a task's share
+of the budget (a small slice), and is refused before anything is read where
+they do not, naming the step. The list is of what is known to stream: a step
+not on it is never applied piece by piece.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array.chunk as dask_chunk
+import dask.array.reductions as dask_reductions
+import numpy as np
+from dask._task_spec import Task
+from dask.array.core import _concatenate2
+from dask.blockwise import blockwise_token
+
+from daskstream.compute import moments
+from daskstream.graph.reads import SpanRead
+from daskstream.runtime.stopping import raise_if_stopped
+
+Box = tuple[slice, ...]
+
+#: Partials of one kept position combined at once: few enough to hold, many enough that combining is rare.
+FAN_IN = 16
+
+
+@dataclass(frozen=True)
+class Step:
+    """A blockwise step's task, applied to its inputs' values: ``axes`` maps each input's axes to the output's."""
+
+    task: Task
+    axes: tuple[tuple[int | None, ...] | None, ...]
+
+    def __call__(self, values: Sequence[Any]) -> Any:
+        return self.task({blockwise_token(i): value for i, value in enumerate(values)})
+
+    def parts(self, values: Sequence[Any], box: Box, shape: tuple[int, ...], read: Reads) -> list[Any]:
+        """Each input's part in the output's ``box``: pieces of spans, slices of blocks as large as the output."""
+        return [_part(value, axes, box, shape, read) for value, axes in zip(values, self.axes)]
+
+
+class Mapped:
+    """An element-wise step still to apply to spans, piece by piece."""
+
+    __slots__ = ("inputs", "shape", "step")
+
+    def __init__(self, step: Step, inputs: Sequence[Any], shape: tuple[int, ...]) -> None:
+        self.step, self.inputs, self.shape = step, tuple(inputs), shape
+
+    def cuts(self) -> tuple[tuple[int, ...], ...]:
+        return _cuts([v for v in self.inputs if _is_span(v)])
+
+    def value(self, box: Box, read: Reads) -> Any:
+        return self.step(self.step.parts(self.inputs, box, self.shape, read))
+
+    def narrowed(self, index: Box) -> Mapped:
+        inputs = [_part(v, axes, index, self.shape) for v, axes in zip(self.inputs, self.step.axes)]
+        return Mapped(self.step, inputs, tuple(s.stop - s.start for s in index))
+
+    def __repr__(self) -> str:
+        return f"<Mapped {self.shape}>"
+
+
+def _is_span(value: Any) -> bool:
+    return isinstance(value, (SpanRead, Mapped))
+
+
+class Reads:
+    """The source regions one piece's evaluation has read: each read once, however many steps take it."""
+
+    def __init__(self) -> None:
+        self._read: dict[tuple[int, tuple[tuple[int, int], ...]], Any] = {}
+
+    def __call__(self, span: SpanRead, box: Box) -> Any:
+        region = span.narrowed(box).region
+        key = (id(span.source), tuple((s.start, s.stop) for s in region))
+        if key not in self._read:
+            self._read[key] = span.source[region]
+        return self._read[key]
+
+
+def _part(
+    value: Any, axes: tuple[int | None, ...] | None, box: Box, shape: tuple[int, ...], read: Reads | None = None
+) -> Any:
+    """``value``'s part in ``box`` of an output of ``shape``: with ``read``, a span's piece, else a narrower span;
+    a block's slice along the axes it spans whole; anything else as it is (constants, blocks broadcast along an
+    axis)."""
+    if isinstance(value, SpanRead):
+        return value.narrowed(box) if read is None else read(value, box)
+    if isinstance(value, Mapped):
+        return value.narrowed(box) if read is None else value.value(box, read)
+    if axes is None or not hasattr(value, "shape") or len(getattr(value, "shape", ())) != len(axes):
+        return value
+    index = tuple(
+        box[axis] if axis is not None and length == shape[axis] else slice(None)
+        for length, axis in zip(value.shape, axes)
+    )
+    return value[index]
+
+
+def _cuts(spans: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
+    """Where pieces begin along each axis so that each lies within one piece of every span."""
+    found = [span.cuts() for span in spans]
+    return tuple(tuple(sorted(set().union(*axis))) for axis in zip(*found))
+
+
+def _boxes(cuts: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], Box]]:
+    """Each piece's position and box, in C order."""
+    ranges = [[(i, slice(a, b)) for i, (a, b) in enumerate(itertools.pairwise(axis))] for axis in cuts]
+    for cells in itertools.product(*ranges):
+        yield tuple(i for i, _ in cells), tuple(s for _, s in cells)
+
+
+# Run-time steps of the rewritten graph.
+
+
+def whole(value: Any) -> Any:
+    """A span's data at once (a block that fits the task's share), anything else as it is."""
+    if not _is_span(value):
+        return value
+    return _part(value, None, tuple(slice(0, n) for n in value.shape), value.shape, Reads())
+
+
+def span_map(step: Step, *values: Any) -> Any:
+    """An element-wise step: its result where no input is a span, else the step to apply piece by piece."""
+    spans = [v for v in values if _is_span(v)]
+    return step(values) if not spans else Mapped(step, values, spans[0].shape)
+
+
+def span_map_whole(step: Step, *values: Any) -> Any:
+    """:func:`span_map` whose block is taken whole by the step after."""
+    return whole(span_map(step, *values))
+
+
+def span_narrow(value: Any, index: tuple[slice, ...]) -> Any:
+    """A slice: of a span, a narrower span; of data, the data's slice."""
+    if not _is_span(value):
+        return value[index]
+    return value.narrowed(_unit_slices(index, value.shape))
+
+
+def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
+    """:func:`span_narrow` whose block is taken whole by the step after."""
+    return whole(span_narrow(value, index))
+
+
+def _unit_slices(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    full = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(full, shape))
+
+
+@dataclass(frozen=True)
+class Combine:
+    """How a reduction's partials combine: ``func`` over a list nested one level per reduced axis."""
+
+    func: Callable[..., Any]
+    reduced: tuple[int, ...]
+    ndim: int
+
+    def __call__(self, partials: list[Any]) -> Any:
+        # One level per reduced axis: the partials along the first, each alone along the others.
+        nested = [functools.reduce(lambda inner, _: [inner], range(len(self.reduced) - 1), p) for p in partials]
+        return self.func(nested)
+
+
+def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
+    """A reduction's first step: over a span, read piece by piece, each piece's partial combined as it comes."""
+    spans = [v for v in values if _is_span(v)]
+    if not spans:
+        return step(values)
+    shape = spans[0].shape
+    kept = [axis for axis in range(combine.ndim) if axis not in combine.reduced]
+    partials: dict[tuple[int, ...], list[Any]] = {}
+    for position, box in _boxes(_cuts(spans)):
+        raise_if_stopped()
+        partial = step(step.parts(values, box, shape, Reads()))
+        waiting = partials.setdefault(tuple(position[axis] for axis in kept), [])
+        waiting.append(partial)
+        if len(waiting) >= FAN_IN:
+            waiting[:] = [combine(waiting)]
+    combined = {
+        position: combine(waiting) if len(waiting) > 1 else waiting[0] for position, waiting in partials.items()
+    }
+    return _joined(combined, kept)
+
+
+def _joined(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
+    """The partials at each kept position, joined along the kept ``axes`` (dicts of partials field by field)."""
+    if not axes:
+        return parts[()]
+    counts = [max(position[i] for position in parts) + 1 for i in range(len(axes))]
+
+    def nest(prefix: tuple[int, ...]) -> Any:
+        if len(prefix) == len(counts):
+            return parts[prefix]
+        return [nest((*prefix, i)) for i in range(counts[len(prefix)])]
+
+    nested = nest(())
+    first = next(iter(parts.values()))
+    if isinstance(first, dict):
+        return {field: _concatenate2(_field(nested, field), axes=axes) for field in first}
+    return _concatenate2(nested, axes=axes)
+
+
+def _field(nested: Any, field: str) -> Any:
+    return [_field(item, field) for item in nested] if isinstance(nested, list) else nested[field]
+
+
+# What streams: the steps known to be element-wise, and the reductions whose combine is known.
+
+ELEMENTWISE: frozenset[Callable[..., Any]] = frozenset(
+    {
+        *(getattr(operator, name) for name in (
+            "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "invert",
+            "lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "xor",
+        )),
+        np.where,
+        dask_chunk.astype,
+    }
+)  # fmt: skip
+
+_SELF_COMBINING: frozenset[Callable[..., Any]] = frozenset(
+    {
+        np.sum, np.prod, np.min, np.max, np.any, np.all, np.nansum, np.nanprod, np.nanmin, np.nanmax,
+        dask_chunk.sum, dask_chunk.prod, dask_chunk.min, dask_chunk.max, dask_chunk.any, dask_chunk.all,
+        dask_chunk.nansum, dask_chunk.nanprod, dask_chunk.nanmin, dask_chunk.nanmax,
+        dask_reductions.chunk_min, dask_reductions.chunk_max,
+        dask_reductions._nanmin_skip, dask_reductions._nanmax_skip,
+    }
+)  # fmt: skip
+
+
+def is_elementwise(func: Any) -> bool:
+    """True for a step known to give each element from the same element of its inputs."""
+    return isinstance(func, np.ufunc) or func in ELEMENTWISE
+
+
+def combine_of(task: Task) -> Callable[..., Any] | None:
+    """The combine of a reduction whose first step is ``task`` (a function of a list nested per reduced axis),
+    or ``None`` for one not known to stream."""
+    func: Any = task.func
+    keywords: dict[str, Any] = {}
+    if isinstance(func, functools.partial):
+        func, keywords = func.func, dict(func.keywords)
+    axis = task.kwargs.get("axis")
+    if not isinstance(axis, tuple) or task.kwargs.get("keepdims") is not True:
+        return None
+    if func in _SELF_COMBINING:
+        return _concatenated(functools.partial(func, **keywords, axis=axis, keepdims=True), axis)
+    # The first step's keywords its combine also takes (how it sums and counts, the moment's order).
+    if func is dask_reductions.mean_chunk:
+        return functools.partial(
+            dask_reductions.mean_combine, **_taken(keywords, "sum", "numel", "dtype"), axis=axis, keepdims=True
+        )
+    if func is moments._moments_chunk:
+        return functools.partial(moments._moments_combine, axis=axis, keepdims=True)
+    if func is dask_reductions.moment_chunk:
+        return functools.partial(
+            dask_reductions.moment_combine, **_taken(keywords, "order", "sum", "dtype"), axis=axis, keepdims=True
+        )
+    return None
+
+
+def _taken(keywords: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {name: keywords[name] for name in names if name in keywords}
+
+
+def _concatenated(func: Callable[..., Any], axis: tuple[int, ...]) -> Callable[..., Any]:
+    return functools.partial(_concatenate_then, func, sorted(axis))
+
+
+def _concatenate_then(func: Callable[..., Any], axes: list[int], nested: list[Any]) -> Any:
+    return func(_concatenate2(nested, axes=axes))

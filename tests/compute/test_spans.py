@@ -1,0 +1,252 @@
+"""Spans: arrays whose chunks outnumber what a graph may hold, each task streaming many chunks through a
+buffer of one, with numpy's answers, reads of one chunk at a time, and refusals before any read."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import dask
+import h5py
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import daskstream as ds
+from daskstream.compute.spans import FAN_IN
+from daskstream.errors import MemoryBudgetError
+from daskstream.planning.spans import plan_span, span_blocks
+from daskstream.runtime.metering import ReadMeter
+
+#: Few enough tasks in a graph that the small files here are planned in spans.
+SPANNED = {"daskstream.planning.max-tasks": 24, "daskstream.planning.first-task-within": None}
+BUDGET = "1MiB"
+
+
+@pytest.fixture
+def stored(tmp_path):
+    """One float32 field as .npy, chunked HDF5 and Zarr v3, with a NaN, in storage chunks of 20 rows."""
+    data = np.random.default_rng(7).standard_normal((3000, 40, 6)).astype("f4")
+    data[11, 3, 2] = np.nan
+    np.save(tmp_path / "a.npy", data)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("x", data=data, chunks=(20, 40, 6))
+    zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(20, 40, 6))
+    return data, {"npy": str(tmp_path / "a.npy"), "hdf5": f"{tmp_path / 'a.h5'}::/x", "zarr": str(tmp_path / "a.zarr")}
+
+
+@pytest.fixture
+def spanned():
+    with dask.config.set(SPANNED):
+        yield
+
+
+class Reads:
+    """Every read a source class makes while installed: its bytes, and how many run at once at most."""
+
+    def __init__(self, monkeypatch, source_class):
+        self.sizes: list[int] = []
+        self.running = self.most_at_once = 0
+        lock = threading.Lock()
+        read = source_class.__getitem__
+
+        def counted(source, index):
+            with lock:
+                self.running += 1
+                self.most_at_once = max(self.most_at_once, self.running)
+            try:
+                block = read(source, index)
+            finally:
+                with lock:
+                    self.running -= 1
+            self.sizes.append(block.nbytes)
+            return block
+
+        monkeypatch.setattr(source_class, "__getitem__", counted)
+
+
+def opened(path):
+    x = ds.open(path, memory_budget=BUDGET)
+    plan = ds.plan(path, memory_budget=BUDGET)
+    assert plan.span is not None
+    assert math.prod(plan.span) > 1
+    return x, plan
+
+
+EXPRESSIONS = {
+    "sum": (lambda x: x.sum(), lambda a: np.nansum(a, dtype="f8") + np.nan),
+    "nansum": (lambda x: da_nan(x, "nansum"), lambda a: np.nansum(a, dtype="f8")),
+    "mean": (lambda x: np.nanmean(x), lambda a: np.nanmean(a, dtype="f8")),
+    "std": (lambda x: np.nanstd(x), lambda a: np.nanstd(a.astype("f8"))),
+    "var over the first axis": (lambda x: np.nanvar(x, axis=0), lambda a: np.nanvar(a.astype("f8"), axis=0)),
+    "max per row": (lambda x: np.nanmax(x, axis=(1, 2)), lambda a: np.nanmax(a, axis=(1, 2))),
+    "min per column": (lambda x: np.nanmin(x, axis=0), lambda a: np.nanmin(a, axis=0)),
+    "centred std": (
+        lambda x: np.nanstd(x - np.nanmean(x, axis=0)),
+        lambda a: np.nanstd(a.astype("f8") - np.nanmean(a, axis=0, dtype="f8")),
+    ),
+    "weighted sum of a slice": (
+        lambda x: (np.where(x[17:2903, 5:33] > 0, x[17:2903, 5:33], 0) * 2 + 1).sum(axis=(0, 2)),
+        lambda a: (np.where(a[17:2903, 5:33] > 0, a[17:2903, 5:33], 0).astype("f8") * 2 + 1).sum(axis=(0, 2)),
+    ),
+    "std as ds.reduce merges it": (
+        lambda x: ds.reduce(x, "nanstd", axis=(0, 2), ddof=1),
+        lambda a: np.nanstd(a.astype("f8"), axis=(0, 2), ddof=1),
+    ),
+    "mean as ds.reduce": (lambda x: ds.reduce(x, "nanmean", axis=0), lambda a: np.nanmean(a, axis=0, dtype="f8")),
+    "any above 4": (lambda x: (x > 4).any(), lambda a: (a > 4).any()),
+    "rows as float64": (
+        lambda x: np.nanmean(x.astype("f8"), axis=(1, 2)),
+        lambda a: np.nanmean(a.astype("f8"), axis=(1, 2)),
+    ),
+}
+
+
+def da_nan(x, name):
+    import dask.array as da
+
+    return getattr(da, name)(x)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "zarr"])
+@pytest.mark.parametrize("expression", sorted(EXPRESSIONS))
+def test_spans_stream_to_numpys_answer_reading_each_chunk_once(stored, spanned, fmt, expression):
+    data, paths = stored
+    build, oracle = EXPRESSIONS[expression]
+    x, plan = opened(paths[fmt])
+    assert x.npartitions == plan.span_tasks < plan.n_tasks
+    with dask.config.set(scheduler="threads"), ReadMeter() as meter:
+        got = build(x).compute()
+    np.testing.assert_allclose(got, oracle(data), rtol=2e-6, equal_nan=True)
+    passes = 2 if expression == "centred std" else 1
+    sliced = expression.startswith("weighted")
+    # Each chunk is read once per pass (a slice reads only what it needs, within the chunks it touches).
+    assert meter.bytes_read <= passes * data.nbytes
+    assert sliced or meter.bytes_read == passes * data.nbytes
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])
+def test_a_span_is_read_one_chunk_at_a_time(stored, spanned, monkeypatch, fmt):
+    data, paths = stored
+    x, plan = opened(paths[fmt])
+    source_class = type(ds.open_source(paths[fmt]))
+    reads = Reads(monkeypatch, source_class)
+    with dask.config.set(scheduler="threads", num_workers=2):
+        got = float(np.nanmean(x).compute())
+    assert got == pytest.approx(float(np.nanmean(data, dtype="f8")), rel=1e-6)  # summed in float32, as dask does
+    # The spans' blocks are never read whole: every read is one chunk, and no more run than threads.
+    assert max(reads.sizes) <= plan.chunk_bytes < x.nbytes / x.npartitions
+    assert len(reads.sizes) == plan.n_tasks
+    assert reads.most_at_once <= 2
+
+
+def test_a_spanned_computation_runs_far_fewer_tasks_than_chunks(stored, spanned):
+    _, paths = stored
+    x, plan = opened(paths["zarr"])
+    computation = ds.plan_compute(np.nanstd(x - np.nanmean(x, axis=0)))
+    assert computation.spans is not None
+    assert computation.spans.chunks == math.prod(plan.span)
+    assert computation.tasks < 2 * plan.n_tasks  # two passes over every chunk, fewer tasks than chunks
+    text = computation.explain()
+    assert "each streaming up to" in text
+    assert "buffer of one chunk" in text
+    assert computation.projected_peak_bytes <= computation.budget
+    assert "Spans:" in plan.explain()
+    assert f"{plan.span_tasks:,} tasks" in plan.explain()
+
+
+STEPS_TAKING_WHOLE_BLOCKS = {
+    "cumsum": lambda x: np.cumsum(x, axis=0).sum(),
+    "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
+    "argmax": lambda x: x.argmax(),
+    "the result itself": lambda x: x + 1,
+    "a quantile": lambda x: ds.reduce(x, "quantile", q=0.5),
+}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS_TAKING_WHOLE_BLOCKS))
+def test_a_step_taking_whole_spans_is_refused_before_any_read(stored, spanned, monkeypatch, step):
+    _, paths = stored
+    x, _ = opened(paths["zarr"])
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
+    with pytest.raises(MemoryBudgetError, match="spans of many chunks per task") as refused:
+        STEPS_TAKING_WHOLE_BLOCKS[step](x).compute(scheduler="threads")
+    assert isinstance(refused.value, MemoryError)
+    assert "compute a part of the array at a time" in str(refused.value)
+    assert reads.sizes == []
+
+
+def test_parts_small_enough_are_taken_whole(stored, spanned):
+    data, paths = stored
+    x, _ = opened(paths["hdf5"])
+    np.testing.assert_array_equal(x[1001:1004].compute(), data[1001:1004])
+    np.testing.assert_array_equal(np.cumsum(x[40:43, :2], axis=0).compute(), np.cumsum(data[40:43, :2], axis=0))
+    np.testing.assert_array_equal((x[5:7] * 2).compute(), data[5:7] * 2)
+
+
+def test_spans_run_on_the_processes_scheduler(stored, spanned):
+    data, paths = stored
+    x, _ = opened(paths["zarr"])
+    got = np.nanmean(x, axis=0).compute(scheduler="processes", num_workers=2)
+    # Summed in float32, as dask does: within float32's rounding of 3,000 values near 0.
+    np.testing.assert_allclose(got, np.nanmean(data, axis=0, dtype="f8"), rtol=1e-6, atol=1e-6)
+
+
+def test_a_real_cluster_runs_spanned_tasks(dask_cluster, stored):
+    from distributed import Client, get_task_stream
+
+    data, paths = stored
+    with Client(scheduler_file=str(dask_cluster)), dask.config.set(SPANNED):
+        x = ds.open(paths["zarr"], memory_budget=BUDGET)
+        with get_task_stream() as tasks:
+            got = float(np.nanstd(x).compute())
+    assert got == pytest.approx(float(np.nanstd(data.astype("f8"))), rel=1e-6)  # float32 moments, as dask
+    assert len(tasks.data) < ds.plan(paths["zarr"], memory_budget=BUDGET).n_tasks
+
+
+def test_partials_are_combined_as_they_come(stored, spanned, monkeypatch):
+    """A span of more chunks than FAN_IN holds at most FAN_IN partials per kept position at once."""
+    import daskstream.compute.spans as spans
+
+    data, paths = stored
+    monkeypatch.setattr(spans, "FAN_IN", 2)
+    x, _ = opened(paths["npy"])
+    np.testing.assert_allclose(np.nanmax(x, axis=0).compute(), np.nanmax(data, axis=0))
+    assert FAN_IN >= 2
+
+
+def test_a_pebibyte_is_planned_in_spans_and_its_mean_is_built_not_refused(tmp_path):
+    # 1 PiB of (time, 721, 1440) float32 in day chunks, metadata only: every chunk reads as the fill value.
+    n = 2**50 // (721 * 1440 * 4)
+    zarr.create_array(tmp_path / "v.zarr", shape=(n, 721, 1440), chunks=(24, 721, 1440), dtype="f4", fill_value=0)
+    x = ds.open(str(tmp_path / "v.zarr"), memory_budget="8GiB")
+    plan = ds.plan(str(tmp_path / "v.zarr"), memory_budget="8GiB")
+    assert plan.span is not None
+    assert plan.n_tasks > 1_000_000
+    computation = ds.plan_compute(x.mean())
+    # Tasks follow the graph's ceiling, not the data: a few per span, far fewer than the chunks.
+    assert computation.tasks <= 4 * plan.span_tasks < plan.n_tasks
+    assert computation.projected_peak_bytes <= computation.budget
+    np.testing.assert_array_equal(x[n - 3 :, :2, :2].mean(axis=0).compute(), np.zeros((2, 2)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 400), min_size=1, max_size=4).map(tuple),
+    max_blocks=st.integers(1, 5000),
+    floor_chunks=st.integers(0, 50),
+)
+def test_spans_fit_the_graph_and_hold_whole_chunks(counts, max_blocks, floor_chunks):
+    span = plan_span(counts, 1, max_blocks=max_blocks, floor_bytes=floor_chunks)
+    if math.prod(counts) <= max_blocks:
+        assert span is None
+        return
+    assert span is not None
+    assert all(1 <= s <= c for s, c in zip(span, counts))
+    assert span_blocks(counts, span) <= max_blocks
+    # Slowest axis first: an axis is spanned past one chunk only where the axes before it are whole.
+    for axis in range(1, len(span)):
+        if span[axis] > 1:
+            assert span[:axis] == counts[:axis]
