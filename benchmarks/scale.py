@@ -36,7 +36,8 @@ Three sections, each contender in a fresh interpreter:
                                [--layouts small,era5,levels] [--contenders daskstream,dask,xarray]
                                [--timeout 60] [--memory 16GiB] [--held-tasks 0]
                                [--runs 10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4]
-                               [--cluster-timeout 600] [--out benchmarks/results/scale]
+                               [--cluster-timeout 600] [--cluster-from REPORT.json]
+                               [--out benchmarks/results/scale]
 """
 
 from __future__ import annotations
@@ -573,6 +574,9 @@ def main() -> None:
     parser.add_argument("--memory", default="16GiB", help="address space a virtual run may take")
     parser.add_argument("--runs", default="10000:2,10000:4,10000:8,50000:4,200000:4,1000000:4")
     parser.add_argument("--cluster-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--cluster-from", default=None, help="a JSON report whose cluster runs the model takes, instead of running them"
+    )
     parser.add_argument("--folder", default=None, help="where the virtual arrays go (default: a temporary folder)")
     parser.add_argument("--out", default=None, help="write <out>.md and <out>.json")
     args = parser.parse_args()
@@ -589,7 +593,10 @@ def main() -> None:
             report["cluster"] = cluster(runs, args.cluster_timeout, folder)  # type: ignore[arg-type]
             _keep(kept, report)
         if "model" in sections:
-            report["model"] = model(report.get("cluster", []), folder)
+            measured = report.get("cluster")
+            if measured is None and args.cluster_from:
+                measured = json.loads(Path(args.cluster_from).read_text())["cluster"]
+            report["model"] = model(measured or [], folder)
             _keep(kept, report)
         if "virtual" in sections:
             sizes = [parse_bytes(s) for s in args.sizes.split(",")]

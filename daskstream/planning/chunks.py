@@ -237,7 +237,7 @@ def plan_chunks_exact(
         # ceiling, found by planning (chunks are whole storage chunks, evened out: only a plan says how many).
         within = _least_budget(memory_budget, lambda budget: tasks(cut(budget, [])) <= ceiling)
     span = (
-        _span(shape, chunks, itemsize, scheduler, ceiling)
+        _span(shape, chunks, itemsize, scheduler, ceiling, threads * workers)
         if ceiling is not None and within is not None and scheduler.spans
         else None
     )
@@ -277,13 +277,13 @@ def plan_chunks_exact(
 
 
 def _span(
-    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, scheduler: SchedulerCost, ceiling: int
+    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, scheduler: SchedulerCost, ceiling: int, threads: int
 ) -> tuple[int, ...] | None:
     """Chunks per task along each axis for chunks outnumbering ``ceiling`` (see :mod:`daskstream.planning.spans`)."""
     counts = tuple(-(-n // max(1, c)) for n, c in zip(shape, chunks, strict=True))
     nbytes = math.prod(shape) * itemsize
     floor = max(scheduler.graph_floor_bytes(nbytes), scheduler.start_floor_bytes(nbytes))
-    return plan_span(counts, math.prod(chunks) * itemsize, max_blocks=ceiling, floor_bytes=floor)
+    return plan_span(counts, math.prod(chunks) * itemsize, max_blocks=ceiling, floor_bytes=floor, threads=threads)
 
 
 # How many times the planned chunk's cells a block with a halo may hold (within the task's memory share):

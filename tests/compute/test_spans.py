@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import daskstream as ds
 from daskstream.compute.spans import FAN_IN
 from daskstream.errors import MemoryBudgetError
+from daskstream.planning.spans import _wave_use as wave_use
 from daskstream.planning.spans import plan_span, span_blocks
 from daskstream.runtime.metering import ReadMeter
 
@@ -237,15 +238,21 @@ def test_a_pebibyte_is_planned_in_spans_and_its_mean_is_built_not_refused(tmp_pa
     counts=st.lists(st.integers(1, 400), min_size=1, max_size=4).map(tuple),
     max_blocks=st.integers(1, 5000),
     floor_chunks=st.integers(0, 50),
+    threads=st.sampled_from([1, 2, 8, 64, 1000]),
 )
-def test_spans_fit_the_graph_and_hold_whole_chunks(counts, max_blocks, floor_chunks):
-    span = plan_span(counts, 1, max_blocks=max_blocks, floor_bytes=floor_chunks)
+def test_spans_fit_the_graph_and_hold_whole_chunks(counts, max_blocks, floor_chunks, threads):
+    span = plan_span(counts, 1, max_blocks=max_blocks, floor_bytes=floor_chunks, threads=threads)
     if math.prod(counts) <= max_blocks:
         assert span is None
         return
     assert span is not None
     assert all(1 <= s <= c for s, c in zip(span, counts))
     assert span_blocks(counts, span) <= max_blocks
+    # Read in waves over the threads: no fewer busy than the spans first planned for the floor would keep.
+    first = plan_span(counts, 1, max_blocks=max_blocks, floor_bytes=floor_chunks)
+    assert round(wave_use(span_blocks(counts, span), threads), 2) >= round(
+        wave_use(span_blocks(counts, first), threads), 2
+    )
     # Slowest axis first: an axis is spanned past one chunk only where the axes before it are whole.
     for axis in range(1, len(span)):
         if span[axis] > 1:
