@@ -33,7 +33,7 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         # Spans stream: the steps that take them are checked as they run (refused past the budget), each task
         # holds one chunk's work at a time, projected as such, and the tasks are the streamed graph's.
         streamed = ensure_dict(dask_optimize(stream_spans(graph, keys), keys))
-        _, plan = plan_graph(as_pieces(graph, keys), keys, resources)
+        _, plan = plan_graph(as_pieces(graph, keys), keys, resources, holds=False)
         return dataclasses.replace(plan, tasks=len(streamed), spans=span_facts(streamed, graph))
     rewritten, plan = plan_graph(graph, keys, resources)
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):

@@ -113,7 +113,7 @@ def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
     streamed = stream_spans(graph, keys)
     planned = planned_with(graph) if streamed is not None else None
     if planned is not None:
-        plan_graph(as_pieces(graph, keys), keys, planned)[1].check()
+        plan_graph(as_pieces(graph, keys), keys, planned, holds=False)[1].check()
     return streamed
 
 
@@ -121,19 +121,30 @@ def as_pieces(graph: HighLevelGraph, keys: list[Key]) -> HighLevelGraph:
     """``graph`` with the blocks of the steps that stream spans annotated as the pieces they hold at once, for
     projecting a task's memory (the number of blocks is then the pieces', not the tasks')."""
     found = _classified(graph, keys)
-    streamed = (found.spans - found.taken_whole) | {n for n, kind in found.kinds.items() if kind == "reduce"}
+    reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind == "reduce"}
     pieces = [tuple(planned["piece"]) for planned in found.reads.values()]
     layers = dict(graph.layers)
-    for name in streamed:
+    for name in (found.spans - found.taken_whole) | set(reduced):
         layer, chunks = graph.layers[name], _chunks(graph.layers[name])
-        piece = [min(p[axis] for p in pieces if len(p) == len(chunks)) for axis in range(len(chunks or ()))]
-        if chunks is None or not piece:
-            continue
+        alike = [p for p in pieces if chunks is not None and len(p) == len(chunks)]
+        if not alike:
+            continue  # no span read of this many axes: left as annotated
+        piece = [min(p[axis] for p in alike) for axis in range(len(chunks))]
         copy = copy_module.copy(layer)
-        split = tuple(_split(lengths, step) for lengths, step in zip(chunks, piece, strict=True))
+        # A reduction's first step makes one partial per block along the axes it reduces (dask's annotation
+        # still has its input's blocks there).
+        split = tuple(
+            (1,) * len(lengths) if axis in reduced.get(name, ()) else _split(lengths, step)
+            for axis, (lengths, step) in enumerate(zip(chunks, piece, strict=True))
+        )
         copy.collection_annotations = {**(layer.collection_annotations or {}), "chunks": split}
         layers[name] = copy
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
+
+
+def _reduced_axes(layer: Layer) -> tuple[int, ...]:
+    """The axes a reduction's first step (a ``reduce`` layer) reduces."""
+    return tuple(layer.task.kwargs["axis"]) if isinstance(layer, Blockwise) else ()
 
 
 def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:

@@ -116,12 +116,16 @@ def _needed_tasks(graph: HighLevelGraph, keys: list[Key], ceiling: int) -> int:
 RECOUNTED = 4
 
 
-def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> tuple[HighLevelGraph, ComputePlan]:
+def plan_graph(
+    graph: HighLevelGraph, keys: list[Key], resources: Resources, *, holds: bool = True
+) -> tuple[HighLevelGraph, ComputePlan]:
     """Plan the passes of what ``keys`` need within ``resources`` and rewrite ``graph`` to re-read
     sources in each pass.
 
     Layers are named as the keys they hold here: this runs on the graph as
     built, before dask's own optimizations (whose culling renames layers).
+    With ``holds=False`` no block is held from one pass for the next: every
+    pass reads again (as spans do, whose blocks are what to read).
 
     Returns
     -------
@@ -132,7 +136,8 @@ def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> 
     graph = variance_in_pieces(graph, needed_layers(graph, keys))
     described = describe(graph, needed_layers(graph, keys))
     budget, threads = resources.memory_budget, resources.threads
-    plan = plan_passes(described.facts, hold_limit=budget // threads, linked=source_links(graph, described.facts))
+    hold_limit = budget // threads if holds else 0
+    plan = plan_passes(described.facts, hold_limit=hold_limit, linked=source_links(graph, described.facts))
     read_passes, planned_passes = plan.read_passes, (plan, described.facts)
     if plan.recomputed:
         graph = rewrite(graph, plan)
@@ -141,7 +146,7 @@ def plan_graph(graph: HighLevelGraph, keys: list[Key], resources: Resources) -> 
         graph = fused
         described = describe(graph, needed_layers(graph, keys))
         # The rewritten graph computes what each pass needs in that pass: planned again, nothing is recomputed.
-        plan = plan_passes(described.facts, hold_limit=budget // threads, linked=source_links(graph, described.facts))
+        plan = plan_passes(described.facts, hold_limit=hold_limit, linked=source_links(graph, described.facts))
     outputs = layer_names(keys)
     computation = project(
         graph, described, plan, budget=budget, concurrency=threads, outputs=outputs, read_passes=read_passes

@@ -280,6 +280,8 @@ def _span(
     shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, scheduler: SchedulerCost, ceiling: int, threads: int
 ) -> tuple[int, ...] | None:
     """Chunks per task along each axis for chunks outnumbering ``ceiling`` (see :mod:`daskstream.planning.spans`)."""
+    if math.prod(chunks) * itemsize < scheduler.span_chunk_floor_bytes:
+        return None  # chunks so small that stepping through them would cost more than reading them
     counts = tuple(-(-n // max(1, c)) for n, c in zip(shape, chunks, strict=True))
     nbytes = math.prod(shape) * itemsize
     floor = max(scheduler.graph_floor_bytes(nbytes), scheduler.start_floor_bytes(nbytes))

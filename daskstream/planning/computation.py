@@ -86,8 +86,8 @@ class Spans:
     def line(self) -> str:
         """For :meth:`ComputePlan.explain`.
 
-        >>> Spans(tasks=49_548, chunks=57, chunk_bytes=760 * 2**20).line().split(": ", 1)[1][:58]
-        'the scheduler runs 49,548 tasks, each streaming up to 57 '
+        >>> Spans(tasks=49_548, chunks=57, chunk_bytes=760 * 2**20).line().split(": ", 1)[1][:63]
+        'the scheduler runs 49,548 tasks, each streaming up to 57 chunks'
         """
         return (
             f"Spans: the scheduler runs {self.tasks:,} tasks, each streaming up to {self.chunks:,} chunks of its "

@@ -92,6 +92,10 @@ class SchedulerCost:
         outnumber :attr:`max_blocks` is planned in spans: tasks that stream
         many chunks each (:mod:`daskstream.planning.spans`). Without, computing
         all of such an array at once is refused.
+    span_chunk_seconds
+        What streaming one more chunk through a span costs beside reading it
+        (the read's call, the steps' and the partial's overhead: about 60 us
+        here): spans stream chunks of at least :meth:`span_chunk_floor_bytes`.
     """
 
     task_seconds: float = 1e-4
@@ -102,6 +106,7 @@ class SchedulerCost:
     build_seconds: float = 5e-5
     first_task_seconds: float | None = None
     spans: bool = False
+    span_chunk_seconds: float = 5e-5
 
     @property
     def max_blocks(self) -> int | None:
@@ -121,6 +126,19 @@ class SchedulerCost:
         40000000
         """
         return math.ceil(self.task_seconds * threads * self.thread_bytes_per_second / self.scheduler_share)
+
+    @property
+    def span_chunk_floor_bytes(self) -> int:
+        """The smallest chunk a span streams: its per-chunk cost at most ``scheduler_share`` of reading it.
+
+        Smaller chunks (a budget of a few kilobytes) would take longer to step
+        through than to read: such arrays are not spanned, and computing all
+        of one at once is refused with the budget that fits.
+
+        >>> SchedulerCost(span_chunk_seconds=5e-5).span_chunk_floor_bytes
+        250000
+        """
+        return math.ceil(self.span_chunk_seconds * self.thread_bytes_per_second / self.scheduler_share)
 
     def graph_floor_bytes(self, nbytes: int) -> int:
         """The smallest chunk that cuts ``nbytes`` into no more than :attr:`max_blocks` blocks (0: no ceiling).

@@ -217,6 +217,9 @@ def scheduler_cost(*, distributed: bool) -> SchedulerCost:
         build_seconds=_seconds(config.setting("planning.task-build"), "daskstream.planning.task-build"),
         first_task_seconds=None if within is None else _seconds(within, "daskstream.planning.first-task-within"),
         spans=config.setting("planning.spans"),
+        span_chunk_seconds=_seconds(
+            config.setting("planning.span-chunk-overhead"), "daskstream.planning.span-chunk-overhead"
+        ),
     )
 
 

@@ -23,13 +23,13 @@ from daskstream.runtime.metering import ReadMeter
 
 #: Few enough tasks in a graph that the small files here are planned in spans.
 SPANNED = {"daskstream.planning.max-tasks": 24, "daskstream.planning.first-task-within": None}
-BUDGET = "1MiB"
+BUDGET = "16MiB"  # chunks of about 1.1 MiB: large enough to stream (span_chunk_floor_bytes)
 
 
 @pytest.fixture
 def stored(tmp_path):
     """One float32 field as .npy, chunked HDF5 and Zarr v3, with a NaN, in storage chunks of 20 rows."""
-    data = np.random.default_rng(7).standard_normal((3000, 40, 6)).astype("f4")
+    data = np.random.default_rng(7).standard_normal((24_000, 40, 6)).astype("f4")
     data[11, 3, 2] = np.nan
     np.save(tmp_path / "a.npy", data)
     with h5py.File(tmp_path / "a.h5", "w") as f:
@@ -85,12 +85,13 @@ EXPRESSIONS = {
     "max per row": (lambda x: np.nanmax(x, axis=(1, 2)), lambda a: np.nanmax(a, axis=(1, 2))),
     "min per column": (lambda x: np.nanmin(x, axis=0), lambda a: np.nanmin(a, axis=0)),
     "centred std": (
-        lambda x: np.nanstd(x - np.nanmean(x, axis=0)),
+        # The mean cast back to float32, as the guide advises: a float64 difference would not fit the budget.
+        lambda x: ds.reduce(x - ds.reduce(x, "nanmean", axis=0).astype(x.dtype), "nanstd"),
         lambda a: np.nanstd(a.astype("f8") - np.nanmean(a, axis=0, dtype="f8")),
     ),
     "weighted sum of a slice": (
-        lambda x: (np.where(x[17:2903, 5:33] > 0, x[17:2903, 5:33], 0) * 2 + 1).sum(axis=(0, 2)),
-        lambda a: (np.where(a[17:2903, 5:33] > 0, a[17:2903, 5:33], 0).astype("f8") * 2 + 1).sum(axis=(0, 2)),
+        lambda x: (np.where(x[17:23903, 5:33] > 0, x[17:23903, 5:33], 0) * 2 + 1).sum(axis=(0, 2)),
+        lambda a: (np.where(a[17:23903, 5:33] > 0, a[17:23903, 5:33], 0).astype("f8") * 2 + 1).sum(axis=(0, 2)),
     ),
     "std as ds.reduce merges it": (
         lambda x: ds.reduce(x, "nanstd", axis=(0, 2), ddof=1),
@@ -146,7 +147,7 @@ def test_a_span_is_read_one_chunk_at_a_time(stored, spanned, monkeypatch, fmt):
 def test_a_spanned_computation_runs_far_fewer_tasks_than_chunks(stored, spanned):
     _, paths = stored
     x, plan = opened(paths["zarr"])
-    computation = ds.plan_compute(np.nanstd(x - np.nanmean(x, axis=0)))
+    computation = ds.plan_compute(ds.reduce(x - ds.reduce(x, "nanmean", axis=0).astype(x.dtype), "nanstd"))
     assert computation.spans is not None
     assert computation.spans.chunks == math.prod(plan.span)
     assert computation.tasks < 2 * plan.n_tasks  # two passes over every chunk, fewer tasks than chunks
@@ -216,6 +217,19 @@ def test_partials_are_combined_as_they_come(stored, spanned, monkeypatch):
     x, _ = opened(paths["npy"])
     np.testing.assert_allclose(np.nanmax(x, axis=0).compute(), np.nanmax(data, axis=0))
     assert FAN_IN >= 2
+
+
+def test_chunks_too_small_to_step_through_are_not_spanned(stored):
+    # A budget of kilobytes cuts the array into chunks of a few hundred bytes: stepping through them would
+    # cost more than reading them, so the whole at once is refused with the budget that fits, as without spans.
+    _, paths = stored
+    with dask.config.set(SPANNED):
+        plan = ds.plan(paths["npy"], memory_budget="1MiB")
+        assert plan.beyond_graph_ceiling
+        assert plan.span is None
+        assert plan.chunk_bytes < plan.scheduler.span_chunk_floor_bytes
+        with pytest.raises(MemoryBudgetError, match="whose graph the client and scheduler may hold"):
+            ds.open(paths["npy"], memory_budget="1MiB").sum().compute()
 
 
 def test_a_pebibyte_is_planned_in_spans_and_its_mean_is_built_not_refused(tmp_path):
