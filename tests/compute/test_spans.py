@@ -4,6 +4,10 @@ buffer of one, with numpy's answers, reads of one chunk at a time, and refusals 
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import threading
 
 import dask
@@ -271,3 +275,33 @@ def test_spans_fit_the_graph_and_hold_whole_chunks(counts, max_blocks, floor_chu
     for axis in range(1, len(span)):
         if span[axis] > 1:
             assert span[:axis] == counts[:axis]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_task_streaming_its_span(tmp_path, signum):
+    # 40 GiB of metadata only (every chunk reads as the fill value), spanned: each task streams hundreds of
+    # chunks for many seconds; a signal ends it between two chunks.
+    zarr.create_array(tmp_path / "v.zarr", shape=(40_000, 512, 512), chunks=(2, 512, 512), dtype="f4")
+    environment = {
+        **os.environ,
+        "DASK_DASKSTREAM__PLANNING__MAX_TASKS": "64",
+        "DASK_DASKSTREAM__PLANNING__FIRST_TASK_WITHIN": "null",
+    }
+    command = ["reduce", str(tmp_path / "v.zarr"), "--op", "mean", "--memory-budget", "256MiB", "--quiet"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daskstream", *command], stderr=subprocess.PIPE, text=True, env=environment
+    )
+    try:
+        process.wait(timeout=6)  # past the start and into the spans' reading
+    except subprocess.TimeoutExpired:
+        process.send_signal(signum)
+        status = process.wait(timeout=30)
+    else:
+        pytest.fail(f"the reduction ended before it was signalled: {process.stderr.read()}")  # type: ignore[union-attr]
+    finally:
+        process.kill()
+    assert process.stderr is not None
+    lines = process.stderr.read().strip().splitlines()
+    process.stderr.close()
+    assert status == 128 + signum
+    assert lines[-1].startswith(f"daskstream: stopped by {signal.Signals(signum).name}")
