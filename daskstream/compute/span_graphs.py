@@ -38,6 +38,7 @@ from daskstream.compute.spans import (
     Step,
     combine_of,
     is_elementwise,
+    read_span_whole,
     span_map,
     span_map_whole,
     span_narrow,
@@ -98,6 +99,12 @@ def stream_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
     for name, kind in found.kinds.items():
         if kind is not None:
             layers[name] = _rewritten(graph, name, kind, whole=name in found.taken_whole)
+    for name in found.taken_whole & set(found.reads):
+        # A read whose blocks a step takes whole (they fit a task's share): read at once.
+        task = graph.layers[name].task
+        layers[name] = blockwise_like(
+            graph.layers[name], task=Task(task.key, read_span_whole, *task.args, **task.kwargs)
+        )
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
 
 
@@ -186,7 +193,7 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
     if chunks is None or any(index != out for _, index in spanned) or any(c is None for c in inputs):
         return None
-    if is_elementwise(layer.task.func) and all(c == chunks for c in inputs):
+    if is_elementwise(layer.task.func, layer.task.kwargs) and all(c == chunks for c in inputs):
         return "map"
     combine = combine_of(layer.task)
     if combine is None:
@@ -228,7 +235,7 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str]) 
     if chunks is not None and largest <= cap:
         return
     step = ", ".join(sorted({key_split(t) for t in takers})) or "the result"
-    source = next((s.name for n in graph.layers if (s := source_read_by(graph, graph.layers[n])) is not None), "")
+    source = _source_name(graph, name)
     raise MemoryBudgetError(
         said(
             f"{step} takes whole blocks of {key_split(name)} over {source}, {format_size(largest)} each: the array is "
@@ -239,6 +246,21 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str]) 
             named("memory_budget"),
         )
     )
+
+
+def _source_name(graph: HighLevelGraph, name: str) -> str:
+    """The name of the source layer ``name`` reads, found up its inputs ("" where none is)."""
+    waiting, seen = [name], set()
+    while waiting:
+        current = waiting.pop()
+        if current in seen or current not in graph.layers:
+            continue
+        seen.add(current)
+        source = source_read_by(graph, graph.layers[current])
+        if source is not None:
+            return source.name
+        waiting.extend(graph.dependencies.get(current, ()))
+    return ""
 
 
 def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:

@@ -36,17 +36,18 @@ import dask.array.chunk as dask_chunk
 import dask.array.reductions as dask_reductions
 import numpy as np
 from dask._task_spec import Task
-from dask.array.core import _concatenate2
+from dask.array.core import _concatenate2, _enforce_dtype
 from dask.blockwise import blockwise_token
 
 from daskstream.compute import moments
-from daskstream.graph.reads import SpanRead
+from daskstream.graph.reads import SpanRead, read_span
 from daskstream.runtime.stopping import raise_if_stopped
 
 Box = tuple[slice, ...]
 
-#: Partials of one kept position combined at once: few enough to hold, many enough that combining is rare.
-FAN_IN = 16
+#: Partials of one kept position combined at once: two, a running partial and the next, so a task holds
+#: the partials of the axes it keeps twice at most (a partial of a thin piece can be as large as the piece).
+FAN_IN = 2
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ def whole(value: Any) -> Any:
     return _part(value, None, tuple(slice(0, n) for n in value.shape), value.shape, Reads())
 
 
+def read_span_whole(source: Any, region: Box, *, piece: tuple[int, ...]) -> Any:
+    """A span read whose block a step takes whole (it fits the task's share): the data at once."""
+    return whole(read_span(source, region, piece=piece))
+
+
 def span_map(step: Step, *values: Any) -> Any:
     """An element-wise step: its result where no input is a span, else the step to apply piece by piece."""
     spans = [v for v in values if _is_span(v)]
@@ -191,8 +197,8 @@ class Combine:
 def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     """A reduction's first step: over a span, read piece by piece, each piece's partial combined as it comes."""
     spans = [v for v in values if _is_span(v)]
-    if not spans:
-        return step(values)
+    if not spans or 0 in spans[0].shape:  # an empty slice: nothing to read, its partial as numpy gives it
+        return step([whole(v) for v in values])
     shape = spans[0].shape
     kept = [axis for axis in range(combine.ndim) if axis not in combine.reduced]
     partials: dict[tuple[int, ...], list[Any]] = {}
@@ -255,8 +261,11 @@ _SELF_COMBINING: frozenset[Callable[..., Any]] = frozenset(
 )  # fmt: skip
 
 
-def is_elementwise(func: Any) -> bool:
-    """True for a step known to give each element from the same element of its inputs."""
+def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
+    """True for a step known to give each element from the same element of its inputs (dask's dtype-enforcing
+    wrapper of one, whose ``kwargs`` name it, included)."""
+    if func is _enforce_dtype:
+        return is_elementwise((kwargs or {}).get("enforce_dtype_function"))
     return isinstance(func, np.ufunc) or func in ELEMENTWISE
 
 

@@ -3,6 +3,7 @@ buffer of one, with numpy's answers, reads of one chunk at a time, and refusals 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -213,14 +214,40 @@ def test_a_real_cluster_runs_spanned_tasks(dask_cluster, stored):
 
 
 def test_partials_are_combined_as_they_come(stored, spanned, monkeypatch):
-    """A span of more chunks than FAN_IN holds at most FAN_IN partials per kept position at once."""
+    """Each new partial is combined with the running one: a task holds the kept axes' partials twice at most."""
     import daskstream.compute.spans as spans
 
     data, paths = stored
-    monkeypatch.setattr(spans, "FAN_IN", 2)
-    x, _ = opened(paths["npy"])
+    held = []
+    combine = spans.Combine.__call__
+
+    def counted(self, partials):
+        held.append(len(partials))
+        return combine(self, partials)
+
+    monkeypatch.setattr(spans.Combine, "__call__", counted)
+    x, _plan = opened(paths["npy"])
     np.testing.assert_allclose(np.nanmax(x, axis=0).compute(), np.nanmax(data, axis=0))
-    assert FAN_IN >= 2
+    assert held
+    assert max(held) == FAN_IN == 2
+
+
+def test_empty_slices_and_small_spans_taken_whole_give_numpys_answer(stored, spanned):
+    data, paths = stored
+    x, plan = opened(paths["zarr"])
+    np.testing.assert_array_equal(x[100:100].sum(axis=0).compute(), data[100:100].sum(axis=0))
+    assert float(x[100:100].sum().compute()) == 0.0
+    assert x[:, 5:5].sum(axis=0).compute().shape == (0, 6)
+    # A plan whose spans fit a task's share: steps taking whole blocks get them read at once.
+    small = dataclasses.replace(plan, chunks=(20, 40, 6), span=(5, 1, 1))
+    y = ds.open(paths["zarr"], chunks=small, memory_budget=BUDGET)
+    np.testing.assert_array_equal(y.argmax(axis=0).compute(), np.argmax(data, axis=0))
+    np.testing.assert_array_equal(y[:, 3].compute(), data[:, 3])
+    np.testing.assert_allclose(
+        ((y[20:] - y[20:].mean()) ** 2).mean(axis=0).compute(),
+        ((data[20:] - data[20:].mean()) ** 2).mean(axis=0),
+        rtol=1e-5,
+    )
 
 
 def test_chunks_too_small_to_step_through_are_not_spanned(stored):
