@@ -7,8 +7,6 @@ import dataclasses
 import math
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import dask
@@ -18,6 +16,7 @@ import pytest
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from signals import assert_stopped_by, signalled_command
 
 import daskstream as ds
 from daskstream.compute.spans import FAN_IN
@@ -315,20 +314,6 @@ def test_a_signal_stops_a_task_streaming_its_span(tmp_path, signum):
         "DASK_DASKSTREAM__PLANNING__FIRST_TASK_WITHIN": "null",
     }
     command = ["reduce", str(tmp_path / "v.zarr"), "--op", "mean", "--memory-budget", "256MiB", "--quiet"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daskstream", *command], stderr=subprocess.PIPE, text=True, env=environment
-    )
-    try:
-        process.wait(timeout=6)  # past the start and into the spans' reading
-    except subprocess.TimeoutExpired:
-        process.send_signal(signum)
-        status = process.wait(timeout=30)
-    else:
-        pytest.fail(f"the reduction ended before it was signalled: {process.stderr.read()}")  # type: ignore[union-attr]
-    finally:
-        process.kill()
-    assert process.stderr is not None
-    lines = process.stderr.read().strip().splitlines()
-    process.stderr.close()
-    assert status == 128 + signum
-    assert lines[-1].startswith(f"daskstream: stopped by {signal.Signals(signum).name}")
+    # Signalled past the start and into the spans' reading.
+    status, lines = signalled_command(command, signum, after=6, within=30, environment=environment)
+    assert_stopped_by(status, lines, signum)

@@ -14,6 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from signals import assert_stopped_by, signalled_command
 
 # A graph dask takes minutes to build in pure Python (millions of blocks reduced), inside the stop's block.
 BUILDING = textwrap.dedent(
@@ -93,24 +94,9 @@ def test_the_command_stops_while_dask_builds_its_graph_inside_the_scheduler(tmp_
     header_only = np.lib.format.open_memmap(path, mode="w+", dtype="f4", shape=(100_000, 100_000))
     del header_only
     command = ["reduce", path, "--op", "mean", "--memory-budget", _building_budget(path), "--quiet"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "daskstream", *map(str, command)], stderr=subprocess.PIPE, text=True
-    )
-    try:
-        # Past the start (about a second) and into the graph, which takes tens of seconds to build here.
-        process.wait(timeout=4)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signum)
-        status = process.wait(timeout=60)
-    else:
-        pytest.fail(f"the reduction ended before it was signalled: {process.stderr.read()}")  # type: ignore[union-attr]
-    finally:
-        process.kill()
-    assert process.stderr is not None
-    lines = process.stderr.read().strip().splitlines()
-    process.stderr.close()
-    assert status == 128 + signum
-    assert lines[-1].startswith(f"daskstream: stopped by {signal.Signals(signum).name}")
+    # Past the start (about a second) and into the graph, which takes tens of seconds to build here.
+    status, lines = signalled_command(list(map(str, command)), signum, after=4)
+    assert_stopped_by(status, lines, signum)
 
 
 @pytest.mark.parametrize("budget", ["1000", "3KiB"])
