@@ -22,10 +22,12 @@ from __future__ import annotations
 import copy as copy_module
 import graphlib
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import dask.array.chunk as dask_chunk
 from dask._task_spec import Alias, Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
@@ -215,12 +217,16 @@ def _narrows(value: Any, taken: set[str]) -> bool:
         return True
     return (
         isinstance(value, Task)
-        and key_split(getattr(value.func, "__name__", "")) == "getitem"
+        and value.func in _GETITEMS
         and len(value.args) == 2
         and isinstance(value.args[0], TaskRef)
         and isinstance(value.args[1], tuple)
         and all(isinstance(s, slice) and s.step in (None, 1) for s in value.args[1])
     )
+
+
+#: The functions dask's slicing puts in a task taking part of a block.
+_GETITEMS = (dask_chunk.getitem, operator.getitem)
 
 
 def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str]) -> None:

@@ -57,11 +57,7 @@ def span_array(source: Source, plan: ChunkPlan, settings: PlanSettings) -> da.Ar
     steps, slices and reductions that take them
     (:mod:`daskstream.graph.spans`), or refuses the computation.
     """
-    if plan.shape != source.shape:
-        raise InvalidChunksError(
-            f"the ChunkPlan is for shape {plan.shape} but {source.name} has shape {source.shape}; "
-            "plan with daskstream.plan(source, ...)"
-        )
+    _check_plan_shape(source, plan)
     name = f"daskstream-{source.format}-{tokenize(source.token, plan.chunks, plan.span)}"
     array = read_array(source, plan.span_dask_chunks, name)
     layer = array.dask.layers[name]
@@ -74,6 +70,14 @@ def span_array(source: Source, plan: ChunkPlan, settings: PlanSettings) -> da.Ar
     array.dask.layers[name] = spanned
     record_plan(spanned, settings)
     return array
+
+
+def _check_plan_shape(source: Source, plan: ChunkPlan) -> None:
+    if plan.shape != source.shape:
+        raise InvalidChunksError(
+            f"the ChunkPlan is for shape {plan.shape} but {source.name} has shape {source.shape}; "
+            "plan with daskstream.plan(source, ...)"
+        )
 
 
 def chunked_source_array(source: Source, dask_chunks: tuple[tuple[int, ...], ...], settings: PlanSettings) -> da.Array:
@@ -169,11 +173,7 @@ def resolve_chunks(source: Source, chunks: ChunksSpec, settings: PlanSettings) -
             )
         )
     if isinstance(chunks, ChunkPlan):
-        if chunks.shape != source.shape:
-            raise InvalidChunksError(
-                f"the ChunkPlan is for shape {chunks.shape} but {source.name} has shape {source.shape}; "
-                "plan with daskstream.plan(source, ...)"
-            )
+        _check_plan_shape(source, chunks)
         dask_chunks = chunks.dask_chunks
     else:
         dask_chunks = _normalize_user_chunks(source, chunks, settings.max_tasks)
