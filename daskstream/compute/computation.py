@@ -18,9 +18,9 @@ from dask.array.optimization import optimize as dask_optimize
 from dask.utils import ensure_dict
 
 from daskstream import config
-from daskstream.compute.span_graphs import as_pieces, span_facts, stream_spans
+from daskstream.compute.span_graphs import span_facts, span_graphs
 from daskstream.compute.streams import chains_ahead, optimize_streaming, streaming_of
-from daskstream.graph.layers import merged_graph, span_reads
+from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import ComputePlan
 from daskstream.planning.settings import Resources
@@ -29,12 +29,14 @@ from daskstream.planning.settings import Resources
 def computation_plan(collections: list[Any], resources: Resources) -> ComputePlan:
     """:func:`plan_compute` of dask ``collections`` for ``resources`` resolved by the caller."""
     graph, keys = merged_graph(collections)
-    if span_reads(graph):
+    spanned = span_graphs(graph, keys)
+    if spanned is not None:
         # Spans stream: the steps that take them are checked as they run (refused past the budget), each task
         # holds one chunk's work at a time, projected as such, and the tasks are the streamed graph's.
-        streamed = ensure_dict(dask_optimize(stream_spans(graph, keys), keys))
-        _, plan = plan_graph(as_pieces(graph, keys), keys, resources, holds=False)
-        return dataclasses.replace(plan, tasks=len(streamed), spans=span_facts(streamed, graph))
+        streamed, pieced = spanned
+        optimized = ensure_dict(dask_optimize(streamed, keys))
+        _, plan = plan_graph(pieced, keys, resources, holds=False)
+        return dataclasses.replace(plan, tasks=len(optimized), spans=span_facts(optimized, graph))
     rewritten, plan = plan_graph(graph, keys, resources)
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):
         # Counted on the graph dask will run: optimized as dask does, then streamed.

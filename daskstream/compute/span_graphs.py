@@ -81,8 +81,10 @@ def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
     return found
 
 
-def stream_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
-    """``graph`` with every step taking spans rewritten to stream them (``None`` where it reads no span).
+def span_graphs(graph: Any, keys: list[Key]) -> tuple[HighLevelGraph, HighLevelGraph] | None:
+    """``graph`` with every step taking spans rewritten to stream them, and ``graph`` with the blocks of those
+    steps annotated as the pieces they hold at once, for projecting a task's memory; ``None`` where it reads
+    no span. Both from one reading of which steps take spans and how.
 
     Raises
     ------
@@ -93,6 +95,29 @@ def stream_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
     if not span_reads(graph):
         return None
     found = _classified(graph, keys)
+    return _streamed(graph, found), _pieced(graph, found)
+
+
+def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
+    """``graph`` with its spans streamed (:func:`span_graphs`), its chunks' work projected against the budget its
+    arrays were opened with (``None`` where it reads no span).
+
+    Raises
+    ------
+    MemoryBudgetError
+        When a step takes whole blocks past the budget, or one chunk's work does.
+    """
+    found = span_graphs(graph, keys)
+    if found is None:
+        return None
+    streamed, pieced = found
+    planned = planned_with(graph)
+    if planned is not None:
+        plan_graph(pieced, keys, planned, holds=False)[1].check()
+    return streamed
+
+
+def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     cap = min(int(planned["cap"]) for planned in found.reads.values())
     for name in found.taken_whole:
         takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
@@ -102,34 +127,17 @@ def stream_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
         if kind is not None:
             layers[name] = _rewritten(graph, name, kind, whole=name in found.taken_whole)
     for name in found.taken_whole & set(found.reads):
-        # A read whose blocks a step takes whole (they fit a task's share): read at once.
-        task = graph.layers[name].task
-        layers[name] = blockwise_like(
-            graph.layers[name], task=Task(task.key, read_span_whole, *task.args, **task.kwargs)
-        )
+        # A read whose blocks a step takes whole (they fit a task's share): read at once. A span read is a
+        # blockwise read of its source (daskstream.graph.reads.span_array).
+        read = graph.layers[name]
+        if isinstance(read, Blockwise):
+            task = read.task
+            layers[name] = blockwise_like(read, task=Task(task.key, read_span_whole, *task.args, **task.kwargs))
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
 
 
-def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
-    """:func:`stream_spans` of ``graph``, its chunks' work projected against the budget its arrays were opened
-    with (``None`` where it reads no span).
-
-    Raises
-    ------
-    MemoryBudgetError
-        When a step takes whole blocks past the budget, or one chunk's work does.
-    """
-    streamed = stream_spans(graph, keys)
-    planned = planned_with(graph) if streamed is not None else None
-    if planned is not None:
-        plan_graph(as_pieces(graph, keys), keys, planned, holds=False)[1].check()
-    return streamed
-
-
-def as_pieces(graph: HighLevelGraph, keys: list[Key]) -> HighLevelGraph:
-    """``graph`` with the blocks of the steps that stream spans annotated as the pieces they hold at once, for
-    projecting a task's memory (the number of blocks is then the pieces', not the tasks')."""
-    found = _classified(graph, keys)
+def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
+    """The number of blocks of the layers annotated in pieces is then the pieces', not the tasks'."""
     reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind == "reduce"}
     pieces = [tuple(planned["piece"]) for planned in found.reads.values()]
     layers = dict(graph.layers)
