@@ -15,7 +15,7 @@ import pytest
 from dask.array.optimization import optimize as dask_optimize
 
 import daskstream as ds
-from daskstream.compute.streams import optimize_streaming
+from daskstream.compute.streaming.optimizer import optimize_streaming
 from daskstream.graph.optimize import optimize
 
 # Counts glibc's arenas (malloc_info's <heap> entries) after eight threads have each allocated: glibc gives a

@@ -18,8 +18,8 @@ from dask.array.optimization import optimize as dask_optimize
 from dask.utils import ensure_dict
 
 from daskstream import config
-from daskstream.compute.span_graphs import span_facts, span_graphs
-from daskstream.compute.streams import chains_ahead, optimize_streaming, streaming_of
+from daskstream.compute.streaming.optimizer import chains_ahead, optimize_streaming, streamed_graph, streaming_of
+from daskstream.compute.streaming.span_graphs import span_facts, span_graphs
 from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import ComputePlan
@@ -39,11 +39,11 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         return dataclasses.replace(plan, tasks=len(optimized), spans=span_facts(optimized, graph))
     rewritten, plan = plan_graph(graph, keys, resources)
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):
-        # Counted on the graph dask will run: optimized as dask does, then streamed.
-        optimized = ensure_dict(dask_optimize(rewritten, keys))
-        threads = resources.threads * resources.workers
-        streaming = streaming_of(optimized, keys, threads=threads, ahead=chains_ahead(plan))
-        plan = dataclasses.replace(plan, streaming=streaming)
+        # Counted on the graph dask will run, and on the graph dask would have run without streaming.
+        built = len(ensure_dict(dask_optimize(rewritten, keys)))
+        ahead = chains_ahead(plan)
+        running = streamed_graph(rewritten, keys, threads=resources.threads * resources.workers, ahead=ahead)
+        plan = dataclasses.replace(plan, streaming=streaming_of(running, built, ahead=ahead))
     return plan
 
 
@@ -52,7 +52,7 @@ STREAMING_COUNTED_TASKS = 200_000
 
 
 def install_optimizer() -> None:
-    """Make :func:`daskstream.compute.streams.optimize_streaming` (daskstream's planning, then streaming
+    """Make :func:`daskstream.compute.streaming.optimizer.optimize_streaming` (daskstream's planning, then streaming
     tasks) dask's array optimizer by default: a default, so an ``array_optimize`` a program sets itself
     (``dask.config.set``) still wins."""
     dask.config.update_defaults({"array_optimize": optimize_streaming})

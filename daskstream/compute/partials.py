@@ -9,6 +9,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskstream.compute.streaming.chains import WAVES
 from daskstream.graph.layers import whole_input
 from daskstream.planning.settings import Resources
 
@@ -26,16 +27,28 @@ def combine_fan_in(x: da.Array, axes: tuple[int, ...], *, partial_itemsize: int,
     holds ``split_every`` of them, within its share of the worker's budget
     (``resources``, as the caller's entry point resolved them).
 
+    Where the blocks reduced give every thread of the place a few first
+    combines at that width, it is narrowed until they do.
+
     >>> import dask.array as da
-    >>> combine_fan_in(da.ones((100, 10), chunks=10), (0,), partial_itemsize=8,
-    ...                resources=Resources(2**20, threads=1, workers=1, origin="arguments"))
+    >>> one_thread = Resources(2**20, threads=1, workers=1, origin="arguments")
+    >>> combine_fan_in(da.ones((30, 10), chunks=10), (0,), partial_itemsize=8, resources=one_thread)
     237
+    >>> combine_fan_in(da.ones((1000, 10), chunks=10), (0,), partial_itemsize=8, resources=one_thread)
+    25
     """
     kept = [max(x.chunksize[a], 1) for a in range(x.ndim) if a not in axes]
     partial_bytes = math.prod(kept) * partial_itemsize + _PARTIAL_OVERHEAD_BYTES
     # A combine task holds its inputs and its output; the partials waiting for it are held too, so a
     # group of them takes at most a quarter of a task's share.
-    return int(max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (4 * partial_bytes))))
+    fan_in = max(2, min(_MAX_SPLIT_EVERY, resources.per_task_bytes // (4 * partial_bytes)))
+    # The first combines compute their blocks themselves (daskstream.compute.streaming.folds) where they give
+    # every thread of the place a few: a wider tree would leave threads idle, or the blocks to the scheduler.
+    blocks = math.prod(x.numblocks[a] for a in axes)
+    wanted = resources.threads * resources.workers * WAVES
+    if blocks >= 2 * wanted:
+        fan_in = max(2, min(fan_in, blocks // wanted))
+    return int(fan_in)
 
 
 def fan_in_by_axis(x: da.Array, axes: tuple[int, ...], fan_in: int) -> dict[int, int]:

@@ -73,11 +73,18 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
 def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePlan | None, Resources | None]:
     """:func:`optimize`, and the plan it checked with the resources it planned for (None where it planned
     nothing: a graph reading no daskstream source, or ``daskstream.compute.rewrite: false``)."""
+    graph, plan, planned = planned_graph(dsk, keys)
+    return dask_optimize(graph, keys, **kwargs), plan, planned
+
+
+def planned_graph(dsk: Any, keys: Any) -> tuple[Any, ComputePlan | None, Resources | None]:
+    """``dsk`` with its passes planned and checked against the budget, before dask's optimizations; the plan
+    and the resources it planned for, as :func:`optimize_planned`."""
     plan: ComputePlan | None = None
     planned: Resources | None = None
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and reads_sources(dsk):
         planned = planned_with(dsk)
-        # Spans are streamed a chunk at a time by the steps that take them (daskstream.compute.span_graphs),
+        # Spans are streamed a chunk at a time by the steps that take them (daskstream.compute.streaming.span_graphs),
         # and refused there past the budget: their blocks are not what a task holds.
         if planned is not None and not span_reads(dsk):
             wanted = requested_keys(keys)
@@ -88,7 +95,7 @@ def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePl
                 # keys need is counted by culling, which costs as many steps as the tasks it keeps.
                 plan = dataclasses.replace(plan, tasks=_needed_tasks(dsk, wanted, ceiling))
             dataclasses.replace(plan, max_tasks=ceiling).check()
-    return dask_optimize(dsk, keys, **kwargs), plan, planned
+    return dsk, plan, planned
 
 
 def requested_keys(keys: Any) -> list[Key]:
@@ -243,6 +250,7 @@ __all__ = [
     "optimize",
     "optimize_planned",
     "plan_graph",
+    "planned_graph",
     "requested_keys",
     "with_aggregates_computed",
     "with_layers_computed",

@@ -52,7 +52,7 @@ def planned(source: Source, settings: PlanSettings) -> ChunkPlan:
 def span_array(source: Source, plan: ChunkPlan, settings: PlanSettings) -> da.Array:
     """A dask array reading ``source`` a span of ``plan``'s chunks per block (:mod:`daskstream.planning.spans`).
 
-    Its blocks are :class:`~daskstream.compute.spans.SpanRead` values, not
+    Its blocks are :class:`~daskstream.compute.streaming.spans.SpanRead` values, not
     data: the optimizer streams them chunk by chunk into the element-wise
     steps, slices and reductions that take them
     (:mod:`daskstream.graph.spans`), or refuses the computation.

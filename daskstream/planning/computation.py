@@ -174,7 +174,7 @@ class ComputePlan:
         How the blocks' work runs in streaming tasks
     spans
         How tasks stream the spans of arrays read in spans
-        (:mod:`daskstream.compute.streams`), where it does.
+        (:mod:`daskstream.compute.streaming`), where it does.
     """
 
     budget: int

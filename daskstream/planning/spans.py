@@ -4,7 +4,7 @@ A chunk plan sizes each chunk to what a task may hold at once. An array so
 large that even chunks at that size make more blocks than a computation's
 graph may hold (a pebibyte on one machine) is not refused: each task covers a
 *span* of consecutive chunks and streams them one after another through a
-buffer of one chunk (:mod:`daskstream.compute.spans`), handing on a small
+buffer of one chunk (:mod:`daskstream.compute.streaming.spans`), handing on a small
 partial. The chunk stays the buffer, the span becomes the task.
 
 A span groups whole chunks, slowest axis first: along the first axis up to

@@ -17,7 +17,7 @@ from dask.callbacks import Callback
 
 import daskstream as ds
 from daskstream.compute.rechunk import rechunk_plan_of
-from daskstream.compute.streams import Chains
+from daskstream.compute.streaming.chains import Chains
 from daskstream.errors import (
     IntermediateNotSharedError,
     InvalidChunksError,

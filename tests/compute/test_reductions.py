@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import daskstream as ds
 from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.reductions import OPERATIONS
+from daskstream.compute.streaming.chains import WAVES
 from daskstream.errors import (
     DaskstreamError,
     InvalidArgumentError,
@@ -413,7 +414,7 @@ def test_quantile_refuses_complex_and_bool():
 
 
 def test_fan_in_comes_from_the_budget():
-    x = da.ones((4096, 4096), chunks=(64, 4096))
+    x = da.ones((65536, 4096), chunks=(64, 4096))
     # Scalar partials are tiny: one combine level merges many.
     wide = combine_fan_in(x, (0, 1), partial_itemsize=24, resources=Resources(2**30, 2, 1, origin="arguments"))
     # Per-row partials along a kept axis of 4096: a small budget merges few at a time.
@@ -421,6 +422,20 @@ def test_fan_in_comes_from_the_budget():
     assert wide > 100
     assert 2 <= narrow < 32
     assert narrow != 4 or wide != 4
+
+
+@pytest.mark.parametrize(("threads", "workers"), [(2, 1), (4, 1), (8, 16)])
+def test_the_first_combines_give_every_thread_a_few_tasks(threads, workers):
+    # Whatever the budget allows, the first level of the tree has a few combines a thread: each computes its
+    # blocks itself (folded), so fewer would leave threads idle.
+    x = da.ones((2**18, 64), chunks=(64, 64))
+    resources = Resources(2**40, threads, workers, origin="arguments")
+    fan_in = combine_fan_in(x, (0, 1), partial_itemsize=24, resources=resources)
+    first_level = -(-x.numblocks[0] // fan_in)
+    assert threads * workers * WAVES <= first_level < 2 * threads * workers * WAVES
+    # Few blocks, a thread or two's worth: the budget alone decides, as before.
+    small = da.ones((640, 64), chunks=(64, 64))
+    assert combine_fan_in(small, (0, 1), partial_itemsize=24, resources=resources) == 1024
 
 
 def test_reductions_are_lazy_and_read_once_per_chunk(tmp_path):
@@ -661,7 +676,8 @@ PLANNED_COMPUTATIONS = {
 
 @pytest.mark.parametrize("computation", sorted(PLANNED_COMPUTATIONS))
 def test_a_computation_plans_for_the_budget_its_array_was_opened_with_and_a_budget_given_wins(tmp_path, computation):
-    np.save(tmp_path / "a.npy", np.random.default_rng(0).random((1024, 64)))
+    # Blocks enough that the first combines are set by the budget, not by the threads they keep busy.
+    np.save(tmp_path / "a.npy", np.random.default_rng(0).random((8192, 64)))
     x = ds.open(tmp_path / "a.npy", memory_budget="64KiB")
     planned = PLANNED_COMPUTATIONS[computation]
     # A computation's name says what it computes and how it is planned (its combine trees, its passes).

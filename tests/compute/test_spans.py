@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from signals import assert_stopped_by, signalled_command
 
 import daskstream as ds
-from daskstream.compute.spans import FAN_IN
+from daskstream.compute.streaming.spans import FAN_IN
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.spans import _wave_use as wave_use
 from daskstream.planning.spans import plan_span, span_blocks
@@ -214,7 +214,7 @@ def test_a_real_cluster_runs_spanned_tasks(dask_cluster, stored):
 
 def test_partials_are_combined_as_they_come(stored, spanned, monkeypatch):
     """Each new partial is combined with the running one: a task holds the kept axes' partials twice at most."""
-    import daskstream.compute.spans as spans
+    import daskstream.compute.streaming.spans as spans
 
     data, paths = stored
     held = []

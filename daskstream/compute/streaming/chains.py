@@ -42,12 +42,7 @@ from typing import Any
 from dask._task_spec import GraphNode, Task, TaskRef, convert_legacy_graph, execute_graph
 from dask.tokenize import tokenize
 from dask.typing import Key
-from dask.utils import ensure_dict
 
-from daskstream import config
-from daskstream.compute.span_graphs import checked_spans
-from daskstream.graph.optimize import optimize_planned, requested_keys
-from daskstream.planning.computation import ComputePlan, Streaming
 from daskstream.runtime.stopping import raise_if_stopped
 
 #: Tasks per thread of the place the computation runs: enough to even out threads that finish early.
@@ -83,45 +78,6 @@ class Chains:
 
     def __repr__(self) -> str:  # dask prints the arguments of a task that failed: not every node of a chain
         return f"Chains({len(self.chains)} chains taking {len(self.taken)} keys, {self.ahead} ahead)"
-
-
-def optimize_streaming(dsk: Any, keys: Any, **kwargs: Any) -> Any:
-    """daskstream's optimizer (:func:`daskstream.graph.optimize.optimize`), then streaming tasks where a graph
-    reads daskstream sources: dask's ``array_optimize`` once daskstream is imported."""
-    if config.get("compute.rewrite"):
-        dsk = checked_spans(dsk, requested_keys(keys)) or dsk
-    optimized, plan, planned = optimize_planned(dsk, keys, **kwargs)
-    if plan is None or planned is None or not config.get("compute.streaming"):
-        return optimized
-    threads = planned.threads * planned.workers
-    return stream_chains(ensure_dict(optimized), requested_keys(keys), threads=threads, ahead=chains_ahead(plan))
-
-
-def chains_ahead(plan: ComputePlan) -> int:
-    """Chains a streaming task computes ahead: for sources on an object store, as many as the budget holds
-    beside what the plan projects (``daskstream.objects.chains-ahead`` at most); none for local files, whose
-    reads the threads already overlap with their work.
-
-    >>> import dataclasses
-    >>> from daskstream.planning.computation import ComputePlan, TaskMemory
-    >>> worst = TaskMemory("read", (("input", 10),))
-    >>> plan = ComputePlan(budget=100, concurrency=2, tasks=9, passes=1, read_passes={"s3://b/x.zarr": (0,)},
-    ...                    source_bytes={}, pass_work={}, worst=worst)
-    >>> chains_ahead(plan)
-    2
-    >>> chains_ahead(dataclasses.replace(plan, read_passes={"/data/x.zarr": (0,)}))
-    0
-    """
-    if not any(_on_object_store(source) for source in plan.read_passes):
-        return 0
-    # Each chain ahead holds what one task does at its peak, beside the tasks running at once.
-    spare = plan.budget // max(1, plan.projected_peak_bytes) - 1
-    return max(0, min(spare, int(config.setting("objects.chains-ahead"))))
-
-
-def _on_object_store(source: str) -> bool:
-    scheme, found, _ = source.partition("://")
-    return bool(found) and scheme not in ("file", "local")
 
 
 def run_chains(chains: Chains, *taken_values: Any) -> tuple[Any, ...]:
@@ -167,7 +123,8 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
     graph
         A low-level dask graph, as dask's optimizer leaves it.
     outputs
-        The keys the computation returns: never folded into a chain.
+        The keys the computation returns, and any other task to keep as it
+        is: never folded into a chain.
     threads
         Threads of the place the computation runs, all workers together.
     ahead
@@ -212,20 +169,6 @@ def stream_chains(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: 
     return nodes
 
 
-def streaming_of(graph: Mapping[Key, Any], outputs: Iterable[Key], *, threads: int, ahead: int = 0) -> Streaming | None:
-    """What :func:`stream_chains` makes of ``graph``: its streaming tasks, the tasks they fold, the tasks left;
-    None where it streams nothing."""
-    streamed = stream_chains(graph, outputs, threads=threads, ahead=ahead)
-    streams = sum(1 for key in streamed if _is_stream(key))
-    if not streams:
-        return None
-    return Streaming(streams=streams, folded=len(graph) - len(streamed) + streams, tasks=len(streamed), ahead=ahead)
-
-
-def _is_stream(key: Key) -> bool:
-    return str(key[0] if isinstance(key, tuple) else key).startswith(STREAM_PREFIX)
-
-
 def _streamable(
     nodes: Mapping[Key, GraphNode], takers: Mapping[Key, list[Key]], kept: set[Key], threads: int
 ) -> tuple[list[tuple[Key, Key, frozenset[Key], tuple[Key, ...]]], int]:
@@ -262,11 +205,11 @@ def _streamable(
         chains_at[h] = chains_at.get(h, 0) + len(by_taker[taker])
         tasks_at[h] = tasks_at.get(h, 0) + sum(len(chain) for _, chain, _ in by_taker[taker])
     level = max((h for h in chains_at if chains_at[h] >= wanted), key=lambda h: (tasks_at[h], -h), default=1)
-    chosen = sorted((t for t, h in height.items() if h == level), key=_key_order)
+    chosen = sorted((t for t, h in height.items() if h == level), key=key_order)
     found = [
         (taker, output, chain, taken)
         for taker in chosen
-        for output, chain, taken in sorted(by_taker[taker], key=lambda item: _key_order(item[0]))
+        for output, chain, taken in sorted(by_taker[taker], key=lambda item: key_order(item[0]))
     ]
     least = MIN_GROUP if level == 1 else 1
     return found, max(least, math.ceil(len(found) / wanted))
@@ -293,10 +236,10 @@ def _chain(
 def _taken_by(chain: frozenset[Key], nodes: Mapping[Key, GraphNode]) -> tuple[Key, ...]:
     """The keys outside ``chain`` its tasks take, in a fixed order."""
     outside = {dep for key in chain for dep in nodes[key].dependencies if dep not in chain}
-    return tuple(sorted(outside, key=_key_order))
+    return tuple(sorted(outside, key=key_order))
 
 
-def _key_order(key: Key) -> tuple[str, tuple[int, ...], str]:
+def key_order(key: Key) -> tuple[str, tuple[int, ...], str]:
     # Block keys are (name, i, j, ...): neighbouring blocks (neighbouring storage) next to each other.
     if isinstance(key, tuple) and key:
         rest = key[1:]
@@ -310,9 +253,7 @@ __all__ = [
     "STREAM_PREFIX",
     "WAVES",
     "Chains",
-    "chains_ahead",
-    "optimize_streaming",
+    "key_order",
     "run_chains",
     "stream_chains",
-    "streaming_of",
 ]

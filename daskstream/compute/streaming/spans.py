@@ -2,7 +2,7 @@
 
 An array planned in spans (:mod:`daskstream.planning.spans`) has blocks of
 many chunks, too large for a task to hold. Its read tasks give a
-:class:`SpanRead` -- what to read, not the data -- and :func:`~daskstream.compute.span_graphs.span_graphs`
+:class:`SpanRead` -- what to read, not the data -- and :func:`~daskstream.compute.streaming.span_graphs.span_graphs`
 rewrites, before dask's own optimizations, the steps that take such blocks:
 
 - an **element-wise step** (numpy ufuncs, arithmetic and comparison

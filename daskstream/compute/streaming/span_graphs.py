@@ -1,7 +1,7 @@
 """The graph of a computation over spanned arrays, rewritten so that every step taking a span streams it.
 
 Runs before dask's own optimizations, on the high-level graph (see
-:mod:`daskstream.compute.spans` for what streams and how). Each layer taking
+:mod:`daskstream.compute.streaming.spans` for what streams and how). Each layer taking
 blocks that may be spans is one of:
 
 ``map``
@@ -35,7 +35,7 @@ from dask.typing import Key
 from dask.utils import key_split
 
 from daskstream.advice import named, said
-from daskstream.compute.spans import (
+from daskstream.compute.streaming.spans import (
     Combine,
     Step,
     combine_of,
