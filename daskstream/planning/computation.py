@@ -110,12 +110,16 @@ class Streaming:
         Tasks the scheduler runs, streaming tasks included.
     ahead
         Blocks each streaming task reads ahead of the one it works on.
+    shared
+        Tasks giving what the streaming tasks share (a layer whose blocks
+        they compute), counted in ``tasks`` but not work dask would have run.
     """
 
     streams: int
     folded: int
     tasks: int
     ahead: int = 0
+    shared: int = 0
 
     def line(self) -> str:
         """For :meth:`ComputePlan.explain`.
@@ -128,7 +132,8 @@ class Streaming:
         )
         return (
             f"Streaming: {self.folded:,} tasks of the blocks' work run inside {self.streams:,} streaming tasks, "
-            f"{pace}; the scheduler runs {self.tasks:,} tasks ({self.tasks - self.streams + self.folded:,} without)"
+            f"{pace}; the scheduler runs {self.tasks:,} tasks "
+            f"({self.tasks - self.streams - self.shared + self.folded:,} without)"
         )
 
 

@@ -189,3 +189,18 @@ def test_a_real_cluster_runs_the_folded_combines(dask_cluster, stored):
     names = [str(t["key"]) for t in tasks.data]
     assert len(names) < x.npartitions / 4  # 300 blocks
     assert not [name for name in names if "daskstream-zarr" in name and "original" not in name]
+
+
+def test_the_plan_says_how_many_tasks_the_scheduler_runs_and_would_have_run(stored):
+    _, paths = stored
+    x = ds.open(paths["npy"], chunks=(20, 40))
+    result = ds.reduce(x * 2, "mean")
+    streaming = ds.plan_compute(result).streaming
+    graph = optimized(result)
+    assert streaming.tasks == len(graph)
+    assert streaming.streams == len(folded_tasks(graph))
+    assert streaming.shared == 1  # the folded layer, given once to every task computing its blocks
+    assert streaming.tasks - streaming.streams - streaming.shared + streaming.folded == len(
+        optimized(result, streaming=False)
+    )
+    assert f"the scheduler runs {len(graph)} tasks" in ds.plan_compute(result).explain()

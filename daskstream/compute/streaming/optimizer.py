@@ -18,7 +18,7 @@ from dask.utils import ensure_dict
 
 from daskstream import config
 from daskstream.compute.streaming.chains import run_chains, stream_chains
-from daskstream.compute.streaming.folds import fold_blocks, run_folded
+from daskstream.compute.streaming.folds import FOLDED_PREFIX, fold_blocks, run_folded
 from daskstream.compute.streaming.span_graphs import checked_spans
 from daskstream.graph.optimize import planned_graph, requested_keys
 from daskstream.planning.computation import ComputePlan, Streaming
@@ -79,7 +79,10 @@ def streaming_of(streamed: Mapping[Key, Any], built: int, *, ahead: int = 0) -> 
     streams = sum(1 for node in streamed.values() if _streams(node))
     if not streams:
         return None
-    return Streaming(streams=streams, folded=built - len(streamed) + streams, tasks=len(streamed), ahead=ahead)
+    # The folded layers, one value each that their streaming tasks take: not work dask would have run.
+    shared = sum(1 for key in streamed if isinstance(key, str) and key.startswith(FOLDED_PREFIX))
+    folded = built - (len(streamed) - shared) + streams
+    return Streaming(streams=streams, folded=folded, tasks=len(streamed), ahead=ahead, shared=shared)
 
 
 def _streams(node: Any) -> bool:
