@@ -289,10 +289,13 @@ def cluster_run(path: Path, contender: str, workers: int, timeout: float, folder
         watch.start()
         row = run_child(CLUSTER_RUN, [contender, str(path), str(scheduler_file)], timeout, until="finished")
         watch.done.set()
+        wall = time.perf_counter() - began
         row["scheduler_cpu_s"] = _cpu(scheduler) - before
-        row["scheduler_idle_cpu_s"] = idle_rate * (time.perf_counter() - began)
+        row["scheduler_idle_cpu_s"] = idle_rate * wall
         row["scheduler_peak_bytes"] = watch.peak
         row.setdefault("outcome", "finished")
+        if contender == "daskstream" and row["outcome"] == "finished":
+            row["scheduler_busy_cpu_s"] = _busy_scheduler_seconds(scheduler, scheduler_file, workers, wall)
         return row
     finally:
         for process in started:
@@ -303,6 +306,35 @@ def cluster_run(path: Path, contender: str, workers: int, timeout: float, folder
 
 #: Seconds an idle scheduler is watched before a run, for its CPU time with nothing to run.
 IDLE_SECONDS = 5.0
+
+
+# A client keeping every worker's thread busy with Python work for as long as a run took, as a run does.
+BUSY_RUN = """
+import json, sys, time
+from distributed import Client
+
+scheduler_file, workers, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+
+
+def spin(seconds):
+    ends = time.perf_counter() + seconds
+    while time.perf_counter() < ends:
+        sum(range(1000))
+
+
+with Client(scheduler_file=scheduler_file) as client:
+    began = time.perf_counter()
+    client.gather(client.map(spin, [seconds] * workers, pure=False))
+    print(json.dumps({"seconds": time.perf_counter() - began}))
+"""
+
+
+def _busy_scheduler_seconds(scheduler: psutil.Process, scheduler_file: Path, workers: int, wall: float) -> float:
+    """The scheduler's CPU seconds while a fresh client keeps every worker busy for ``wall`` seconds with work
+    of no data: what a run of that length costs it without the run's graph, tasks or data."""
+    before = _cpu(scheduler)
+    run_child(BUSY_RUN, [str(scheduler_file), str(workers), str(wall)], wall + 120, until="finished")
+    return _cpu(scheduler) - before
 
 
 def _import_array_libraries() -> None:
@@ -449,11 +481,11 @@ def net_scheduler_seconds(row: dict[str, Any]) -> float:
     return float(row["scheduler_cpu_s"] - row.get("scheduler_idle_cpu_s", 0.0))
 
 
-def _per_gib_read(row: dict[str, Any]) -> str:
-    if "scheduler_idle_cpu_s" not in row or "seconds" not in row:
+def _per_gib_read(row: dict[str, Any], beyond: str) -> str:
+    if beyond not in row or "seconds" not in row:
         return "—"
     gib = math.prod(row["shape"]) * 4 / 2**30
-    return f"{net_scheduler_seconds(row) / gib * 1e3:.2f}"
+    return f"{(row['scheduler_cpu_s'] - row[beyond]) / gib * 1e3:.2f}"
 
 
 def _seconds(row: dict[str, Any], key: str) -> str:
@@ -535,12 +567,13 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "Scheduler CPU is the scheduler process's over the run, which had imported daskstream and dask.array "
             "before (a scheduler does once, at its first graph); idle is its CPU over 5 s with nothing to run, "
-            "scaled to the run's wall time (heartbeats and its own checks); net is the difference, per GiB "
-            "summed in the last column but one.",
+            "scaled to the run's wall time (heartbeats and its own checks); busy is its CPU while a fresh client "
+            "keeps every worker busy for as long with Python work of no data (daskstream's runs). Per GiB summed: "
+            "the scheduler's CPU beyond idle, and beyond busy (what the graph, its tasks and its data cost it).",
             "",
-            "| storage chunks | workers | contender | wall (s) | tasks | scheduler CPU (s) | idle (s) | net per "
-            "GiB (ms) | scheduler peak | plain dask / daskstream |",
-            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| storage chunks | workers | contender | wall (s) | tasks | scheduler CPU (s) | idle (s) | busy (s) | "
+            "beyond idle, per GiB (ms) | beyond busy, per GiB (ms) | scheduler peak | plain dask / daskstream |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in report["cluster"]:
             mine = next(
@@ -557,7 +590,8 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['storage_chunks']:,} | {row['workers']} | {row['contender']}{outcome} | "
                 f"{_seconds(row, 'seconds')} | {_count(row, 'tasks')} | {_seconds(row, 'scheduler_cpu_s')} | "
-                f"{_seconds(row, 'scheduler_idle_cpu_s')} | {_per_gib_read(row)} | "
+                f"{_seconds(row, 'scheduler_idle_cpu_s')} | {_seconds(row, 'scheduler_busy_cpu_s')} | "
+                f"{_per_gib_read(row, 'scheduler_idle_cpu_s')} | {_per_gib_read(row, 'scheduler_busy_cpu_s')} | "
                 f"{format_bytes(row['scheduler_peak_bytes']) if row.get('scheduler_peak_bytes') else '—'} | {ratio} |"
             )
     if report.get("model"):

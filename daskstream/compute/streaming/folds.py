@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from dask._task_spec import DataNode, GraphNode, Task, TaskRef, convert_legacy_graph, convert_legacy_task
+from dask._task_spec import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from dask.blockwise import Blockwise, fuse_roots, optimize_blockwise
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
@@ -206,10 +206,15 @@ def fold_blocks(graph: Any, keys: list[Key], *, threads: int, ahead: int = 0) ->
         inputs: dict[Key, Any] = {key: key for key in layer.get_output_keys()}
         # Up the tree while its next level leaves tasks enough: each combine of it folds the level below.
         while (taker := _sole_taker(layers, dependencies, below, asked, wanted)) is not None:
-            found = _folded_combines(layers[taker], inputs, taken)
+            # What the combines take besides the level below: values computed once for all of them, or nothing.
+            besides = dependencies[taker] - {below}
+            if any(len(layers[d]) > MAX_SHARED_KEYS for d in besides):
+                break
+            found = _folded_combines(layers[taker], inputs, taken | {key for d in besides for key in layers[d]})
             if found is None:
                 break
             inputs, taken = found
+            shared = shared | besides
             if top is not None:
                 passed.append(top)
             below, top = taker, taker
@@ -254,23 +259,55 @@ def _folded_combines(
     taken from outside by all; None where an input is taken twice, a combine takes from elsewhere what the
     others do not, or every combine takes one input (folding it would spare nothing)."""
     raw = dict(combines)
-    nodes = convert_legacy_graph(raw, all_keys=set(raw) | set(inputs) | taken)
+    known = set(raw) | set(inputs) | taken
     seen: set[Key] = set()
     outside: set[Key] | None = None
     folded: dict[Key, Folded] = {}
-    for key, node in nodes.items():
-        deps = node.dependencies
+    for key, task in raw.items():
+        deps = _keys_in(task, known)
         mine = [d for d in deps if d in inputs]
         others = deps - set(mine)
         outside = set(others) if outside is None else outside
         if others != outside or seen.intersection(mine):
             return None
         seen.update(mine)
-        below = tuple(inputs[d] for d in sorted(mine, key=key_order) if isinstance(inputs[d], Folded))
-        folded[key] = Folded(key, raw[key], below)
+        below = tuple(inputs[d] for d in _in_key_order(mine) if isinstance(inputs[d], Folded))
+        folded[key] = Folded(key, task, below)
     if len(seen) <= len(folded):
         return None
     return folded, taken | (outside or set())
+
+
+def _keys_in(task: Any, known: set[Key]) -> set[Key]:
+    """The keys of ``known`` that ``task`` (dask's legacy tuple, or a graph node) takes: found by walking it,
+    which costs a fraction of making it a task object."""
+    if isinstance(task, GraphNode):
+        return set(task.dependencies)
+    found: set[Key] = set()
+    stack = [task]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, GraphNode):
+            found.update(item.dependencies)
+            continue
+        try:
+            if item in known:
+                found.add(item)
+                continue
+        except TypeError:  # a list, or another value no key can be
+            pass
+        if isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return found
+
+
+def _in_key_order(keys: list[Key]) -> list[Key]:
+    try:  # one layer's block keys compare as tuples: neighbouring blocks next to each other
+        return sorted(keys)
+    except TypeError:
+        return sorted(keys, key=key_order)
 
 
 __all__ = ["FOLDED_PREFIX", "MAX_SHARED_KEYS", "Folded", "FoldedLayer", "fold_blocks", "run_folded"]
