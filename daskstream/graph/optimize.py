@@ -67,19 +67,13 @@ def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     MemoryBudgetError
         When the computation's projected peak exceeds its memory budget, before anything runs.
     """
-    return optimize_planned(dsk, keys, **kwargs)[0]
-
-
-def optimize_planned(dsk: Any, keys: Any, **kwargs: Any) -> tuple[Any, ComputePlan | None, Resources | None]:
-    """:func:`optimize`, and the plan it checked with the resources it planned for (None where it planned
-    nothing: a graph reading no daskstream source, or ``daskstream.compute.rewrite: false``)."""
-    graph, plan, planned = planned_graph(dsk, keys)
-    return dask_optimize(graph, keys, **kwargs), plan, planned
+    return dask_optimize(planned_graph(dsk, keys)[0], keys, **kwargs)
 
 
 def planned_graph(dsk: Any, keys: Any) -> tuple[Any, ComputePlan | None, Resources | None]:
-    """``dsk`` with its passes planned and checked against the budget, before dask's optimizations; the plan
-    and the resources it planned for, as :func:`optimize_planned`."""
+    """``dsk`` with its passes planned and checked against the budget, before dask's optimizations; the plan,
+    and the resources it planned for (None where it planned nothing: a graph reading no daskstream source, or
+    ``daskstream.compute.rewrite: false``)."""
     plan: ComputePlan | None = None
     planned: Resources | None = None
     if isinstance(dsk, HighLevelGraph) and config.get("compute.rewrite") and reads_sources(dsk):
@@ -248,7 +242,6 @@ def with_layers_computed(
 __all__ = [
     "computed_once_layers",
     "optimize",
-    "optimize_planned",
     "plan_graph",
     "planned_graph",
     "requested_keys",

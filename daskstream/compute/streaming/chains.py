@@ -30,11 +30,13 @@ dask made them.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -86,25 +88,33 @@ def run_chains(chains: Chains, *taken_values: Any) -> tuple[Any, ...]:
     With chains ahead, each runs in a thread of a pool of ``ahead + 1``; at most that many are under way.
     """
     taken = dict(zip(chains.taken, taken_values, strict=True))
-    if not chains.ahead:
-        outputs = []
-        for output, tasks in chains.chains:
-            raise_if_stopped()
-            outputs.append(_run_chain(output, tasks, taken))
+    calls = (functools.partial(_run_chain, output, tasks, taken) for output, tasks in chains.chains)
+    with contextlib.closing(computed_in_order(calls, chains.ahead, "daskstream-chain")) as outputs:
         return tuple(outputs)
-    with ThreadPoolExecutor(chains.ahead + 1, thread_name_prefix="daskstream-chain") as pool:
-        waiting: deque[Future[Any]] = deque()
-        queued = iter(chains.chains)
+
+
+def computed_in_order(calls: Iterable[Callable[[], Any]], ahead: int, name: str) -> Generator[Any, None, None]:
+    """What each of ``calls`` gives, in order; a stop asked ends it between two.
+
+    With ``ahead``, each runs in a thread of a pool of ``ahead + 1`` (named
+    ``name``), the next ``ahead`` under way while the current one's value is
+    taken: an object store's requests in flight while a block is decoded.
+    Closing the iterator early cancels what has not started.
+    """
+    if not ahead:
+        for call in calls:
+            raise_if_stopped()
+            yield call()
+        return
+    with ThreadPoolExecutor(ahead + 1, thread_name_prefix=name) as pool:
+        queued = iter(calls)
+        waiting: deque[Future[Any]] = deque(pool.submit(call) for call in itertools.islice(queued, ahead + 1))
         try:
-            for output, tasks in itertools.islice(queued, chains.ahead + 1):
-                waiting.append(pool.submit(_run_chain, output, tasks, taken))
-            results = []
             while waiting:
                 raise_if_stopped()
-                results.append(waiting.popleft().result())
-                for output, tasks in itertools.islice(queued, 1):
-                    waiting.append(pool.submit(_run_chain, output, tasks, taken))
-            return tuple(results)
+                value = waiting.popleft().result()
+                waiting.extend(pool.submit(call) for call in itertools.islice(queued, 1))
+                yield value
         finally:
             for future in waiting:
                 future.cancel()
@@ -253,6 +263,7 @@ __all__ = [
     "STREAM_PREFIX",
     "WAVES",
     "Chains",
+    "computed_in_order",
     "key_order",
     "run_chains",
     "stream_chains",

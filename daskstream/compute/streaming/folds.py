@@ -18,10 +18,9 @@ object store) that many more blocks.
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
+import contextlib
+import functools
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -30,8 +29,7 @@ from dask.blockwise import Blockwise, fuse_roots, optimize_blockwise
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
 
-from daskstream.compute.streaming.chains import WAVES, key_order
-from daskstream.runtime.stopping import raise_if_stopped
+from daskstream.compute.streaming.chains import WAVES, computed_in_order, key_order
 
 #: The most keys a layer the folded blocks take from may have: one value for every block (a source, an aggregate).
 MAX_SHARED_KEYS = 16
@@ -130,30 +128,12 @@ def run_folded(folded: Folded, taken_keys: tuple[Key, ...], ahead: int, layer: F
     # The blocks' tasks, made here rather than by the scheduler: only these.
     culled, _ = layer.layer.cull(set(order), ())
     tasks = dict(culled)
-    if not ahead:
-        return _combined(resolved, (_computed(tasks[key], taken) for key in order), taken)
-    with ThreadPoolExecutor(ahead + 1, thread_name_prefix="daskstream-block") as pool:
-        waiting: deque[Future[Any]] = deque()
-        queued = iter(order)
-
-        def in_order() -> Iterable[Any]:
-            for key in itertools.islice(queued, ahead + 1):
-                waiting.append(pool.submit(_computed, tasks[key], taken))
-            while waiting:
-                value = waiting.popleft().result()
-                for key in itertools.islice(queued, 1):
-                    waiting.append(pool.submit(_computed, tasks[key], taken))
-                yield value
-
-        try:
-            return _combined(resolved, iter(in_order()), taken)
-        finally:
-            for future in waiting:
-                future.cancel()
+    calls = (functools.partial(_computed, tasks[key], taken) for key in order)
+    with contextlib.closing(computed_in_order(calls, ahead, "daskstream-block")) as blocks:
+        return _combined(resolved, blocks, taken)
 
 
 def _computed(task: GraphNode, taken: Mapping[Key, Any]) -> Any:
-    raise_if_stopped()
     return task({dep: taken[dep] for dep in task.dependencies})
 
 
@@ -186,7 +166,8 @@ def fold_blocks(graph: Any, keys: list[Key], *, threads: int, ahead: int = 0) ->
     tasks it replaces held at once, one block's work and the partial results
     waiting for a combine.
 
-    Returns ``graph`` itself where there is nothing to fold.
+    Returns ``graph`` as dask's blockwise fusion leaves it where there is
+    nothing to fold.
     """
     if not isinstance(graph, HighLevelGraph):
         return graph
