@@ -96,12 +96,18 @@ def _checked(claimed: int | None, size: int, exact: bool, codec: str) -> None:
         raise ValueError(f"the {codec} frame claims {claimed} bytes where the chunk holds {size}")
 
 
-def zstd_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
-    """Decode a zstd frame of at most (or, ``exact``, of exactly) ``size`` bytes."""
+def zstd_decode(data: Any, size: int, *, exact: bool = True, into: np.ndarray | None = None) -> np.ndarray:
+    """Decode a zstd frame of at most (or, ``exact``, of exactly) ``size`` bytes.
+
+    ``into``: a writable ``uint8`` array of ``size`` bytes to decode into
+    (``exact`` only), instead of a new one -- the chunk's place in a block.
+    """
 
     claimed = zstd_content_size(data)
     _checked(claimed, size, exact, "zstd")
-    out = np.empty(size if claimed is None else claimed, dtype=np.uint8)
+    if into is not None and not exact:
+        raise ValueError("a zstd frame decodes into a given buffer only where its size is exact")
+    out = np.empty(size if claimed is None else claimed, dtype=np.uint8) if into is None else into
     # Given a buffer, numcodecs decompresses into it and refuses a frame that does not fit.
     import numcodecs
 
@@ -109,14 +115,19 @@ def zstd_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
     return out
 
 
-def blosc_decode(data: Any, size: int, *, exact: bool = True) -> np.ndarray:
-    """Decode a blosc buffer of at most (``exact``: exactly) ``size`` bytes, as its header declares."""
+def blosc_decode(data: Any, size: int, *, exact: bool = True, into: np.ndarray | None = None) -> np.ndarray:
+    """Decode a blosc buffer of at most (``exact``: exactly) ``size`` bytes, as its header declares.
+
+    ``into``: a writable ``uint8`` array of ``size`` bytes to decode into (``exact`` only), instead of a new one.
+    """
 
     from numcodecs import blosc
 
     claimed = _blosc_decoded_size(data)
     _checked(claimed, size, exact, "blosc")
-    out = np.empty(int(claimed), dtype=np.uint8)
+    if into is not None and not exact:
+        raise ValueError("a blosc buffer decodes into a given buffer only where its size is exact")
+    out = np.empty(int(claimed), dtype=np.uint8) if into is None else into
     blosc.decompress(data, out)
     return out
 
@@ -216,6 +227,10 @@ BY_CODEC_ID: dict[str, Callable[..., Any]] = {
 }
 
 
+#: The decoders that can decode into a buffer given (``into=``): a chunk decoded straight into its place.
+DECODE_INTO = frozenset({zstd_decode, blosc_decode})
+
+
 def bounded_decoder(codec: Any) -> Callable[[Any, int, bool], Any] | None:
     """The bounded decoder for a numcodecs codec, or ``None`` when it does not compress (or is not known)."""
     decode = BY_CODEC_ID.get(getattr(codec, "codec_id", ""))  # "": no codec id, so no decoder
@@ -228,6 +243,7 @@ def bounded_decoder(codec: Any) -> Callable[[Any, int, bool], Any] | None:
 
 __all__ = [
     "BY_CODEC_ID",
+    "DECODE_INTO",
     "blosc_decode",
     "bounded_decoder",
     "gzip_decode",

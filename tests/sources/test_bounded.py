@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zarr
 
-from daskstream.sources.bounded import gzip_decode, zlib_decode, zstd_content_size, zstd_decode
+from daskstream.sources.bounded import blosc_decode, gzip_decode, zlib_decode, zstd_content_size, zstd_decode
 
 CLAIM = 2**31  # what the hostile chunks say they hold: 2 GiB
 MiB = 2**20
@@ -146,3 +146,19 @@ def test_bounded_decoders_give_the_chunk_back():
     assert bytes(zlib_decode(zlib.compress(raw), 1000)) == raw
     assert bytes(gzip_decode(gzip.compress(raw), 2000, exact=False)) == raw
     assert zstd_content_size(numcodecs.Zstd().encode(raw)) == 1000
+
+
+@pytest.mark.parametrize(
+    ("decode", "encode"), [(zstd_decode, numcodecs.Zstd().encode), (blosc_decode, numcodecs.Blosc().encode)]
+)
+def test_a_chunk_decodes_into_a_buffer_given_of_exactly_its_size_and_no_other(decode, encode):
+    raw = np.arange(1000, dtype="u1").tobytes()
+    place = np.zeros(1000, dtype="u1")
+    assert decode(encode(raw), 1000, into=place) is place
+    assert place.tobytes() == raw
+    short = np.zeros(999, dtype="u1")
+    with pytest.raises(ValueError, match="claims 1000 bytes where the chunk holds 999"):
+        decode(encode(raw), 999, into=short)
+    assert not short.any()  # refused before a byte is written
+    with pytest.raises(ValueError, match="only where its size is exact"):
+        decode(encode(raw), 1000, exact=False, into=place)

@@ -19,9 +19,18 @@ from zarr.codecs import (
 import daskstream
 from daskstream.errors import CorruptSourceError
 from daskstream.sources.zarr.chunks import chunk_reader_for
+from daskstream.sources.zarr.decoders import v2_decoder, v3_decoder
 
 DATA = np.random.default_rng(5).standard_normal((301, 77)).round(2).astype("f4")
-REGIONS = [(), (slice(40, 120), slice(10, 70)), (slice(5, 290), slice(3, 70)), (300, slice(None))]
+# The second and third: chunks whose places in the result are runs of memory (one chunk wide), decoded into them.
+REGIONS = [
+    (),
+    (slice(40, 120), slice(20, 40)),
+    (slice(0, 300), slice(60, 77)),
+    (slice(40, 120), slice(10, 70)),
+    (slice(5, 290), slice(3, 70)),
+    (300, slice(None)),
+]
 
 
 def _check(path, decoded_here):
@@ -124,3 +133,70 @@ def test_threads_sum_equals_numpy(tmp_path):
     array[...] = DATA
     x = daskstream.open(tmp_path / "a.zarr")
     assert x.sum(dtype="f8").compute(scheduler="threads") == pytest.approx(DATA.sum(dtype="f8"), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("options", "into"),
+    [
+        ({"compressors": ZstdCodec(level=3)}, True),
+        ({"compressors": ZstdCodec(level=1, checksum=True)}, True),
+        ({"compressors": (ZstdCodec(), Crc32cCodec())}, True),
+        ({"compressors": BloscCodec(cname="lz4", shuffle="shuffle")}, True),
+        ({"compressors": (GzipCodec(level=1),)}, False),
+        ({"compressors": None}, False),
+        ({"serializer": BytesCodec(endian="big"), "compressors": ZstdCodec()}, False),
+    ],
+    ids=["zstd", "zstd-checksum", "zstd-crc32c", "blosc", "gzip", "raw", "big-endian"],
+)
+def test_a_whole_chunk_decodes_straight_into_its_place_where_its_codec_can(tmp_path, options, into):
+    data = (DATA[:40, :40] * 100).astype("i4")
+    array = zarr.create_array(tmp_path / "a.zarr", shape=data.shape, chunks=(20, 40), dtype="i4", **options)
+    array[...] = data
+    decoder = v3_decoder(array.metadata.codecs, (20, 40), array.metadata)
+    stored = (tmp_path / "a.zarr" / "c" / "1" / "0").read_bytes()
+    block = np.full((40, 40), -1, dtype="i4")  # two chunks, one above the other: each a run of memory
+    assert decoder.into(stored, block[20:40]) is into
+    np.testing.assert_array_equal(block[20:40], data[20:40] if into else -1)  # nothing written where it cannot
+    np.testing.assert_array_equal(block[:20], -1)
+    # Places that are not a run of memory, not the chunk's shape or dtype, or not writable: never decoded into.
+    wide = np.full((20, 80), -1, dtype="i4")
+    assert not decoder.into(stored, wide[:, :40])
+    assert not decoder.into(stored, np.empty((20, 40), dtype="f4"))
+    assert not decoder.into(stored, np.empty((10, 40), dtype="i4"))
+    read_only = np.zeros((20, 40), dtype="i4")
+    read_only.flags.writeable = False
+    assert not decoder.into(stored, read_only)
+    assert (wide == -1).all()
+    assert not read_only.any()
+    np.testing.assert_array_equal(decoder(stored, (slice(0, 20), slice(0, 40)), 0), data[20:40])
+
+
+@pytest.mark.parametrize(("order", "into"), [("C", True), ("F", False)])
+def test_a_format_2_chunk_decodes_into_its_place_in_c_order_through_its_compressor_alone(tmp_path, order, into):
+    from numcodecs import Blosc, Zstd
+
+    data = (DATA * 100).astype("f8")
+    for compressor in (Zstd(level=2), Blosc(cname="zstd")):
+        path = tmp_path / f"{order}-{compressor.codec_id}.zarr"
+        array = zarr.create_array(path, shape=data.shape, chunks=(20, 77), dtype="f8", zarr_format=2, order=order,
+                                  compressors=compressor)  # fmt: skip
+        array[...] = data
+        block = np.zeros((40, 77))
+        assert v2_decoder(array.metadata).into((path / "1.0").read_bytes(), block[20:]) is into
+        np.testing.assert_array_equal(block[20:], data[20:40] if into else 0)
+        np.testing.assert_array_equal(block[:20], 0)
+        _check(path, decoded_here=True)
+
+
+def test_a_chunk_claiming_another_size_is_refused_before_it_is_decoded_into_its_place(tmp_path):
+    array = zarr.create_array(tmp_path / "a.zarr", shape=(40, 40), chunks=(20, 40), dtype="f4",
+                              compressors=ZstdCodec())  # fmt: skip
+    array[...] = DATA[:40, :40]
+    other = zarr.create_array(tmp_path / "b.zarr", shape=(40, 80), chunks=(20, 80), dtype="f4",
+                              compressors=ZstdCodec())  # fmt: skip
+    other[...] = 1
+    (tmp_path / "a.zarr" / "c" / "1" / "0").write_bytes((tmp_path / "b.zarr" / "c" / "1" / "0").read_bytes())
+    source = daskstream.open_source(tmp_path / "a.zarr")
+    with pytest.raises(CorruptSourceError, match=r"chunk 'c/1/0'.*claims 6400 bytes where the chunk holds 3200"):
+        source.read((slice(20, 40), slice(0, 40)))
+    np.testing.assert_array_equal(source.read((slice(0, 20), slice(0, 40))), DATA[:20, :40])

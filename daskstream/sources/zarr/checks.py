@@ -30,7 +30,7 @@ from daskstream.sources.zarr.bounds import (
     largest_v3_chunk,
     reshaped_growth,
 )
-from daskstream.sources.zarr.chunks import (
+from daskstream.sources.zarr.decoders import (
     NotDecodedHere,
     declares_no_growth,
     numcodecs_step,
