@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,9 +79,13 @@ def backend(config: ClusterConfig, module: str) -> Any:
     """``module`` of the kind's optional backend; a one-line error naming the package, its version and the
     extra that installs it when it is missing or too old."""
     package, extra = CLUSTER_KINDS[config.kind].backend or (module, None)
-    return optional_import(
-        module, package=package, needed_for=f"cluster configuration {config.path} ({config.kind})", extra=extra
-    )
+    with warnings.catch_warnings():
+        # asyncssh imports cryptography's DSA keys, which recent cryptography releases deprecate on import: a
+        # warning about a key type the user never chose, printed on every SSH cluster's start.
+        warnings.filterwarnings("ignore", message="DSA is deprecated", category=UserWarning)
+        return optional_import(
+            module, package=package, needed_for=f"cluster configuration {config.path} ({config.kind})", extra=extra
+        )
 
 
 # --- starting ----------------------------------------------------------------------------------
