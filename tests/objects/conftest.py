@@ -13,8 +13,8 @@ from s3_helpers import running_s3_server
 
 
 @pytest.fixture(scope="session")
-def s3():
-    """moto's S3 server on 127.0.0.1, with credentials in this process's environment (and its children's)."""
+def s3_credentials():
+    """Credentials for the servers below in this process's environment (and its children's)."""
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")
     saved = {k: os.environ.get(k) for k in names}
     # Without credentials botocore would ask the instance metadata service, off this machine: never here.
@@ -25,11 +25,17 @@ def s3():
         AWS_EC2_METADATA_DISABLED="true",
     )
     try:
-        with running_s3_server() as server:
-            yield server
+        yield
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def s3(s3_credentials):
+    """moto's S3 server on 127.0.0.1, with credentials in this process's environment (and its children's)."""
+    with running_s3_server() as server:
+        yield server

@@ -46,6 +46,11 @@ class S3:
         with urllib.request.urlopen(f"{self.endpoint}/_requests") as response:
             return json.loads(response.read())
 
+    def most_gets_at_once(self) -> int:
+        """The most GETs the server was answering at once since the last :meth:`reset`."""
+        with urllib.request.urlopen(f"{self.endpoint}/_at_once") as response:
+            return int(json.loads(response.read()))
+
     def reset(self) -> None:
         urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/_requests", method="DELETE")).close()
 

@@ -3,8 +3,9 @@
 Run as ``python tests/objects/s3_server.py PORT [--latency SECONDS]`` (port 0: any free one); it
 prints the port it listens on, then serves until killed. Each request waits
 ``latency`` before moto answers it, as a store across a network would. ``GET /_requests``
-returns the requests counted so far by kind (GET, HEAD, PUT, LIST, DELETE...) as JSON and
-``DELETE /_requests`` sets them to zero. A request signed with the access key ``denied``
+returns the requests counted so far by kind (GET, HEAD, PUT, LIST, DELETE...) as JSON,
+``GET /_at_once`` the most GETs of objects it was answering at once, and ``DELETE /_requests``
+sets both to zero. A request signed with the access key ``denied``
 is refused with S3's AccessDenied, one signed with ``invalid`` with InvalidAccessKeyId:
 moto's server checks no credentials, and stores do.
 """
@@ -34,15 +35,18 @@ class Instrumented:
         self.latency = latency
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
+        self.getting = self.most_getting = 0  # GETs being answered now, and the most at once
 
     def __call__(self, environ, start_response):
         method = environ["REQUEST_METHOD"]
-        if environ.get("PATH_INFO") == "/_requests":
+        if environ.get("PATH_INFO") in ("/_requests", "/_at_once"):
             if method == "DELETE":
                 with self.lock:
                     self.counts.clear()
+                    self.most_getting = 0
             with self.lock:
-                body = json.dumps(dict(self.counts)).encode()
+                said = dict(self.counts) if environ["PATH_INFO"] == "/_requests" else self.most_getting
+                body = json.dumps(said).encode()
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
             return [body]
         path = environ.get("PATH_INFO", "").strip("/")
@@ -50,6 +54,17 @@ class Instrumented:
         kind = "LIST" if method == "GET" and "/" not in path else method
         with self.lock:
             self.counts[kind] += 1
+            if kind == "GET":
+                self.getting += 1
+                self.most_getting = max(self.most_getting, self.getting)
+        try:
+            return self._answer(environ, start_response, method)
+        finally:
+            if kind == "GET":
+                with self.lock:
+                    self.getting -= 1
+
+    def _answer(self, environ, start_response, method):
         if self.latency:
             time.sleep(self.latency)
         auth = environ.get("HTTP_AUTHORIZATION", "")

@@ -41,6 +41,7 @@ from daskstream.errors import (
     error_chain,
     first_line,
 )
+from daskstream.planning.budget import parse_budget
 from daskstream.sources.handles import cached_handle
 from daskstream.sources.objects.requests import (
     MISSING_BUCKET_CODES,
@@ -48,6 +49,7 @@ from daskstream.sources.objects.requests import (
     Request,
     async_get_many,
     cat_or_none,
+    gate_for,
     run,
     s3_get_many,
 )
@@ -204,11 +206,17 @@ class Place:
             return []
         return self._fetch([(self.path(key), None, None) for key in keys], what)
 
-    def get_each(self, keys: Sequence[str], *, what: str = "read") -> Iterator[tuple[int, Got]]:
+    def get_each(
+        self, keys: Sequence[str], *, what: str = "read", sizes: Sequence[int | None] | None = None
+    ) -> Iterator[tuple[int, Got]]:
         """The objects at ``keys`` as each arrives: ``(position in keys, Got)``, fetched concurrently.
 
         The caller works on one object (decodes it, say) while the others are
         still on their way; leaving the loop early cancels what is left.
+        Requests start in the order of ``keys``; where ``sizes`` (each
+        object's bytes, as listed) are given, no more than
+        ``daskstream.objects.bytes-in-flight`` are on their way at once, so
+        the first objects arrive early rather than all at the end.
         """
         if not keys:
             return
@@ -216,11 +224,12 @@ class Place:
         if not (hasattr(fs, "_call_s3") or getattr(fs, "async_impl", False)):
             yield from enumerate(self.get_many(keys, what=what))
             return
-        limit = max(1, int(config.setting("objects.requests-per-task")))
+        limit, most_bytes = _in_flight()
         requests: list[Request] = [(self.path(key), None, None) for key in keys]
         arrived: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         many = s3_get_many if hasattr(fs, "_call_s3") else async_get_many
-        running = asyncio.run_coroutine_threadsafe(many(fs, requests, limit, arrived.put), fs.loop)
+        fetching = many(fs, requests, gate_for(requests, limit, most_bytes, sizes), arrived.put)
+        running = asyncio.run_coroutine_threadsafe(fetching, fs.loop)
 
         def failed(done: Any) -> None:
             # A failure ends the gather: say so to the loop below, which would otherwise wait for the rest.
@@ -271,12 +280,12 @@ class Place:
     def _fetch(self, requests: list[Request], what: str) -> list[Got]:
         """Each request's object or range, concurrently on the filesystem's loop where it has one."""
         fs = self.fs
-        limit = max(1, int(config.setting("objects.requests-per-task")))
+        limit, most_bytes = _in_flight()
         with self.errors(what):
             if hasattr(fs, "_call_s3"):
-                return run(fs, s3_get_many(fs, requests, limit))
+                return run(fs, s3_get_many(fs, requests, gate_for(requests, limit, most_bytes)))
             if getattr(fs, "async_impl", False):
-                return run(fs, async_get_many(fs, requests, limit))
+                return run(fs, async_get_many(fs, requests, gate_for(requests, limit, most_bytes)))
             return [Got(cat_or_none(fs, *request), None) for request in requests]
 
     def put(self, key: str, data: bytes) -> None:
@@ -413,6 +422,12 @@ _reached: set[tuple[str, str, str]] = set()
 
 def _digest(options: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _in_flight() -> tuple[int, int]:
+    """The requests, and the bytes of them, one task keeps on their way at once."""
+    limit = max(1, int(config.setting("objects.requests-per-task")))
+    return limit, parse_budget(config.setting("objects.bytes-in-flight"), name="daskstream.objects.bytes-in-flight")
 
 
 def version_of(info: dict[str, Any]) -> str:

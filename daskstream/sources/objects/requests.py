@@ -7,7 +7,13 @@ from another request (``info``), which a write between the two makes wrong:
 the bytes of one write recorded under the version of another. Its client call
 (``_call_s3``) is the one s3fs's own ``cat_file`` makes.
 Other asynchronous filesystems (GCS, Azure, HTTP...) use their own
-``_cat_file``; synchronous ones are read one request after another. Errors are
+``_cat_file``; synchronous ones are read one request after another.
+
+Requests start in the order asked (:class:`Gate`), at most ``limit`` at once
+and, where their sizes are known, at most ``most_bytes`` on their way at
+once (always one): a reader decoding objects in that order finds the first
+ones arrived early, while the rest are on their way, rather than every
+object arriving at the end of one long shared transfer. Errors are
 left as the backends raise them: :class:`daskstream.sources.objects.places.Place`
 translates them.
 """
@@ -15,7 +21,8 @@ translates them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,18 +50,74 @@ def run(fs: Any, coroutine: Any) -> Any:
 Request = tuple[str, int | None, int | None]
 
 
+class Gate:
+    """Admits requests in the order of their positions: at most ``limit`` in flight, and no more than
+    ``most_bytes`` of known sizes in flight unless nothing else is.
+
+    Parameters
+    ----------
+    sizes
+        Each request's bytes (``None`` where not known: counted as none).
+    """
+
+    def __init__(self, sizes: list[int | None], limit: int, most_bytes: int | None = None) -> None:
+        self.sizes = [size or 0 for size in sizes]
+        self.limit, self.most_bytes = max(1, limit), most_bytes
+        self.turn = self.running = self.bytes = 0
+        self.changed = asyncio.Condition()
+
+    def _may_start(self, position: int) -> bool:
+        if position != self.turn or self.running >= self.limit:
+            return False
+        fits = self.most_bytes is None or self.bytes + self.sizes[position] <= self.most_bytes
+        return self.running == 0 or fits
+
+    async def enter(self, position: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self._may_start(position))
+            self.turn += 1
+            self.running += 1
+            self.bytes += self.sizes[position]
+            self.changed.notify_all()
+
+    async def leave(self, position: int) -> None:
+        async with self.changed:
+            self.running -= 1
+            self.bytes -= self.sizes[position]
+            self.changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, position: int) -> AsyncIterator[None]:
+        await self.enter(position)
+        try:
+            yield
+        finally:
+            await self.leave(position)
+
+
+def gate_for(
+    requests: list[Request], limit: int, most_bytes: int | None, sizes: Sequence[int | None] | None = None
+) -> Gate:
+    """The :class:`Gate` of ``requests``, each counted as its range's length, else its object's size in
+    ``sizes`` where known."""
+    whole = sizes if sizes is not None else [None] * len(requests)
+    counted = [
+        stop - start if start is not None and stop is not None else size
+        for (_, start, stop), size in zip(requests, whole)
+    ]
+    return Gate(counted, limit, most_bytes)
+
+
 async def s3_get_many(
-    fs: Any, requests: list[Request], limit: int, arrived: Callable[[tuple[int, Got]], None] | None = None
+    fs: Any, requests: list[Request], gate: Gate, arrived: Callable[[tuple[int, Got]], None] | None = None
 ) -> list[Got]:
-    """GET each object or range, at most ``limit`` at a time; version and size come from each response.
+    """GET each object or range as ``gate`` admits them; version and size come from each response.
 
     ``arrived`` is told ``(position, Got)`` of each as it arrives.
     """
     from s3fs.core import _error_wrapper
 
-    gate = asyncio.Semaphore(limit)
-
-    async def get(path: str, start: int | None, stop: int | None) -> Got:
+    async def get(position: int, path: str, start: int | None, stop: int | None) -> Got:
         bucket, key, version = fs.split_path(path)
         extra: dict[str, Any] = {"VersionId": version} if version else {}
         if start is not None and stop is not None:
@@ -70,7 +133,7 @@ async def s3_get_many(
                 response["Body"].close()
             return Got(data, str(response.get("ETag", "")).strip('"') or None, _whole_size(response, len(data)))
 
-        async with gate:
+        async with gate.admitted(position):
             try:
                 return await _error_wrapper(call_and_read, retries=fs.retries)
             except FileNotFoundError as exc:
@@ -79,7 +142,7 @@ async def s3_get_many(
                     raise
                 return Got(None, None)
 
-    return await _gathered([get(*request) for request in requests], arrived)
+    return await _gathered([get(i, *request) for i, request in enumerate(requests)], arrived)
 
 
 async def _gathered(gets: list[Any], arrived: Callable[[tuple[int, Got]], None] | None) -> list[Got]:
@@ -104,19 +167,19 @@ def _whole_size(response: dict[str, Any], received: int) -> int | None:
 
 
 async def async_get_many(
-    fs: Any, requests: list[Request], limit: int, arrived: Callable[[tuple[int, Got]], None] | None = None
+    fs: Any, requests: list[Request], gate: Gate, arrived: Callable[[tuple[int, Got]], None] | None = None
 ) -> list[Got]:
-    """GET each object or range of an asynchronous filesystem (GCS, Azure, HTTP...) without a HEAD first."""
-    gate = asyncio.Semaphore(limit)
+    """GET each object or range of an asynchronous filesystem (GCS, Azure, HTTP...) without a HEAD first,
+    as ``gate`` admits them."""
 
-    async def get(path: str, start: int | None, stop: int | None) -> Got:
-        async with gate:
+    async def get(position: int, path: str, start: int | None, stop: int | None) -> Got:
+        async with gate.admitted(position):
             try:
                 return Got(await fs._cat_file(path, start=start, end=stop), None)
             except FileNotFoundError:
                 return Got(None, None)
 
-    return await _gathered([get(*request) for request in requests], arrived)
+    return await _gathered([get(i, *request) for i, request in enumerate(requests)], arrived)
 
 
 def cat_or_none(fs: Any, path: str, start: int | None = None, stop: int | None = None) -> bytes | None:

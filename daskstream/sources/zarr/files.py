@@ -164,7 +164,8 @@ class ChunkObjects:
         """Each object's bytes as it arrives, ``(position in keys, bytes or None)``: the caller decodes one
         while the others are on their way."""
         listed = self.versions()
-        for position, got in self.place.get_each(keys):
+        sizes = self.sizes() if self.sizes is not None else {}
+        for position, got in self.place.get_each(keys, sizes=[sizes.get(key) for key in keys]):
             key = keys[position]
             expected = listed.get(key)
             if got.data is None and expected is not None:
