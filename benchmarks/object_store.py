@@ -94,6 +94,8 @@ SETUP_CONCURRENCY = 64
 # Targets the table states.
 REQUIRED_SHARE_OF_RAW = 0.7
 REQUIRED_WRITE_SPEEDUP = 2.0
+# A sum, the array opened before, against the raw GETs' time: at most this many times it.
+MOST_SUM_OVER_RAW = 1.15
 
 DASKSTREAM, DASK, XARRAY, RAW = "daskstream", "dask", "xarray", "raw GETs"
 OPEN_AND_SUM, SUM_ONLY, GETS, GETS_DECODE, STORE = (
@@ -568,7 +570,18 @@ def read_verdicts(contenders: Sequence[Contender]) -> list[dict[str, Any]]:
         # Where the time goes: what opening costs, and the reduction alone against the GETs and the decoding.
         alone = next((c for c in rows if c.library == DASKSTREAM and c.scope == SUM_ONLY and c.error is None), None)
         decoded = next((c for c in rows if c.scope == GETS_DECODE and c.error is None), None)
-        verdicts.append({"layout": layout, "available": True, "share_of_raw": share,
+        # The CPU any reader spends here -- its GETs, the decoding and the server answering, all on this machine's
+        # cores -- bounds a sum from below as the GETs' time does.
+        cpu_floor = (
+            None
+            if decoded is None
+            else (statistics.median(decoded.client_cpu) + statistics.median(decoded.server_cpu)) / usable_cores()
+        )
+        over_raw = None if alone is None else alone.median / raw.median
+        verdicts.append({"sum_over_raw": over_raw, "most_sum_over_raw": MOST_SUM_OVER_RAW,
+                         "sum_met": over_raw is not None and over_raw <= MOST_SUM_OVER_RAW, "cpu_floor_s": cpu_floor,
+                         "sum_over_floor": None if alone is None or cpu_floor is None
+                         else alone.median / max(raw.median, cpu_floor),"layout": layout, "available": True, "share_of_raw": share,
                          "required_share": REQUIRED_SHARE_OF_RAW, "met": share >= REQUIRED_SHARE_OF_RAW,
                          "speedup_over": others,
                          "open_s": None if alone is None else ours.median - alone.median,
@@ -610,6 +623,19 @@ def verdict_lines(reads: list[dict[str, Any]], writes: list[dict[str, Any]]) -> 
                 f"{v['sum_only_share_of_raw']:.0%} of the raw GETs, and open + sum at "
                 f"{v['share_of_raw_and_decode'] or 0:.0%} of the raw GETs followed by decoding."
             )
+        if v["sum_over_raw"] is not None:
+            state = "met" if v["sum_met"] else "NOT met"
+            floor_text = (
+                ""
+                if v["cpu_floor_s"] is None
+                else f" The CPU every reader spends here (GETs, decoding, and the server on the same {usable_cores()} "
+                f"cores) needs at least {v['cpu_floor_s']:.3f} s: the sum takes {v['sum_over_floor']:.2f}x the larger "
+                "of the two floors."
+            )
+            lines.append(
+                f"  The sum alone takes {v['sum_over_raw']:.2f}x the raw GETs' time (target <= "
+                f"{MOST_SUM_OVER_RAW:g}x: {state}).{floor_text}"
+            )
     for v in writes:
         if not v["available"]:
             lines.append(f"- write, {v['target']}: not available ({v['error']}); no verdict.")
@@ -620,6 +646,10 @@ def verdict_lines(reads: list[dict[str, Any]], writes: list[dict[str, Any]]) -> 
             f"(target >= {REQUIRED_WRITE_SPEEDUP:g}x: {state})."
         )
     return lines
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def versions() -> dict[str, str]:
