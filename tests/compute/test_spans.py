@@ -167,8 +167,19 @@ STEPS_TAKING_WHOLE_BLOCKS = {
     "cumsum": lambda x: np.cumsum(x, axis=0).sum(),
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
     "argmax": lambda x: x.argmax(),
+    "argmax after a step": lambda x: (x * 2).argmax(),
     "the result itself": lambda x: x + 1,
     "a quantile": lambda x: ds.reduce(x, "quantile", q=0.5),
+}
+
+# How the refusal names the step and the blocks it takes: as the user called it, never a layer's name.
+REFUSED_AS = {
+    "cumsum": "cumsum takes whole blocks of {path}",
+    "map_blocks": "a function of map_blocks takes whole blocks of {path}",
+    "argmax": "argmin or argmax takes whole blocks of {path}",
+    "argmax after a step": "argmin or argmax takes whole blocks of what mul makes of {path}",
+    "the result itself": "the result takes whole blocks of what add makes of {path}",
+    "a quantile": "an exact quantile's counting pass takes whole blocks of {path}",
 }
 
 
@@ -180,7 +191,10 @@ def test_a_step_taking_whole_spans_is_refused_before_any_read(stored, spanned, m
     with pytest.raises(MemoryBudgetError, match="spans of many chunks per task") as refused:
         STEPS_TAKING_WHOLE_BLOCKS[step](x).compute(scheduler="threads")
     assert isinstance(refused.value, MemoryError)
-    assert "compute a part of the array at a time" in str(refused.value)
+    message = str(refused.value)
+    assert "compute a part of the array at a time" in message
+    assert REFUSED_AS[step].format(path=paths["zarr"]) in message
+    assert "daskstream-" not in message  # no layer's name
     assert reads.sizes == []
 
 

@@ -121,7 +121,7 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     cap = min(int(planned["cap"]) for planned in found.reads.values())
     for name in found.taken_whole:
         takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
-        _check_whole(graph, name, cap, takers)
+        _check_whole(graph, name, cap, takers, read=name in found.reads)
     layers = dict(graph.layers)
     for name, kind in found.kinds.items():
         if kind is not None:
@@ -237,8 +237,29 @@ def _narrows(value: Any, taken: set[str]) -> bool:
 _GETITEMS = (dask_chunk.getitem, operator.getitem)
 
 
-def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str]) -> None:
-    """Refuse blocks of layer ``name`` larger than ``cap`` where a step takes them whole."""
+#: dask's names of steps (the prefixes of their keys) that differ from what a user called.
+_STEP_NAMES = {
+    "arg-reduce": "argmin or argmax",
+    "nanarg-reduce": "nanargmin or nanargmax",
+    "histogram-sum": "histogram",
+    "lambda": "a function of map_blocks",
+    "rechunk-merge": "a rechunk",
+    "rechunk-split": "a rechunk",
+    "top_digit_counts": "an exact quantile's counting pass",
+    "next_digit_counts": "an exact quantile's counting pass",
+}
+
+
+def _step_name(layer_name: str) -> str:
+    name = key_split(layer_name)
+    if name.startswith("finalize"):
+        return "the result"  # dask's layer gathering what compute returns
+    return _STEP_NAMES.get(name, name)
+
+
+def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *, read: bool) -> None:
+    """Refuse blocks of layer ``name`` (a source's ``read``, or a step after one) larger than ``cap`` where a
+    step takes them whole, naming the step as the user called it and the source by its path."""
     layer = graph.layers[name]
     annotations = layer.collection_annotations or {}
     chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
@@ -248,11 +269,12 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str]) 
         largest *= max(lengths, default=0)
     if chunks is not None and largest <= cap:
         return
-    step = ", ".join(sorted({key_split(t) for t in takers})) or "the result"
+    step = ", ".join(sorted({_step_name(t) for t in takers})) or "the result"
     source = _source_name(graph, name)
+    blocks = f"blocks of {source}" if read else f"blocks of what {_step_name(name)} makes of {source}"
     raise MemoryBudgetError(
         said(
-            f"{step} takes whole blocks of {key_split(name)} over {source}, {format_size(largest)} each: the array is "
+            f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
             f"{format_size(cap)}; only element-wise steps, slices and sums, means, extremes and moments stream a "
             "span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open it "
