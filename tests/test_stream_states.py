@@ -421,6 +421,7 @@ def worker_states(cut: int = 2) -> dict:
 def test_a_tampered_loader_state_is_refused_by_a_stream_dataset(change, named):
     pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
     from daskstream import torch as torch_adapter
+
     dataset = torch_adapter.StreamDataset(ARRAY, batch_size=BATCH, elastic=True, shuffle=True, seed=4)
     states = worker_states()
     dataset.load_state_dict(loader_state(copy.deepcopy(states)))  # as saved: loads
@@ -446,6 +447,7 @@ def test_a_tampered_loader_state_is_refused_by_a_stream_dataset(change, named):
 def test_a_loader_state_not_laid_out_as_torchdata_lays_it_is_refused(state, named):
     pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
     from daskstream import torch as torch_adapter
+
     dataset = torch_adapter.StreamDataset(ARRAY, batch_size=BATCH, elastic=True, shuffle=True, seed=4)
     with pytest.raises(InvalidArgumentError, match=named):
         dataset.load_state_dict(state)
