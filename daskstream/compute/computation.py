@@ -19,7 +19,7 @@ from dask.utils import ensure_dict
 
 from daskstream import config
 from daskstream.compute.streaming.optimizer import chains_ahead, optimize_streaming, streamed_graph, streaming_of
-from daskstream.compute.streaming.span_graphs import span_facts, span_graphs
+from daskstream.compute.streaming.span_graphs import span_facts, span_graphs, span_read_counts
 from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import ComputePlan
@@ -36,7 +36,17 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         streamed, pieced = spanned
         optimized = ensure_dict(dask_optimize(streamed, keys))
         _, plan = plan_graph(pieced, keys, resources, holds=False)
-        return dataclasses.replace(plan, tasks=len(optimized), spans=span_facts(optimized, graph))
+        # Each step taking a span reads its chunks itself: a pass over the source each.
+        reads = {**plan.reads}
+        for source, times in span_read_counts(graph, keys).items():
+            reads[source] = max(times, reads.get(source, 0))
+        return dataclasses.replace(
+            plan,
+            tasks=len(optimized),
+            spans=span_facts(optimized, graph),
+            reads=reads,
+            passes=max([plan.passes, *reads.values()]),
+        )
     rewritten, plan = plan_graph(graph, keys, resources)
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):
         # Counted on the graph dask will run, and on the graph dask would have run without streaming.

@@ -21,6 +21,7 @@ import numpy as np
 
 from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import combine_fan_in, per_chunk_rows, sum_rows
+from daskstream.compute.streaming.spans import counts_each_value
 from daskstream.errors import InvalidArgumentError, MemoryBudgetError, UnsupportedDtypeError
 from daskstream.planning.budget import format_size
 from daskstream.planning.settings import Resources
@@ -54,8 +55,12 @@ def histogram_of(
             chunks=((int(bins) + 1,),),
             meta=np.empty(0, dtype=edge_dtype),
         )
-    # One row of counts per chunk, in place of the chunk (no reshape, so no rechunk), summed down.
-    rows = per_chunk_rows(x, _chunk_counts, len(edges) - 1, edges=edges)
+    # One row of counts per chunk, in place of the chunk (no reshape, so no rechunk), summed down. Edges found
+    # from the data go in as a graph input (see per_chunk_rows); known ones as a value.
+    if isinstance(edges, da.Array):
+        rows = per_chunk_rows(x, _chunk_counts, len(edges) - 1, edges)
+    else:
+        rows = per_chunk_rows(x, _chunk_counts, len(edges) - 1, edges=edges)
     return sum_rows(rows, split_every=split_every, resources=resources), edges
 
 
@@ -271,5 +276,6 @@ def _bytes(nbytes: int) -> str:
     return format_size(nbytes)
 
 
+@counts_each_value
 def _chunk_counts(block: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.histogram(block, bins=edges)[0].reshape((1,) * block.ndim + (-1,))

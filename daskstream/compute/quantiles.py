@@ -42,6 +42,7 @@ import numpy as np
 
 from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import per_chunk_rows, sum_rows
+from daskstream.compute.streaming.spans import counts_each_value
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.graph.layers import read_layers, record_route
 from daskstream.graph.pieces import PIECE_VALUES
@@ -438,6 +439,7 @@ def _pieces(block: np.ndarray) -> Iterator[np.ndarray]:
         yield flat[start : start + PIECE_VALUES]
 
 
+@counts_each_value
 def _top_digit_counts(block: np.ndarray, digit_bits: int) -> np.ndarray:
     shift = block.dtype.itemsize * 8 - digit_bits
     counts = np.zeros(1 << digit_bits, dtype=np.int64)
@@ -485,6 +487,7 @@ def _descend(state: np.ndarray, ranks: np.ndarray, prefixes: np.ndarray, histogr
     state[2 + targets : 2 + 2 * targets] = (prefixes << np.uint64(width)) | digits.astype(np.uint64)
 
 
+@counts_each_value
 def _next_digit_counts(block: np.ndarray, state: np.ndarray, level: int, digit_bits: int) -> np.ndarray:
     targets = (len(state) - 2) // 2
     prefixes = state[2 + targets :]

@@ -39,8 +39,10 @@ from daskstream.compute.streaming.spans import (
     Combine,
     Step,
     combine_of,
+    is_counting_each_value,
     is_elementwise,
     read_span_whole,
+    span_counts,
     span_map,
     span_map_whole,
     span_narrow,
@@ -169,6 +171,36 @@ def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
     return tuple(part for n in lengths for part in (*(step,) * (n // step), *((n % step,) if n % step else ())))
 
 
+def span_read_counts(graph: Any, keys: list[Key]) -> dict[str, int]:
+    """How many times each source read in spans is read: once for every step that takes its spans (through
+    element-wise steps and slices) piece by piece or whole, and once more where the result is a span. A span
+    holds no data, so each of them reads the chunks itself."""
+    found = _classified(graph, keys)
+    dependents: dict[str, set[str]] = {}
+    for name, needs in graph.dependencies.items():
+        for need in needs:
+            dependents.setdefault(need, set()).add(name)
+    results = layer_names(keys)
+    counts: dict[str, int] = {}
+    for read in found.reads:
+        takers, waiting, seen = 0, [read], set()
+        while waiting:
+            name = waiting.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            takers += name in results
+            for dependent in dependents.get(name, ()):
+                if found.kinds.get(dependent) in ("map", "narrow"):
+                    waiting.append(dependent)
+                elif dependent not in seen:
+                    seen.add(dependent)
+                    takers += 1
+        source = _source_name(graph, read)
+        counts[source] = counts.get(source, 0) + takers
+    return counts
+
+
 def span_facts(streamed: Any, graph: HighLevelGraph) -> Spans:
     """What :class:`~daskstream.planning.computation.Spans` says of ``streamed``, the optimized graph of
     ``graph`` (whose span reads it counts chunks per task of)."""
@@ -194,7 +226,10 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
 
 
 def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> str | None:
-    """``map`` or ``reduce`` for a blockwise step that streams the spans it takes block for block, else None."""
+    """``map``, ``reduce`` or ``counts`` for a blockwise step that streams the spans it takes block for block,
+    else None."""
+    if _counts_rows(graph, layer, taken):
+        return "counts"
     if layer.new_axes or layer.concatenate:
         return None
     out = layer.output_indices
@@ -276,8 +311,8 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], 
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices and sums, means, extremes and moments stream a "
-            "span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open it "
+            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes, moments, histograms and "
+            "exact quantiles stream a span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open it "
             "with a larger ",
             named("memory_budget"),
         )
@@ -297,6 +332,25 @@ def _source_name(graph: HighLevelGraph, name: str) -> str:
             return source.name
         waiting.extend(graph.dependencies.get(current, ()))
     return ""
+
+
+def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bool:
+    """Whether ``layer`` counts each value of the spans it takes into one row per block (a function marked by
+    :func:`~daskstream.compute.streaming.spans.counts_each_value`, its row on one new last axis), the spans
+    indexed block for block and any other input taken whole."""
+    out = layer.output_indices
+    if not is_counting_each_value(layer.task.func) or layer.concatenate or list(layer.new_axes) != [out[-1]]:
+        return False
+    spanned = [index for name, index in layer.indices if isinstance(name, str) and name in taken]
+    others = [index for name, index in layer.indices if not (isinstance(name, str) and name in taken)]
+    # Every value the function takes comes through the layer's inputs (none hidden in its keywords).
+    tokens = {blockwise_token(i) for i in range(len(layer.indices))}
+    return (
+        bool(spanned)
+        and all(index == out[:-1] for index in spanned)
+        and all(index is None for index in others)
+        and set(layer.task.dependencies) <= tokens
+    )
 
 
 def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:
@@ -319,6 +373,8 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     refs = [TaskRef(blockwise_token(i)) for i in range(len(layer.indices))]
     if kind == "map":
         task = Task(layer.task.key, span_map_whole if whole else span_map, step, *refs)
+    elif kind == "counts":
+        task = Task(layer.task.key, span_counts, step, *refs)
     else:
         reduced = tuple(layer.task.kwargs["axis"])
         combined = combine_of(layer.task)

@@ -14,7 +14,13 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   one chunk at a time, applies the element-wise steps before it and its own
   to that chunk alone, and combines the partials as it goes with the
   reduction's own combine, so a task holds one chunk's work and the partials
-  of the axes it keeps, whatever its span.
+  of the axes it keeps, whatever its span;
+- a **counting step** (a function marked :func:`counts_each_value`:
+  ``ds.reduce``'s histograms and the counting passes of its exact medians
+  and quantiles) counts each chunk's values as it is read and sums the rows.
+
+A span holds no data: every step that takes one reads its chunks itself, so
+a source whose spans two reductions take is read twice (the plan counts it).
 
 Any other step taking a span's blocks (a ``map_blocks``, a cumulative sum,
 the result of ``compute``) gets its blocks whole where they fit a task's share
@@ -30,7 +36,7 @@ import itertools
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import dask.array.chunk as dask_chunk
 import dask.array.reductions as dask_reductions
@@ -215,6 +221,21 @@ def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     return _joined(combined, kept)
 
 
+def span_counts(step: Step, *values: Any) -> Any:
+    """A counting step (:func:`counts_each_value`): over a span, the rows of its pieces, read one at a time,
+    summed as they come."""
+    spans = [v for v in values if _is_span(v)]
+    if not spans or 0 in spans[0].shape:
+        return step([whole(v) for v in values])
+    shape = spans[0].shape
+    total = None
+    for _, box in _boxes(_cuts(spans)):
+        raise_if_stopped()
+        row = step(step.parts(values, box, shape, Reads()))
+        total = row if total is None else total + row
+    return total
+
+
 def _joined(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
     """The partials at each kept position, joined along the kept ``axes`` (dicts of partials field by field)."""
     if not axes:
@@ -237,7 +258,32 @@ def _field(nested: Any, field: str) -> Any:
     return [_field(item, field) for item in nested] if isinstance(nested, list) else nested[field]
 
 
-# What streams: the steps known to be element-wise, and the reductions whose combine is known.
+# What streams: the steps known to be element-wise, the reductions whose combine is known, and the functions
+# marked as counting each value on their own.
+
+#: The attribute :func:`counts_each_value` sets on a function.
+_COUNTS_EACH_VALUE = "_daskstream_counts_each_value"
+
+Counter = TypeVar("Counter", bound=Callable[..., Any])
+
+
+def counts_each_value(fn: Counter) -> Counter:
+    """Mark ``fn`` (``fn(block, ...)``: one row of counts per block, on a last axis of its own) as counting
+    each of a block's values on its own.
+
+    The row of a block is then the sum of the rows of any pieces it is cut
+    into, so a span streams through ``fn`` piece by piece
+    (:func:`span_counts`) instead of being held whole. Only a function that
+    counts values one by one may say so.
+    """
+    setattr(fn, _COUNTS_EACH_VALUE, True)
+    return fn
+
+
+def is_counting_each_value(fn: Any) -> bool:
+    """Whether ``fn`` was marked by :func:`counts_each_value`."""
+    return getattr(fn, _COUNTS_EACH_VALUE, False) is True
+
 
 ELEMENTWISE: frozenset[Callable[..., Any]] = frozenset(
     {
