@@ -26,6 +26,8 @@ def test_requests_start_in_order_within_their_count_and_bytes_and_a_large_one_go
 
     async def request(gate: Gate, position: int) -> None:
         async with gate.admitted(position):
+            # Started in order: every request before it has started (those let go together run in any order).
+            assert all(gate.started[earlier].is_set() for earlier in range(position)), position
             started.append(position)
             seen["running"] += 1
             seen["bytes"] += sizes[position] or 0
@@ -42,7 +44,7 @@ def test_requests_start_in_order_within_their_count_and_bytes_and_a_large_one_go
         await asyncio.gather(*(request(gate, i) for i in reversed(range(len(sizes)))))
 
     asyncio.run(all_of_them())
-    assert started == list(range(len(sizes)))
+    assert sorted(started) == list(range(len(sizes)))
     assert seen["most running"] == 3  # 5, 5 and a size not known: three, the count's bound
     assert alone[2]
     assert alone[5]
@@ -81,6 +83,13 @@ def test_objects_of_known_size_are_fetched_a_few_bytes_at_a_time_in_order(slow_s
     slow_s3.reset()
     assert sorted(position for position, _ in place.get_each(keys)) == list(range(6))
     assert slow_s3.most_gets_at_once() == 6
+
+
+def test_an_empty_range_among_others_takes_its_turn_and_holds_none_up(slow_s3):
+    place, keys, bodies = _objects(slow_s3, 1, 1000)
+    with dask.config.set({"daskstream.objects.requests-per-task": 1}):
+        got = place.get_ranges(keys[0], [(5, 5), (0, 10), (10, 10), (990, 1000)])
+    assert [g.data for g in got] == [b"", bodies[0][:10], b"", bodies[0][990:]]
 
 
 def test_a_sharded_array_reads_exactly_with_its_shards_a_bounded_number_at_once(slow_s3):

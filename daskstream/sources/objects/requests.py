@@ -54,6 +54,10 @@ class Gate:
     """Admits requests in the order of their positions: at most ``limit`` in flight, and no more than
     ``most_bytes`` of known sizes in flight unless nothing else is.
 
+    Each request waits on an event of its own, set when its turn comes: a
+    request finishing wakes only those it lets start, however many wait.
+    Used on one event loop, whose thread alone changes it.
+
     Parameters
     ----------
     sizes
@@ -64,35 +68,39 @@ class Gate:
         self.sizes = [size or 0 for size in sizes]
         self.limit, self.most_bytes = max(1, limit), most_bytes
         self.turn = self.running = self.bytes = 0
-        self.changed = asyncio.Condition()
+        self.started = [asyncio.Event() for _ in self.sizes]
+        self._admit()
 
-    def _may_start(self, position: int) -> bool:
-        if position != self.turn or self.running >= self.limit:
-            return False
-        fits = self.most_bytes is None or self.bytes + self.sizes[position] <= self.most_bytes
-        return self.running == 0 or fits
-
-    async def enter(self, position: int) -> None:
-        async with self.changed:
-            await self.changed.wait_for(lambda: self._may_start(position))
-            self.turn += 1
+    def _admit(self) -> None:
+        """Start the requests next in order for as long as they fit."""
+        while self.turn < len(self.sizes) and self.running < self.limit:
+            size = self.sizes[self.turn]
+            if self.running and self.most_bytes is not None and self.bytes + size > self.most_bytes:
+                return
             self.running += 1
-            self.bytes += self.sizes[position]
-            self.changed.notify_all()
+            self.bytes += size
+            self.started[self.turn].set()
+            self.turn += 1
 
-    async def leave(self, position: int) -> None:
-        async with self.changed:
-            self.running -= 1
-            self.bytes -= self.sizes[position]
-            self.changed.notify_all()
+    def _leave(self, position: int) -> None:
+        self.running -= 1
+        self.bytes -= self.sizes[position]
+        self._admit()
 
     @contextlib.asynccontextmanager
     async def admitted(self, position: int) -> AsyncIterator[None]:
-        await self.enter(position)
+        """Wait for the request's turn; what it holds of the bounds is given back when the block ends."""
+        started = self.started[position]
+        try:
+            await started.wait()
+        except BaseException:
+            if started.is_set():  # cancelled as its turn came: its place is given back
+                self._leave(position)
+            raise
         try:
             yield
         finally:
-            await self.leave(position)
+            self._leave(position)
 
 
 def gate_for(
@@ -120,9 +128,8 @@ async def s3_get_many(
     async def get(position: int, path: str, start: int | None, stop: int | None) -> Got:
         bucket, key, version = fs.split_path(path)
         extra: dict[str, Any] = {"VersionId": version} if version else {}
-        if start is not None and stop is not None:
-            if stop <= start:
-                return Got(b"", None)
+        empty = start is not None and stop is not None and stop <= start
+        if start is not None and stop is not None and not empty:
             extra["Range"] = f"bytes={start}-{stop - 1}"
 
         async def call_and_read() -> Got:
@@ -133,7 +140,9 @@ async def s3_get_many(
                 response["Body"].close()
             return Got(data, str(response.get("ETag", "")).strip('"') or None, _whole_size(response, len(data)))
 
-        async with gate.admitted(position):
+        async with gate.admitted(position):  # its turn taken even when empty: the requests after it wait for it
+            if empty:
+                return Got(b"", None)
             try:
                 return await _error_wrapper(call_and_read, retries=fs.retries)
             except FileNotFoundError as exc:
