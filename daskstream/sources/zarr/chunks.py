@@ -181,7 +181,7 @@ class ZarrChunkReader:
                     out[target] = chunk[inside]
                 elif self.shards is not None:  # a whole shard read (a zip member, an object): decoded into place
                     self.shards.read_whole(data, inside, out[target], self.fill_value)
-                elif inside != self._whole or not self.decode.into(data, out[target]):
+                elif not self.decode.into(data, out[target]):  # a place of the chunk's shape is all of it
                     out[target] = self.decode(data, inside, self.fill_value)
 
     def _in_part(self, inside: Region) -> bool:

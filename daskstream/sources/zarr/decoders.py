@@ -52,25 +52,34 @@ class ChunkDecoder:
         dtype: np.dtype | None = None,
         unwrap: Unwrap | None = None,
     ) -> None:
-        self.box, self.shape, self.dtype = box, shape, dtype
-        self.unwrap = unwrap if unwrap is not None and unwrap.decodes_into else None
+        self.box = box
+        self.into = in_place(unwrap, shape, dtype)
 
     def __call__(self, data: Any, inside: Region, fill: Any) -> np.ndarray:
         return self.box(data, inside, fill)
 
-    def into(self, data: Any, place: np.ndarray) -> bool:
-        """Decode a whole chunk's file into ``place``; ``False``, with nothing done, where ``place`` is not the
-        chunk's shape and stored dtype in one C-ordered run of writable memory."""
+
+def in_place(
+    unwrap: Unwrap | None, shape: tuple[int, ...], dtype: np.dtype | None
+) -> Callable[[Any, np.ndarray], bool]:
+    """``into(file bytes, place)``: decode a whole chunk (of ``shape`` and stored ``dtype``) into ``place``,
+    ``False`` with nothing done where ``unwrap`` cannot or ``place`` is not the chunk's shape and dtype in one
+    C-ordered run of writable memory. A place of the chunk's shape is the whole chunk's."""
+
+    def into(data: Any, place: np.ndarray) -> bool:
         if (
-            self.unwrap is None
-            or place.shape != self.shape
-            or place.dtype != self.dtype
+            unwrap is None
+            or not unwrap.decodes_into
+            or place.shape != shape
+            or place.dtype != dtype
             or not place.flags.c_contiguous
             or not place.flags.writeable
         ):
             return False
-        self.unwrap.into(data, place.reshape(-1).view(np.uint8))
+        unwrap.into(data, place.reshape(-1).view(np.uint8))
         return True
+
+    return into
 
 
 # --- format 2 -------------------------------------------------------------------------------------
@@ -198,6 +207,7 @@ def shard_layout(sharding: Any, shard_shape: tuple[int, ...], metadata: Any) -> 
     checksums = sum(type(c).__name__ == "Crc32cCodec" for c in index_codecs[1:])
     endian = index_codecs[0].endian
     inner_unwrap = _bytes_steps(inner_codecs, inner_bytes, True)
+    inner_dtype = _v3_dtype(metadata, inner_to_bytes[0])
     return ShardLayout(
         inner_shape=inner_shape,
         per_shard=per_shard,
@@ -206,9 +216,9 @@ def shard_layout(sharding: Any, shard_shape: tuple[int, ...], metadata: Any) -> 
         index_unwrap=_bytes_steps(index_codecs[1:], 16 * math.prod(per_shard), True),
         index_dtype=np.dtype("<u8" if endian is None or endian.value == "little" else ">u8"),
         inner_unwrap=inner_unwrap,
-        dtype=_v3_dtype(metadata, inner_to_bytes[0]),
+        dtype=inner_dtype,
         largest_inner=largest_v3_chunk(tuple(sharding.codecs), inner_shape, dtype),
-        inner_into=inner_unwrap.into if inner_unwrap.decodes_into else None,
+        inner_into=in_place(inner_unwrap, inner_shape, inner_dtype),
     )
 
 
@@ -244,7 +254,10 @@ class Unwrap:
 
     def __init__(self, steps: tuple[Callable[[Any], Any], ...], last: Any = None, size: int = 0) -> None:
         self.steps, self.last, self.size = steps, last, size
-        self.decodes_into = last is not None
+
+    @property
+    def decodes_into(self) -> bool:
+        return self.last is not None
 
     def __call__(self, data: Any) -> Any:
         for step in self.steps:

@@ -91,9 +91,9 @@ class ShardLayout:
     largest_inner
         The most bytes one inner chunk can be stored in.
     inner_into
-        Undoes an inner chunk's codecs into a given ``uint8`` buffer of its
-        bytes, where its last codec can (``None`` where not): a whole inner
-        chunk whose place is one run of memory is decoded straight into it.
+        ``inner_into(encoded, place)`` decodes a whole inner chunk straight
+        into ``place`` where its codecs can and ``place`` is one run of memory
+        of its shape and dtype, else says ``False`` and does nothing.
     """
 
     inner_shape: tuple[int, ...]
@@ -105,7 +105,7 @@ class ShardLayout:
     inner_unwrap: Callable[[Any], Any]
     dtype: np.dtype
     largest_inner: int
-    inner_into: Callable[[Any, np.ndarray], None] | None = None
+    inner_into: Callable[[Any, np.ndarray], bool] | None = None
 
     def index_range(self, size: int) -> tuple[int, int]:
         """Where the index lies in a shard of ``size`` bytes."""
@@ -171,17 +171,8 @@ class ShardLayout:
         for piece in run.pieces:
             encoded = view[piece.offset : piece.offset + piece.nbytes]
             place = into[piece.target]
-            if not self._decoded_into(encoded, piece.part, place):
+            if self.inner_into is None or not self.inner_into(encoded, place):
                 place[...] = self.decode_inner(encoded)[piece.part]
-
-    def _decoded_into(self, encoded: Any, part: Region, place: np.ndarray) -> bool:
-        """Decode a whole inner chunk straight into ``place`` where it is the chunk's shape and stored dtype in
-        one C-ordered run of memory; ``False``, with nothing done, elsewhere."""
-        whole = all(s.start == 0 and s.stop == n for s, n in zip(part, self.inner_shape))
-        if self.inner_into is None or not whole or place.dtype != self.dtype or not place.flags.c_contiguous:
-            return False
-        self.inner_into(encoded, place.reshape(-1).view(np.uint8))
-        return True
 
     def decode_inner(self, encoded: Any) -> np.ndarray:
         return np.frombuffer(self.inner_unwrap(encoded), dtype=self.dtype).reshape(self.inner_shape)
