@@ -19,7 +19,7 @@ from dask.utils import ensure_dict
 
 from daskstream import config
 from daskstream.compute.streaming.optimizer import chains_ahead, optimize_streaming, streamed_graph, streaming_of
-from daskstream.compute.streaming.span_graphs import span_facts, span_graphs, span_read_counts
+from daskstream.compute.streaming.span_graphs import span_facts, span_graphs
 from daskstream.graph.layers import merged_graph
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import ComputePlan
@@ -33,12 +33,12 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
     if spanned is not None:
         # Spans stream: the steps that take them are checked as they run (refused past the budget), each task
         # holds one chunk's work at a time, projected as such, and the tasks are the streamed graph's.
-        streamed, pieced = spanned
+        streamed, pieced, read_counts = spanned
         optimized = ensure_dict(dask_optimize(streamed, keys))
         _, plan = plan_graph(pieced, keys, resources, holds=False)
         # Each step taking a span reads its chunks itself: a pass over the source each.
         reads = {**plan.reads}
-        for source, times in span_read_counts(graph, keys).items():
+        for source, times in read_counts.items():
             reads[source] = max(times, reads.get(source, 0))
         return dataclasses.replace(
             plan,

@@ -25,11 +25,12 @@ import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask.array.chunk as dask_chunk
 from dask._task_spec import Alias, Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
+from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 from dask.utils import key_split
@@ -64,6 +65,16 @@ class _Classified:
     kinds: dict[str, str | None] = field(default_factory=dict)
     spans: set[str] = field(default_factory=set)  # layers whose blocks may be spans
     taken_whole: set[str] = field(default_factory=set)
+    results: set[str] = field(default_factory=set)  # the layers of the keys asked for
+
+
+class SpanGraphs(NamedTuple):
+    """A graph reading spans, streamed; annotated in pieces for projecting a task's memory; and how many
+    times each source read in spans is read (:func:`_read_counts`)."""
+
+    streamed: HighLevelGraph
+    pieced: HighLevelGraph
+    read_counts: dict[str, int]
 
 
 def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
@@ -76,17 +87,18 @@ def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
         kind = found.kinds[name] = _kind(graph, name, taken)
         if kind in ("map", "narrow"):
             found.spans.add(name)
-    found.taken_whole = layer_names(keys) & found.spans
+    found.results = layer_names(keys)
+    found.taken_whole = found.results & found.spans
     for name, kind in found.kinds.items():
         if kind is None:
             found.taken_whole |= graph.dependencies[name] & found.spans
     return found
 
 
-def span_graphs(graph: Any, keys: list[Key]) -> tuple[HighLevelGraph, HighLevelGraph] | None:
-    """``graph`` with every step taking spans rewritten to stream them, and ``graph`` with the blocks of those
-    steps annotated as the pieces they hold at once, for projecting a task's memory; ``None`` where it reads
-    no span. Both from one reading of which steps take spans and how.
+def span_graphs(graph: Any, keys: list[Key]) -> SpanGraphs | None:
+    """``graph`` with every step taking spans rewritten to stream them, ``graph`` with the blocks of those
+    steps annotated as the pieces they hold at once, for projecting a task's memory, and the times each
+    source is read; ``None`` where it reads no span. All from one reading of which steps take spans and how.
 
     Raises
     ------
@@ -97,7 +109,7 @@ def span_graphs(graph: Any, keys: list[Key]) -> tuple[HighLevelGraph, HighLevelG
     if not span_reads(graph):
         return None
     found = _classified(graph, keys)
-    return _streamed(graph, found), _pieced(graph, found)
+    return SpanGraphs(_streamed(graph, found), _pieced(graph, found), _read_counts(graph, found))
 
 
 def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
@@ -112,7 +124,7 @@ def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
     found = span_graphs(graph, keys)
     if found is None:
         return None
-    streamed, pieced = found
+    streamed, pieced, _ = found
     planned = planned_with(graph)
     if planned is not None:
         plan_graph(pieced, keys, planned, holds=False)[1].check()
@@ -171,16 +183,11 @@ def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
     return tuple(part for n in lengths for part in (*(step,) * (n // step), *((n % step,) if n % step else ())))
 
 
-def span_read_counts(graph: Any, keys: list[Key]) -> dict[str, int]:
+def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
     """How many times each source read in spans is read: once for every step that takes its spans (through
     element-wise steps and slices) piece by piece or whole, and once more where the result is a span. A span
     holds no data, so each of them reads the chunks itself."""
-    found = _classified(graph, keys)
-    dependents: dict[str, set[str]] = {}
-    for name, needs in graph.dependencies.items():
-        for need in needs:
-            dependents.setdefault(need, set()).add(name)
-    results = layer_names(keys)
+    dependents = reverse_dict(graph.dependencies)
     counts: dict[str, int] = {}
     for read in found.reads:
         takers, waiting, seen = 0, [read], set()
@@ -189,7 +196,7 @@ def span_read_counts(graph: Any, keys: list[Key]) -> dict[str, int]:
             if name in seen:
                 continue
             seen.add(name)
-            takers += name in results
+            takers += name in found.results
             for dependent in dependents.get(name, ()):
                 if found.kinds.get(dependent) in ("map", "narrow"):
                     waiting.append(dependent)
@@ -311,9 +318,9 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], 
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes, moments, histograms and "
-            "exact quantiles stream a span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open it "
-            "with a larger ",
+            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes, moments, histograms "
+            "and exact quantiles stream a span chunk by chunk: compute a part of the array at a time (x[...]), "
+            "or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )
     )
