@@ -7,16 +7,15 @@ import dataclasses
 import math
 import os
 import signal
-import threading
 
 import dask
-import h5py
 import numpy as np
 import pytest
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from signals import assert_stopped_by, signalled_command
+from span_helpers import BUDGET, SPANNED, Reads, write_field
 
 import daskstream as ds
 from daskstream.compute.streaming.spans import FAN_IN
@@ -25,51 +24,16 @@ from daskstream.planning.spans import _wave_use as wave_use
 from daskstream.planning.spans import plan_span, span_blocks
 from daskstream.runtime.metering import ReadMeter
 
-#: Few enough tasks in a graph that the small files here are planned in spans.
-SPANNED = {"daskstream.planning.max-tasks": 24, "daskstream.planning.first-task-within": None}
-BUDGET = "16MiB"  # chunks of about 1.1 MiB: large enough to stream (span_chunk_floor_bytes)
-
 
 @pytest.fixture
 def stored(tmp_path):
-    """One float32 field as .npy, chunked HDF5 and Zarr v3, with a NaN, in storage chunks of 20 rows."""
-    data = np.random.default_rng(7).standard_normal((24_000, 40, 6)).astype("f4")
-    data[11, 3, 2] = np.nan
-    np.save(tmp_path / "a.npy", data)
-    with h5py.File(tmp_path / "a.h5", "w") as f:
-        f.create_dataset("x", data=data, chunks=(20, 40, 6))
-    zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(20, 40, 6))
-    return data, {"npy": str(tmp_path / "a.npy"), "hdf5": f"{tmp_path / 'a.h5'}::/x", "zarr": str(tmp_path / "a.zarr")}
+    return write_field(tmp_path)
 
 
 @pytest.fixture
 def spanned():
     with dask.config.set(SPANNED):
         yield
-
-
-class Reads:
-    """Every read a source class makes while installed: its bytes, and how many run at once at most."""
-
-    def __init__(self, monkeypatch, source_class):
-        self.sizes: list[int] = []
-        self.running = self.most_at_once = 0
-        lock = threading.Lock()
-        read = source_class.__getitem__
-
-        def counted(source, index):
-            with lock:
-                self.running += 1
-                self.most_at_once = max(self.most_at_once, self.running)
-            try:
-                block = read(source, index)
-            finally:
-                with lock:
-                    self.running -= 1
-            self.sizes.append(block.nbytes)
-            return block
-
-        monkeypatch.setattr(source_class, "__getitem__", counted)
 
 
 def opened(path):

@@ -200,3 +200,20 @@ def test_an_adaptive_store_to_s3_puts_each_chunk_once_and_starts_from_the_target
     puts = s3.requests().get("PUT", 0)
     assert chunks <= puts <= chunks + 8, puts
     np.testing.assert_array_equal(_zarr_at(s3, url)[...], values * 2)
+
+
+def test_a_store_of_spans_to_s3_puts_each_chunk_once_and_records_them(s3, tmp_path):
+    # Few enough tasks in a graph that this small array is read in spans: each task writes many chunks.
+    data = np.random.default_rng(3).standard_normal((24_000, 40, 6)).astype("f4")
+    zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(20, 40, 6))
+    url = f"s3://{s3.bucket()}/spans.zarr"
+    with dask.config.set({"daskstream.planning.max-tasks": 24, "daskstream.planning.first-task-within": None}):
+        x = ds.open(str(tmp_path / "a.zarr"), memory_budget="16MiB")
+        chunks = ds.plan(str(tmp_path / "a.zarr"), memory_budget="16MiB").n_tasks
+        assert x.npartitions < chunks
+        s3.reset()
+        y = ds.store(x * 2, url, storage_options=s3.options)
+    assert y.result.written == chunks
+    # One PUT per chunk, plus the metadata and a handful of progress records.
+    assert chunks <= s3.requests().get("PUT", 0) <= chunks + 5
+    np.testing.assert_array_equal(_zarr_at(s3, url)[...], data * 2)

@@ -33,17 +33,19 @@ from daskstream.advice import keyword, named, said
 from daskstream.compute.store.codecs import choose_codec
 from daskstream.compute.store.hdf5_target import Hdf5Target
 from daskstream.compute.store.object_target import ObjectZarrTarget
-from daskstream.compute.store.record import StoreIdentity
+from daskstream.compute.store.record import StoreIdentity, chunk_counts, reads_spans
 from daskstream.compute.store.result import StoredArray, StoreTally, log_result
+from daskstream.compute.store.span_writes import refuse_unstreamed
 from daskstream.compute.store.target import Carried, ProgressCallback, Target, target_format
 from daskstream.compute.store.zarr_target import ZarrTarget
 from daskstream.errors import (
     DaskstreamError,
     InvalidArgumentError,
     InvalidChunksError,
+    MemoryBudgetError,
     UnsupportedDtypeError,
 )
-from daskstream.graph.layers import read_layers, rechunk_records
+from daskstream.graph.layers import read_layers, rechunk_records, span_reads
 from daskstream.graph.optimize import computed_once_layers, with_layers_computed
 from daskstream.graph.readers import sources_read
 from daskstream.graph.reads import source_array
@@ -274,6 +276,16 @@ def store(
     settings = as_opened if memory_budget is None else settings_for(x, memory_budget=memory_budget)
     refuse_unbuildable(x, settings.resources)
     if kind == "hdf5":
+        if reads_spans(x):
+            raise MemoryBudgetError(
+                said(
+                    f"{path}: the array stored is read in spans of many chunks per task (more chunks than a graph "
+                    "may hold), stored by tasks writing their chunks themselves, which Zarr takes and HDF5 "
+                    "(written by one process, through which every chunk would pass) does not: store to a Zarr "
+                    "folder, or a part of the array at a time (x[...]), or open it with a larger ",
+                    named("memory_budget"),
+                )
+            )
         if not member or not member.strip("/"):
             raise InvalidArgumentError(
                 said(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or ", keyword("dataset", "/name"))
@@ -297,6 +309,8 @@ def store(
             writer = ZarrTarget(path, member, codec, version, carried, inner)
     # Every source the graph holds, found in its objects, not only in its read layers: a kernel's or a
     # closure's reads count as much.
+    if span_reads(x.dask):
+        refuse_unstreamed(x)  # before the target is touched
     writer.check_sources(sources_read(x))
     writer.recover()
     # A finished store there, read once: it decides both the chunks to read in and whether anything is left.
@@ -316,7 +330,7 @@ def store(
         x, identity = _as_recorded(x, identity, writer.recorded(), finished=finished is not None, settings=as_opened)
     if finished is not None and not finished.differences(identity):
         # The same computation stored there before, to the end: nothing to write.
-        total = math.prod(x.numblocks)
+        total = math.prod(chunk_counts(x))
         report(total, total)
     else:
         first = computed_once_layers(x)
@@ -415,8 +429,8 @@ def _check_array(x: Any) -> da.Array:
 
 
 def _regular(x: da.Array) -> da.Array:
-    if regular_chunk_shape(x.chunks) is not None:
-        return x
+    if regular_chunk_shape(x.chunks) is not None or reads_spans(x):
+        return x  # spans are written in the pieces they stream in, whatever their own lengths
 
     # The largest chunk per axis keeps the number of blocks lowest without splitting any task's input.
     return x.rechunk(regular_grid(x.shape, tuple(max(sizes) for sizes in x.chunks)))

@@ -45,6 +45,7 @@ from daskstream.advice import keyword, said
 from daskstream.compute.store.codec_candidates import Candidate, _candidates
 from daskstream.compute.store.codec_timing import distrust, timed
 from daskstream.compute.store.hdf5_encoder import Hdf5ChunkEncoder
+from daskstream.compute.store.record import chunk_counts, chunk_shape, reads_spans
 from daskstream.display import columns_table
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers, rechunk_records
@@ -286,7 +287,9 @@ def choose_codec(
     if target_format not in ("zarr", "hdf5"):
         raise InvalidArgumentError(f"target_format={target_format!r}: give 'zarr' or 'hdf5'")
     threads = threads or resolve_resources().threads
-    block_bytes = int(x.dtype.itemsize * math.prod(max(sizes, default=1) for sizes in x.chunks))
+    # The chunk the target will be written in: a block, or the piece a span streams in.
+    chunk = chunk_shape(x) if reads_spans(x) else tuple(max(sizes, default=1) for sizes in x.chunks)
+    block_bytes = int(x.dtype.itemsize * math.prod(chunk))
     key = {
         "kind": "codec",
         "target": target_format,
@@ -303,7 +306,7 @@ def choose_codec(
         if found is not None:
             return found
     candidates = _candidates(target_format)
-    samples = _samples(_cheaply_sampled(x), sample_bytes, tuple(max(sizes, default=1) for sizes in x.chunks))
+    samples = _samples(_cheaply_sampled(x), sample_bytes, chunk)
     disk_rate = _disk_rate(folder)
     measured = tuple(_measure(c, samples, target_format, threads, disk_rate) for c in candidates)
     doubt = _doubt(measured)
@@ -350,13 +353,19 @@ def _cheaply_sampled(x: da.Array) -> da.Array:
 def _samples(x: da.Array, sample_bytes: int, piece: tuple[int, ...]) -> list[np.ndarray]:
     """Blocks of ``x`` spread evenly over its grid, ``sample_bytes`` of them (at least one, at most a
     sixteenth of the array), cut into pieces of at most the ``piece`` shape: the chunks to be encoded."""
-    count = math.prod(x.numblocks)
+    # A span's block is more than a task holds: its chunks are sampled instead, one region each.
+    grid = chunk_counts(x) if reads_spans(x) else x.numblocks
+    count = math.prod(grid)
     if count == 0 or x.size == 0:
         return [np.zeros(1, dtype=x.dtype)]
     block_bytes = max(1, x.nbytes // count)
-    wanted = max(1, min(count // 16, sample_bytes // block_bytes))
-    picks = sorted({int(i) for i in np.linspace(0, count - 1, wanted)})
-    blocks = dask.compute(*(x.blocks[np.unravel_index(i, x.numblocks)] for i in picks))
+    wanted = int(max(1, min(count // 16, sample_bytes // block_bytes)))
+    picks = [np.unravel_index(i, grid) for i in sorted({int(i) for i in np.linspace(0, count - 1, wanted)})]
+    if reads_spans(x):
+        regions = [tuple(slice(i * p, (i + 1) * p) for i, p in zip(cell, piece)) for cell in picks]
+        blocks = dask.compute(*(x[region] for region in regions))
+    else:
+        blocks = dask.compute(*(x.blocks[cell] for cell in picks))
     pieces = []
     for block in blocks:
         for corner in itertools.product(*(range(0, n, p) for n, p in zip(block.shape, piece))):

@@ -47,6 +47,7 @@ from daskstream.compute.store.record import (
     PROGRESS_DIR,
     StoreIdentity,
     block_name,
+    chunk_shape,
     parse_block_name,
 )
 from daskstream.compute.store.target import OVERWRITE, Carried, write_error
@@ -240,7 +241,7 @@ class ObjectZarrTarget(ZarrTarget):
         resources = self.resources
         if scheduler_kind() != "threads" or resources is None:
             return {}
-        block = max(1, math.prod(max(c[0], 1) for c in x.chunks) * x.dtype.itemsize) if x.ndim else x.dtype.itemsize
+        block = max(1, math.prod(max(c, 1) for c in chunk_shape(x)) * x.dtype.itemsize) if x.ndim else x.dtype.itemsize
         # A block, its encoded bytes and the array it is computed from, per thread.
         held = max(1, resources.memory_budget // (3 * block))
         most = int(config.setting("objects.write-threads"))

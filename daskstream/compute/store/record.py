@@ -14,6 +14,7 @@ import dask.array as da
 from daskstream.errors import (
     InvalidChunksError,
 )
+from daskstream.graph.layers import span_piece
 from daskstream.planning.grid import regular_chunk_shape
 
 ProgressCallback = Callable[[int, int], None]
@@ -39,16 +40,38 @@ RECORD_FORMAT = "daskstream.store/1"
 
 
 def chunk_shape(x: da.Array) -> tuple[int, ...]:
-    """One full chunk of ``x``, whose grid store has made regular first.
+    """One full chunk of the target ``x`` is stored in: its blocks' shape, on the grid store has made regular
+    first, or for an array read in spans (:mod:`daskstream.planning.spans`), the pieces its spans stream in.
 
     >>> import dask.array as da
     >>> chunk_shape(da.ones((10, 7), chunks=(4, 7)))
     (4, 7)
     """
+    piece = span_piece(x.dask, x.ndim)
+    if piece is not None:
+        # A span is the task, the piece its buffer: the target's chunk is the piece.
+        return tuple(max(1, min(p, n)) for p, n in zip(piece, x.shape))
     shape = regular_chunk_shape(x.chunks)
     if shape is None:
         raise InvalidChunksError(f"{x.name}: store writes arrays on a regular chunk grid; rechunk it first")
     return shape
+
+
+def chunk_counts(x: da.Array) -> tuple[int, ...]:
+    """How many chunks of :func:`chunk_shape` the target of ``x`` has along each axis.
+
+    >>> import dask.array as da
+    >>> chunk_counts(da.ones((10, 7), chunks=(4, 7)))
+    (3, 1)
+    """
+    if not reads_spans(x):
+        return tuple(x.numblocks)
+    return tuple(max(1, -(-n // c)) for n, c in zip(x.shape, chunk_shape(x)))
+
+
+def reads_spans(x: da.Array) -> bool:
+    """Whether ``x``'s blocks are spans (many chunks per task, streamed), each covering many target chunks."""
+    return span_piece(x.dask, x.ndim) is not None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import os
 import posixpath
 import re
 import shutil
+from collections.abc import Collection
 from typing import Any, Literal
 
 import dask
@@ -32,10 +33,13 @@ from daskstream.compute.store.record import (
     MAX_RECORD_BYTES,
     PROGRESS_DIR,
     StoreIdentity,
+    chunk_counts,
     chunk_shape,
     parse_block_name,
+    reads_spans,
     write_atomically,
 )
+from daskstream.compute.store.span_writes import ChunksLeft
 from daskstream.compute.store.swap import recover_folder, staged_places, swap_folders, swap_when_whole
 from daskstream.compute.store.target import (
     OVERWRITE,
@@ -172,7 +176,7 @@ class ZarrTarget(Target):
         staged = self._staged_target()
         finished = staged.completed(x)
         if finished is not None and not finished.differences(identity):
-            total = math.prod(x.numblocks)  # written whole before a stop cut the swap short
+            total = math.prod(chunk_counts(x))  # written whole before a stop cut the swap short
             if report:
                 report(total, total)
         else:
@@ -206,9 +210,15 @@ class ZarrTarget(Target):
             self._write_replacing(x, identity, resume=resume, report=report)
             return
         done = self._prepare(x, identity, resume=resume, overwrite=overwrite)
-        blocks = list(np.ndindex(*x.numblocks))
-        pending = [b for b in blocks if b not in done] if x.size else []
-        total = len(blocks)
+        counts = chunk_counts(x)
+        total = math.prod(counts)
+        pending: Collection[tuple[int, ...]]
+        if not x.size:
+            pending = []
+        elif reads_spans(x):
+            pending = ChunksLeft(counts, {index for index in done if all(i < n for i, n in zip(index, counts))})
+        else:
+            pending = [b for b in np.ndindex(*counts) if b not in done]
         if report:
             report(total - len(pending), total)
         if pending:
@@ -512,7 +522,9 @@ class ZarrTarget(Target):
         found = (parse_block_name(n, ndim) for n in names)
         return {index for index in found if index is not None}
 
-    def _run(self, x: da.Array, pending: list[tuple[int, ...]], total: int, report: ProgressCallback | None) -> None:
+    def _run(
+        self, x: da.Array, pending: Collection[tuple[int, ...]], total: int, report: ProgressCallback | None
+    ) -> None:
         writes = PendingWrites(self, x, pending, total, report)
         runner = block_runner()
         try:

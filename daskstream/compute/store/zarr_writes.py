@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -25,7 +26,8 @@ from dask.callbacks import Callback
 
 from daskstream.advice import said
 from daskstream.compute.store.chunk_writer import ChunkWriter, MetadataChangedError
-from daskstream.compute.store.record import block_name
+from daskstream.compute.store.record import block_name, chunk_counts, chunk_shape, reads_spans
+from daskstream.compute.store.span_writes import ChunksLeft, span_writes
 from daskstream.compute.store.target import OVERWRITE, ProgressCallback, first_line, write_error
 from daskstream.errors import DaskstreamError, InvalidArgumentError, TargetMismatchError
 from daskstream.runtime.schedulers import active_client
@@ -76,12 +78,14 @@ class PendingWrites:
     """
 
     def __init__(
-        self, target: ZarrTarget, x: da.Array, pending: Sequence[Index], total: int, report: ProgressCallback | None
+        self, target: ZarrTarget, x: da.Array, pending: Collection[Index], total: int, report: ProgressCallback | None
     ) -> None:
         self.target = target
         self.x = x
-        self.chunks = tuple(c[0] if c else 0 for c in x.chunks)
-        self.pending = list(pending)
+        # Spans write chunks of the pieces they stream in; other arrays' blocks are the chunks.
+        self.chunks = chunk_shape(x) if reads_spans(x) else tuple(c[0] if c else 0 for c in x.chunks)
+        # A store of spans finds its chunks left as it needs them (ChunksLeft): a pebibyte's are never listed.
+        self.pending = pending if isinstance(pending, ChunksLeft) else list(pending)
         self.total = total
         self.report = report
         self.done = total - len(self.pending)
@@ -89,7 +93,7 @@ class PendingWrites:
     def write(
         self,
         tasks: da.Array,
-        blocks: Sequence[Index],
+        blocks: Collection[Index],
         *,
         first_row: int = 0,
         threads: int | None = None,
@@ -102,6 +106,9 @@ class PendingWrites:
         (else on the active scheduler, with the target's own options);
         ``callbacks``: dask callbacks around the computation (local schedulers).
         """
+        if reads_spans(tasks):
+            self._write_spans(tasks, blocks, first_row=first_row, threads=threads, callbacks=callbacks)
+            return
         shape = (first_row + tasks.shape[0], *tasks.shape[1:]) if tasks.ndim else ()
         rows = self.chunks[0] if self.chunks else 1
         if (
@@ -118,12 +125,7 @@ class PendingWrites:
         writes = da.map_blocks(
             _write_zarr_blocks,
             tasks,
-            target._task_store(),
-            target.member,
-            target._task_done_dir(),
-            target.name,
-            target._chunk_writer(),
-            self.chunks,
+            self.chunk_writes(),
             first_row,
             chunks=tuple((1,) * n for n in tasks.numblocks),
             dtype=bool,
@@ -143,10 +145,52 @@ class PendingWrites:
         # One optimized graph for all tasks, then only the needed ones: read and write fuse into one task.
         delayed = writes.to_delayed(optimize_graph=True)
         needed = [delayed[task] for task in covering]
-        by_key = {d.key: task for d, task in zip(needed, covering)}
+        self._compute({d.key: covering[task] for d, task in zip(needed, covering)}, needed, threads, callbacks)
 
-        def finished(task: Index) -> None:
-            for block in covering[task]:
+    def _write_spans(
+        self,
+        tasks: da.Array,
+        blocks: Collection[Index],
+        *,
+        first_row: int,
+        threads: int | None,
+        callbacks: Sequence[Callback],
+    ) -> None:
+        """Write ``blocks`` of an array read in spans: tasks of about one span each, writing one chunk at a time."""
+        if tasks is not self.x or first_row:
+            raise InvalidArgumentError(f"{self.target.name}: an array read in spans is written whole, span by span")
+        if not isinstance(blocks, ChunksLeft):
+            counts = chunk_counts(tasks)
+            blocks = ChunksLeft(counts, set(np.ndindex(*counts)) - set(blocks))
+        writes, covering = span_writes(tasks, self.chunk_writes(), blocks)
+        delayed = writes.to_delayed(optimize_graph=True).ravel().tolist()
+        self._compute({d.key: chunks for d, chunks in zip(delayed, covering)}, delayed, threads, callbacks)
+
+    def chunk_writes(self) -> ChunkWrites:
+        """How this store's tasks write their chunks."""
+        target = self.target
+        return ChunkWrites(
+            target._task_store(),
+            target.member,
+            target._task_done_dir(),
+            target.name,
+            target._chunk_writer(),
+            self.chunks,
+        )
+
+    def _compute(
+        self,
+        covered: Mapping[Any, Iterable[Index]],
+        needed: list[Any],
+        threads: int | None,
+        callbacks: Sequence[Callback],
+    ) -> None:
+        """Run the ``needed`` tasks (delayed), recording the blocks each covers (``covered``, by key) as it
+        finishes."""
+        target = self.target
+
+        def finished(key: Any) -> None:
+            for block in covered[key]:
                 self.done += 1
                 target._block_written(block)
             if self.report:
@@ -157,7 +201,7 @@ class PendingWrites:
             from distributed import as_completed
 
             futures = client.compute(needed)
-            at = {future.key: by_key[d.key] for future, d in zip(futures, needed)}
+            at = {future.key: d.key for future, d in zip(futures, needed)}
             try:
                 for future in as_completed(futures):
                     future.result()
@@ -168,8 +212,8 @@ class PendingWrites:
             return
 
         def count(key: Any, *_: Any) -> None:
-            if key in by_key:
-                finished(by_key[key])
+            if key in covered:
+                finished(key)
 
         options = (
             target._compute_options(self.x) if threads is None else {"scheduler": "threads", "num_workers": threads}
@@ -188,78 +232,103 @@ class PendingWrites:
         return None if workers is None else int(workers)
 
 
-def _write_zarr_blocks(
-    block: np.ndarray,
-    store_at: Any,
-    member: str | None,
-    done_dir: str | None,
-    target_name: str,
-    writer: ChunkWriter | None,
-    chunks: tuple[int, ...],
-    first_row: int = 0,
-    block_info: dict | None = None,
-) -> np.ndarray:
-    """Write one task's block into the chunks it covers (whole chunks of ``chunks``; the tasks' array starts
-    at row ``first_row`` of the stored one) and mark each done; runs inside a task, in any process.
+@dataclasses.dataclass(frozen=True)
+class ChunkWrites:
+    """How a task writes chunks of a Zarr target, in any process: where the store is, how a chunk is encoded,
+    where its marker goes.
 
-    ``store_at``: the local store's path, or the :class:`Place` of a store on an
-    object store (whose blocks the calling process records: ``done_dir`` is ``None``).
+    ``store_at``: the local store's path, or the :class:`Place` of a store on
+    an object store (whose blocks the calling process records: ``done_dir``
+    is ``None``). ``writer``: the encoder of whole chunks, else zarr writes.
     """
-    import zarr
 
+    store_at: Any
+    member: str | None
+    done_dir: str | None
+    target_name: str
+    writer: ChunkWriter | None
+    chunks: tuple[int, ...]
+
+    def region(self, index: Index, shape: tuple[int, ...]) -> tuple[slice, ...]:
+        """The region of the target chunk ``index`` in an array of ``shape``."""
+        return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, self.chunks, shape))
+
+    def opened(self) -> Callable[[Index, tuple[slice, ...], np.ndarray], None]:
+        """A task's writer of chunks: ``write(index, region, data)`` puts chunk ``index`` in place, then its
+        marker. The array, where zarr writes, is opened once, on the first chunk."""
+        array: list[Any] = []
+
+        def write(index: Index, region: tuple[slice, ...], data: np.ndarray) -> None:
+            name = block_name(index)
+            raise_if_stopped()  # a signal stops the writes of the tasks already running in this process too
+            try:
+                if self.writer is not None:
+                    # A chunk encoded here, in this task's thread, and put in place whole.
+                    self.writer.write(index, data)
+                else:
+                    if not array:
+                        array.append(self._open_array())
+                    local = isinstance(self.store_at, str)
+                    with contextlib.nullcontext() if local else self.store_at.errors("write"):
+                        array[0][region] = data
+                if self.done_dir is not None:
+                    # Only after the chunk is in place: an empty file appears whole or not at all.
+                    with open(os.path.join(self.done_dir, name), "wb"):
+                        pass
+            except DaskstreamError:
+                raise  # already says what failed (an object store refusing the write, say)
+            except ZARR_NODE_ERRORS as exc:
+                if self.writer is not None and not isinstance(exc, MetadataChangedError):
+                    raise  # the chunk writer reads no metadata: anything else is not the target's doing
+                # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to
+                # blame. The array was deleted, replaced or damaged while store wrote it.
+                raise TargetMismatchError(
+                    said(
+                        f"{self.target_name}: could not write block {name}: zarr could not open or write the "
+                        f"array ({type(exc).__name__}: {first_line(exc)}); it was deleted, replaced or damaged "
+                        "while store was writing it: ",
+                        OVERWRITE,
+                        " to store it again",
+                    )
+                ) from exc
+            except OSError as exc:
+                raise write_error(self.target_name, exc, f"write block {name}") from exc
+
+        return write
+
+    def _open_array(self) -> Any:
+        """The target array, opened here, in whichever process runs the task: no handle travels in the graph."""
+        import zarr
+
+        zarr_store: Any
+        if isinstance(self.store_at, str):
+            zarr_store = zarr.storage.LocalStore(self.store_at)
+        else:
+            zarr_store = zarr.storage.FsspecStore.from_url(
+                self.store_at.url, storage_options=self.store_at.storage_options
+            )
+        return zarr.open_array(store=zarr_store, path=self.member or "", mode="r+")
+
+
+def _write_zarr_blocks(
+    block: np.ndarray, writes: ChunkWrites, first_row: int = 0, block_info: dict | None = None
+) -> np.ndarray:
+    """Write one task's block into the chunks it covers (whole chunks of ``writes.chunks``; the tasks' array
+    starts at row ``first_row`` of the stored one) and mark each done; runs inside a task, in any process."""
     info = block_info[0]  # type: ignore[index]
     location = tuple(
         (start + first_row, stop + first_row) if axis == 0 else (start, stop)
         for axis, (start, stop) in enumerate(info["array-location"])
     )
+    chunks = writes.chunks
     first = tuple(start // c for (start, _), c in zip(location, chunks))
     covered = tuple(max(1, -(-(stop - start) // c)) for (start, stop), c in zip(location, chunks))
-    array = None
+    write = writes.opened()
     for offset in np.ndindex(*covered):
         index = tuple(f + o for f, o in zip(first, offset))
         within = tuple(
             slice(o * c, min((o + 1) * c, stop - start)) for o, c, (start, stop) in zip(offset, chunks, location)
         )
         region = tuple(slice(start + w.start, start + w.stop) for w, (start, _) in zip(within, location))
-        name = block_name(index)
-        raise_if_stopped()  # a signal stops the writes of the tasks already running in this process too
-        try:
-            if writer is not None:
-                # A chunk encoded here, in this task's thread, and put in place whole.
-                writer.write(index, block[within])
-            else:
-                if array is None:
-                    # Opened here, in whichever process runs the task: no handle travels in the graph.
-                    zarr_store: Any
-                    if isinstance(store_at, str):
-                        zarr_store = zarr.storage.LocalStore(store_at)
-                    else:
-                        zarr_store = zarr.storage.FsspecStore.from_url(
-                            store_at.url, storage_options=store_at.storage_options
-                        )
-                    array = zarr.open_array(store=zarr_store, path=member or "", mode="r+")
-                with store_at.errors("write") if not isinstance(store_at, str) else contextlib.nullcontext():
-                    array[region] = block[within]
-            if done_dir is not None:
-                # Only after the chunk is in place: an empty file appears whole or not at all.
-                with open(os.path.join(done_dir, name), "wb"):
-                    pass
-        except DaskstreamError:
-            raise  # already says what failed (an object store refusing the write, say)
-        except ZARR_NODE_ERRORS as exc:
-            if writer is not None and not isinstance(exc, MetadataChangedError):
-                raise  # the chunk writer reads no metadata: anything else is not the target's doing
-            # Before OSError: zarr's "node not found" errors are FileNotFoundErrors too, but no disk is to blame.
-            # The array was deleted, replaced or damaged while store wrote it: what was recorded no longer holds.
-            raise TargetMismatchError(
-                said(
-                    f"{target_name}: could not write block {name}: zarr could not open or write the array "
-                    f"({type(exc).__name__}: {first_line(exc)}); it was deleted, replaced or damaged while store "
-                    "was writing it: ",
-                    OVERWRITE,
-                    " to store it again",
-                )
-            ) from exc
-        except OSError as exc:
-            raise write_error(target_name, exc, f"write block {name}") from exc
+        write(index, region, block[within])
     return np.ones((1,) * block.ndim, dtype=bool)

@@ -11,6 +11,10 @@ blocks that may be spans is one of:
 ``reduce``
     a reduction's first step whose combine is known, block for block along
     the axes it keeps;
+``streams``
+    a step reading the spans it takes part by part itself (a function
+    marked :func:`~daskstream.compute.streaming.spans.streams_spans`: a
+    store's writes), left as it is;
 anything else
     a step that takes them whole: the layer giving them then gives its blocks
     whole where each fits a task's share of the budget, or the computation is
@@ -42,6 +46,7 @@ from daskstream.compute.streaming.spans import (
     combine_of,
     is_counting_each_value,
     is_elementwise,
+    is_streaming_spans,
     read_span_whole,
     span_counts,
     span_map,
@@ -138,7 +143,7 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
         _check_whole(graph, name, cap, takers, read=name in found.reads)
     layers = dict(graph.layers)
     for name, kind in found.kinds.items():
-        if kind is not None:
+        if kind not in (None, "streams"):  # a step streaming spans itself takes them as they come
             layers[name] = _rewritten(graph, name, kind, whole=name in found.taken_whole)
     for name in found.taken_whole & set(found.reads):
         # A read whose blocks a step takes whole (they fit a task's share): read at once. A span read is a
@@ -227,8 +232,12 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
     layer = graph.layers[name]
     if isinstance(layer, Blockwise):
         return _blockwise_kind(graph, layer, taken)
-    if isinstance(layer, MaterializedLayer) and all(_narrows(value, taken) for value in layer.values()):
-        return "narrow"
+    if isinstance(layer, MaterializedLayer):
+        values = list(layer.values())
+        if values and all(isinstance(v, Task) and is_streaming_spans(v.func) for v in values):
+            return "streams"
+        if all(_narrows(value, taken) for value in values):
+            return "narrow"
     return None
 
 
@@ -282,6 +291,7 @@ _GETITEMS = (dask_chunk.getitem, operator.getitem)
 #: dask's names of steps (the prefixes of their keys) that differ from what a user called.
 _STEP_NAMES = {
     "arg-reduce": "argmin or argmax",
+    "getitem": "indexing with integers, steps or arrays",
     "nanarg-reduce": "nanargmin or nanargmax",
     "histogram-sum": "histogram",
     "lambda": "a function of map_blocks",
@@ -318,9 +328,9 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], 
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes, moments, histograms "
-            "and exact quantiles stream a span chunk by chunk: compute a part of the array at a time (x[...]), "
-            "or reduce it first, or open it with a larger ",
+            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes, moments, histograms, "
+            "exact quantiles and stores to Zarr stream a span chunk by chunk: compute a part of the array at a "
+            "time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )
     )

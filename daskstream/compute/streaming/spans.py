@@ -17,7 +17,10 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   of the axes it keeps, whatever its span;
 - a **counting step** (a function marked :func:`counts_each_value`:
   ``ds.reduce``'s histograms and the counting passes of its exact medians
-  and quantiles) counts each chunk's values as it is read and sums the rows.
+  and quantiles) counts each chunk's values as it is read and sums the rows;
+- a **step reading spans itself** (a function marked :func:`streams_spans`:
+  a store's task writing its span chunk by chunk) is given the spans as they
+  are, and reads one part at a time with :func:`piece_of`.
 
 A span holds no data: every step that takes one reads its chunks itself, so
 a source whose spans two reductions take is read twice (the plan counts it).
@@ -153,6 +156,14 @@ def whole(value: Any) -> Any:
     return _part(value, None, tuple(slice(0, n) for n in value.shape), value.shape, Reads())
 
 
+def piece_of(value: Any, box: Box) -> Any:
+    """The data of ``value`` in ``box`` (unit-step slices relative to it): of a span, that part alone read and
+    computed; of data, its slice."""
+    if not _is_span(value):
+        return value[box]
+    return _part(value, None, box, value.shape, Reads())
+
+
 def read_span_whole(source: Any, region: Box, *, piece: tuple[int, ...]) -> Any:
     """A span read whose block a step takes whole (it fits the task's share): the data at once."""
     return whole(read_span(source, region, piece=piece))
@@ -283,6 +294,28 @@ def counts_each_value(fn: Counter) -> Counter:
 def is_counting_each_value(fn: Any) -> bool:
     """Whether ``fn`` was marked by :func:`counts_each_value`."""
     return getattr(fn, _COUNTS_EACH_VALUE, False) is True
+
+
+#: The attribute :func:`streams_spans` sets on a function.
+_STREAMS_SPANS = "_daskstream_streams_spans"
+
+Streamer = TypeVar("Streamer", bound=Callable[..., Any])
+
+
+def streams_spans(fn: Streamer) -> Streamer:
+    """Mark ``fn`` as taking the blocks it is given as they come -- spans included -- and reading each only
+    part by part, with :func:`piece_of` (a store's task writing chunk by chunk does).
+
+    The steps before it then hand it spans, not data: a task of ``fn`` holds
+    what it makes of one part at a time, whatever the spans' size.
+    """
+    setattr(fn, _STREAMS_SPANS, True)
+    return fn
+
+
+def is_streaming_spans(fn: Any) -> bool:
+    """Whether ``fn`` was marked by :func:`streams_spans`."""
+    return getattr(fn, _STREAMS_SPANS, False) is True
 
 
 ELEMENTWISE: frozenset[Callable[..., Any]] = frozenset(

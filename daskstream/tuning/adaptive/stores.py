@@ -29,6 +29,7 @@ from typing import Any
 import dask.array as da
 
 from daskstream.compute.store import store
+from daskstream.compute.store.record import reads_spans
 from daskstream.compute.store.result import StoredArray
 from daskstream.compute.store.target import target_format
 from daskstream.compute.store.zarr_writes import PendingWrites, runs_blocks_with
@@ -176,6 +177,8 @@ class StoreJob(AdaptiveJob):
         writes = self._writes
         if writes.done:
             return "a resumed store writes the blocks it has left as planned"
+        if reads_spans(writes.x):
+            return "an array read in spans is written span by span, each task streaming its chunks"
         if self.waves is None:
             return self.not_readable
         if not space.shape:

@@ -1,0 +1,185 @@
+"""Stores of arrays read in spans: each task writes the chunks of about one span, one at a time, each once,
+resumable chunk by chunk, with numpy's values; what cannot stream is refused before the target is touched."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import span_store_worker
+import zarr
+from dask.callbacks import Callback
+from span_helpers import BUDGET, SPANNED, Reads, write_field
+
+import daskstream as ds
+from daskstream.compute.store.record import PROGRESS_DIR
+from daskstream.compute.store.span_writes import ChunksLeft, span_writes
+from daskstream.compute.store.zarr_writes import ChunkWrites
+from daskstream.errors import MemoryBudgetError
+from daskstream.runtime.metering import ReadMeter
+
+WORKER = Path(span_store_worker.__file__)
+
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory):
+    return write_field(tmp_path_factory.mktemp("field"))
+
+
+@pytest.fixture
+def spanned():
+    with dask.config.set(SPANNED):
+        yield
+
+
+class StoreTasks(Callback):
+    """The store's tasks run, counted by key."""
+
+    def __init__(self):
+        super().__init__()
+        self.ran = 0
+
+    def _posttask(self, key, *_):
+        if isinstance(key, tuple) and str(key[0]).startswith("daskstream-store-spans"):
+            self.ran += 1
+
+
+EXPRESSIONS = {
+    "as read": (lambda x: x, lambda a: a),
+    # Sliced off the source's grid: the target's chunks straddle the spans (and the source's chunks).
+    "element-wise of a slice": (lambda x: x[17:23903, 5:33] * 2 + 1, lambda a: a[17:23903, 5:33] * 2 + 1),
+    "as float64": (lambda x: np.sqrt(abs(x.astype("f8"))), lambda a: np.sqrt(abs(a.astype("f8")))),
+}
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])
+@pytest.mark.parametrize("expression", sorted(EXPRESSIONS))
+def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(field, spanned, tmp_path, monkeypatch, fmt, expression):
+    data, paths = field
+    build, oracle = EXPRESSIONS[expression]
+    plan = ds.plan(paths[fmt], memory_budget=BUDGET)
+    x = build(ds.open(paths[fmt], memory_budget=BUDGET))
+    expected = oracle(data)
+    reads = Reads(monkeypatch, type(ds.open_source(paths[fmt])))
+    target = str(tmp_path / "out.zarr")
+    with dask.config.set(scheduler="threads"), StoreTasks() as tasks, ReadMeter() as meter:
+        y = ds.store(x, target)
+    stored = zarr.open_array(target, mode="r")
+    np.testing.assert_array_equal(stored[...], expected)  # zarr is the oracle
+    # The target is chunked in the pieces the spans stream in, and each is written by one of few tasks.
+    assert stored.chunks == tuple(min(c, n) for c, n in zip(plan.chunks, expected.shape))
+    chunks = math.prod(-(-n // c) for n, c in zip(expected.shape, stored.chunks))
+    assert y.result.written == chunks
+    assert tasks.ran <= x.npartitions < chunks
+    # Each chunk's part of the source is read once, a piece at a time: nothing is read whole.
+    assert meter.bytes_read == expected.size * data.itemsize
+    assert max(reads.sizes) <= plan.chunk_bytes < x.nbytes / x.npartitions
+    # What store returns reads the target, in spans too.
+    assert float(np.nansum(y, dtype="f8").compute()) == pytest.approx(float(np.nansum(expected, dtype="f8")), rel=1e-9)
+
+
+def test_codecs_are_chosen_from_chunks_of_a_spanned_array(field, spanned, tmp_path, monkeypatch):
+    data, paths = field
+    plan = ds.plan(paths["zarr"], memory_budget=BUDGET)
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
+    target = str(tmp_path / "auto.zarr")
+    ds.store(ds.open(paths["zarr"], memory_budget=BUDGET), target, codec="auto", optimize="size")
+    np.testing.assert_array_equal(zarr.open_array(target, mode="r")[...], data)
+    assert max(reads.sizes) <= plan.chunk_bytes  # the samples too are chunks, not spans
+
+
+STEPS_NOT_STREAMING = {
+    "cumsum": (lambda x: x.cumsum(axis=0), "cumsum takes whole blocks of {path}"),
+    "an integer index": (lambda x: x[:, 0], "indexing with integers, steps or arrays takes whole blocks of {path}"),
+}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS_NOT_STREAMING))
+def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(field, spanned, tmp_path, monkeypatch, step):
+    _, paths = field
+    build, refusal = STEPS_NOT_STREAMING[step]
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
+    target = tmp_path / "out.zarr"
+    with pytest.raises(MemoryBudgetError, match="spans of many chunks per task") as refused:
+        ds.store(build(ds.open(paths["zarr"], memory_budget=BUDGET)), str(target))
+    assert refusal.format(path=paths["zarr"]) in str(refused.value)
+    assert not target.exists()
+    assert reads.sizes == []
+
+
+def test_an_hdf5_target_is_refused_for_spans_naming_zarr(field, spanned, tmp_path):
+    _, paths = field
+    target = tmp_path / "out.h5"
+    with pytest.raises(MemoryBudgetError) as refused:
+        ds.store(ds.open(paths["zarr"], memory_budget=BUDGET), f"{target}::/x")
+    assert isinstance(refused.value, MemoryError)
+    assert str(refused.value).startswith(f"{target}: the array stored is read in spans")
+    assert "store to a Zarr folder" in str(refused.value)
+    assert not target.exists()
+
+
+def test_a_killed_store_of_spans_resumes_reading_and_writing_only_the_chunks_not_marked(field, tmp_path, monkeypatch):
+    data, paths = field
+    target = tmp_path / "out.zarr"
+    done_dir = target / PROGRESS_DIR / "done"
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), paths["zarr"], str(target), "0.15"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")])},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (done_dir.is_dir() and len(os.listdir(done_dir)) >= 4):
+            assert worker.poll() is None, worker.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        worker.send_signal(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.communicate()
+    marked = {tuple(int(i) for i in name.split(".")) for name in os.listdir(done_dir)}
+    expected = data * 2 + 1
+    partial = zarr.open_array(str(target), mode="r")
+    rows = partial.chunks[0]
+    assert 4 <= len(marked) < partial.nchunks
+    for index in marked:  # every chunk marked done is whole
+        np.testing.assert_array_equal(
+            partial[index[0] * rows : (index[0] + 1) * rows], expected[index[0] * rows : (index[0] + 1) * rows]
+        )
+
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
+    with dask.config.set({**SPANNED, "scheduler": "threads"}):
+        y = ds.store(span_store_worker.build(paths["zarr"]), str(target))
+    assert (y.result.done_before, y.result.written) == (len(marked), partial.nchunks - len(marked))
+    # Only the chunks not marked were read again, each once.
+    read_rows = sorted(region[0] for region in reads.regions)
+    assert read_rows == sorted(
+        (i * rows, min((i + 1) * rows, data.shape[0])) for i in range(partial.nchunks) if (i, 0, 0) not in marked
+    )
+    np.testing.assert_array_equal(zarr.open_array(str(target), mode="r")[...], expected)
+
+
+def test_a_pebibyte_store_is_planned_in_tasks_as_few_as_its_spans(tmp_path):
+    # Metadata only: every chunk reads as the fill value. The store's tasks are counted, not run.
+    zarr.create_array(tmp_path / "p.zarr", shape=(2**20, 2**14, 2**14), chunks=(64, 1024, 1024), dtype="f4")
+    x = ds.open(str(tmp_path / "p.zarr")) + 1
+    plan = ds.plan(str(tmp_path / "p.zarr"))
+    assert plan.span is not None
+    writes = ChunkWrites(str(tmp_path / "out.zarr"), None, None, "out", None, plan.chunks)
+    counts = tuple(-(-n // c) for n, c in zip(x.shape, plan.chunks))
+    done = {(0, 0, 0), (5, 3, 2), (counts[0] - 1, 15, 15)}
+    flags, covering = span_writes(x, writes, ChunksLeft(counts, done))
+    # As many tasks as spans, however many chunks: each chunk left written by one task, none done before.
+    assert flags.npartitions == len(covering) == x.npartitions == plan.span_tasks
+    assert sum(len(c) for c in covering) == math.prod(counts) - len(done) > 50 * plan.span_tasks
+    assert not any(index in c.done for c in covering for index in c)
