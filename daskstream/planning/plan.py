@@ -221,7 +221,8 @@ class ChunkPlan:
                     f"streams {math.prod(self.span):,} of them {self.span} "
                     f"({format_size(math.prod(self.span) * self.chunk_bytes)}) one after another through a buffer "
                     f"of one chunk ({format_size(self.chunk_bytes)}), {self.span_tasks:,} tasks; element-wise "
-                    "steps, slices, sums, means, extremes, moments (variances, standard deviations), histograms, "
+                    "steps, slices, sums, means, extremes and where they lie, moments (variances, standard "
+                    "deviations), histograms, "
                     "exact quantiles and stores to Zarr stream, "
                     "other steps are refused past the budget; a task per chunk takes a ",
                     named("memory_budget"),

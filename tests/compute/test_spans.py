@@ -71,6 +71,16 @@ EXPRESSIONS = {
         lambda x: np.nanmean(x.astype("f8"), axis=(1, 2)),
         lambda a: np.nanmean(a.astype("f8"), axis=(1, 2)),
     ),
+    # Where the extremes lie: each piece's, found where the piece lies in the array (NaN first, as numpy).
+    "argmax": (lambda x: x.argmax(), lambda a: a.argmax()),
+    "nanargmin along the first axis of a product": (
+        lambda x: np.nanargmin(x * 2, axis=0),
+        lambda a: np.nanargmin(a * 2, axis=0),
+    ),
+    "nanargmax along a kept axis of a slice": (
+        lambda x: np.nanargmax(x[17:23903, 5:33], axis=1),
+        lambda a: np.nanargmax(a[17:23903, 5:33], axis=1),
+    ),
     # Counting passes: each piece's counts, summed as they come.
     "histogram over a range": (
         lambda x: ds.reduce(x * 2, "histogram", bins=7, range=(-3, 3))[0],
@@ -99,7 +109,13 @@ PASSES = {
     "exact quantiles": 4,
 }
 # Slices read only the chunks they touch.
-SLICED = {"weighted sum of a slice", "histogram over the data's range", "exact median", "exact quantiles"}
+SLICED = {
+    "weighted sum of a slice",
+    "nanargmax along a kept axis of a slice",
+    "histogram over the data's range",
+    "exact median",
+    "exact quantiles",
+}
 
 
 def da_nan(x, name):
@@ -160,8 +176,8 @@ def test_a_spanned_computation_runs_far_fewer_tasks_than_chunks(stored, spanned)
 STEPS_TAKING_WHOLE_BLOCKS = {
     "cumsum": lambda x: np.cumsum(x, axis=0).sum(),
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
-    "argmax": lambda x: x.argmax(),
-    "argmax after a step": lambda x: (x * 2).argmax(),
+    "an integer index": lambda x: x[:, 0].sum(),
+    "an integer index after a step": lambda x: (x * 2)[:, :, 1].sum(),
     "the result itself": lambda x: x + 1,
 }
 
@@ -169,8 +185,10 @@ STEPS_TAKING_WHOLE_BLOCKS = {
 REFUSED_AS = {
     "cumsum": "cumsum takes whole blocks of {path}",
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
-    "argmax": "argmin or argmax takes whole blocks of {path}",
-    "argmax after a step": "argmin or argmax takes whole blocks of what mul makes of {path}",
+    "an integer index": "indexing with integers, steps or arrays takes whole blocks of {path}",
+    "an integer index after a step": (
+        "indexing with integers, steps or arrays takes whole blocks of what mul makes of {path}"
+    ),
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }
 

@@ -11,6 +11,8 @@ blocks that may be spans is one of:
 ``reduce``
     a reduction's first step whose combine is known, block for block along
     the axes it keeps;
+``arg``
+    an arg-reduction's first step (dask's ``arg_chunk``), block for block;
 ``streams``
     a step reading the spans it takes part by part itself (a function
     marked :func:`~daskstream.compute.streaming.spans.streams_spans`: a
@@ -44,10 +46,12 @@ from daskstream.compute.streaming.spans import (
     Combine,
     Step,
     combine_of,
+    is_arg_chunk,
     is_counting_each_value,
     is_elementwise,
     is_streaming_spans,
     read_span_whole,
+    span_arg,
     span_counts,
     span_map,
     span_map_whole,
@@ -157,7 +161,7 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
 
 def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     """The number of blocks of the layers annotated in pieces is then the pieces', not the tasks'."""
-    reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind == "reduce"}
+    reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind in ("reduce", "arg")}
     pieces = [tuple(planned["piece"]) for planned in found.reads.values()]
     layers = dict(graph.layers)
     for name in (found.spans - found.taken_whole) | set(reduced):
@@ -179,8 +183,10 @@ def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
 
 
 def _reduced_axes(layer: Layer) -> tuple[int, ...]:
-    """The axes a reduction's first step (a ``reduce`` layer) reduces."""
-    return tuple(layer.task.kwargs["axis"]) if isinstance(layer, Blockwise) else ()
+    """The axes a reduction's first step (a ``reduce`` or ``arg`` layer) reduces."""
+    if isinstance(layer, Blockwise):
+        return tuple(layer.task.kwargs["axis"])
+    return tuple(next(iter(layer.values()))[2])  # an arg-reduction's (chunk, block, axis, offset)
 
 
 def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
@@ -236,6 +242,8 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
         values = list(layer.values())
         if values and all(isinstance(v, Task) and is_streaming_spans(v.func) for v in values):
             return "streams"
+        if values and all(is_arg_chunk(v) and _is_key_of(v[1], taken) for v in values):
+            return "arg"
         if all(_narrows(value, taken) for value in values):
             return "narrow"
     return None
@@ -264,6 +272,11 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     if any(c[a] != chunks[a] for c in inputs for a in range(len(c)) if a not in reduced):
         return None
     return "reduce"
+
+
+def _is_key_of(value: Any, layers: set[str]) -> bool:
+    """True for a key of a block of one of ``layers``."""
+    return isinstance(value, tuple) and bool(value) and value[0] in layers
 
 
 def _chunks(layer: Layer) -> Any:
@@ -328,8 +341,8 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], 
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes, moments, histograms, "
-            "exact quantiles and stores to Zarr stream a span chunk by chunk: compute a part of the array at a "
+            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes and where they lie, "
+            "moments, histograms, exact quantiles and stores to Zarr stream a span chunk by chunk: compute a part of the array at a "
             "time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )
@@ -370,16 +383,29 @@ def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bo
     )
 
 
+def _materialized_like(layer: Layer, tasks: Mapping[Key, Any]) -> MaterializedLayer:
+    """``tasks`` as a layer annotated as ``layer``."""
+    copy = MaterializedLayer(dict(tasks), annotations=layer.annotations)
+    copy.collection_annotations = dict(layer.collection_annotations or {})
+    return copy
+
+
 def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:
     layer = graph.layers[name]
+    if kind == "arg":
+        return _materialized_like(
+            layer,
+            {key: Task(key, span_arg, f, TaskRef(block), axis, at) for key, (f, block, axis, at) in layer.items()},
+        )
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
-        tasks = {
-            key: value if isinstance(value, Alias) else Task(key, narrow, *value.args) for key, value in layer.items()
-        }
-        copy = MaterializedLayer(tasks, annotations=layer.annotations)
-        copy.collection_annotations = dict(layer.collection_annotations or {})
-        return copy
+        return _materialized_like(
+            layer,
+            {
+                key: value if isinstance(value, Alias) else Task(key, narrow, *value.args)
+                for key, value in layer.items()
+            },
+        )
     assert isinstance(layer, Blockwise)
     out = layer.output_indices
     axes = tuple(

@@ -15,6 +15,9 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   to that chunk alone, and combines the partials as it goes with the
   reduction's own combine, so a task holds one chunk's work and the partials
   of the axes it keeps, whatever its span;
+- an **arg-reduction's first step** (argmin, argmax and their nan- forms)
+  finds each piece's extreme and its index where the piece lies in the
+  array, and keeps the first extreme as pieces come, as dask's combine does;
 - a **counting step** (a function marked :func:`counts_each_value`:
   ``ds.reduce``'s histograms and the counting passes of its exact medians
   and quantiles) counts each chunk's values as it is read and sums the rows;
@@ -217,11 +220,42 @@ def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     if not spans or 0 in spans[0].shape:  # an empty slice: nothing to read, its partial as numpy gives it
         return step([whole(v) for v in values])
     shape = spans[0].shape
+    return _folded(spans, combine, lambda box: step(step.parts(values, box, shape, Reads())))
+
+
+def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], offset_info: Any) -> Any:
+    """An arg-reduction's first step (dask's ``arg_chunk``: argmin, argmax and their nan- forms): over a span,
+    each piece's values and indices found where the piece lies in the array, combined as they come."""
+    if not _is_span(value) or 0 in value.shape:
+        return chunk(whole(value), axis, offset_info)
+    argfunc = chunk.args[1]  # functools.partial(arg_chunk, func, argfunc)
+    combine = Combine(
+        _concatenated(functools.partial(dask_reductions.arg_combine, argfunc, axis=axis, keepdims=True), axis),
+        axis,
+        len(value.shape),
+    )
+    # dask gives an index into the whole array raveled where all its axes are reduced (and for one axis).
+    ravelled = len(axis) == len(value.shape)
+
+    def partial_of(box: Box) -> Any:
+        if ravelled:  # the piece's corner within the whole array
+            offset, total_shape = offset_info
+            at = (tuple(o + b.start for o, b in zip(offset, box)), total_shape)
+        else:
+            at = offset_info + box[axis[0]].start
+        return chunk(_part(value, None, box, value.shape, Reads()), axis, at)
+
+    return _folded([value], combine, partial_of)
+
+
+def _folded(spans: Sequence[Any], combine: Combine, partial_of: Callable[[Box], Any]) -> Any:
+    """The partials of the pieces of ``spans`` (``partial_of`` a piece's box), combined as they come along the
+    reduced axes and joined along the kept ones."""
     kept = [axis for axis in range(combine.ndim) if axis not in combine.reduced]
     partials: dict[tuple[int, ...], list[Any]] = {}
     for position, box in _boxes(_cuts(spans)):
         raise_if_stopped()
-        partial = step(step.parts(values, box, shape, Reads()))
+        partial = partial_of(box)
         waiting = partials.setdefault(tuple(position[axis] for axis in kept), [])
         waiting.append(partial)
         if len(waiting) >= FAN_IN:
@@ -338,6 +372,13 @@ _SELF_COMBINING: frozenset[Callable[..., Any]] = frozenset(
         dask_reductions._nanmin_skip, dask_reductions._nanmax_skip,
     }
 )  # fmt: skip
+
+
+def is_arg_chunk(task: Any) -> bool:
+    """True for dask's first step of an arg-reduction (legacy ``(arg_chunk partial, block, axis, offset)``)."""
+    if not (isinstance(task, tuple) and len(task) == 4 and isinstance(task[0], functools.partial)):
+        return False
+    return task[0].func is dask_reductions.arg_chunk and len(task[0].args) == 2 and isinstance(task[2], tuple)
 
 
 def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
