@@ -12,7 +12,10 @@ Three sections, each contender in a fresh interpreter:
     expression and from ``.compute()`` to the first task starting (a dask
     callback stops the run there: the graph is built and optimized, nothing
     read), the tasks, and the interpreter's peak memory (the client's; on
-    dask's threaded scheduler it is also the scheduler's). Contenders:
+    dask's threaded scheduler it is also the scheduler's). ``--expressions``
+    adds daskstream's exact ``median`` and ``histogram``, and ``store``: ``x +
+    1`` stored to a Zarr folder beside the array (``ds.store`` against
+    ``da.to_zarr`` with zstd, the first task being the first write). Contenders:
     ``ds.open(path)``, ``da.from_zarr(path)`` and ``xr.open_zarr(path)``. A
     run has ``--timeout`` seconds and ``--memory`` bytes of address space; a
     contender that runs out of either at one size is not run at the larger
@@ -86,6 +89,7 @@ VIRTUAL_RUN = """
 import json, resource, sys, time
 contender, path, expression, memory, held = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+import dask
 import dask.array as da
 import xarray as xr
 import daskstream as ds
@@ -115,14 +119,27 @@ try:
         y = ds.reduce(x, "median")
     elif expression == "histogram":
         y = ds.reduce(x, "histogram", bins=100, range=(-1, 1))[0]
+    elif expression == "store":
+        y = x + 1
     else:
         y = x.mean() if expression == "mean" else (x - x.mean(axis=0)).std()
     built = time.perf_counter()
     result.update(open_s=opened - began, build_s=built - opened, blocks=x.npartitions,
                   chunk_bytes=x.nbytes // x.npartitions)
+
+    def run():
+        if expression != "store":
+            y.compute(scheduler="threads")
+        elif contender == "daskstream":
+            ds.store(y, path + "-stored.zarr", overwrite=True)
+        else:  # as a user of dask stores: to_zarr on the threaded scheduler, zstd as daskstream writes
+            import zarr
+            with dask.config.set(scheduler="threads"):
+                da.to_zarr(y, path + "-stored.zarr", overwrite=True, compressors=[zarr.codecs.ZstdCodec(level=3)])
+
     try:
         with StopAtFirstTask():
-            y.compute(scheduler="threads")
+            run()
     except Started as started:
         result.update(first_task_s=time.perf_counter() - built, tasks=started.args[0], outcome="started")
     if held and contender == "daskstream":
@@ -132,7 +149,8 @@ try:
 
             def _posttask(self, key, value, dsk, state, id):
                 name = str(key[0] if isinstance(key, tuple) else key)
-                if name.lstrip("_").startswith(("mean_chunk", "var", "stream-", "top_digit_counts", "chunk_counts")):
+                if name.lstrip("_").startswith(("mean_chunk", "var", "stream-", "top_digit_counts", "chunk_counts",
+                                                "daskstream-store-spans")):
                     StopAfter.done += 1
                     if StopAfter.done >= held:
                         raise Started(StopAfter.done)
@@ -140,7 +158,7 @@ try:
         running = time.perf_counter()
         try:
             with StopAfter():
-                y.compute(scheduler="threads")
+                run()
         except Started:
             result.update(held_tasks=StopAfter.done, held_s=time.perf_counter() - running,
                           held_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -242,6 +260,7 @@ def virtual(
                     rows.append(row)
                     print(_virtual_line(row), file=sys.stderr, flush=True)
             shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(f"{path}-stored.zarr", ignore_errors=True)
     return rows
 
 
@@ -652,7 +671,8 @@ def main() -> None:
     parser.add_argument(
         "--expressions",
         default=",".join(EXPRESSIONS),
-        help=f"of the virtual section, from {', '.join((*EXPRESSIONS, *DASKSTREAM_ONLY))} (the last two daskstream's)",
+        help=f"of the virtual section, from {', '.join((*EXPRESSIONS, *DASKSTREAM_ONLY, 'store'))} (median and "
+        "histogram daskstream's; store: x + 1 stored to Zarr, ds.store against da.to_zarr)",
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="of the virtual and cluster sections")
     parser.add_argument(
