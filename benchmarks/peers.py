@@ -5,7 +5,7 @@ Three parts, each on the same files for every contender:
 * **reads**: the float64 sum of a float32 field of ``--size`` (shape ``(N, 4096)``) stored as
   ``.npy``, HDF5 (chunked raw, gzip 1 + shuffle, zstd, blosc lz4 + shuffle), Zarr v2 (zstd,
   blosc lz4 + shuffle, gzip 1), Zarr v3 (zstd, blosc lz4 + shuffle) and Zarr v3 sharded (512 x 512
-  chunks in 4096 x 4096 shards, zstd), in 1024 x 1024 storage chunks (4 MiB). Contenders:
+  chunks in 4096 x 4096 shards, zstd), in 1024 x 1024 storage chunks (4 MiB; ``--chunk 512``: 1 MiB). Contenders:
   daskstream, plain dask, zarr-python (default pipeline and the zarrs pipeline), tensorstore,
   h5py (+ hdf5plugin), numpy's memory map, xarray + dask, and the **decode limit**: the stored
   chunks' bytes read from the page cache and decoded into reused buffers by the codec's fastest
@@ -74,7 +74,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 COLS = 4096
-CHUNK = (1024, 1024)  # HDF5 and unsharded Zarr storage chunks: 4 MiB of float32
+#: The side of HDF5 and unsharded Zarr storage chunks (``--chunk``; run children take it from the environment).
+CHUNK_SIDE = int(os.environ.get("DASKSTREAM_PEERS_CHUNK", "1024"))
+CHUNK = (CHUNK_SIDE, CHUNK_SIDE)  # 4 MiB of float32 by default; 1 MiB with --chunk 512
 SHARD = (4096, 4096)  # sharded Zarr: 64 MiB shards ...
 INNER = (512, 512)  # ... of 1 MiB chunks
 SLAB_ROWS = 1024  # peers without a scheduler read a row of storage chunks (16 MiB) per call
@@ -261,7 +263,9 @@ def field_blocks(rows: int, block_rows: int = SHARD[0]) -> Iterator[tuple[int, n
 
 
 def data_path(fmt: Format, rows: int, data_dir: Path) -> Path:
-    return data_dir / f"peers-{rows}x{COLS}-{fmt.key}{fmt.suffix}"
+    # Chunks other than the default are in the name: a data set in other chunks is another data set.
+    side = "" if CHUNK_SIDE == 1024 or fmt.sharded or fmt.kind == "npy" else f"-chunks{CHUNK_SIDE}"
+    return data_dir / f"peers-{rows}x{COLS}-{fmt.key}{side}{fmt.suffix}"
 
 
 def reference_sum(rows: int, data_dir: Path) -> float:
@@ -1573,6 +1577,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=2, help="Threads every contender gets (default 2).")
     parser.add_argument(
+        "--chunk",
+        type=int,
+        default=CHUNK_SIDE,
+        help="Side of the HDF5 and unsharded Zarr storage chunks (default 1024: 4 MiB; 512: 1 MiB).",
+    )
+    parser.add_argument(
         "--analyses", default=",".join(ANALYSES), help=f"Comma-separated analyses (default all): {', '.join(ANALYSES)}."
     )
     parser.add_argument(
@@ -1604,7 +1614,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CHUNK_SIDE, CHUNK
     args = parse_args(argv)
+    if args.chunk != CHUNK_SIDE:  # for this process, and through the environment for each run's own
+        CHUNK_SIDE, CHUNK = args.chunk, (args.chunk, args.chunk)
+        os.environ["DASKSTREAM_PEERS_CHUNK"] = str(args.chunk)
     if args.one:
         spec = json.loads(args.one)
         print(RESULT_MARK + json.dumps(run_one(spec)), flush=True)
