@@ -2,7 +2,9 @@
 
 Each chunk is read once and every statistic is taken from it while it is in
 memory; partial results merge pairwise (Chan's formula for mean and variance),
-in a tree as wide as the memory budget allows.
+in a tree as wide as the memory budget allows. Of an array read in spans
+(many chunks per block), each block's statistics are taken piece by piece
+and merged as they come.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from typing import Any
 import dask
 import dask.array as da
 import numpy as np
+from dask._task_spec import Task, TaskRef
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute.description import Description, LazyDescription
 from daskstream.compute.histograms import edges_of_data_range, known_bin_edges
 from daskstream.compute.moments import chunk_moments, merge_moments
 from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.quantiles import nanquantile
+from daskstream.compute.streaming.spans import fold_pieces, is_span, streams_spans
 from daskstream.errors import UnsupportedDtypeError
+from daskstream.graph.layers import span_reads
 from daskstream.graph.rewrites import clone_array
 from daskstream.planning.grid import normalize_axes
 from daskstream.planning.settings import Resources
@@ -195,20 +203,54 @@ def statistics_of(x: da.Array, axes: tuple[int, ...], edges: np.ndarray | None, 
 def _merged_over(x: da.Array, axes: tuple[int, ...], fan_in: int, of_chunk: Any, merging: Any, edges: Any) -> Any:
     """``of_chunk(block, axes, edges)`` of every chunk, merged over ``axes`` by ``merging(parts, axes)`` and
     laid out over the kept axes."""
-    partial = dask.delayed(of_chunk, pure=True)
-    blocks = x.to_delayed(optimize_graph=True)
+    if span_reads(x.dask):
+        partials = _span_partials(x, axes, of_chunk, merging, edges)
+    else:
+        partial = dask.delayed(of_chunk, pure=True)
+        blocks = x.to_delayed(optimize_graph=True)
+        partials = {index: partial(blocks[index], axes, edges) for index in np.ndindex(*x.numblocks)}
     kept = [a for a in builtins.range(x.ndim) if a not in axes]
     # Group the chunks by their position along the kept axes; each group is reduced on its own.
     groups: dict[tuple[int, ...], list[Any]] = {}
     for index in itertools.product(*(builtins.range(n) for n in x.numblocks)):
         key = tuple(index[a] for a in kept)
-        groups.setdefault(key, []).append(partial(blocks[index], axes, edges))
+        groups.setdefault(key, []).append(partials[index])
     merge = dask.delayed(merging, pure=True)
     reduced = {key: _tree(parts, merge, axes, fan_in) for key, parts in groups.items()}
     grid = [n for a, n in enumerate(x.numblocks) if a in kept]
     return dask.delayed(_gather, pure=True)(
         [reduced[key] for key in itertools.product(*(builtins.range(n) for n in grid))], grid, axes
     )
+
+
+def _span_partials(x: da.Array, axes: tuple[int, ...], of_chunk: Any, merging: Any, edges: Any) -> dict[Any, Any]:
+    """``of_chunk`` of each block of ``x`` read in spans (many chunks per block), by block index: each span
+    streamed piece by piece (:func:`of_pieces`), lazily."""
+    name = f"describe-spans-{tokenize(x.name, axes, of_chunk, merging, edges)}"
+    collections: list[Any] = [x]
+    given = edges
+    if isinstance(edges, Delayed):  # edges the data decide: computed first, taken by every task
+        collections.append(edges)
+        given = TaskRef(edges.key)
+    tasks = {
+        (name, *index): Task((name, *index), of_pieces, TaskRef((x.name, *index)), axes, of_chunk, merging, given)
+        for index in np.ndindex(*x.numblocks)
+    }
+    graph = HighLevelGraph.from_collections(name, MaterializedLayer(tasks), dependencies=collections)
+    array = da.Array(
+        graph, name, chunks=tuple((1,) * n for n in x.numblocks), meta=np.empty((0,) * x.ndim, dtype=object)
+    )
+    # Optimized as an array: the steps giving the spans stream into these tasks.
+    partials = array.to_delayed(optimize_graph=True)
+    return {index: partials[index] for index in np.ndindex(*x.numblocks)}
+
+
+@streams_spans
+def of_pieces(block: Any, axes: tuple[int, ...], of_chunk: Any, merging: Any, edges: Any) -> Any:
+    """``of_chunk(block, axes, edges)``, of a span piece by piece, merged along ``axes`` by ``merging``."""
+    if not is_span(block):
+        return of_chunk(block, axes, edges)
+    return fold_pieces(block, axes, lambda piece: of_chunk(piece, axes, edges), lambda parts: merging(parts, axes))
 
 
 def histogram_edges(dtype: np.dtype, bins: Any, bin_range: Any, *, resources: Resources) -> np.ndarray | None:

@@ -45,9 +45,7 @@ def source_array(source: Source, chunks: ChunksSpec, settings: PlanSettings) -> 
 def planned(source: Source, settings: PlanSettings) -> ChunkPlan:
     """``source``'s ``"auto"`` chunk plan within ``settings``, its chunk lengths checked before dask lists them."""
     plan = source.plan(settings)
-    # A plan in spans lists its spans' lengths, not its chunks'.
-    listed = plan.chunks if plan.span is None else tuple(c * s for c, s in zip(plan.chunks, plan.span))
-    check_block_count(source, listed, settings.max_tasks, within=plan.budget_within_ceiling)
+    check_block_count(source, plan.chunks, settings.max_tasks, within=plan.budget_within_ceiling)
     return plan
 
 

@@ -223,7 +223,7 @@ class ChunkPlan:
                     f"of one chunk ({format_size(self.chunk_bytes)}), {self.span_tasks:,} tasks; element-wise "
                     "steps, slices, sums, means, extremes and where they lie, moments (variances, standard "
                     "deviations), histograms, "
-                    "exact quantiles and stores to Zarr stream, "
+                    "exact quantiles, describe and stores to Zarr stream, "
                     "other steps are refused past the budget; a task per chunk takes a ",
                     named("memory_budget"),
                     f" of at least {format_size(self.budget_within_ceiling or 0)}",

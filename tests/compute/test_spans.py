@@ -341,3 +341,37 @@ def test_a_signal_stops_a_task_streaming_its_span(tmp_path, signum):
     # Signalled past the start and into the spans' reading.
     status, lines = signalled_command(command, signum, after=6, within=30, environment=environment)
     assert_stopped_by(status, lines, signum)
+
+
+@pytest.mark.parametrize(
+    "keywords",
+    [{}, {"axis": 0}, {"axis": (0, 2), "bins": 5, "range": (-2, 2)}, {"bins": 7}, {"quartiles": True}],
+    ids=["whole", "per column", "with a histogram", "over the data's range", "with quartiles"],
+)
+def test_describe_streams_spans_to_numpys_statistics(stored, spanned, keywords):
+    data, paths = stored
+    x, _ = opened(paths["zarr"])
+    axes = keywords.get("axis")
+    twice = (data * 2).astype("f8")
+    with dask.config.set(scheduler="threads"), ReadMeter() as meter:
+        got = ds.describe(x * 2, **keywords).compute()
+    np.testing.assert_array_equal(got["count"], np.sum(~np.isnan(twice), axis=axes))
+    np.testing.assert_array_equal(got["nan_count"], np.sum(np.isnan(twice), axis=axes))
+    np.testing.assert_allclose(got["mean"], np.nanmean(twice, axis=axes), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(got["std"], np.nanstd(twice, axis=axes), rtol=1e-6)
+    np.testing.assert_array_equal(got["min"], np.nanmin(data * 2, axis=axes))
+    np.testing.assert_array_equal(got["max"], np.nanmax(data * 2, axis=axes))
+    if "bins" in keywords and axes is None:
+        values = (data * 2)[~np.isnan(data)]
+        counts, edges = np.histogram(values, bins=keywords["bins"], range=keywords.get("range"))
+        np.testing.assert_array_equal(got["histogram"], counts)
+        np.testing.assert_allclose(got["bin_edges"], edges, rtol=1e-6)
+    if keywords.get("quartiles"):
+        np.testing.assert_allclose(got["50%"], np.nanquantile(data * 2, 0.5), rtol=1e-6)
+    # Whole passes over the data: one; a second where the data's range decides the bins; the quartiles'
+    # counting passes beside the statistics' one.
+    passes = meter.bytes_read / data.nbytes
+    if keywords.get("quartiles"):
+        assert passes == int(passes) >= 2
+    else:
+        assert passes == (2 if "bins" in keywords and "range" not in keywords else 1)

@@ -342,7 +342,7 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], 
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
             f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes and where they lie, "
-            "moments, histograms, exact quantiles and stores to Zarr stream a span chunk by chunk: compute a part of the array at a "
+            "moments, histograms, exact quantiles, describe and stores to Zarr stream a span chunk by chunk: compute a part of the array at a "
             "time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )

@@ -22,8 +22,9 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   ``ds.reduce``'s histograms and the counting passes of its exact medians
   and quantiles) counts each chunk's values as it is read and sums the rows;
 - a **step reading spans itself** (a function marked :func:`streams_spans`:
-  a store's task writing its span chunk by chunk) is given the spans as they
-  are, and reads one part at a time with :func:`piece_of`.
+  a store's task writing its span chunk by chunk, ``describe``'s statistics)
+  is given the spans as they are, and reads one part at a time
+  (:func:`piece_of`, :func:`fold_pieces`).
 
 A span holds no data: every step that takes one reads its chunks itself, so
 a source whose spans two reductions take is read twice (the plan counts it).
@@ -220,7 +221,7 @@ def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     if not spans or 0 in spans[0].shape:  # an empty slice: nothing to read, its partial as numpy gives it
         return step([whole(v) for v in values])
     shape = spans[0].shape
-    return _folded(spans, combine, lambda box: step(step.parts(values, box, shape, Reads())))
+    return _folded(spans, combine.reduced, combine, lambda box: step(step.parts(values, box, shape, Reads())))
 
 
 def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], offset_info: Any) -> Any:
@@ -245,13 +246,33 @@ def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], o
             at = offset_info + box[axis[0]].start
         return chunk(_part(value, None, box, value.shape, Reads()), axis, at)
 
-    return _folded([value], combine, partial_of)
+    return _folded([value], axis, combine, partial_of)
 
 
-def _folded(spans: Sequence[Any], combine: Combine, partial_of: Callable[[Box], Any]) -> Any:
+def fold_pieces(
+    value: Any, reduced: tuple[int, ...], of_piece: Callable[[Any], Any], merge: Callable[[list[Any]], Any]
+) -> Any:
+    """``of_piece`` of each piece of the span ``value`` (its data, read then), the partials merged as they
+    come along the ``reduced`` axes (``merge`` of a list of them, keeping those axes as length 1) and joined
+    along the others (dicts of partials field by field): what ``of_piece`` of the whole block would give
+    where ``merge`` is its own combine."""
+    return _folded([value], reduced, merge, lambda box: of_piece(_part(value, None, box, value.shape, Reads())))
+
+
+def is_span(value: Any) -> bool:
+    """Whether ``value`` is a span (a region not read yet, or a step still to apply to one), not data."""
+    return _is_span(value)
+
+
+def _folded(
+    spans: Sequence[Any],
+    reduced: tuple[int, ...],
+    combine: Callable[[list[Any]], Any],
+    partial_of: Callable[[Box], Any],
+) -> Any:
     """The partials of the pieces of ``spans`` (``partial_of`` a piece's box), combined as they come along the
-    reduced axes and joined along the kept ones."""
-    kept = [axis for axis in range(combine.ndim) if axis not in combine.reduced]
+    ``reduced`` axes and joined along the kept ones."""
+    kept = [axis for axis in range(len(spans[0].shape)) if axis not in reduced]
     partials: dict[tuple[int, ...], list[Any]] = {}
     for position, box in _boxes(_cuts(spans)):
         raise_if_stopped()
