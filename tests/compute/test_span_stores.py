@@ -86,6 +86,20 @@ def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(field, spanned, t
     assert float(np.nansum(y, dtype="f8").compute()) == pytest.approx(float(np.nansum(expected, dtype="f8")), rel=1e-9)
 
 
+def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, field, tmp_path):
+    from distributed import Client, get_task_stream
+
+    data, paths = field
+    target = str(tmp_path / "out.zarr")
+    with Client(scheduler_file=str(dask_cluster)), dask.config.set(SPANNED):
+        x = ds.open(paths["zarr"], memory_budget=BUDGET)
+        with get_task_stream() as tasks:
+            y = ds.store(x * 2, target)
+    np.testing.assert_array_equal(zarr.open_array(target, mode="r")[...], data * 2)
+    stores = [t for t in tasks.data if str(t["key"]).startswith("('daskstream-store-spans")]
+    assert 0 < len(stores) <= x.npartitions < y.result.written
+
+
 def test_codecs_are_chosen_from_chunks_of_a_spanned_array(field, spanned, tmp_path, monkeypatch):
     data, paths = field
     plan = ds.plan(paths["zarr"], memory_budget=BUDGET)
