@@ -349,15 +349,6 @@ def span_reads(graph: Any) -> dict[str, Mapping[str, Any]]:
     }
 
 
-def span_piece(graph: Any, ndim: int) -> tuple[int, ...] | None:
-    """The chunk shape an array of ``ndim`` axes computed from spans streams in: per axis, the smallest
-    ``piece`` of its spanned reads of as many axes; ``None`` where ``graph`` reads no span of ``ndim`` axes."""
-    pieces = [tuple(planned["piece"]) for planned in span_reads(graph).values() if len(planned["piece"]) == ndim]
-    if not pieces:
-        return None
-    return tuple(min(piece[axis] for piece in pieces) for axis in range(ndim))
-
-
 def reads_sources(dsk: HighLevelGraph) -> bool:
     return any(name.startswith("daskstream-") for name in dsk.layers)
 

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 
 import dask.array as da
 
+from daskstream.compute.streaming.span_graphs import span_piece_of
 from daskstream.errors import (
     InvalidChunksError,
 )
-from daskstream.graph.layers import span_piece
 from daskstream.planning.grid import regular_chunk_shape
 
 ProgressCallback = Callable[[int, int], None]
@@ -47,7 +47,7 @@ def chunk_shape(x: da.Array) -> tuple[int, ...]:
     >>> chunk_shape(da.ones((10, 7), chunks=(4, 7)))
     (4, 7)
     """
-    piece = span_piece(x.dask, x.ndim)
+    piece = span_piece_of(x.dask, x.name)
     if piece is not None:
         # A span is the task, the piece its buffer: the target's chunk is the piece.
         return tuple(max(1, min(p, n)) for p, n in zip(piece, x.shape))
@@ -71,7 +71,7 @@ def chunk_counts(x: da.Array) -> tuple[int, ...]:
 
 def reads_spans(x: da.Array) -> bool:
     """Whether ``x``'s blocks are spans (many chunks per task, streamed), each covering many target chunks."""
-    return span_piece(x.dask, x.ndim) is not None
+    return span_piece_of(x.dask, x.name) is not None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ blocks that may be spans is one of:
 ``map``
     a blockwise element-wise step over them, block for block;
 ``narrow``
-    slices of them with unit steps (or whole blocks passed on);
+    slices of them, integers and positive steps in their index (or whole
+    blocks passed on);
 ``reduce``
     a reduction's first step whose combine is known, block for block along
     the axes it keeps;
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import dask.array.chunk as dask_chunk
+import numpy as np
 from dask._task_spec import Alias, Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
 from dask.core import reverse_dict
@@ -159,17 +161,56 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
 
 
+def span_piece_of(graph: Any, name: str) -> tuple[int, ...] | None:
+    """The piece the blocks of layer ``name`` of ``graph`` stream in, where they are spans (or a reduction's
+    first step over spans): the chunk of the reads they come from, through the steps between; else ``None``."""
+    if not span_reads(graph):
+        return None
+    found = _classified(graph, [])
+    return _layer_pieces(graph, found).get(name) if name in found.spans or name in found.kinds else None
+
+
+def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[int, ...]]:
+    """The piece of each layer whose blocks are spans or take them: a read's own, the smallest of a step's
+    inputs along each axis, a slice's or index's of its input (axes indexed by an integer gone, stepped
+    axes shorter)."""
+    pieces = {name: tuple(planned["piece"]) for name, planned in found.reads.items()}
+    for name in graphlib.TopologicalSorter(graph.dependencies).static_order():
+        kind = found.kinds.get(name)
+        inputs = [pieces[d] for d in sorted(graph.dependencies.get(name, ())) if d in pieces]
+        if name in pieces or kind is None or not inputs:
+            continue
+        if kind == "narrow":
+            pieces[name] = _narrowed_piece(graph.layers[name], inputs[0])
+        elif kind in ("map", "reduce", "arg"):
+            ndim = len(_chunks(graph.layers[name]) or inputs[0])
+            alike = [p for p in inputs if len(p) == ndim]
+            if alike:
+                pieces[name] = tuple(min(p[axis] for p in alike) for axis in range(ndim))
+    return pieces
+
+
+def _narrowed_piece(layer: Layer, piece: tuple[int, ...]) -> tuple[int, ...]:
+    """``piece`` through the index of a ``narrow`` layer's tasks (all alike but at the edges)."""
+    task = next(iter(layer.values()))
+    if isinstance(task, Alias):
+        return piece
+    index = tuple(task.args[1]) + (slice(None),) * (len(piece) - len(task.args[1]))
+    return tuple(
+        max(1, -(-p // (item.step or 1))) for item, p in zip(index, piece, strict=True) if isinstance(item, slice)
+    )
+
+
 def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     """The number of blocks of the layers annotated in pieces is then the pieces', not the tasks'."""
     reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind in ("reduce", "arg")}
-    pieces = [tuple(planned["piece"]) for planned in found.reads.values()]
+    pieces = _layer_pieces(graph, found)
     layers = dict(graph.layers)
     for name in (found.spans - found.taken_whole) | set(reduced):
         layer, chunks = graph.layers[name], _chunks(graph.layers[name])
-        alike = [p for p in pieces if chunks is not None and len(p) == len(chunks)]
-        if not alike:
-            continue  # no span read of this many axes: left as annotated
-        piece = [min(p[axis] for p in alike) for axis in range(len(chunks))]
+        piece = pieces.get(name)
+        if chunks is None or piece is None or len(piece) != len(chunks):
+            continue  # no span read this layer's piece is known from: left as annotated
         copy = copy_module.copy(layer)
         # A reduction's first step makes one partial per block along the axes it reduces (dask's annotation
         # still has its input's blocks there).
@@ -284,7 +325,7 @@ def _chunks(layer: Layer) -> Any:
 
 
 def _narrows(value: Any, taken: set[str]) -> bool:
-    """True for a task passing a block on, or taking a unit-step slice of it."""
+    """True for a task passing a block on, or taking part of it with integers and slices of positive steps."""
     if isinstance(value, Alias):
         return True
     return (
@@ -293,8 +334,15 @@ def _narrows(value: Any, taken: set[str]) -> bool:
         and len(value.args) == 2
         and isinstance(value.args[0], TaskRef)
         and isinstance(value.args[1], tuple)
-        and all(isinstance(s, slice) and s.step in (None, 1) for s in value.args[1])
+        and all(_narrowing(item) for item in value.args[1])
     )
+
+
+def _narrowing(item: Any) -> bool:
+    """An integer, or a slice with a positive step (a new axis, a reversal or an array of indices is not)."""
+    if isinstance(item, slice):
+        return item.step is None or (isinstance(item.step, (int, np.integer)) and bool(item.step >= 1))
+    return isinstance(item, (int, np.integer)) and not isinstance(item, bool)
 
 
 #: The functions dask's slicing puts in a task taking part of a block.
@@ -304,7 +352,7 @@ _GETITEMS = (dask_chunk.getitem, operator.getitem)
 #: dask's names of steps (the prefixes of their keys) that differ from what a user called.
 _STEP_NAMES = {
     "arg-reduce": "argmin or argmax",
-    "getitem": "indexing with integers, steps or arrays",
+    "getitem": "indexing with a new axis, a reversed step or an array",
     "nanarg-reduce": "nanargmin or nanargmax",
     "histogram-sum": "histogram",
     "lambda": "a function of map_blocks",

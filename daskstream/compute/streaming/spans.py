@@ -8,7 +8,9 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
 - an **element-wise step** (numpy ufuncs, arithmetic and comparison
   operators, ``where``, ``astype``) gives a :class:`Mapped` value, the step
   still to apply piece by piece;
-- a **slice** (``x[a:b, ...]`` with unit steps) gives a narrower span;
+- a **slice** (``x[a:b, ...]``) gives a narrower span, and an index with
+  integers or positive steps (``x[:, 3]``, ``x[::2]``) an :class:`Indexed`
+  one, each piece read then indexed;
 - a **reduction's first step** (sums, products, means, extremes, moments:
   what var and std combine, any, all, and their nan- forms) reads the span
   one chunk at a time, applies the element-wise steps before it and its own
@@ -100,8 +102,79 @@ class Mapped:
         return f"<Mapped {self.shape}>"
 
 
+class Indexed:
+    """A span indexed with integers or slices with steps: the index still to apply to each piece once read.
+
+    ``index`` has one entry per axis of ``inner``: an integer (the axis is
+    dropped) or ``(start, stop, step)`` with a positive step, within it.
+    """
+
+    __slots__ = ("index", "inner", "shape")
+
+    def __init__(self, inner: Any, index: Sequence[int | tuple[int, int, int]], shape: tuple[int, ...]) -> None:
+        self.inner, self.index, self.shape = inner, tuple(index), shape
+
+    @classmethod
+    def of(cls, inner: Any, index: tuple[Any, ...]) -> Indexed:
+        """``inner[index]`` (integers and slices with positive steps)."""
+        entries: list[int | tuple[int, int, int]] = []
+        shape: list[int] = []
+        full = tuple(index) + (slice(None),) * (len(inner.shape) - len(index))
+        for item, n in zip(full, inner.shape, strict=True):
+            if isinstance(item, slice):
+                start, stop, step = item.indices(n)
+                entries.append((start, stop, step))
+                shape.append(len(range(start, stop, step)))
+            else:
+                position = operator.index(item)
+                entries.append(position + n if position < 0 else position)
+        return cls(inner, entries, tuple(shape))
+
+    def _inner_box(self, box: Box) -> tuple[Box, tuple[Any, ...]]:
+        """The region of ``inner`` that ``box`` (of this span) reads, and the index to apply to it once read."""
+        region: list[slice] = []
+        after: list[Any] = []
+        boxes = iter(box)
+        for entry in self.index:
+            if isinstance(entry, int):
+                region.append(slice(entry, entry + 1))
+                after.append(0)
+                continue
+            start, _, step = entry
+            cell = next(boxes)
+            first = start + cell.start * step
+            region.append(slice(first, start + (cell.stop - 1) * step + 1 if cell.stop > cell.start else first))
+            after.append(slice(None, None, step))
+        return tuple(region), tuple(after)
+
+    def cuts(self) -> tuple[tuple[int, ...], ...]:
+        """Where pieces begin along each axis kept, each piece within one piece of ``inner``."""
+        found: list[tuple[int, ...]] = []
+        for entry, cuts in zip(self.index, self.inner.cuts(), strict=True):
+            if isinstance(entry, int):
+                continue
+            start, _, step = entry
+            length = self.shape[len(found)]
+            # The first position at or after each of inner's cuts.
+            within = {p for c in cuts if 0 < (p := -(-(c - start) // step)) < length}
+            found.append((0, *sorted(within), length))
+        return tuple(found)
+
+    def narrowed(self, box: Box) -> Indexed:
+        region, after = self._inner_box(box)
+        index = [0 if isinstance(a, int) else (0, r.stop - r.start, a.step) for a, r in zip(after, region)]
+        return Indexed(self.inner.narrowed(region), index, tuple(b.stop - b.start for b in box))
+
+    def value(self, box: Box, read: Reads) -> Any:
+        region, after = self._inner_box(box)
+        return _part(self.inner, None, region, self.inner.shape, read)[after]
+
+    def __repr__(self) -> str:
+        return f"<Indexed {self.shape}>"
+
+
 def _is_span(value: Any) -> bool:
-    return isinstance(value, (SpanRead, Mapped))
+    return isinstance(value, (SpanRead, Mapped, Indexed))
 
 
 class Reads:
@@ -126,7 +199,7 @@ def _part(
     axis)."""
     if isinstance(value, SpanRead):
         return value.narrowed(box) if read is None else read(value, box)
-    if isinstance(value, Mapped):
+    if isinstance(value, (Mapped, Indexed)):
         return value.narrowed(box) if read is None else value.value(box, read)
     if axes is None or not hasattr(value, "shape") or len(getattr(value, "shape", ())) != len(axes):
         return value
@@ -184,11 +257,14 @@ def span_map_whole(step: Step, *values: Any) -> Any:
     return whole(span_map(step, *values))
 
 
-def span_narrow(value: Any, index: tuple[slice, ...]) -> Any:
-    """A slice: of a span, a narrower span; of data, the data's slice."""
+def span_narrow(value: Any, index: tuple[Any, ...]) -> Any:
+    """A slice: of a span, a narrower span (or, with integers or steps, an indexed one); of data, the data's
+    slice."""
     if not _is_span(value):
         return value[index]
-    return value.narrowed(_unit_slices(index, value.shape))
+    if all(isinstance(item, slice) and item.step in (None, 1) for item in index):
+        return value.narrowed(_unit_slices(index, value.shape))
+    return Indexed.of(value, index)
 
 
 def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
