@@ -221,9 +221,9 @@ class ChunkPlan:
                     f"streams {math.prod(self.span):,} of them {self.span} "
                     f"({format_size(math.prod(self.span) * self.chunk_bytes)}) one after another through a buffer "
                     f"of one chunk ({format_size(self.chunk_bytes)}), {self.span_tasks:,} tasks; element-wise "
-                    "steps, slices, sums, means, extremes and where they lie, moments (variances, standard "
-                    "deviations), histograms, "
-                    "exact quantiles, describe and stores to Zarr stream, "
+                    "steps, slices, indices, transposes, sums, means, extremes and where they lie, moments "
+                    "(variances, standard deviations), histograms, exact quantiles, describe and stores to "
+                    "Zarr stream, "
                     "other steps are refused past the budget; a task per chunk takes a ",
                     named("memory_budget"),
                     f" of at least {format_size(self.budget_within_ceiling or 0)}",

@@ -61,6 +61,7 @@ EXPRESSIONS = {
     "as float64": (lambda x: np.sqrt(abs(x.astype("f8"))), lambda a: np.sqrt(abs(a.astype("f8"))), lambda c: c),
     # An integer index drops an axis, a step keeps every other row: the pieces follow.
     "every other row of a column": (lambda x: x[::2, 3] - 1, lambda a: a[::2, 3] - 1, lambda c: (c[0] // 2, c[2])),
+    "transposed": (lambda x: x.transpose(1, 0, 2), lambda a: a.transpose(1, 0, 2), lambda c: (c[1], c[0], c[2])),
 }
 # Expressions whose reads take the rows between those kept (a step): more is read than stored.
 STEPPED = {"every other row of a column"}

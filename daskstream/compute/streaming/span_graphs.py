@@ -6,6 +6,8 @@ blocks that may be spans is one of:
 
 ``map``
     a blockwise element-wise step over them, block for block;
+``transpose``
+    their axes permuted (``np.transpose``, ``np.swapaxes``);
 ``narrow``
     slices of them, integers and positive steps in their index (or whole
     blocks passed on);
@@ -60,12 +62,18 @@ from daskstream.compute.streaming.spans import (
     span_narrow,
     span_narrow_whole,
     span_reduce,
+    span_transpose,
+    span_transpose_whole,
+    transposition_of,
 )
 from daskstream.errors import MemoryBudgetError
 from daskstream.graph.layers import blockwise_like, layer_names, planned_with, source_read_by, span_reads
 from daskstream.graph.optimize import plan_graph
 from daskstream.planning.budget import format_size
 from daskstream.planning.computation import Spans
+
+#: The kinds of steps whose blocks are spans again where they take spans.
+_PASSING_SPANS = ("map", "narrow", "transpose")
 
 
 @dataclass
@@ -96,7 +104,7 @@ def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
         if name in found.reads or not taken or name not in graph.layers:
             continue
         kind = found.kinds[name] = _kind(graph, name, taken)
-        if kind in ("map", "narrow"):
+        if kind in _PASSING_SPANS:
             found.spans.add(name)
     found.results = layer_names(keys)
     found.taken_whole = found.results & found.spans
@@ -182,6 +190,11 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[
             continue
         if kind == "narrow":
             pieces[name] = _narrowed_piece(graph.layers[name], inputs[0])
+        elif kind == "transpose":
+            layer = graph.layers[name]
+            assert isinstance(layer, Blockwise)  # a "transpose" layer is one
+            order = transposition_of(layer.task, len(inputs[0]))
+            pieces[name] = tuple(inputs[0][axis] for axis in order or ())
         elif kind in ("map", "reduce", "arg"):
             ndim = len(_chunks(graph.layers[name]) or inputs[0])
             alike = [p for p in inputs if len(p) == ndim]
@@ -250,7 +263,7 @@ def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
             seen.add(name)
             takers += name in found.results
             for dependent in dependents.get(name, ()):
-                if found.kinds.get(dependent) in ("map", "narrow"):
+                if found.kinds.get(dependent) in _PASSING_SPANS:
                     waiting.append(dependent)
                 elif dependent not in seen:
                     seen.add(dependent)
@@ -298,6 +311,8 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     if layer.new_axes or layer.concatenate:
         return None
     out = layer.output_indices
+    if len(layer.indices) == 1 and transposition_of(layer.task, len(out)) is not None:
+        return "transpose"
     chunks = _chunks(layer)
     spanned = [(name, index) for name, index in layer.indices if isinstance(name, str) and name in taken]
     inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
@@ -389,9 +404,10 @@ def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], 
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, sums, means, extremes and where they lie, "
-            "moments, histograms, exact quantiles, describe and stores to Zarr stream a span chunk by chunk: compute a part of the array at a "
-            "time (x[...]), or reduce it first, or open it with a larger ",
+            f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, sums, means, extremes "
+            "and where they lie, moments, histograms, exact quantiles, describe and stores to Zarr stream a "
+            "span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open "
+            "it with a larger ",
             named("memory_budget"),
         )
     )
@@ -462,7 +478,10 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     )
     step = Step(layer.task, axes)
     refs = [TaskRef(blockwise_token(i)) for i in range(len(layer.indices))]
-    if kind == "map":
+    if kind == "transpose":
+        order = transposition_of(layer.task, len(out))
+        task = Task(layer.task.key, span_transpose_whole if whole else span_transpose, refs[0], order)
+    elif kind == "map":
         task = Task(layer.task.key, span_map_whole if whole else span_map, step, *refs)
     elif kind == "counts":
         task = Task(layer.task.key, span_counts, step, *refs)

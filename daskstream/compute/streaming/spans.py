@@ -10,7 +10,8 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   still to apply piece by piece;
 - a **slice** (``x[a:b, ...]``) gives a narrower span, and an index with
   integers or positive steps (``x[:, 3]``, ``x[::2]``) an :class:`Indexed`
-  one, each piece read then indexed;
+  one, each piece read then indexed; a **transpose** (``np.transpose``,
+  ``np.swapaxes``) a :class:`Transposed` one;
 - a **reduction's first step** (sums, products, means, extremes, moments:
   what var and std combine, any, all, and their nan- forms) reads the span
   one chunk at a time, applies the element-wise steps before it and its own
@@ -173,8 +174,37 @@ class Indexed:
         return f"<Indexed {self.shape}>"
 
 
+class Transposed:
+    """A span with its axes permuted (``np.transpose(inner, axes)``): each piece read, then transposed."""
+
+    __slots__ = ("axes", "inner", "shape")
+
+    def __init__(self, inner: Any, axes: Sequence[int]) -> None:
+        self.inner, self.axes = inner, tuple(axes)
+        self.shape = tuple(inner.shape[axis] for axis in self.axes)
+
+    def _inner_box(self, box: Box) -> Box:
+        region = [slice(0, 0)] * len(self.axes)
+        for cell, axis in zip(box, self.axes, strict=True):
+            region[axis] = cell
+        return tuple(region)
+
+    def cuts(self) -> tuple[tuple[int, ...], ...]:
+        inner = self.inner.cuts()
+        return tuple(inner[axis] for axis in self.axes)
+
+    def narrowed(self, box: Box) -> Transposed:
+        return Transposed(self.inner.narrowed(self._inner_box(box)), self.axes)
+
+    def value(self, box: Box, read: Reads) -> Any:
+        return np.transpose(_part(self.inner, None, self._inner_box(box), self.inner.shape, read), self.axes)
+
+    def __repr__(self) -> str:
+        return f"<Transposed {self.shape}>"
+
+
 def _is_span(value: Any) -> bool:
-    return isinstance(value, (SpanRead, Mapped, Indexed))
+    return isinstance(value, (SpanRead, Mapped, Indexed, Transposed))
 
 
 class Reads:
@@ -199,7 +229,7 @@ def _part(
     axis)."""
     if isinstance(value, SpanRead):
         return value.narrowed(box) if read is None else read(value, box)
-    if isinstance(value, (Mapped, Indexed)):
+    if isinstance(value, (Mapped, Indexed, Transposed)):
         return value.narrowed(box) if read is None else value.value(box, read)
     if axes is None or not hasattr(value, "shape") or len(getattr(value, "shape", ())) != len(axes):
         return value
@@ -265,6 +295,30 @@ def span_narrow(value: Any, index: tuple[Any, ...]) -> Any:
     if all(isinstance(item, slice) and item.step in (None, 1) for item in index):
         return value.narrowed(_unit_slices(index, value.shape))
     return Indexed.of(value, index)
+
+
+def span_transpose(value: Any, axes: tuple[int, ...]) -> Any:
+    """A transpose: of a span, the span with its axes permuted; of data, the data's transpose."""
+    return Transposed(value, axes) if _is_span(value) else np.transpose(value, axes)
+
+
+def span_transpose_whole(value: Any, axes: tuple[int, ...]) -> Any:
+    """:func:`span_transpose` whose block is taken whole by the step after."""
+    return whole(span_transpose(value, axes))
+
+
+def transposition_of(task: Task, ndim: int) -> tuple[int, ...] | None:
+    """The permutation of axes a blockwise step of one input gives (``np.transpose``, ``np.swapaxes``), or
+    ``None`` for any other step."""
+    if task.func is np.transpose:
+        axes = task.kwargs.get("axes")
+        return tuple(reversed(range(ndim))) if axes is None else tuple(int(a) % ndim for a in axes)
+    if task.func is np.swapaxes:
+        order = list(range(ndim))
+        first, second = int(task.kwargs["axis1"]) % ndim, int(task.kwargs["axis2"]) % ndim
+        order[first], order[second] = order[second], order[first]
+        return tuple(order)
+    return None
 
 
 def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
