@@ -29,7 +29,8 @@ from daskstream.compute.histograms import edges_of_data_range, known_bin_edges
 from daskstream.compute.moments import chunk_moments, merge_moments
 from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.quantiles import nanquantile
-from daskstream.compute.streaming.spans import fold_pieces, is_span, streams_spans
+from daskstream.compute.streaming.span_steps import streams_spans
+from daskstream.compute.streaming.spans import fold_pieces, is_span
 from daskstream.errors import UnsupportedDtypeError
 from daskstream.graph.layers import span_reads
 from daskstream.graph.rewrites import clone_array

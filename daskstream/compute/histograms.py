@@ -21,7 +21,7 @@ import numpy as np
 
 from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import combine_fan_in, per_chunk_rows, sum_rows
-from daskstream.compute.streaming.spans import counts_each_value
+from daskstream.compute.streaming.span_steps import counts_each_value
 from daskstream.errors import InvalidArgumentError, MemoryBudgetError, UnsupportedDtypeError
 from daskstream.planning.budget import format_size
 from daskstream.planning.settings import Resources

@@ -42,7 +42,7 @@ import numpy as np
 
 from daskstream.advice import keyword, named, said
 from daskstream.compute.partials import per_chunk_rows, sum_rows
-from daskstream.compute.streaming.spans import counts_each_value
+from daskstream.compute.streaming.span_steps import counts_each_value
 from daskstream.errors import InvalidArgumentError, UnsupportedDtypeError
 from daskstream.graph.layers import read_layers, record_route
 from daskstream.graph.pieces import PIECE_VALUES

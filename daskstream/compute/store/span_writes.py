@@ -25,7 +25,8 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute.streaming.span_graphs import checked_spans
-from daskstream.compute.streaming.spans import piece_of, streams_spans
+from daskstream.compute.streaming.span_steps import streams_spans
+from daskstream.compute.streaming.spans import piece_of
 
 if TYPE_CHECKING:
     from daskstream.compute.store.zarr_writes import ChunkWrites

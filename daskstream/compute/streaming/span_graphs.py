@@ -18,7 +18,7 @@ blocks that may be spans is one of:
     an arg-reduction's first step (dask's ``arg_chunk``), block for block;
 ``streams``
     a step reading the spans it takes part by part itself (a function
-    marked :func:`~daskstream.compute.streaming.spans.streams_spans`: a
+    marked :func:`~daskstream.compute.streaming.span_steps.streams_spans`: a
     store's writes), left as it is;
 anything else
     a step that takes them whole: the layer giving them then gives its blocks
@@ -46,14 +46,17 @@ from dask.typing import Key
 from dask.utils import key_split
 
 from daskstream.advice import named, said
-from daskstream.compute.streaming.spans import (
-    Combine,
-    Step,
+from daskstream.compute.streaming.span_steps import (
     combine_of,
     is_arg_chunk,
     is_counting_each_value,
     is_elementwise,
     is_streaming_spans,
+    transposition_of,
+)
+from daskstream.compute.streaming.spans import (
+    Combine,
+    Step,
     read_span_whole,
     span_arg,
     span_counts,
@@ -64,7 +67,6 @@ from daskstream.compute.streaming.spans import (
     span_reduce,
     span_transpose,
     span_transpose_whole,
-    transposition_of,
 )
 from daskstream.errors import MemoryBudgetError
 from daskstream.graph.layers import blockwise_like, layer_names, planned_with, source_read_by, span_reads
@@ -430,7 +432,7 @@ def _source_name(graph: HighLevelGraph, name: str) -> str:
 
 def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bool:
     """Whether ``layer`` counts each value of the spans it takes into one row per block (a function marked by
-    :func:`~daskstream.compute.streaming.spans.counts_each_value`, its row on one new last axis), the spans
+    :func:`~daskstream.compute.streaming.span_steps.counts_each_value`, its row on one new last axis), the spans
     indexed block for block and any other input taken whole."""
     out = layer.output_indices
     if not is_counting_each_value(layer.task.func) or layer.concatenate or list(layer.new_axes) != [out[-1]]:

@@ -21,13 +21,15 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
 - an **arg-reduction's first step** (argmin, argmax and their nan- forms)
   finds each piece's extreme and its index where the piece lies in the
   array, and keeps the first extreme as pieces come, as dask's combine does;
-- a **counting step** (a function marked :func:`counts_each_value`:
+- a **counting step** (a function marked
+  :func:`~daskstream.compute.streaming.span_steps.counts_each_value`:
   ``ds.reduce``'s histograms and the counting passes of its exact medians
   and quantiles) counts each chunk's values as it is read and sums the rows;
-- a **step reading spans itself** (a function marked :func:`streams_spans`:
-  a store's task writing its span chunk by chunk, ``describe``'s statistics)
-  is given the spans as they are, and reads one part at a time
-  (:func:`piece_of`, :func:`fold_pieces`).
+- a **step reading spans itself** (a function marked
+  :func:`~daskstream.compute.streaming.span_steps.streams_spans`: a store's
+  task writing its span chunk by chunk, ``describe``'s statistics) is given
+  the spans as they are, and reads one part at a time (:func:`piece_of`,
+  :func:`fold_pieces`).
 
 A span holds no data: every step that takes one reads its chunks itself, so
 a source whose spans two reductions take is read twice (the plan counts it).
@@ -35,8 +37,9 @@ a source whose spans two reductions take is read twice (the plan counts it).
 Any other step taking a span's blocks (a ``map_blocks``, a cumulative sum,
 the result of ``compute``) gets its blocks whole where they fit a task's share
 of the budget (a small slice), and is refused before anything is read where
-they do not, naming the step. The list is of what is known to stream: a step
-not on it is never applied piece by piece.
+they do not, naming the step. The lists of what is known to stream are
+:mod:`daskstream.compute.streaming.span_steps`: a step not on them is never
+applied piece by piece.
 """
 
 from __future__ import annotations
@@ -46,16 +49,15 @@ import itertools
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import dask.array.chunk as dask_chunk
 import dask.array.reductions as dask_reductions
 import numpy as np
 from dask._task_spec import Task
-from dask.array.core import _concatenate2, _enforce_dtype
+from dask.array.core import _concatenate2
 from dask.blockwise import blockwise_token
 
-from daskstream.compute import moments
+from daskstream.compute.streaming.span_steps import concatenated
 from daskstream.graph.reads import SpanRead, read_span
 from daskstream.runtime.stopping import raise_if_stopped
 
@@ -307,20 +309,6 @@ def span_transpose_whole(value: Any, axes: tuple[int, ...]) -> Any:
     return whole(span_transpose(value, axes))
 
 
-def transposition_of(task: Task, ndim: int) -> tuple[int, ...] | None:
-    """The permutation of axes a blockwise step of one input gives (``np.transpose``, ``np.swapaxes``), or
-    ``None`` for any other step."""
-    if task.func is np.transpose:
-        axes = task.kwargs.get("axes")
-        return tuple(reversed(range(ndim))) if axes is None else tuple(int(a) % ndim for a in axes)
-    if task.func is np.swapaxes:
-        order = list(range(ndim))
-        first, second = int(task.kwargs["axis1"]) % ndim, int(task.kwargs["axis2"]) % ndim
-        order[first], order[second] = order[second], order[first]
-        return tuple(order)
-    return None
-
-
 def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
     """:func:`span_narrow` whose block is taken whole by the step after."""
     return whole(span_narrow(value, index))
@@ -361,7 +349,7 @@ def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], o
         return chunk(whole(value), axis, offset_info)
     argfunc = chunk.args[1]  # functools.partial(arg_chunk, func, argfunc)
     combine = Combine(
-        _concatenated(functools.partial(dask_reductions.arg_combine, argfunc, axis=axis, keepdims=True), axis),
+        concatenated(functools.partial(dask_reductions.arg_combine, argfunc, axis=axis, keepdims=True), axis),
         axis,
         len(value.shape),
     )
@@ -418,7 +406,7 @@ def _folded(
 
 
 def span_counts(step: Step, *values: Any) -> Any:
-    """A counting step (:func:`counts_each_value`): over a span, the rows of its pieces, read one at a time,
+    """A counting step (:func:`~daskstream.compute.streaming.span_steps.counts_each_value`): over a span, the rows of its pieces, read one at a time,
     summed as they come."""
     spans = [v for v in values if _is_span(v)]
     if not spans or 0 in spans[0].shape:
@@ -452,127 +440,3 @@ def _joined(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
 
 def _field(nested: Any, field: str) -> Any:
     return [_field(item, field) for item in nested] if isinstance(nested, list) else nested[field]
-
-
-# What streams: the steps known to be element-wise, the reductions whose combine is known, and the functions
-# marked as counting each value on their own.
-
-#: The attribute :func:`counts_each_value` sets on a function.
-_COUNTS_EACH_VALUE = "_daskstream_counts_each_value"
-
-Counter = TypeVar("Counter", bound=Callable[..., Any])
-
-
-def counts_each_value(fn: Counter) -> Counter:
-    """Mark ``fn`` (``fn(block, ...)``: one row of counts per block, on a last axis of its own) as counting
-    each of a block's values on its own.
-
-    The row of a block is then the sum of the rows of any pieces it is cut
-    into, so a span streams through ``fn`` piece by piece
-    (:func:`span_counts`) instead of being held whole. Only a function that
-    counts values one by one may say so.
-    """
-    setattr(fn, _COUNTS_EACH_VALUE, True)
-    return fn
-
-
-def is_counting_each_value(fn: Any) -> bool:
-    """Whether ``fn`` was marked by :func:`counts_each_value`."""
-    return getattr(fn, _COUNTS_EACH_VALUE, False) is True
-
-
-#: The attribute :func:`streams_spans` sets on a function.
-_STREAMS_SPANS = "_daskstream_streams_spans"
-
-Streamer = TypeVar("Streamer", bound=Callable[..., Any])
-
-
-def streams_spans(fn: Streamer) -> Streamer:
-    """Mark ``fn`` as taking the blocks it is given as they come -- spans included -- and reading each only
-    part by part, with :func:`piece_of` (a store's task writing chunk by chunk does).
-
-    The steps before it then hand it spans, not data: a task of ``fn`` holds
-    what it makes of one part at a time, whatever the spans' size.
-    """
-    setattr(fn, _STREAMS_SPANS, True)
-    return fn
-
-
-def is_streaming_spans(fn: Any) -> bool:
-    """Whether ``fn`` was marked by :func:`streams_spans`."""
-    return getattr(fn, _STREAMS_SPANS, False) is True
-
-
-ELEMENTWISE: frozenset[Callable[..., Any]] = frozenset(
-    {
-        *(getattr(operator, name) for name in (
-            "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "invert",
-            "lt", "le", "gt", "ge", "eq", "ne", "and_", "or_", "xor",
-        )),
-        np.where,
-        dask_chunk.astype,
-    }
-)  # fmt: skip
-
-_SELF_COMBINING: frozenset[Callable[..., Any]] = frozenset(
-    {
-        np.sum, np.prod, np.min, np.max, np.any, np.all, np.nansum, np.nanprod, np.nanmin, np.nanmax,
-        dask_chunk.sum, dask_chunk.prod, dask_chunk.min, dask_chunk.max, dask_chunk.any, dask_chunk.all,
-        dask_chunk.nansum, dask_chunk.nanprod, dask_chunk.nanmin, dask_chunk.nanmax,
-        dask_reductions.chunk_min, dask_reductions.chunk_max,
-        dask_reductions._nanmin_skip, dask_reductions._nanmax_skip,
-    }
-)  # fmt: skip
-
-
-def is_arg_chunk(task: Any) -> bool:
-    """True for dask's first step of an arg-reduction (legacy ``(arg_chunk partial, block, axis, offset)``)."""
-    if not (isinstance(task, tuple) and len(task) == 4 and isinstance(task[0], functools.partial)):
-        return False
-    return task[0].func is dask_reductions.arg_chunk and len(task[0].args) == 2 and isinstance(task[2], tuple)
-
-
-def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
-    """True for a step known to give each element from the same element of its inputs (dask's dtype-enforcing
-    wrapper of one, whose ``kwargs`` name it, included)."""
-    if func is _enforce_dtype:
-        return is_elementwise((kwargs or {}).get("enforce_dtype_function"))
-    return isinstance(func, np.ufunc) or func in ELEMENTWISE
-
-
-def combine_of(task: Task) -> Callable[..., Any] | None:
-    """The combine of a reduction whose first step is ``task`` (a function of a list nested per reduced axis),
-    or ``None`` for one not known to stream."""
-    func: Any = task.func
-    keywords: dict[str, Any] = {}
-    if isinstance(func, functools.partial):
-        func, keywords = func.func, dict(func.keywords)
-    axis = task.kwargs.get("axis")
-    if not isinstance(axis, tuple) or task.kwargs.get("keepdims") is not True:
-        return None
-    if func in _SELF_COMBINING:
-        return _concatenated(functools.partial(func, **keywords, axis=axis, keepdims=True), axis)
-    # The first step's keywords its combine also takes (how it sums and counts, the moment's order).
-    if func is dask_reductions.mean_chunk:
-        return functools.partial(
-            dask_reductions.mean_combine, **_taken(keywords, "sum", "numel", "dtype"), axis=axis, keepdims=True
-        )
-    if func is moments._moments_chunk:
-        return functools.partial(moments._moments_combine, axis=axis, keepdims=True)
-    if func is dask_reductions.moment_chunk:
-        return functools.partial(
-            dask_reductions.moment_combine, **_taken(keywords, "order", "sum", "dtype"), axis=axis, keepdims=True
-        )
-    return None
-
-
-def _taken(keywords: dict[str, Any], *names: str) -> dict[str, Any]:
-    return {name: keywords[name] for name in names if name in keywords}
-
-
-def _concatenated(func: Callable[..., Any], axis: tuple[int, ...]) -> Callable[..., Any]:
-    return functools.partial(_concatenate_then, func, sorted(axis))
-
-
-def _concatenate_then(func: Callable[..., Any], axes: list[int], nested: list[Any]) -> Any:
-    return func(_concatenate2(nested, axes=axes))
