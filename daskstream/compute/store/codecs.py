@@ -45,7 +45,7 @@ from daskstream.advice import keyword, said
 from daskstream.compute.store.codec_candidates import Candidate, _candidates
 from daskstream.compute.store.codec_timing import distrust, timed
 from daskstream.compute.store.hdf5_encoder import Hdf5ChunkEncoder
-from daskstream.compute.store.record import chunk_counts, chunk_shape, reads_spans
+from daskstream.compute.store.record import chunk_counts, reads_spans, span_chunk_shape
 from daskstream.display import columns_table
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers, rechunk_records
@@ -288,7 +288,7 @@ def choose_codec(
         raise InvalidArgumentError(f"target_format={target_format!r}: give 'zarr' or 'hdf5'")
     threads = threads or resolve_resources().threads
     # The chunk the target will be written in: a block, or the piece a span streams in.
-    chunk = chunk_shape(x) if reads_spans(x) else tuple(max(sizes, default=1) for sizes in x.chunks)
+    chunk = span_chunk_shape(x) or tuple(max(sizes, default=1) for sizes in x.chunks)
     block_bytes = int(x.dtype.itemsize * math.prod(chunk))
     key = {
         "kind": "codec",
@@ -354,14 +354,15 @@ def _samples(x: da.Array, sample_bytes: int, piece: tuple[int, ...]) -> list[np.
     """Blocks of ``x`` spread evenly over its grid, ``sample_bytes`` of them (at least one, at most a
     sixteenth of the array), cut into pieces of at most the ``piece`` shape: the chunks to be encoded."""
     # A span's block is more than a task holds: its chunks are sampled instead, one region each.
-    grid = chunk_counts(x) if reads_spans(x) else x.numblocks
+    spanned = reads_spans(x)
+    grid = chunk_counts(x) if spanned else x.numblocks
     count = math.prod(grid)
     if count == 0 or x.size == 0:
         return [np.zeros(1, dtype=x.dtype)]
     block_bytes = max(1, x.nbytes // count)
     wanted = int(max(1, min(count // 16, sample_bytes // block_bytes)))
     picks = [np.unravel_index(i, grid) for i in sorted({int(i) for i in np.linspace(0, count - 1, wanted)})]
-    if reads_spans(x):
+    if spanned:
         regions = [tuple(slice(i * p, (i + 1) * p) for i, p in zip(cell, piece)) for cell in picks]
         blocks = dask.compute(*(x[region] for region in regions))
     else:

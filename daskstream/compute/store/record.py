@@ -47,14 +47,21 @@ def chunk_shape(x: da.Array) -> tuple[int, ...]:
     >>> chunk_shape(da.ones((10, 7), chunks=(4, 7)))
     (4, 7)
     """
-    piece = span_piece_of(x.dask, x.name)
+    piece = span_chunk_shape(x)
     if piece is not None:
-        # A span is the task, the piece its buffer: the target's chunk is the piece.
-        return tuple(max(1, min(p, n)) for p, n in zip(piece, x.shape))
+        return piece
     shape = regular_chunk_shape(x.chunks)
     if shape is None:
         raise InvalidChunksError(f"{x.name}: store writes arrays on a regular chunk grid; rechunk it first")
     return shape
+
+
+def span_chunk_shape(x: da.Array) -> tuple[int, ...] | None:
+    """The chunk the target of ``x`` is stored in where ``x``'s blocks are spans (many chunks per task,
+    streamed, each covering many target chunks): the piece they stream in; ``None`` for other arrays."""
+    piece = span_piece_of(x.dask, x.name)
+    # A span is the task, the piece its buffer: the target's chunk is the piece.
+    return None if piece is None else tuple(max(1, min(p, n)) for p, n in zip(piece, x.shape))
 
 
 def chunk_counts(x: da.Array) -> tuple[int, ...]:
@@ -64,14 +71,15 @@ def chunk_counts(x: da.Array) -> tuple[int, ...]:
     >>> chunk_counts(da.ones((10, 7), chunks=(4, 7)))
     (3, 1)
     """
-    if not reads_spans(x):
+    piece = span_chunk_shape(x)
+    if piece is None:
         return tuple(x.numblocks)
-    return tuple(max(1, -(-n // c)) for n, c in zip(x.shape, chunk_shape(x)))
+    return tuple(max(1, -(-n // c)) for n, c in zip(x.shape, piece))
 
 
 def reads_spans(x: da.Array) -> bool:
     """Whether ``x``'s blocks are spans (many chunks per task, streamed), each covering many target chunks."""
-    return span_piece_of(x.dask, x.name) is not None
+    return span_chunk_shape(x) is not None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dask.callbacks import Callback
 
 from daskstream.advice import said
 from daskstream.compute.store.chunk_writer import ChunkWriter, MetadataChangedError
-from daskstream.compute.store.record import block_name, chunk_counts, chunk_shape, reads_spans
+from daskstream.compute.store.record import block_name, chunk_counts, reads_spans, span_chunk_shape
 from daskstream.compute.store.span_writes import ChunksLeft, span_writes
 from daskstream.compute.store.target import OVERWRITE, ProgressCallback, first_line, write_error
 from daskstream.errors import DaskstreamError, InvalidArgumentError, TargetMismatchError
@@ -83,7 +83,7 @@ class PendingWrites:
         self.target = target
         self.x = x
         # Spans write chunks of the pieces they stream in; other arrays' blocks are the chunks.
-        self.chunks = chunk_shape(x) if reads_spans(x) else tuple(c[0] if c else 0 for c in x.chunks)
+        self.chunks = span_chunk_shape(x) or tuple(c[0] if c else 0 for c in x.chunks)
         # A store of spans finds its chunks left as it needs them (ChunksLeft): a pebibyte's are never listed.
         self.pending = pending if isinstance(pending, ChunksLeft) else list(pending)
         self.total = total
