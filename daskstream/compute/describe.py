@@ -22,14 +22,13 @@ import numpy as np
 from dask._task_spec import Task, TaskRef
 from dask.base import tokenize
 from dask.delayed import Delayed
-from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute.description import Description, LazyDescription
 from daskstream.compute.histograms import edges_of_data_range, known_bin_edges
 from daskstream.compute.moments import chunk_moments, merge_moments
 from daskstream.compute.partials import combine_fan_in
 from daskstream.compute.quantiles import nanquantile
-from daskstream.compute.streaming.span_steps import streams_spans
+from daskstream.compute.streaming.span_steps import streaming_tasks, streams_spans
 from daskstream.compute.streaming.spans import fold_pieces, is_span
 from daskstream.errors import UnsupportedDtypeError
 from daskstream.graph.layers import span_reads
@@ -237,12 +236,7 @@ def _span_partials(x: da.Array, axes: tuple[int, ...], of_chunk: Any, merging: A
         (name, *index): Task((name, *index), of_pieces, TaskRef((x.name, *index)), axes, of_chunk, merging, given)
         for index in np.ndindex(*x.numblocks)
     }
-    graph = HighLevelGraph.from_collections(name, MaterializedLayer(tasks), dependencies=collections)
-    array = da.Array(
-        graph, name, chunks=tuple((1,) * n for n in x.numblocks), meta=np.empty((0,) * x.ndim, dtype=object)
-    )
-    # Optimized as an array: the steps giving the spans stream into these tasks.
-    partials = array.to_delayed(optimize_graph=True)
+    partials = streaming_tasks(name, tasks, collections, x.numblocks).to_delayed(optimize_graph=True)
     return {index: partials[index] for index in np.ndindex(*x.numblocks)}
 
 

@@ -22,10 +22,9 @@ import dask.array as da
 import numpy as np
 from dask._task_spec import List, Task, TaskRef
 from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute.streaming.span_graphs import checked_spans
-from daskstream.compute.streaming.span_steps import streams_spans
+from daskstream.compute.streaming.span_steps import streaming_tasks, streams_spans
 from daskstream.compute.streaming.spans import piece_of
 
 if TYPE_CHECKING:
@@ -71,7 +70,7 @@ class TaskChunks:
 def span_writes(x: da.Array, writes: ChunkWrites, left: ChunksLeft) -> tuple[da.Array, list[TaskChunks]]:
     """The tasks writing the chunks ``left`` of ``x``'s target, and the chunks each writes.
 
-    The tasks make a one-axis array of one flag each, only the tasks with
+    The tasks make a one-axis array of one value each, only the tasks with
     chunks left to write: their keys are what to compute. They number about
     ``x``'s blocks, whatever the chunks.
     """
@@ -104,9 +103,7 @@ def span_writes(x: da.Array, writes: ChunkWrites, left: ChunksLeft) -> tuple[da.
             writes,
         )
         writing.append(covered)
-    graph = HighLevelGraph.from_collections(name, MaterializedLayer(tasks), dependencies=_collections(x))
-    flags = da.Array(graph, name, chunks=((1,) * len(tasks),), meta=np.empty((0,), dtype=bool))
-    return flags, writing
+    return streaming_tasks(name, tasks, [x], (len(tasks),)), writing
 
 
 def refuse_unstreamed(x: da.Array) -> None:
@@ -117,8 +114,7 @@ def refuse_unstreamed(x: da.Array) -> None:
     origin = (0,) * x.ndim
     # Never run: what its graph makes of the steps before it is the check.
     task = Task(key, write_span_chunks, List(TaskRef(first)), [origin], x.shape, x.dtype, TaskChunks(()), None)
-    graph = HighLevelGraph.from_collections(key[0], MaterializedLayer({key: task}), dependencies=_collections(x))
-    checked_spans(graph, [key])
+    checked_spans(streaming_tasks(key[0], {key: task}, [x], (1,)).dask, [key])
 
 
 def _task_of(edges: list[np.ndarray], index: Index) -> Index:
@@ -177,8 +173,3 @@ def write_span_chunks(
 def _within(region: tuple[slice, ...], origin: Index, shape: tuple[int, ...]) -> tuple[slice, ...]:
     """The part of ``region`` inside a block of ``shape`` beginning at ``origin``, relative to the block."""
     return tuple(slice(max(r.start, o) - o, min(r.stop, o + n) - o) for r, o, n in zip(region, origin, shape))
-
-
-def _collections(x: da.Array) -> list[Any]:
-    # dask's annotations type a collection by a protocol its own Array does not match in every release.
-    return [x]

@@ -4,7 +4,9 @@ is known, and the functions marked as counting each value or reading spans thems
 The lists are of what is known: :func:`daskstream.compute.streaming.span_graphs.span_graphs`
 applies a step piece by piece only where it is on them, and a function
 earns a mark only where what it does of a block is what it does of the
-block's pieces put together.
+block's pieces put together. :func:`streaming_tasks` makes a layer of
+marked steps an array, to be optimized so that the spans they take stream
+into them (a store's writes, ``describe``'s statistics).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import dask.array as da
 import dask.array.chunk as dask_chunk
 import dask.array.reductions as dask_reductions
 import numpy as np
 from dask._task_spec import Task
 from dask.array.core import _concatenate2, _enforce_dtype
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute import moments
 
@@ -61,6 +65,15 @@ def streams_spans(fn: Streamer) -> Streamer:
     """
     setattr(fn, _STREAMS_SPANS, True)
     return fn
+
+
+def streaming_tasks(name: str, tasks: Mapping[Any, Task], collections: list[Any], grid: tuple[int, ...]) -> da.Array:
+    """``tasks`` (a layer named ``name`` of steps marked
+    :func:`streams_spans`, keyed ``(name, *index)`` over ``grid``,
+    taking blocks of ``collections``) as an array of one value per task: optimized as one (``to_delayed``,
+    ``compute``), the spans they take stream into them."""
+    graph = HighLevelGraph.from_collections(name, MaterializedLayer(dict(tasks)), dependencies=collections)
+    return da.Array(graph, name, chunks=tuple((1,) * n for n in grid), meta=np.empty((0,) * len(grid), dtype=object))
 
 
 def is_streaming_spans(fn: Any) -> bool:

@@ -92,7 +92,7 @@ class Mapped:
         self.step, self.inputs, self.shape = step, tuple(inputs), shape
 
     def cuts(self) -> tuple[tuple[int, ...], ...]:
-        return _cuts([v for v in self.inputs if _is_span(v)])
+        return _cuts([v for v in self.inputs if is_span(v)])
 
     def value(self, box: Box, read: Reads) -> Any:
         return self.step(self.step.parts(self.inputs, box, self.shape, read))
@@ -205,7 +205,8 @@ class Transposed:
         return f"<Transposed {self.shape}>"
 
 
-def _is_span(value: Any) -> bool:
+def is_span(value: Any) -> bool:
+    """Whether ``value`` is a span (a region not read yet, or a step still to apply to one), not data."""
     return isinstance(value, (SpanRead, Mapped, Indexed, Transposed))
 
 
@@ -260,7 +261,7 @@ def _boxes(cuts: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...],
 
 def whole(value: Any) -> Any:
     """A span's data at once (a block that fits the task's share), anything else as it is."""
-    if not _is_span(value):
+    if not is_span(value):
         return value
     return _part(value, None, tuple(slice(0, n) for n in value.shape), value.shape, Reads())
 
@@ -268,7 +269,7 @@ def whole(value: Any) -> Any:
 def piece_of(value: Any, box: Box) -> Any:
     """The data of ``value`` in ``box`` (unit-step slices relative to it): of a span, that part alone read and
     computed; of data, its slice."""
-    if not _is_span(value):
+    if not is_span(value):
         return value[box]
     return _part(value, None, box, value.shape, Reads())
 
@@ -280,7 +281,7 @@ def read_span_whole(source: Any, region: Box, *, piece: tuple[int, ...]) -> Any:
 
 def span_map(step: Step, *values: Any) -> Any:
     """An element-wise step: its result where no input is a span, else the step to apply piece by piece."""
-    spans = [v for v in values if _is_span(v)]
+    spans = [v for v in values if is_span(v)]
     return step(values) if not spans else Mapped(step, values, spans[0].shape)
 
 
@@ -292,7 +293,7 @@ def span_map_whole(step: Step, *values: Any) -> Any:
 def span_narrow(value: Any, index: tuple[Any, ...]) -> Any:
     """A slice: of a span, a narrower span (or, with integers or steps, an indexed one); of data, the data's
     slice."""
-    if not _is_span(value):
+    if not is_span(value):
         return value[index]
     if all(isinstance(item, slice) and item.step in (None, 1) for item in index):
         return value.narrowed(_unit_slices(index, value.shape))
@@ -301,7 +302,7 @@ def span_narrow(value: Any, index: tuple[Any, ...]) -> Any:
 
 def span_transpose(value: Any, axes: tuple[int, ...]) -> Any:
     """A transpose: of a span, the span with its axes permuted; of data, the data's transpose."""
-    return Transposed(value, axes) if _is_span(value) else np.transpose(value, axes)
+    return Transposed(value, axes) if is_span(value) else np.transpose(value, axes)
 
 
 def span_transpose_whole(value: Any, axes: tuple[int, ...]) -> Any:
@@ -335,7 +336,7 @@ class Combine:
 
 def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     """A reduction's first step: over a span, read piece by piece, each piece's partial combined as it comes."""
-    spans = [v for v in values if _is_span(v)]
+    spans = [v for v in values if is_span(v)]
     if not spans or 0 in spans[0].shape:  # an empty slice: nothing to read, its partial as numpy gives it
         return step([whole(v) for v in values])
     shape = spans[0].shape
@@ -345,7 +346,7 @@ def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
 def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], offset_info: Any) -> Any:
     """An arg-reduction's first step (dask's ``arg_chunk``: argmin, argmax and their nan- forms): over a span,
     each piece's values and indices found where the piece lies in the array, combined as they come."""
-    if not _is_span(value) or 0 in value.shape:
+    if not is_span(value) or 0 in value.shape:
         return chunk(whole(value), axis, offset_info)
     argfunc = chunk.args[1]  # functools.partial(arg_chunk, func, argfunc)
     combine = Combine(
@@ -362,7 +363,7 @@ def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], o
             at = (tuple(o + b.start for o, b in zip(offset, box)), total_shape)
         else:
             at = offset_info + box[axis[0]].start
-        return chunk(_part(value, None, box, value.shape, Reads()), axis, at)
+        return chunk(piece_of(value, box), axis, at)
 
     return _folded([value], axis, combine, partial_of)
 
@@ -374,12 +375,7 @@ def fold_pieces(
     come along the ``reduced`` axes (``merge`` of a list of them, keeping those axes as length 1) and joined
     along the others (dicts of partials field by field): what ``of_piece`` of the whole block would give
     where ``merge`` is its own combine."""
-    return _folded([value], reduced, merge, lambda box: of_piece(_part(value, None, box, value.shape, Reads())))
-
-
-def is_span(value: Any) -> bool:
-    """Whether ``value`` is a span (a region not read yet, or a step still to apply to one), not data."""
-    return _is_span(value)
+    return _folded([value], reduced, merge, lambda box: of_piece(piece_of(value, box)))
 
 
 def _folded(
@@ -406,9 +402,9 @@ def _folded(
 
 
 def span_counts(step: Step, *values: Any) -> Any:
-    """A counting step (:func:`~daskstream.compute.streaming.span_steps.counts_each_value`): over a span, the rows of its pieces, read one at a time,
-    summed as they come."""
-    spans = [v for v in values if _is_span(v)]
+    """A counting step (:func:`~daskstream.compute.streaming.span_steps.counts_each_value`): over a span, the
+    rows of its pieces, read one at a time, summed as they come."""
+    spans = [v for v in values if is_span(v)]
     if not spans or 0 in spans[0].shape:
         return step([whole(v) for v in values])
     shape = spans[0].shape
