@@ -121,6 +121,13 @@ try:
         y = ds.reduce(x, "histogram", bins=100, range=(-1, 1))[0]
     elif expression == "store":
         y = x + 1
+    elif expression == "moving mean":  # a kernel with a halo, reduced: a moving mean of 5 along the first axis
+        from scipy import ndimage
+        if contender == "daskstream":
+            y = ds.kernels.moving_mean(x, 5, axis=0).mean()
+        else:  # as a user of dask writes it: map_overlap with scipy's filter, mirrored at the edges
+            y = da.map_overlap(ndimage.uniform_filter1d, x, depth={0: 2}, boundary="reflect", size=5, axis=0,
+                               mode="reflect", dtype=x.dtype).mean()
     else:
         y = x.mean() if expression == "mean" else (x - x.mean(axis=0)).std()
     built = time.perf_counter()
@@ -671,8 +678,9 @@ def main() -> None:
     parser.add_argument(
         "--expressions",
         default=",".join(EXPRESSIONS),
-        help=f"of the virtual section, from {', '.join((*EXPRESSIONS, *DASKSTREAM_ONLY, 'store'))} (median and "
-        "histogram daskstream's; store: x + 1 stored to Zarr, ds.store against da.to_zarr)",
+        help=f"of the virtual section, from {', '.join((*EXPRESSIONS, *DASKSTREAM_ONLY, 'store', 'moving mean'))} "
+        "(median and histogram daskstream's; store: x + 1 stored to Zarr, ds.store against da.to_zarr; moving mean: "
+        "the mean of a moving mean of 5 along the first axis, ds.kernels.moving_mean against dask's map_overlap)",
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="of the virtual and cluster sections")
     parser.add_argument(

@@ -15,6 +15,7 @@ array([ 0,  2,  4,  6,  8, 10])
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,11 +29,14 @@ from dask.utils import funcname, has_keyword
 
 from daskstream.advice import keyword, said
 from daskstream.compute.labels import is_labelled, relabelled, unlabelled
+from daskstream.compute.streaming.span_graphs import span_piece_of
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
-from daskstream.planning.chunks import fit_halo_chunks, plan_chunks
+from daskstream.planning.chunks import fit_halo_chunks, plan_chunks, span_of_blocks
 from daskstream.planning.grid import normalize_axes, regular_chunk_shape, regular_grid
+from daskstream.planning.plan import per_task_cap
 from daskstream.planning.settings import PlanSettings
+from daskstream.planning.spans import span_chunks
 from daskstream.runtime.resources import settings_for
 
 if TYPE_CHECKING:
@@ -249,9 +253,11 @@ def _map_regions(
     sources = {s.token: s for r in regions for s in r.sources}.values()
     widest = max([kernel.dtype.itemsize, *(a.dtype.itemsize for a in inputs)])
     unit = next((s.storage_chunks for s in sources if s.storage_chunks is not None), None)
+    # Over an array read in spans, the blocks start from the chunk its spans stream in, not the spans.
+    spanned = span_piece_of(first.__dask_graph__(), first.name)
     chunks = fit_halo_chunks(
         first.shape,
-        tuple(max(c) if c else 0 for c in first.chunks),
+        spanned or tuple(max(c) if c else 0 for c in first.chunks),
         halo,
         widest,
         per_task_bytes=resources.per_task_bytes,
@@ -261,10 +267,35 @@ def _map_regions(
         what=f"kernel {funcname(kernel.fn)!r}",
     )
     grid = (
-        first.chunks if chunks == tuple(max(c) if c else 0 for c in first.chunks) else regular_grid(first.shape, chunks)
+        first.chunks
+        if spanned is None and chunks == tuple(max(c) if c else 0 for c in first.chunks)
+        else regular_grid(first.shape, chunks)
     )
     reader = KernelRegions(kernel, tuple(regions), depths, fill, kernel.dtype, grid)
-    return region_array(Readable(reader, constants), grid, resources)
+    cap = per_task_cap(resources.memory_budget, resources.threads, settings.working_set_factor_for(kernel.dtype))
+    spans = _kernel_spans(first, grid, settings, spanned=spanned is not None)
+    return region_array(Readable(reader, constants), grid, resources, spans=spans, cap=cap)
+
+
+def _kernel_spans(first: da.Array, grid: tuple[tuple[int, ...], ...], settings: PlanSettings, *, spanned: bool) -> Any:
+    """The chunks of a kernel's tasks where each computes a span of its blocks (``grid``), else ``None``.
+
+    Over an array read in spans, the kernel keeps its spans, so that it lines
+    up with other steps over that array (``x - moving_mean(x, 5)``); over
+    others, its blocks get spans of their own where they outnumber what a
+    graph may hold (a kernel over a pebibyte). The steps after it then
+    compute each span block by block: the reductions, stores and
+    element-wise steps that stream spans.
+    """
+    if any(len(lengths) > 1 and len(set(lengths[:-1])) > 1 for lengths in grid):
+        return None  # the user's own uneven chunks: blocks a span cannot step through
+    if spanned and math.prod(first.numblocks) < math.prod(map(len, grid)):
+        return first.chunks
+    resources = settings.resources
+    piece = tuple(max(lengths, default=0) for lengths in grid)
+    itemsize = max(first.dtype.itemsize, 1)
+    span = span_of_blocks(first.shape, piece, itemsize, settings.scheduler, resources.threads * resources.workers)
+    return None if span is None else span_chunks(grid, span)
 
 
 @dataclass(frozen=True)

@@ -12,33 +12,15 @@ task: it reads its own region, halo included, from the sources (a
 region (a :class:`KernelRegions`), then runs the kernel and trims the halo.
 Chained stencils become one task per block reading the sum of their halos.
 
-Beyond the array's edges the halo follows dask's boundary modes, applied to
-whatever the region is read from:
-
-==============  ==============================================  ==========================
-boundary        cell ``-k`` (before the first) reads             numpy's ``pad`` mode
-==============  ==============================================  ==========================
-``reflect``     cell ``k - 1``                                   ``symmetric``
-``nearest``     cell ``0``                                       ``edge``
-``periodic``    cell ``n - k``                                   ``wrap``
-a number        that number                                      ``constant``
-``none``        nothing: no halo at the array's edges
-==============  ==============================================  ==========================
-
->>> import numpy as np
->>> cells = ArrayRegions(np.arange(5.0))
->>> haloed(cells, (slice(0, 2),), (2,), "reflect")
-array([1., 0., 0., 1., 2., 3.])
->>> haloed(cells, (slice(3, 5),), (1,), "periodic")
-array([2., 3., 4., 0.])
+Beyond the array's edges the halo follows dask's boundary modes
+(:mod:`daskstream.graph.halos`).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -47,7 +29,16 @@ from dask.base import tokenize
 from dask.blockwise import Blockwise, blockwise_token
 from dask.utils import funcname, key_split
 
-from daskstream.graph.layers import REGIONS_ANNOTATION, layer_array, read_layers, record_plan, whole_input
+from daskstream.graph.halos import halo_widths, haloed
+from daskstream.graph.layers import (
+    REGIONS_ANNOTATION,
+    SPAN_ANNOTATION,
+    layer_array,
+    read_layers,
+    record_plan,
+    whole_input,
+)
+from daskstream.graph.reads import SpanRead
 from daskstream.planning.grid import block_slices
 from daskstream.planning.settings import Resources
 from daskstream.sources.base import Region, Source
@@ -90,6 +81,15 @@ class Regions:
     def bind(self, values: dict[str, np.ndarray]) -> Regions:
         """These regions with the values of their constants (by name), as a task computes them."""
         return self
+
+    def __getitem__(self, box: Region) -> np.ndarray:
+        # What a span read asks of what it reads (daskstream.graph.reads.SpanRead): a region, as a source gives it.
+        return self.read(box)
+
+    @property
+    def name(self) -> str:
+        """What an error names: the sources, or the regions' label where they read none."""
+        return ", ".join(source.name for source in self.sources) or self.label
 
     def __dask_tokenize__(self) -> Any:
         raise NotImplementedError
@@ -312,97 +312,6 @@ class ExpressionRegions(Regions):
         return ("daskstream-expression-regions", tokenize(self.task), parts, self.shape, str(self.dtype))
 
 
-def halo_widths(
-    box: Region, shape: tuple[int, ...], depth: Sequence[int], boundary: Any
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Cells of halo before and after ``box`` along each axis (none beyond the edges for ``"none"``).
-
-    >>> halo_widths((slice(0, 4),), (10,), (2,), "none"), halo_widths((slice(0, 4),), (10,), (2,), "reflect")
-    (((0,), (2,)), ((2,), (2,)))
-    """
-    if boundary != "none":
-        return tuple(depth), tuple(depth)
-    before = tuple(min(d, s.start) for d, s in zip(depth, box))
-    after = tuple(min(d, n - s.stop) for d, s, n in zip(depth, box, shape))
-    return before, after
-
-
-def source_indices(start: int, stop: int, n: int, boundary: Any) -> np.ndarray:
-    """The cell of the array each position in ``[start, stop)`` reads; -1 where a constant halo goes.
-
-    >>> source_indices(-2, 3, 5, "reflect").tolist(), source_indices(3, 7, 5, "nearest").tolist()
-    ([1, 0, 0, 1, 2], [3, 4, 4, 4])
-    >>> source_indices(-1, 2, 5, "periodic").tolist(), source_indices(-1, 1, 5, 0).tolist()
-    ([4, 0, 1], [-1, 0])
-    """
-    positions = np.arange(start, stop)
-    inside = (positions >= 0) & (positions < n)
-    if boundary == "reflect":
-        # Mirror with the edge cell repeated, folding as often as the halo needs.
-        period = 2 * n
-        folded = np.mod(positions, period)
-        return np.where(folded < n, folded, period - 1 - folded)
-    if boundary == "nearest":
-        return np.clip(positions, 0, n - 1)
-    if boundary == "periodic":
-        return np.mod(positions, n)
-    return np.where(inside, positions, -1)
-
-
-def _runs(indices: np.ndarray) -> list[tuple[int, int]]:
-    """The fewest ``[start, stop)`` ranges of consecutive cells covering the non-negative ``indices``."""
-    cells = np.unique(indices[indices >= 0])
-    if cells.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(cells) > 1)
-    starts = np.concatenate(([cells[0]], cells[breaks + 1]))
-    stops = np.concatenate((cells[breaks], [cells[-1]])) + 1
-    return [(int(a), int(b)) for a, b in zip(starts, stops)]
-
-
-# numpy's pad mode for the boundaries whose halo is made from the block's own edge cells.
-_PAD_MODES: dict[str, Literal["symmetric", "edge"]] = {"reflect": "symmetric", "nearest": "edge"}
-
-
-def haloed(regions: Regions, box: Region, depth: Sequence[int], boundary: Any) -> np.ndarray:
-    """``box`` of ``regions`` with ``depth`` cells of halo on each side, edges filled per ``boundary``.
-
-    The cells inside the array are one read of the widened box; beyond its
-    edges the halo is padded from that read (``reflect``, ``nearest``, a
-    constant), or read from the other end (``periodic``).
-    """
-    before, after = halo_widths(box, regions.shape, depth, boundary)
-    inside = tuple(
-        slice(max(0, s.start - b), min(n, s.stop + a)) for s, b, a, n in zip(box, before, after, regions.shape)
-    )
-    pads = [(max(0, b - s.start), max(0, s.stop + a - n)) for s, b, a, n in zip(box, before, after, regions.shape)]
-    if not any(p for pair in pads for p in pair):
-        return regions.read(inside)
-    lengths = [w.stop - w.start for w in inside]
-    if boundary in _PAD_MODES and all(max(p) <= n for p, n in zip(pads, lengths)):
-        return np.pad(regions.read(inside), pads, mode=_PAD_MODES[boundary])
-    if boundary not in _PAD_MODES and boundary != "periodic":
-        return np.pad(regions.read(inside), pads, mode="constant", constant_values=boundary)
-    return _gathered(regions, box, before, after, boundary)
-
-
-def _gathered(regions: Regions, box: Region, before: Sequence[int], after: Sequence[int], boundary: Any) -> np.ndarray:
-    """The haloed box assembled cell range by cell range (wrapped halos, or halos deeper than the array)."""
-    per_axis = [
-        source_indices(s.start - b, s.stop + a, n, boundary) for s, b, a, n in zip(box, before, after, regions.shape)
-    ]
-    out = np.empty(tuple(len(idx) for idx in per_axis), dtype=regions.dtype)
-    for pieces in itertools.product(*(_runs(idx) for idx in per_axis)):
-        part = regions.read(tuple(slice(a, b) for a, b in pieces))
-        where, offsets = [], []
-        for idx, (a, b) in zip(per_axis, pieces):
-            taken = np.flatnonzero((idx >= a) & (idx < b))
-            where.append(taken)
-            offsets.append(idx[taken] - a)
-        out[np.ix_(*where)] = part[np.ix_(*offsets)]
-    return out
-
-
 def block_info_for(
     box: Region, haloed_shape: tuple[int, ...], grid: tuple[tuple[int, ...], ...], before: Sequence[int], dtype: Any
 ) -> dict:
@@ -441,6 +350,25 @@ class RegionBlocks:
         return ("daskstream-region-blocks", self.regions, self.grid)
 
 
+class RegionSpans:
+    """The function of a region array's tasks where they stream spans: ``(block_id, *constants) -> SpanRead``.
+
+    Each task's block is a span of many blocks of ``piece`` (what one task
+    may compute at once), not data: the steps after it compute it piece by
+    piece (:mod:`daskstream.compute.streaming.spans`).
+    """
+
+    def __init__(self, regions: Regions, spans: tuple[tuple[int, ...], ...], piece: tuple[int, ...]) -> None:
+        self.regions, self.spans, self.piece = regions, spans, piece
+
+    def __call__(self, block_id: tuple[int, ...], *values: np.ndarray) -> SpanRead:
+        regions = self.regions.bind(dict(zip(self.regions.constants, values))) if values else self.regions
+        return SpanRead(regions, block_slices(self.spans, block_id), self.piece)
+
+    def __dask_tokenize__(self) -> Any:
+        return ("daskstream-region-spans", self.regions, self.spans, self.piece)
+
+
 # The annotation that marks a layer as a region array, holding its Regions.
 
 
@@ -452,9 +380,22 @@ class Readable:
     constants: dict[str, Any] = field(default_factory=dict)
 
 
-def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], resources: Resources) -> Any:
+def region_array(
+    readable: Readable,
+    grid: tuple[tuple[int, ...], ...],
+    resources: Resources,
+    *,
+    spans: tuple[tuple[int, ...], ...] | None = None,
+    cap: int = 0,
+) -> Any:
     """A dask array whose blocks (on ``grid``) are each read from ``readable`` in one task, planned for
     ``resources``.
+
+    With ``spans`` (the chunks of the tasks, each a span of many blocks of
+    ``grid``, which is regular), each task gives its span instead, for the
+    steps after it to compute block by block, as they stream a source's spans
+    (:func:`~daskstream.graph.reads.span_array`); a step taking such a span
+    whole may hold ``cap`` bytes.
 
     The constants enter every task whole, as one graph input each (computed once, before).
     """
@@ -463,11 +404,13 @@ def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], resource
     wholes = []
     for name in regions.constants:
         wholes.extend([whole_input(readable.constants[name]), None])
-    name = f"daskstream-regions-{tokenize(regions, grid, *regions.constants)}"
+    name = f"daskstream-regions-{tokenize(regions, grid, spans, *regions.constants)}"
+    piece = tuple(max(lengths, default=0) for lengths in grid)
+    tasks = grid if spans is None else spans
     array = da.blockwise(
-        RegionBlocks(regions, grid),
+        RegionBlocks(regions, grid) if spans is None else RegionSpans(regions, tasks, piece),
         out_ind,
-        ArrayBlockIdDep(grid),
+        ArrayBlockIdDep(tasks),
         out_ind,
         *wholes,
         dtype=regions.dtype,
@@ -477,6 +420,8 @@ def region_array(readable: Readable, grid: tuple[tuple[int, ...], ...], resource
         align_arrays=False,
     )
     array.dask.layers[name].collection_annotations[REGIONS_ANNOTATION] = regions
+    if spans is not None:
+        array.dask.layers[name].collection_annotations[SPAN_ANNOTATION] = {"piece": piece, "cap": cap}
     record_plan(array.dask.layers[name], resources)
     return array
 
@@ -566,12 +511,10 @@ __all__ = [
     "KernelRegions",
     "Readable",
     "RegionBlocks",
+    "RegionSpans",
     "Regions",
     "SourceRegions",
     "block_info_for",
-    "halo_widths",
-    "haloed",
     "region_array",
     "regions_of",
-    "source_indices",
 ]

@@ -288,6 +288,25 @@ def _span(
     return plan_span(counts, math.prod(chunks) * itemsize, max_blocks=ceiling, floor_bytes=floor, threads=threads)
 
 
+def span_of_blocks(
+    shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, scheduler: SchedulerCost, threads: int
+) -> tuple[int, ...] | None:
+    """Blocks of ``chunks`` per task along each axis, where blocks of a size fixed otherwise (a kernel's, each
+    what a task may compute at once with its halo) outnumber what a graph may hold and ``scheduler`` plans
+    spans; else ``None`` (see :mod:`daskstream.planning.spans`).
+
+    >>> cost = SchedulerCost(max_tasks=400, spans=True)
+    >>> span_of_blocks((1_000_000, 100), (1000, 100), 8, cost, threads=2)
+    (10, 1)
+    >>> span_of_blocks((1_000_000, 100), (1000, 100), 8, SchedulerCost(max_tasks=400), threads=2) is None
+    True
+    """
+    ceiling = scheduler.max_blocks
+    if ceiling is None or not scheduler.spans:
+        return None
+    return _span(shape, chunks, itemsize, scheduler, ceiling, threads)
+
+
 # How many times the planned chunk's cells a block with a halo may hold (within the task's memory share):
 # larger blocks read their halos fewer times.
 HALO_BLOCK_GROWTH = 4

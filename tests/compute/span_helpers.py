@@ -14,15 +14,15 @@ BUDGET = "16MiB"  # chunks of about 1.1 MiB: large enough to stream (span_chunk_
 
 
 class Reads:
-    """Every read a source class makes while installed: its region, its bytes, and how many run at once at
-    most."""
+    """Every read a source class makes while installed (through ``method``: ``read`` for a kernel's, which
+    reads its regions itself): its region, its bytes, and how many run at once at most."""
 
-    def __init__(self, monkeypatch, source_class):
+    def __init__(self, monkeypatch, source_class, method="__getitem__"):
         self.sizes: list[int] = []
         self.regions: list[tuple[tuple[int, int], ...]] = []
         self.running = self.most_at_once = 0
         lock = threading.Lock()
-        read = source_class.__getitem__
+        read = getattr(source_class, method)
 
         def counted(source, index):
             with lock:
@@ -38,7 +38,7 @@ class Reads:
                 self.regions.append(tuple((s.start, s.stop) for s in index))
             return block
 
-        monkeypatch.setattr(source_class, "__getitem__", counted)
+        monkeypatch.setattr(source_class, method, counted)
 
 
 def write_field(folder):

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import daskstream as ds
 from daskstream.errors import MemoryBudgetError
-from daskstream.graph.regions import ArrayRegions, haloed, source_indices
+from daskstream.graph.halos import haloed, source_indices
+from daskstream.graph.regions import ArrayRegions
 from daskstream.runtime.metering import ReadMeter
 
 NUMPY_PAD_MODE = {"reflect": "symmetric", "nearest": "edge", "periodic": "wrap"}

@@ -43,9 +43,8 @@ from dask.blockwise import Blockwise, blockwise_token
 from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
-from dask.utils import key_split
 
-from daskstream.advice import named, said
+from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_steps import (
     combine_of,
     is_arg_chunk,
@@ -57,7 +56,7 @@ from daskstream.compute.streaming.span_steps import (
 from daskstream.compute.streaming.spans import (
     Combine,
     Step,
-    read_span_whole,
+    read_whole,
     span_arg,
     span_counts,
     span_map,
@@ -68,10 +67,13 @@ from daskstream.compute.streaming.spans import (
     span_transpose,
     span_transpose_whole,
 )
-from daskstream.errors import MemoryBudgetError
-from daskstream.graph.layers import blockwise_like, layer_names, planned_with, source_read_by, span_reads
+from daskstream.graph.layers import (
+    blockwise_like,
+    layer_names,
+    planned_with,
+    span_reads,
+)
 from daskstream.graph.optimize import plan_graph
-from daskstream.planning.budget import format_size
 from daskstream.planning.computation import Spans
 
 #: The kinds of steps whose blocks are spans again where they take spans.
@@ -156,18 +158,18 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     cap = min(int(planned["cap"]) for planned in found.reads.values())
     for name in found.taken_whole:
         takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
-        _check_whole(graph, name, cap, takers, read=name in found.reads)
+        check_whole(graph, name, cap, takers, read=name in found.reads)
     layers = dict(graph.layers)
     for name, kind in found.kinds.items():
         if kind not in (None, "streams"):  # a step streaming spans itself takes them as they come
             layers[name] = _rewritten(graph, name, kind, whole=name in found.taken_whole)
     for name in found.taken_whole & set(found.reads):
         # A read whose blocks a step takes whole (they fit a task's share): read at once. A span read is a
-        # blockwise read of its source (daskstream.graph.reads.span_array).
+        # blockwise read of its source or a kernel's regions (daskstream.graph.reads.span_array, region_array).
         read = graph.layers[name]
         if isinstance(read, Blockwise):
             task = read.task
-            layers[name] = blockwise_like(read, task=Task(task.key, read_span_whole, *task.args, **task.kwargs))
+            layers[name] = blockwise_like(read, task=Task(task.key, read_whole, task.func, *task.args, **task.kwargs))
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
 
 
@@ -270,7 +272,7 @@ def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
                 elif dependent not in seen:
                     seen.add(dependent)
                     takers += 1
-        source = _source_name(graph, read)
+        source = source_name(graph, read)
         counts[source] = counts.get(source, 0) + takers
     return counts
 
@@ -364,70 +366,6 @@ def _narrowing(item: Any) -> bool:
 
 #: The functions dask's slicing puts in a task taking part of a block.
 _GETITEMS = (dask_chunk.getitem, operator.getitem)
-
-
-#: dask's names of steps (the prefixes of their keys) that differ from what a user called.
-_STEP_NAMES = {
-    "arg-reduce": "argmin or argmax",
-    "getitem": "indexing with a new axis, a reversed step or an array",
-    "nanarg-reduce": "nanargmin or nanargmax",
-    "histogram-sum": "histogram",
-    "lambda": "a function of map_blocks",
-    "rechunk-merge": "a rechunk",
-    "rechunk-split": "a rechunk",
-    "top_digit_counts": "an exact quantile's counting pass",
-    "next_digit_counts": "an exact quantile's counting pass",
-}
-
-
-def _step_name(layer_name: str) -> str:
-    name = key_split(layer_name)
-    if name.startswith("finalize"):
-        return "the result"  # dask's layer gathering what compute returns
-    return _STEP_NAMES.get(name, name)
-
-
-def _check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *, read: bool) -> None:
-    """Refuse blocks of layer ``name`` (a source's ``read``, or a step after one) larger than ``cap`` where a
-    step takes them whole, naming the step as the user called it and the source by its path."""
-    layer = graph.layers[name]
-    annotations = layer.collection_annotations or {}
-    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
-    itemsize = getattr(dtype, "itemsize", 8)
-    largest = itemsize
-    for lengths in chunks or ():
-        largest *= max(lengths, default=0)
-    if chunks is not None and largest <= cap:
-        return
-    step = ", ".join(sorted({_step_name(t) for t in takers})) or "the result"
-    source = _source_name(graph, name)
-    blocks = f"blocks of {source}" if read else f"blocks of what {_step_name(name)} makes of {source}"
-    raise MemoryBudgetError(
-        said(
-            f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
-            f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, sums, means, extremes "
-            "and where they lie, moments, histograms, exact quantiles, describe and stores to Zarr stream a "
-            "span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open "
-            "it with a larger ",
-            named("memory_budget"),
-        )
-    )
-
-
-def _source_name(graph: HighLevelGraph, name: str) -> str:
-    """The name of the source layer ``name`` reads, found up its inputs ("" where none is)."""
-    waiting, seen = [name], set()
-    while waiting:
-        current = waiting.pop()
-        if current in seen or current not in graph.layers:
-            continue
-        seen.add(current)
-        source = source_read_by(graph, graph.layers[current])
-        if source is not None:
-            return source.name
-        waiting.extend(graph.dependencies.get(current, ()))
-    return ""
 
 
 def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bool:

@@ -2,7 +2,9 @@
 
 An array planned in spans (:mod:`daskstream.planning.spans`) has blocks of
 many chunks, too large for a task to hold. Its read tasks give a
-:class:`SpanRead` -- what to read, not the data -- and :func:`~daskstream.compute.streaming.span_graphs.span_graphs`
+:class:`SpanRead` -- what to read, not the data; a kernel's tasks over such
+an array, or over blocks outnumbering what a graph may hold, give one of its
+blocks with their halos (:func:`~daskstream.graph.regions.region_array`) -- and :func:`~daskstream.compute.streaming.span_graphs.span_graphs`
 rewrites, before dask's own optimizations, the steps that take such blocks:
 
 - an **element-wise step** (numpy ufuncs, arithmetic and comparison
@@ -34,7 +36,7 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
 A span holds no data: every step that takes one reads its chunks itself, so
 a source whose spans two reductions take is read twice (the plan counts it).
 
-Any other step taking a span's blocks (a ``map_blocks``, a cumulative sum,
+Any other step taking a span's blocks (dask's ``map_blocks``, a cumulative sum,
 the result of ``compute``) gets its blocks whole where they fit a task's share
 of the budget (a small slice), and is refused before anything is read where
 they do not, naming the step. The lists of what is known to stream are
@@ -58,7 +60,7 @@ from dask.array.core import _concatenate2
 from dask.blockwise import blockwise_token
 
 from daskstream.compute.streaming.span_steps import concatenated
-from daskstream.graph.reads import SpanRead, read_span
+from daskstream.graph.reads import SpanRead
 from daskstream.runtime.stopping import raise_if_stopped
 
 Box = tuple[slice, ...]
@@ -274,9 +276,10 @@ def piece_of(value: Any, box: Box) -> Any:
     return _part(value, None, box, value.shape, Reads())
 
 
-def read_span_whole(source: Any, region: Box, *, piece: tuple[int, ...]) -> Any:
-    """A span read whose block a step takes whole (it fits the task's share): the data at once."""
-    return whole(read_span(source, region, piece=piece))
+def read_whole(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A span read (``read(*args, **kwargs)``: a source's or a kernel's) whose block a step takes whole (it fits
+    the task's share): the data at once."""
+    return whole(read(*args, **kwargs))
 
 
 def span_map(step: Step, *values: Any) -> Any:

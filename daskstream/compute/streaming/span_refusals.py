@@ -1,0 +1,78 @@
+"""What a refusal of a computation over spans says: the step taking whole blocks as the user called it, and
+the source by its path."""
+
+from __future__ import annotations
+
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import funcname, key_split
+
+from daskstream.advice import named, said
+from daskstream.errors import MemoryBudgetError
+from daskstream.graph.layers import REGIONS_ANNOTATION, sources_read_by
+from daskstream.planning.budget import format_size
+
+#: dask's names of steps (the prefixes of their keys) that differ from what a user called.
+_STEP_NAMES = {
+    "arg-reduce": "argmin or argmax",
+    "getitem": "indexing with a new axis, a reversed step or an array",
+    "nanarg-reduce": "nanargmin or nanargmax",
+    "histogram-sum": "histogram",
+    "lambda": "a function of map_blocks",
+    "rechunk-merge": "a rechunk",
+    "rechunk-split": "a rechunk",
+    "top_digit_counts": "an exact quantile's counting pass",
+    "next_digit_counts": "an exact quantile's counting pass",
+}
+
+
+def _step_name(layer_name: str) -> str:
+    name = key_split(layer_name)
+    if name.startswith("finalize"):
+        return "the result"  # dask's layer gathering what compute returns
+    return _STEP_NAMES.get(name, name)
+
+
+def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *, read: bool) -> None:
+    """Refuse blocks of layer ``name`` (a source's ``read``, or a step after one) larger than ``cap`` where a
+    step takes them whole, naming the step as the user called it and the source by its path."""
+    layer = graph.layers[name]
+    annotations = layer.collection_annotations or {}
+    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
+    itemsize = getattr(dtype, "itemsize", 8)
+    largest = itemsize
+    for lengths in chunks or ():
+        largest *= max(lengths, default=0)
+    if chunks is not None and largest <= cap:
+        return
+    step = ", ".join(sorted({_step_name(t) for t in takers})) or "the result"
+    source = source_name(graph, name)
+    # A kernel's regions read in spans are what the kernel makes of the source.
+    kernel = getattr(annotations.get(REGIONS_ANNOTATION), "kernel", None)
+    maker = funcname(getattr(kernel, "fn", kernel)) if kernel is not None else None if read else _step_name(name)
+    blocks = f"blocks of {source}" if maker is None else f"blocks of what {maker} makes of {source}"
+    raise MemoryBudgetError(
+        said(
+            f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
+            f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
+            f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, sums, means, extremes "
+            "and where they lie, moments, histograms, exact quantiles, describe, kernels (map_blocks) and stores "
+            "to Zarr stream a span chunk by chunk: compute a part of the array at a time (x[...]), or reduce it first, or open "
+            "it with a larger ",
+            named("memory_budget"),
+        )
+    )
+
+
+def source_name(graph: HighLevelGraph, name: str) -> str:
+    """The name of the source layer ``name`` reads, found up its inputs ("" where none is)."""
+    waiting, seen = [name], set()
+    while waiting:
+        current = waiting.pop()
+        if current in seen or current not in graph.layers:
+            continue
+        seen.add(current)
+        sources = sources_read_by(graph, graph.layers[current])
+        if sources:
+            return ", ".join(source.name for source in sources)
+        waiting.extend(graph.dependencies.get(current, ()))
+    return ""
