@@ -19,14 +19,15 @@ from daskstream.runtime.metering import ReadMeter
 ndimage = pytest.importorskip("scipy.ndimage")
 
 
-@pytest.fixture
-def stored(tmp_path):
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
     """The spans' field without its NaN (a NaN spreads through scipy's running sums to the end of its line,
-    through a block's only to the block's end), as Zarr in chunks of 20 rows."""
-    data, _ = write_field(tmp_path)
-    data = np.nan_to_num(data)
-    zarr.create_array(tmp_path / "k.zarr", data=data, chunks=(20, 40, 6))
-    return data, {"zarr": str(tmp_path / "k.zarr")}
+    through a block's only to the block's end), as Zarr in chunks of 20 rows, written once: the tests only
+    read it."""
+    folder = tmp_path_factory.mktemp("field")
+    data = np.nan_to_num(write_field(folder)[0])
+    zarr.create_array(folder / "k.zarr", data=data, chunks=(20, 40, 6))
+    return data, {"zarr": str(folder / "k.zarr")}
 
 
 @pytest.fixture

@@ -25,9 +25,10 @@ from daskstream.planning.spans import plan_span, span_blocks
 from daskstream.runtime.metering import ReadMeter
 
 
-@pytest.fixture
-def stored(tmp_path):
-    return write_field(tmp_path)
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """The field, written once for the module's tests: they only read it."""
+    return write_field(tmp_path_factory.mktemp("field"))
 
 
 @pytest.fixture
