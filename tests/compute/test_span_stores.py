@@ -17,7 +17,7 @@ import pytest
 import span_store_worker
 import zarr
 from dask.callbacks import Callback
-from span_helpers import BUDGET, SPANNED, Reads, write_field
+from span_helpers import BUDGET, SPANNED, Reads
 
 import daskstream as ds
 from daskstream.compute.store.record import PROGRESS_DIR
@@ -27,17 +27,6 @@ from daskstream.errors import MemoryBudgetError
 from daskstream.runtime.metering import ReadMeter
 
 WORKER = Path(span_store_worker.__file__)
-
-
-@pytest.fixture(scope="module")
-def field(tmp_path_factory):
-    return write_field(tmp_path_factory.mktemp("field"))
-
-
-@pytest.fixture
-def spanned():
-    with dask.config.set(SPANNED):
-        yield
 
 
 class StoreTasks(Callback):
@@ -69,8 +58,8 @@ STEPPED = {"every other row of a column"}
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])
 @pytest.mark.parametrize("expression", sorted(EXPRESSIONS))
-def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(field, spanned, tmp_path, monkeypatch, fmt, expression):
-    data, paths = field
+def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(stored, spanned, tmp_path, monkeypatch, fmt, expression):
+    data, paths = stored
     build, oracle, piece = EXPRESSIONS[expression]
     plan = ds.plan(paths[fmt], memory_budget=BUDGET)
     x = build(ds.open(paths[fmt], memory_budget=BUDGET))
@@ -95,10 +84,10 @@ def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(field, spanned, t
     assert float(np.nansum(y, dtype="f8").compute()) == pytest.approx(float(np.nansum(expected, dtype="f8")), rel=1e-9)
 
 
-def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, field, tmp_path):
+def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, stored, tmp_path):
     from distributed import Client, get_task_stream
 
-    data, paths = field
+    data, paths = stored
     target = str(tmp_path / "out.zarr")
     with Client(scheduler_file=str(dask_cluster)), dask.config.set(SPANNED):
         x = ds.open(paths["zarr"], memory_budget=BUDGET)
@@ -109,8 +98,8 @@ def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, fi
     assert 0 < len(stores) <= x.npartitions < y.result.written
 
 
-def test_codecs_are_chosen_from_chunks_of_a_spanned_array(field, spanned, tmp_path, monkeypatch):
-    data, paths = field
+def test_codecs_are_chosen_from_chunks_of_a_spanned_array(stored, spanned, tmp_path, monkeypatch):
+    data, paths = stored
     plan = ds.plan(paths["zarr"], memory_budget=BUDGET)
     reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
     target = str(tmp_path / "auto.zarr")
@@ -120,7 +109,7 @@ def test_codecs_are_chosen_from_chunks_of_a_spanned_array(field, spanned, tmp_pa
 
 
 STEPS_NOT_STREAMING = {
-    "cumsum": (lambda x: x.cumsum(axis=0), "cumsum takes whole blocks of {path}"),
+    "sort": (lambda x: x.map_blocks(np.sort, axis=0), "sort takes whole blocks of {path}"),
     "reversed rows": (
         lambda x: x[::-1],
         "indexing with a new axis, a reversed step or an array takes whole blocks of {path}",
@@ -129,8 +118,8 @@ STEPS_NOT_STREAMING = {
 
 
 @pytest.mark.parametrize("step", sorted(STEPS_NOT_STREAMING))
-def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(field, spanned, tmp_path, monkeypatch, step):
-    _, paths = field
+def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(stored, spanned, tmp_path, monkeypatch, step):
+    _, paths = stored
     build, refusal = STEPS_NOT_STREAMING[step]
     reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
     target = tmp_path / "out.zarr"
@@ -141,8 +130,8 @@ def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(field, s
     assert reads.sizes == []
 
 
-def test_an_hdf5_target_is_refused_for_spans_naming_zarr(field, spanned, tmp_path):
-    _, paths = field
+def test_an_hdf5_target_is_refused_for_spans_naming_zarr(stored, spanned, tmp_path):
+    _, paths = stored
     target = tmp_path / "out.h5"
     with pytest.raises(MemoryBudgetError) as refused:
         ds.store(ds.open(paths["zarr"], memory_budget=BUDGET), f"{target}::/x")
@@ -152,8 +141,8 @@ def test_an_hdf5_target_is_refused_for_spans_naming_zarr(field, spanned, tmp_pat
     assert not target.exists()
 
 
-def test_a_killed_store_of_spans_resumes_reading_and_writing_only_the_chunks_not_marked(field, tmp_path, monkeypatch):
-    data, paths = field
+def test_a_killed_store_of_spans_resumes_reading_and_writing_only_the_chunks_not_marked(stored, tmp_path, monkeypatch):
+    data, paths = stored
     target = tmp_path / "out.zarr"
     done_dir = target / PROGRESS_DIR / "done"
     worker = subprocess.Popen(

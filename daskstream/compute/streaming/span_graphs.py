@@ -16,6 +16,12 @@ blocks that may be spans is one of:
     the axes it keeps;
 ``arg``
     an arg-reduction's first step (dask's ``arg_chunk``), block for block;
+``scan``
+    a cumulative step's first step (each block scanned along an axis), block for block;
+``carry``
+    the rest of a cumulative step: the carry past each block merged into the
+    next (dask's ``extra`` blocks), the carry past a span being the span
+    scanned to its end;
 ``streams``
     a step reading the spans it takes part by part itself (a function
     marked :func:`~daskstream.compute.streaming.span_steps.streams_spans`: a
@@ -45,12 +51,15 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
+from daskstream.compute.streaming.span_scans import carries_scans, carry_task
 from daskstream.compute.streaming.span_steps import (
     combine_of,
     is_arg_chunk,
     is_counting_each_value,
     is_elementwise,
+    is_key_of,
     is_streaming_spans,
+    scan_merge_of,
     transposition_of,
 )
 from daskstream.compute.streaming.spans import (
@@ -64,6 +73,8 @@ from daskstream.compute.streaming.spans import (
     span_narrow,
     span_narrow_whole,
     span_reduce,
+    span_scan,
+    span_scan_whole,
     span_transpose,
     span_transpose_whole,
 )
@@ -77,7 +88,7 @@ from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import Spans
 
 #: The kinds of steps whose blocks are spans again where they take spans.
-_PASSING_SPANS = ("map", "narrow", "transpose")
+_PASSING_SPANS = ("map", "narrow", "transpose", "scan", "carry")
 
 
 @dataclass
@@ -199,7 +210,9 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[
             assert isinstance(layer, Blockwise)  # a "transpose" layer is one
             order = transposition_of(layer.task, len(inputs[0]))
             pieces[name] = tuple(inputs[0][axis] for axis in order or ())
-        elif kind in ("map", "reduce", "arg"):
+        elif kind == "carry":
+            pieces[name] = inputs[0]
+        elif kind in ("map", "reduce", "arg", "scan"):
             ndim = len(_chunks(graph.layers[name]) or inputs[0])
             alike = [p for p in inputs if len(p) == ndim]
             if alike:
@@ -267,6 +280,8 @@ def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
             seen.add(name)
             takers += name in found.results
             for dependent in dependents.get(name, ()):
+                # A carry reads the spans it takes once more: each scanned to its end, for the next.
+                takers += found.kinds.get(dependent) == "carry" and dependent not in seen
                 if found.kinds.get(dependent) in _PASSING_SPANS:
                     waiting.append(dependent)
                 elif dependent not in seen:
@@ -300,8 +315,10 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
         values = list(layer.values())
         if values and all(isinstance(v, Task) and is_streaming_spans(v.func) for v in values):
             return "streams"
-        if values and all(is_arg_chunk(v) and _is_key_of(v[1], taken) for v in values):
+        if values and all(is_arg_chunk(v) and is_key_of(v[1], taken) for v in values):
             return "arg"
+        if values and carries_scans(graph, name, values, taken):
+            return "carry"
         if all(_narrows(value, taken) for value in values):
             return "narrow"
     return None
@@ -317,6 +334,8 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     out = layer.output_indices
     if len(layer.indices) == 1 and transposition_of(layer.task, len(out)) is not None:
         return "transpose"
+    if len(layer.indices) == 1 and layer.indices[0][1] == out and scan_merge_of(layer.task) is not None:
+        return "scan"
     chunks = _chunks(layer)
     spanned = [(name, index) for name, index in layer.indices if isinstance(name, str) and name in taken]
     inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
@@ -332,11 +351,6 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     if any(c[a] != chunks[a] for c in inputs for a in range(len(c)) if a not in reduced):
         return None
     return "reduce"
-
-
-def _is_key_of(value: Any, layers: set[str]) -> bool:
-    """True for a key of a block of one of ``layers``."""
-    return isinstance(value, tuple) and bool(value) and value[0] in layers
 
 
 def _chunks(layer: Layer) -> Any:
@@ -401,6 +415,8 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
             layer,
             {key: Task(key, span_arg, f, TaskRef(block), axis, at) for key, (f, block, axis, at) in layer.items()},
         )
+    if kind == "carry":
+        return _materialized_like(layer, {key: carry_task(key, value, whole=whole) for key, value in layer.items()})
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
         return _materialized_like(
@@ -425,6 +441,10 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
         task = Task(layer.task.key, span_map_whole if whole else span_map, step, *refs)
     elif kind == "counts":
         task = Task(layer.task.key, span_counts, step, *refs)
+    elif kind == "scan":
+        merge = scan_merge_of(layer.task)
+        scan = span_scan_whole if whole else span_scan
+        task = Task(layer.task.key, scan, Step(layer.task, axes), merge, refs[0], int(layer.task.kwargs["axis"]))
     else:
         reduced = tuple(layer.task.kwargs["axis"])
         combined = combine_of(layer.task)

@@ -110,6 +110,11 @@ def is_arg_chunk(task: Any) -> bool:
     return task[0].func is dask_reductions.arg_chunk and len(task[0].args) == 2 and isinstance(task[2], tuple)
 
 
+def is_key_of(value: Any, layers: set[str]) -> bool:
+    """True for a key of a block of one of ``layers``."""
+    return isinstance(value, tuple) and bool(value) and value[0] in layers
+
+
 def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
     """True for a step known to give each element from the same element of its inputs (dask's dtype-enforcing
     wrapper of one, whose ``kwargs`` name it, included)."""
@@ -154,6 +159,28 @@ def concatenated(func: Callable[..., Any], axis: tuple[int, ...]) -> Callable[..
 
 def _concatenate_then(func: Callable[..., Any], axes: list[int], nested: list[Any]) -> Any:
     return func(_concatenate2(nested, axes=axes))
+
+
+_SCANS: dict[Callable[..., Any], Callable[..., Any]] = {
+    np.cumsum: dask_reductions._cumsum_merge,
+    np.nancumsum: operator.add,
+    dask_chunk.nancumsum: operator.add,
+    np.cumprod: dask_reductions._cumprod_merge,
+    np.nancumprod: operator.mul,
+    dask_chunk.nancumprod: operator.mul,
+}
+
+
+def scan_merge_of(task: Task) -> Callable[..., Any] | None:
+    """How the blocks of a cumulative step whose first step is ``task`` (each block scanned along an axis:
+    cumsum, cumprod and their nan- forms) merge with the carry of those before (dask's binop), or ``None``."""
+    func: Any = task.func
+    if isinstance(func, functools.partial):
+        func = func.func
+    axis = task.kwargs.get("axis")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        return None
+    return _SCANS.get(func)
 
 
 def transposition_of(task: Task, ndim: int) -> tuple[int, ...] | None:

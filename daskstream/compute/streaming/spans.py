@@ -1,5 +1,9 @@
 """Spans streamed: each task of a spanned array reads its span chunk by chunk into the steps that take it.
 
+(Longer than most modules: the kinds of span -- read, mapped, indexed,
+transposed, scanned -- and the run-time steps that apply them piece by piece
+are one design, read together.)
+
 An array planned in spans (:mod:`daskstream.planning.spans`) has blocks of
 many chunks, too large for a task to hold. Its read tasks give a
 :class:`SpanRead` -- what to read, not the data; a kernel's tasks over such
@@ -10,6 +14,11 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
 - an **element-wise step** (numpy ufuncs, arithmetic and comparison
   operators, ``where``, ``astype``) gives a :class:`Mapped` value, the step
   still to apply piece by piece;
+- a **cumulative sum or product** along an axis (and their nan- forms)
+  gives a :class:`Scanned` span, each piece scanned and merged with the
+  carry of the pieces before it; the carry past a span (what dask adds to
+  the next block) is the span scanned to its end, so each span is read
+  once more for it;
 - a **slice** (``x[a:b, ...]``) gives a narrower span, and an index with
   integers or positive steps (``x[:, 3]``, ``x[::2]``) an :class:`Indexed`
   one, each piece read then indexed; a **transpose** (``np.transpose``,
@@ -36,7 +45,7 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
 A span holds no data: every step that takes one reads its chunks itself, so
 a source whose spans two reductions take is read twice (the plan counts it).
 
-Any other step taking a span's blocks (dask's ``map_blocks``, a cumulative sum,
+Any other step taking a span's blocks (dask's ``map_blocks``, a reshape,
 the result of ``compute``) gets its blocks whole where they fit a task's share
 of the budget (a small slice), and is refused before anything is read where
 they do not, naming the step. The lists of what is known to stream are
@@ -49,13 +58,14 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import dask.array.reductions as dask_reductions
 import numpy as np
-from dask._task_spec import Task
+from dask._task_spec import Task, TaskRef
 from dask.array.core import _concatenate2
 from dask.blockwise import blockwise_token
 
@@ -207,9 +217,100 @@ class Transposed:
         return f"<Transposed {self.shape}>"
 
 
+class Scanned:
+    """A cumulative step along ``axis`` of a span (dask's first step of a cumulative sum or product: each
+    block scanned on its own), still to apply: each piece read and scanned, then merged (``merge``, dask's
+    ``_cumsum_merge`` or ``_cumprod_merge``) with the carry of the pieces before it along the axis.
+
+    ``region`` is the part of the scan this span is (a slice of it keeps the
+    scan's start). Pieces asked for in order along the axis, as a reduction
+    asks for them, carry on from the last (per thread: two tasks may read
+    one span at once); any other asks from the span's start again.
+    """
+
+    __slots__ = ("_carries", "axis", "inner", "merge", "region", "shape", "step")
+
+    def __init__(self, step: Step, inner: Any, axis: int, merge: Callable[..., Any], region: Box | None = None):
+        self.step, self.inner, self.axis, self.merge = step, inner, axis, merge
+        self.region = region or tuple(slice(0, n) for n in inner.shape)
+        self.shape = tuple(r.stop - r.start for r in self.region)
+        self._carries: dict[tuple[Any, ...], tuple[int, Any]] = {}
+
+    def __reduce__(self) -> Any:  # the carries are this process's progress, not the span's
+        return Scanned, (self.step, self.inner, self.axis, self.merge, self.region)
+
+    def cuts(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(
+            (0, *(c - r.start for c in cuts if r.start < c < r.stop), r.stop - r.start)
+            for cuts, r in zip(self.inner.cuts(), self.region, strict=True)
+        )
+
+    def narrowed(self, box: Box) -> Scanned:
+        return Scanned(self.step, self.inner, self.axis, self.merge, _within(self.region, box))
+
+    def value(self, box: Box, read: Reads) -> Any:
+        """The scan in ``box`` (of this span), one piece of ``inner`` across the kept axes at a time."""
+        absolute = _within(self.region, box)
+        kept = [
+            [slice(a, b) for a, b in itertools.pairwise((s.start, *(c for c in cuts if s.start < c < s.stop), s.stop))]
+            if axis != self.axis
+            else [s]
+            for axis, (s, cuts) in enumerate(zip(absolute, self.inner.cuts(), strict=True))
+        ]
+        parts = [(cells, self._scanned(cells, read)) for cells in itertools.product(*kept)]
+        if len(parts) == 1:
+            return parts[0][1]
+        out = np.empty(tuple(s.stop - s.start for s in absolute), dtype=parts[0][1].dtype)
+        for cells, part in parts:
+            out[tuple(slice(c.start - a.start, c.stop - a.start) for c, a in zip(cells, absolute))] = part
+        return out
+
+    def _scanned(self, box: Box, read: Reads) -> Any:
+        axis, start = self.axis, box[self.axis].start
+        key = (threading.get_ident(), *((s.start, s.stop) for i, s in enumerate(box) if i != axis))
+        done, carry = self._carries.get(key, (0, None))
+        if done > start:  # asked out of order: from the span's start again
+            done, carry = 0, None
+        # The pieces before the box along the axis, not kept: each one's last slice carried on.
+        steps = [c for c in self.inner.cuts()[axis] if done < c < start] + [start]
+        for stop in steps if done < start else ():
+            raise_if_stopped()
+            carry = self._carry(carry, self._piece(box, done, stop, read))
+            done = stop
+        scanned = self._piece(box, start, box[axis].stop, read)
+        result = scanned if carry is None else self.merge(carry, scanned)
+        if box[axis].stop < self.inner.shape[axis]:
+            self._carries[key] = (box[axis].stop, self._last(result))
+        else:
+            self._carries.pop(key, None)
+        return result
+
+    def _piece(self, box: Box, start: int, stop: int, read: Reads) -> Any:
+        cells = tuple(slice(start, stop) if i == self.axis else s for i, s in enumerate(box))
+        return self.step([_part(self.inner, None, cells, self.inner.shape, read)])
+
+    def _last(self, scanned: Any) -> Any:
+        return scanned[(slice(None),) * self.axis + (slice(-1, None),)]
+
+    def _carry(self, carry: Any, scanned: Any) -> Any:
+        return self._last(scanned) if carry is None else self.merge(carry, self._last(scanned))
+
+    def __repr__(self) -> str:
+        return f"<Scanned {self.shape} along axis {self.axis}>"
+
+
+def _within(region: Box, box: Box) -> Box:
+    """``box`` (relative to ``region``) in ``region``'s coordinates."""
+    return tuple(slice(r.start + b.start, r.start + b.stop) for r, b in zip(region, box, strict=True))
+
+
+#: The steps still to apply to a span, each read piece by piece.
+_STEPS_TO_APPLY = (Mapped, Indexed, Transposed, Scanned)
+
+
 def is_span(value: Any) -> bool:
     """Whether ``value`` is a span (a region not read yet, or a step still to apply to one), not data."""
-    return isinstance(value, (SpanRead, Mapped, Indexed, Transposed))
+    return isinstance(value, (SpanRead, *_STEPS_TO_APPLY))
 
 
 class Reads:
@@ -234,7 +335,7 @@ def _part(
     axis)."""
     if isinstance(value, SpanRead):
         return value.narrowed(box) if read is None else read(value, box)
-    if isinstance(value, (Mapped, Indexed, Transposed)):
+    if isinstance(value, _STEPS_TO_APPLY):
         return value.narrowed(box) if read is None else value.value(box, read)
     if axes is None or not hasattr(value, "shape") or len(getattr(value, "shape", ())) != len(axes):
         return value
@@ -311,6 +412,36 @@ def span_transpose(value: Any, axes: tuple[int, ...]) -> Any:
 def span_transpose_whole(value: Any, axes: tuple[int, ...]) -> Any:
     """:func:`span_transpose` whose block is taken whole by the step after."""
     return whole(span_transpose(value, axes))
+
+
+def span_scan(step: Step, merge: Callable[..., Any], value: Any, axis: int) -> Any:
+    """A cumulative step's first step (each block scanned along ``axis``): of a span, the scan still to apply."""
+    return Scanned(step, value, axis, merge) if is_span(value) else step([value])
+
+
+def span_scan_whole(step: Step, merge: Callable[..., Any], value: Any, axis: int) -> Any:
+    """:func:`span_scan` whose block is taken whole by the step after."""
+    return whole(span_scan(step, merge, value, axis))
+
+
+def span_carried(merge: Callable[..., Any], carry: Any, scanned: Any, last: tuple[slice, ...]) -> Any:
+    """The carry past a scanned block (dask's ``extra``): the carry before it merged with its ``last``
+    slice, which of a span is the span scanned to its end, piece by piece."""
+    return merge(carry, whole(span_narrow(scanned, last)))
+
+
+def span_merged(merge: Callable[..., Any], carry: Any, scanned: Any) -> Any:
+    """A scanned block merged with the carry of the blocks before it: of a span, the merge still to apply."""
+    if not is_span(scanned):
+        return merge(carry, scanned)
+    tokens = [blockwise_token(0), blockwise_token(1)]
+    axes = tuple(range(len(scanned.shape)))
+    return Mapped(Step(Task("merge", merge, *map(TaskRef, tokens)), (axes, axes)), (carry, scanned), scanned.shape)
+
+
+def span_merged_whole(merge: Callable[..., Any], carry: Any, scanned: Any) -> Any:
+    """:func:`span_merged` whose block is taken whole by the step after."""
+    return whole(span_merged(merge, carry, scanned))
 
 
 def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
