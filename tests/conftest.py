@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 import zarr
@@ -188,3 +189,21 @@ def arrays(tmp_path) -> tuple[str, str]:
     np.save(tmp_path / "x.npy", indexed())
     zarr.create_array(str(tmp_path / "y.zarr"), shape=(N,), chunks=(100,), dtype="i8")[...] = np.arange(N) * 10
     return str(tmp_path / "x.npy"), str(tmp_path / "y.zarr")
+
+
+@pytest.fixture(scope="module")
+def span_field(tmp_path_factory):
+    """The field the tests of spans read (``compute/span_helpers.write_field``), written once for a module's
+    tests: they only read it."""
+    from span_helpers import write_field  # on the path of the test modules under compute/ that ask for it
+
+    return write_field(tmp_path_factory.mktemp("field"))
+
+
+@pytest.fixture
+def spanned():
+    """Few enough tasks in a graph that the field is planned in spans."""
+    from span_helpers import SPANNED
+
+    with dask.config.set(SPANNED):
+        yield

@@ -32,7 +32,7 @@ from daskstream.compute.labels import is_labelled, relabelled, unlabelled
 from daskstream.compute.streaming.span_graphs import span_piece_of
 from daskstream.errors import InvalidArgumentError, KernelError, KernelShapeError
 from daskstream.graph.regions import KernelRegions, Readable, region_array, regions_of
-from daskstream.planning.chunks import fit_halo_chunks, plan_chunks, span_of_blocks
+from daskstream.planning.chunks import dividing_chunk, fit_halo_chunks, plan_chunks, span_of_blocks
 from daskstream.planning.grid import normalize_axes, regular_chunk_shape, regular_grid
 from daskstream.planning.plan import per_task_cap
 from daskstream.planning.settings import PlanSettings
@@ -266,6 +266,8 @@ def _map_regions(
         unit=unit,
         what=f"kernel {funcname(kernel.fn)!r}",
     )
+    if spanned is not None:
+        chunks = _cutting_spans_evenly(chunks, first.chunks, unit)
     grid = (
         first.chunks
         if spanned is None and chunks == tuple(max(c) if c else 0 for c in first.chunks)
@@ -275,6 +277,21 @@ def _map_regions(
     cap = per_task_cap(resources.memory_budget, resources.threads, settings.working_set_factor_for(kernel.dtype))
     spans = _kernel_spans(first, grid, settings, spanned=spanned is not None)
     return region_array(Readable(reader, constants), grid, resources, spans=spans, cap=cap)
+
+
+def _cutting_spans_evenly(
+    chunks: tuple[int, ...], spans: tuple[tuple[int, ...], ...], unit: tuple[int, ...] | None
+) -> tuple[int, ...]:
+    """A kernel's ``chunks`` over an array read in ``spans``, made to cut the spans evenly where that keeps
+    them at least half as long: a span is then whole blocks, each numbered as on the kernel's grid."""
+    units = unit or (1,) * len(chunks)
+    cut = []
+    for lengths, chunk, step in zip(spans, chunks, units, strict=True):
+        even = (
+            dividing_chunk(math.gcd(*lengths[:-1]) if len(lengths) > 1 else lengths[0], chunk, step) if lengths else 0
+        )
+        cut.append(even if 2 * even >= chunk else chunk)
+    return tuple(cut)
 
 
 def _kernel_spans(first: da.Array, grid: tuple[tuple[int, ...], ...], settings: PlanSettings, *, spanned: bool) -> Any:

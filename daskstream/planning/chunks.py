@@ -307,6 +307,19 @@ def span_of_blocks(
     return _span(shape, chunks, itemsize, scheduler, ceiling, threads)
 
 
+def dividing_chunk(length: int, at_most: int, unit: int = 1) -> int:
+    """The longest chunk of at most ``at_most`` cells that cuts ``length`` evenly, a multiple of ``unit`` where
+    one is (so that blocks line up with spans of ``length`` and stay whole storage chunks).
+
+    >>> dividing_chunk(6000, 740, 20), dividing_chunk(6000, 740, 7), dividing_chunk(7, 3)
+    (600, 600, 1)
+    """
+    divisors = {d for i in range(1, math.isqrt(max(length, 1)) + 1) if length % i == 0 for d in (i, length // i)}
+    fitting = [d for d in divisors if d <= max(at_most, 1)]
+    whole_units = [d for d in fitting if d % max(unit, 1) == 0]
+    return max(whole_units or fitting)
+
+
 # How many times the planned chunk's cells a block with a halo may hold (within the task's memory share):
 # larger blocks read their halos fewer times.
 HALO_BLOCK_GROWTH = 4

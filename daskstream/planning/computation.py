@@ -253,7 +253,14 @@ class ComputePlan:
             if self.times_read(name) > len(p)
         ]
         if extra:
-            lines.append(f"  read separately by work with and without halos in one pass: {', '.join(extra)}")
+            # A span holds no data: each step taking one reads its chunks itself (a cumulative step's carry, a
+            # second reduction of the same source); otherwise it is work with halos beside work without.
+            why = (
+                "by each step taking its spans"
+                if self.spans is not None
+                else "separately by work with and without halos"
+            )
+            lines.append(f"  read {why} in one pass: {', '.join(extra)}")
         for number, level in enumerate(sorted({p for passes in self.read_passes.values() for p in passes}), 1):
             read = [name for name, passes in self.read_passes.items() if level in passes]
             again = " again" if all(name in seen for name in read) else ""

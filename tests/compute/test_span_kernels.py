@@ -153,3 +153,21 @@ def test_a_kernel_over_a_pebibyte_builds_a_graph_of_spans(tmp_path):
     assert computation.projected_peak_bytes <= computation.budget
     corner = ds.kernels.moving_mean(x[:8, :8], 5).mean().compute()
     assert corner == 0.0
+
+
+def test_a_kernels_blocks_cut_the_spans_evenly_and_each_is_numbered_once(stored, spanned):
+    _, paths = stored
+    x = ds.open(paths["zarr"], memory_budget=BUDGET)
+    seen = {}
+
+    def noting(block, block_info=None):
+        seen.setdefault(block_info[0]["chunk-location"], set()).add(block.shape)
+        return block
+
+    # In float64 with a halo on every axis, the blocks that fit a task are shorter than the spans' chunks.
+    wide = x.astype("f8")
+    ds.map_blocks(noting, wide, depth=4, boundary="reflect", dtype="f8").max().compute(scheduler="threads")
+    # Every block of the kernel's grid is computed, each once and whole: none cut in two by a span's edge.
+    assert all(len(shapes) == 1 for shapes in seen.values())
+    rows = max(shape[0] for shapes in seen.values() for shape in shapes) - 8
+    assert all(length % rows == 0 for length in x.chunks[0][:-1])

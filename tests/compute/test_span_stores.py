@@ -58,8 +58,10 @@ STEPPED = {"every other row of a column"}
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])
 @pytest.mark.parametrize("expression", sorted(EXPRESSIONS))
-def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(stored, spanned, tmp_path, monkeypatch, fmt, expression):
-    data, paths = stored
+def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(
+    span_field, spanned, tmp_path, monkeypatch, fmt, expression
+):
+    data, paths = span_field
     build, oracle, piece = EXPRESSIONS[expression]
     plan = ds.plan(paths[fmt], memory_budget=BUDGET)
     x = build(ds.open(paths[fmt], memory_budget=BUDGET))
@@ -84,10 +86,10 @@ def test_a_spanned_array_is_stored_chunk_by_chunk_in_few_tasks(stored, spanned, 
     assert float(np.nansum(y, dtype="f8").compute()) == pytest.approx(float(np.nansum(expected, dtype="f8")), rel=1e-9)
 
 
-def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, stored, tmp_path):
+def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, span_field, tmp_path):
     from distributed import Client, get_task_stream
 
-    data, paths = stored
+    data, paths = span_field
     target = str(tmp_path / "out.zarr")
     with Client(scheduler_file=str(dask_cluster)), dask.config.set(SPANNED):
         x = ds.open(paths["zarr"], memory_budget=BUDGET)
@@ -98,8 +100,8 @@ def test_a_real_cluster_stores_a_spanned_array_from_its_workers(dask_cluster, st
     assert 0 < len(stores) <= x.npartitions < y.result.written
 
 
-def test_codecs_are_chosen_from_chunks_of_a_spanned_array(stored, spanned, tmp_path, monkeypatch):
-    data, paths = stored
+def test_codecs_are_chosen_from_chunks_of_a_spanned_array(span_field, spanned, tmp_path, monkeypatch):
+    data, paths = span_field
     plan = ds.plan(paths["zarr"], memory_budget=BUDGET)
     reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
     target = str(tmp_path / "auto.zarr")
@@ -118,8 +120,10 @@ STEPS_NOT_STREAMING = {
 
 
 @pytest.mark.parametrize("step", sorted(STEPS_NOT_STREAMING))
-def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(stored, spanned, tmp_path, monkeypatch, step):
-    _, paths = stored
+def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(
+    span_field, spanned, tmp_path, monkeypatch, step
+):
+    _, paths = span_field
     build, refusal = STEPS_NOT_STREAMING[step]
     reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
     target = tmp_path / "out.zarr"
@@ -130,8 +134,8 @@ def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(stored, 
     assert reads.sizes == []
 
 
-def test_an_hdf5_target_is_refused_for_spans_naming_zarr(stored, spanned, tmp_path):
-    _, paths = stored
+def test_an_hdf5_target_is_refused_for_spans_naming_zarr(span_field, spanned, tmp_path):
+    _, paths = span_field
     target = tmp_path / "out.h5"
     with pytest.raises(MemoryBudgetError) as refused:
         ds.store(ds.open(paths["zarr"], memory_budget=BUDGET), f"{target}::/x")
@@ -141,8 +145,10 @@ def test_an_hdf5_target_is_refused_for_spans_naming_zarr(stored, spanned, tmp_pa
     assert not target.exists()
 
 
-def test_a_killed_store_of_spans_resumes_reading_and_writing_only_the_chunks_not_marked(stored, tmp_path, monkeypatch):
-    data, paths = stored
+def test_a_killed_store_of_spans_resumes_reading_and_writing_only_the_chunks_not_marked(
+    span_field, tmp_path, monkeypatch
+):
+    data, paths = span_field
     target = tmp_path / "out.zarr"
     done_dir = target / PROGRESS_DIR / "done"
     worker = subprocess.Popen(

@@ -51,7 +51,8 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
-from daskstream.compute.streaming.span_scans import carries_scans, carry_task
+from daskstream.compute.streaming.span_scans import carries_scans, carry_layers, span_scan, span_scan_whole
+from daskstream.compute.streaming.span_siblings import fused_reductions, sibling_reductions
 from daskstream.compute.streaming.span_steps import (
     combine_of,
     is_arg_chunk,
@@ -59,6 +60,7 @@ from daskstream.compute.streaming.span_steps import (
     is_elementwise,
     is_key_of,
     is_streaming_spans,
+    materialized_like,
     scan_merge_of,
     transposition_of,
 )
@@ -73,8 +75,6 @@ from daskstream.compute.streaming.spans import (
     span_narrow,
     span_narrow_whole,
     span_reduce,
-    span_scan,
-    span_scan_whole,
     span_transpose,
     span_transpose_whole,
 )
@@ -100,6 +100,7 @@ class _Classified:
     spans: set[str] = field(default_factory=set)  # layers whose blocks may be spans
     taken_whole: set[str] = field(default_factory=set)
     results: set[str] = field(default_factory=set)  # the layers of the keys asked for
+    siblings: list[tuple[str, ...]] = field(default_factory=list)  # reductions computed together
 
 
 class SpanGraphs(NamedTuple):
@@ -126,6 +127,7 @@ def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
     for name, kind in found.kinds.items():
         if kind is None:
             found.taken_whole |= graph.dependencies[name] & found.spans
+    found.siblings = sibling_reductions(graph, found.kinds, found.spans, set(found.reads))
     return found
 
 
@@ -170,10 +172,18 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     for name in found.taken_whole:
         takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
         check_whole(graph, name, cap, takers, read=name in found.reads)
-    layers = dict(graph.layers)
+    layers, dependencies = dict(graph.layers), dict(graph.dependencies)
     for name, kind in found.kinds.items():
-        if kind not in (None, "streams"):  # a step streaming spans itself takes them as they come
+        if kind == "carry":  # with a layer of its own: the spans' totals
+            carried, needs = carry_layers(graph, name, whole=name in found.taken_whole)
+            layers.update(carried)
+            dependencies.update(needs)
+        elif kind not in (None, "streams"):  # a step streaming spans itself takes them as they come
             layers[name] = _rewritten(graph, name, kind, whole=name in found.taken_whole)
+    for group in found.siblings:
+        fused, depending = fused_reductions(graph, group, _reduction_parts)
+        layers.update(fused)
+        dependencies.update(depending)
     for name in found.taken_whole & set(found.reads):
         # A read whose blocks a step takes whole (they fit a task's share): read at once. A span read is a
         # blockwise read of its source or a kernel's regions (daskstream.graph.reads.span_array, region_array).
@@ -181,7 +191,7 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
         if isinstance(read, Blockwise):
             task = read.task
             layers[name] = blockwise_like(read, task=Task(task.key, read_whole, task.func, *task.args, **task.kwargs))
-    return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
+    return HighLevelGraph(layers, dependencies, key_dependencies=dict(graph.key_dependencies))
 
 
 def span_piece_of(graph: Any, name: str) -> tuple[int, ...] | None:
@@ -267,12 +277,14 @@ def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
 
 def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
     """How many times each source read in spans is read: once for every step that takes its spans (through
-    element-wise steps and slices) piece by piece or whole, and once more where the result is a span. A span
-    holds no data, so each of them reads the chunks itself."""
+    element-wise steps and slices) piece by piece or whole (reductions computed together once for all), and
+    once more where the result is a span. A span holds no data, so each of them reads the chunks itself."""
     dependents = reverse_dict(graph.dependencies)
+    group_of = {name: group for group in found.siblings for name in group}
     counts: dict[str, int] = {}
     for read in found.reads:
         takers, waiting, seen = 0, [read], set()
+        together: set[tuple[str, ...]] = set()  # reductions reading it together, counted once
         while waiting:
             name = waiting.pop()
             if name in seen:
@@ -286,7 +298,11 @@ def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
                     waiting.append(dependent)
                 elif dependent not in seen:
                     seen.add(dependent)
-                    takers += 1
+                    group = group_of.get(dependent)
+                    if group is None or group not in together:
+                        takers += 1
+                    if group is not None:
+                        together.add(group)
         source = source_name(graph, read)
         counts[source] = counts.get(source, 0) + takers
     return counts
@@ -401,25 +417,16 @@ def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bo
     )
 
 
-def _materialized_like(layer: Layer, tasks: Mapping[Key, Any]) -> MaterializedLayer:
-    """``tasks`` as a layer annotated as ``layer``."""
-    copy = MaterializedLayer(dict(tasks), annotations=layer.annotations)
-    copy.collection_annotations = dict(layer.collection_annotations or {})
-    return copy
-
-
 def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:
     layer = graph.layers[name]
     if kind == "arg":
-        return _materialized_like(
+        return materialized_like(
             layer,
             {key: Task(key, span_arg, f, TaskRef(block), axis, at) for key, (f, block, axis, at) in layer.items()},
         )
-    if kind == "carry":
-        return _materialized_like(layer, {key: carry_task(key, value, whole=whole) for key, value in layer.items()})
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
-        return _materialized_like(
+        return materialized_like(
             layer,
             {
                 key: value if isinstance(value, Alias) else Task(key, narrow, *value.args)
@@ -428,10 +435,7 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
         )
     assert isinstance(layer, Blockwise)
     out = layer.output_indices
-    axes = tuple(
-        None if index is None else tuple(out.index(i) if i in out else None for i in index)
-        for _, index in layer.indices
-    )
+    axes = _step_axes(layer)
     step = Step(layer.task, axes)
     refs = [TaskRef(blockwise_token(i)) for i in range(len(layer.indices))]
     if kind == "transpose":
@@ -444,11 +448,26 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     elif kind == "scan":
         merge = scan_merge_of(layer.task)
         scan = span_scan_whole if whole else span_scan
-        task = Task(layer.task.key, scan, Step(layer.task, axes), merge, refs[0], int(layer.task.kwargs["axis"]))
+        axis = int(layer.task.kwargs["axis"]) % len(out)  # a scan counts its axes from the first
+        task = Task(layer.task.key, scan, Step(layer.task, axes), merge, refs[0], axis)
     else:
-        reduced = tuple(layer.task.kwargs["axis"])
-        combined = combine_of(layer.task)
-        assert combined is not None  # a "reduce" layer is one whose combine is known
-        combine = Combine(combined, reduced, len(out))
-        task = Task(layer.task.key, span_reduce, step, combine, *refs)
+        task = Task(layer.task.key, span_reduce, *_reduction_parts(layer), *refs)
     return blockwise_like(layer, task=task)
+
+
+def _step_axes(layer: Blockwise) -> tuple[tuple[int | None, ...] | None, ...]:
+    """Each input's axes as the output's (``None`` for an input taken whole)."""
+    out = layer.output_indices
+    return tuple(
+        None if index is None else tuple(out.index(i) if i in out else None for i in index)
+        for _, index in layer.indices
+    )
+
+
+def _reduction_parts(layer: Blockwise) -> tuple[Step, Combine]:
+    """A ``reduce`` layer's step and how its partials combine."""
+    combined = combine_of(layer.task)
+    assert combined is not None  # a "reduce" layer is one whose combine is known
+    return Step(layer.task, _step_axes(layer)), Combine(
+        combined, tuple(layer.task.kwargs["axis"]), len(layer.output_indices)
+    )

@@ -56,8 +56,8 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
             f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, sums, means, extremes "
             "and where they lie, moments, cumulative sums and products, histograms, exact quantiles, describe, "
-            "kernels (map_blocks) and stores to Zarr stream a span chunk by chunk: compute a part of the array "
-            "at a time (x[...]), or reduce it first, or open it with a larger ",
+            "daskstream's kernels (ds.map_blocks, ds.kernels) and stores to Zarr stream a span chunk by chunk: "
+            "compute a part of the array at a time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )
     )

@@ -22,7 +22,8 @@ import dask.array.reductions as dask_reductions
 import numpy as np
 from dask._task_spec import Task
 from dask.array.core import _concatenate2, _enforce_dtype
-from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
+from dask.typing import Key
 
 from daskstream.compute import moments
 
@@ -113,6 +114,13 @@ def is_arg_chunk(task: Any) -> bool:
 def is_key_of(value: Any, layers: set[str]) -> bool:
     """True for a key of a block of one of ``layers``."""
     return isinstance(value, tuple) and bool(value) and value[0] in layers
+
+
+def materialized_like(layer: Layer, tasks: Mapping[Key, Any]) -> MaterializedLayer:
+    """``tasks`` as a layer annotated as ``layer``."""
+    copy = MaterializedLayer(dict(tasks), annotations=layer.annotations)
+    copy.collection_annotations = dict(layer.collection_annotations or {})
+    return copy
 
 
 def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:

@@ -1,8 +1,8 @@
 """Spans streamed: each task of a spanned array reads its span chunk by chunk into the steps that take it.
 
-(Longer than most modules: the kinds of span -- read, mapped, indexed,
-transposed, scanned -- and the run-time steps that apply them piece by piece
-are one design, read together.)
+(Longer than most modules: the kinds of span still to compute -- read, mapped,
+indexed, transposed -- and the run-time steps that read them piece by piece
+and fold the pieces' partials are one design, read together.)
 
 An array planned in spans (:mod:`daskstream.planning.spans`) has blocks of
 many chunks, too large for a task to hold. Its read tasks give a
@@ -15,7 +15,7 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   operators, ``where``, ``astype``) gives a :class:`Mapped` value, the step
   still to apply piece by piece;
 - a **cumulative sum or product** along an axis (and their nan- forms)
-  gives a :class:`Scanned` span, each piece scanned and merged with the
+  gives a :class:`~daskstream.compute.streaming.span_scans.Scanned` span, each piece scanned and merged with the
   carry of the pieces before it; the carry past a span (what dask adds to
   the next block) is the span scanned to its end, so each span is read
   once more for it;
@@ -58,14 +58,13 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import dask.array.reductions as dask_reductions
 import numpy as np
-from dask._task_spec import Task, TaskRef
+from dask._task_spec import Task
 from dask.array.core import _concatenate2
 from dask.blockwise import blockwise_token
 
@@ -95,7 +94,24 @@ class Step:
         return [_part(value, axes, box, shape, read) for value, axes in zip(values, self.axes)]
 
 
-class Mapped:
+class StepToApply:
+    """A span with a step still to apply to it, piece by piece: ``shape``, ``cuts()`` (where its pieces begin
+    along each axis), ``narrowed(box)`` (a part of it, still a span) and ``value(box, read)`` (a part's data)."""
+
+    __slots__ = ()
+    shape: tuple[int, ...]
+
+    def cuts(self) -> tuple[tuple[int, ...], ...]:
+        raise NotImplementedError
+
+    def narrowed(self, box: Box) -> Any:
+        raise NotImplementedError
+
+    def value(self, box: Box, read: Reads) -> Any:
+        raise NotImplementedError
+
+
+class Mapped(StepToApply):
     """An element-wise step still to apply to spans, piece by piece."""
 
     __slots__ = ("inputs", "shape", "step")
@@ -117,7 +133,7 @@ class Mapped:
         return f"<Mapped {self.shape}>"
 
 
-class Indexed:
+class Indexed(StepToApply):
     """A span indexed with integers or slices with steps: the index still to apply to each piece once read.
 
     ``index`` has one entry per axis of ``inner``: an integer (the axis is
@@ -188,7 +204,7 @@ class Indexed:
         return f"<Indexed {self.shape}>"
 
 
-class Transposed:
+class Transposed(StepToApply):
     """A span with its axes permuted (``np.transpose(inner, axes)``): each piece read, then transposed."""
 
     __slots__ = ("axes", "inner", "shape")
@@ -217,100 +233,9 @@ class Transposed:
         return f"<Transposed {self.shape}>"
 
 
-class Scanned:
-    """A cumulative step along ``axis`` of a span (dask's first step of a cumulative sum or product: each
-    block scanned on its own), still to apply: each piece read and scanned, then merged (``merge``, dask's
-    ``_cumsum_merge`` or ``_cumprod_merge``) with the carry of the pieces before it along the axis.
-
-    ``region`` is the part of the scan this span is (a slice of it keeps the
-    scan's start). Pieces asked for in order along the axis, as a reduction
-    asks for them, carry on from the last (per thread: two tasks may read
-    one span at once); any other asks from the span's start again.
-    """
-
-    __slots__ = ("_carries", "axis", "inner", "merge", "region", "shape", "step")
-
-    def __init__(self, step: Step, inner: Any, axis: int, merge: Callable[..., Any], region: Box | None = None):
-        self.step, self.inner, self.axis, self.merge = step, inner, axis, merge
-        self.region = region or tuple(slice(0, n) for n in inner.shape)
-        self.shape = tuple(r.stop - r.start for r in self.region)
-        self._carries: dict[tuple[Any, ...], tuple[int, Any]] = {}
-
-    def __reduce__(self) -> Any:  # the carries are this process's progress, not the span's
-        return Scanned, (self.step, self.inner, self.axis, self.merge, self.region)
-
-    def cuts(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(
-            (0, *(c - r.start for c in cuts if r.start < c < r.stop), r.stop - r.start)
-            for cuts, r in zip(self.inner.cuts(), self.region, strict=True)
-        )
-
-    def narrowed(self, box: Box) -> Scanned:
-        return Scanned(self.step, self.inner, self.axis, self.merge, _within(self.region, box))
-
-    def value(self, box: Box, read: Reads) -> Any:
-        """The scan in ``box`` (of this span), one piece of ``inner`` across the kept axes at a time."""
-        absolute = _within(self.region, box)
-        kept = [
-            [slice(a, b) for a, b in itertools.pairwise((s.start, *(c for c in cuts if s.start < c < s.stop), s.stop))]
-            if axis != self.axis
-            else [s]
-            for axis, (s, cuts) in enumerate(zip(absolute, self.inner.cuts(), strict=True))
-        ]
-        parts = [(cells, self._scanned(cells, read)) for cells in itertools.product(*kept)]
-        if len(parts) == 1:
-            return parts[0][1]
-        out = np.empty(tuple(s.stop - s.start for s in absolute), dtype=parts[0][1].dtype)
-        for cells, part in parts:
-            out[tuple(slice(c.start - a.start, c.stop - a.start) for c, a in zip(cells, absolute))] = part
-        return out
-
-    def _scanned(self, box: Box, read: Reads) -> Any:
-        axis, start = self.axis, box[self.axis].start
-        key = (threading.get_ident(), *((s.start, s.stop) for i, s in enumerate(box) if i != axis))
-        done, carry = self._carries.get(key, (0, None))
-        if done > start:  # asked out of order: from the span's start again
-            done, carry = 0, None
-        # The pieces before the box along the axis, not kept: each one's last slice carried on.
-        steps = [c for c in self.inner.cuts()[axis] if done < c < start] + [start]
-        for stop in steps if done < start else ():
-            raise_if_stopped()
-            carry = self._carry(carry, self._piece(box, done, stop, read))
-            done = stop
-        scanned = self._piece(box, start, box[axis].stop, read)
-        result = scanned if carry is None else self.merge(carry, scanned)
-        if box[axis].stop < self.inner.shape[axis]:
-            self._carries[key] = (box[axis].stop, self._last(result))
-        else:
-            self._carries.pop(key, None)
-        return result
-
-    def _piece(self, box: Box, start: int, stop: int, read: Reads) -> Any:
-        cells = tuple(slice(start, stop) if i == self.axis else s for i, s in enumerate(box))
-        return self.step([_part(self.inner, None, cells, self.inner.shape, read)])
-
-    def _last(self, scanned: Any) -> Any:
-        return scanned[(slice(None),) * self.axis + (slice(-1, None),)]
-
-    def _carry(self, carry: Any, scanned: Any) -> Any:
-        return self._last(scanned) if carry is None else self.merge(carry, self._last(scanned))
-
-    def __repr__(self) -> str:
-        return f"<Scanned {self.shape} along axis {self.axis}>"
-
-
-def _within(region: Box, box: Box) -> Box:
-    """``box`` (relative to ``region``) in ``region``'s coordinates."""
-    return tuple(slice(r.start + b.start, r.start + b.stop) for r, b in zip(region, box, strict=True))
-
-
-#: The steps still to apply to a span, each read piece by piece.
-_STEPS_TO_APPLY = (Mapped, Indexed, Transposed, Scanned)
-
-
 def is_span(value: Any) -> bool:
     """Whether ``value`` is a span (a region not read yet, or a step still to apply to one), not data."""
-    return isinstance(value, (SpanRead, *_STEPS_TO_APPLY))
+    return isinstance(value, (SpanRead, StepToApply))
 
 
 class Reads:
@@ -335,7 +260,7 @@ def _part(
     axis)."""
     if isinstance(value, SpanRead):
         return value.narrowed(box) if read is None else read(value, box)
-    if isinstance(value, _STEPS_TO_APPLY):
+    if isinstance(value, StepToApply):
         return value.narrowed(box) if read is None else value.value(box, read)
     if axes is None or not hasattr(value, "shape") or len(getattr(value, "shape", ())) != len(axes):
         return value
@@ -360,6 +285,12 @@ def _boxes(cuts: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...],
 
 
 # Run-time steps of the rewritten graph.
+
+
+def read_part(value: Any, box: Box, read: Reads) -> Any:
+    """The data of the span ``value`` in ``box`` (unit-step slices relative to it), its reads shared through
+    ``read``."""
+    return _part(value, None, box, value.shape, read)
 
 
 def whole(value: Any) -> Any:
@@ -412,36 +343,6 @@ def span_transpose(value: Any, axes: tuple[int, ...]) -> Any:
 def span_transpose_whole(value: Any, axes: tuple[int, ...]) -> Any:
     """:func:`span_transpose` whose block is taken whole by the step after."""
     return whole(span_transpose(value, axes))
-
-
-def span_scan(step: Step, merge: Callable[..., Any], value: Any, axis: int) -> Any:
-    """A cumulative step's first step (each block scanned along ``axis``): of a span, the scan still to apply."""
-    return Scanned(step, value, axis, merge) if is_span(value) else step([value])
-
-
-def span_scan_whole(step: Step, merge: Callable[..., Any], value: Any, axis: int) -> Any:
-    """:func:`span_scan` whose block is taken whole by the step after."""
-    return whole(span_scan(step, merge, value, axis))
-
-
-def span_carried(merge: Callable[..., Any], carry: Any, scanned: Any, last: tuple[slice, ...]) -> Any:
-    """The carry past a scanned block (dask's ``extra``): the carry before it merged with its ``last``
-    slice, which of a span is the span scanned to its end, piece by piece."""
-    return merge(carry, whole(span_narrow(scanned, last)))
-
-
-def span_merged(merge: Callable[..., Any], carry: Any, scanned: Any) -> Any:
-    """A scanned block merged with the carry of the blocks before it: of a span, the merge still to apply."""
-    if not is_span(scanned):
-        return merge(carry, scanned)
-    tokens = [blockwise_token(0), blockwise_token(1)]
-    axes = tuple(range(len(scanned.shape)))
-    return Mapped(Step(Task("merge", merge, *map(TaskRef, tokens)), (axes, axes)), (carry, scanned), scanned.shape)
-
-
-def span_merged_whole(merge: Callable[..., Any], carry: Any, scanned: Any) -> Any:
-    """:func:`span_merged` whose block is taken whole by the step after."""
-    return whole(span_merged(merge, carry, scanned))
 
 
 def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
@@ -512,6 +413,57 @@ def fold_pieces(
     return _folded([value], reduced, merge, lambda box: of_piece(piece_of(value, box)))
 
 
+def span_reductions(layout: tuple[tuple[Step, Combine, int], ...], *values: Any) -> tuple[Any, ...]:
+    """The first steps of several reductions over the same spans (``layout``: each one's step, combine and
+    number of ``values``, in turn), each piece read once for all of them: a tuple of their partials."""
+    taken, at = [], 0
+    for step, combine, count in layout:
+        taken.append((step, combine, values[at : at + count]))
+        at += count
+    spans = [v for v in values if is_span(v)]
+    shapes = {span.shape for span in spans}
+    if len(shapes) != 1 or 0 in spans[0].shape:  # not one span's shape: each reads its own
+        return tuple(span_reduce(step, combine, *inputs) for step, combine, inputs in taken)
+    shape = spans[0].shape
+
+    def partial_of(step: Step, inputs: Sequence[Any]) -> Callable[[Box, Reads], Any]:
+        return lambda box, read: step(step.parts(inputs, box, shape, read))
+
+    folds = [_Fold(combine.reduced, combine, partial_of(step, inputs), len(shape)) for step, combine, inputs in taken]
+    return tuple(_folded_together(spans, folds))
+
+
+class _Fold:
+    """One reduction's partials of pieces, combined as they come along its ``reduced`` axes (:func:`_folded`)."""
+
+    def __init__(self, reduced: tuple[int, ...], combine: Callable[[list[Any]], Any], partial_of: Any, ndim: int):
+        self.combine, self.partial_of = combine, partial_of
+        self.kept = [axis for axis in range(ndim) if axis not in reduced]
+        self.partials: dict[tuple[int, ...], list[Any]] = {}
+
+    def add(self, position: tuple[int, ...], box: Box, read: Reads) -> None:
+        waiting = self.partials.setdefault(tuple(position[axis] for axis in self.kept), [])
+        waiting.append(self.partial_of(box, read))
+        if len(waiting) >= FAN_IN:
+            waiting[:] = [self.combine(waiting)]
+
+    def result(self) -> Any:
+        combined = {
+            p: self.combine(waiting) if len(waiting) > 1 else waiting[0] for p, waiting in self.partials.items()
+        }
+        return _joined(combined, self.kept)
+
+
+def _folded_together(spans: Sequence[Any], folds: Sequence[_Fold]) -> list[Any]:
+    """Each fold of the pieces of ``spans``, every piece read once (its reads shared) for all of them."""
+    for position, box in _boxes(_cuts(spans)):
+        raise_if_stopped()
+        read = Reads()
+        for fold in folds:
+            fold.add(position, box, read)
+    return [fold.result() for fold in folds]
+
+
 def _folded(
     spans: Sequence[Any],
     reduced: tuple[int, ...],
@@ -520,19 +472,8 @@ def _folded(
 ) -> Any:
     """The partials of the pieces of ``spans`` (``partial_of`` a piece's box), combined as they come along the
     ``reduced`` axes and joined along the kept ones."""
-    kept = [axis for axis in range(len(spans[0].shape)) if axis not in reduced]
-    partials: dict[tuple[int, ...], list[Any]] = {}
-    for position, box in _boxes(_cuts(spans)):
-        raise_if_stopped()
-        partial = partial_of(box)
-        waiting = partials.setdefault(tuple(position[axis] for axis in kept), [])
-        waiting.append(partial)
-        if len(waiting) >= FAN_IN:
-            waiting[:] = [combine(waiting)]
-    combined = {
-        position: combine(waiting) if len(waiting) > 1 else waiting[0] for position, waiting in partials.items()
-    }
-    return _joined(combined, kept)
+    fold = _Fold(reduced, combine, lambda box, _: partial_of(box), len(spans[0].shape))
+    return _folded_together(spans, [fold])[0]
 
 
 def span_counts(step: Step, *values: Any) -> Any:
