@@ -287,9 +287,8 @@ def _cutting_spans_evenly(
     units = unit or (1,) * len(chunks)
     cut = []
     for lengths, chunk, step in zip(spans, chunks, units, strict=True):
-        even = (
-            dividing_chunk(math.gcd(*lengths[:-1]) if len(lengths) > 1 else lengths[0], chunk, step) if lengths else 0
-        )
+        # The spans before the last are alike in length (or cut off the grid): the blocks divide each of them.
+        even = dividing_chunk(math.gcd(*(lengths[:-1] or lengths)), chunk, step) if lengths else 0
         cut.append(even if 2 * even >= chunk else chunk)
     return tuple(cut)
 

@@ -253,8 +253,8 @@ class ComputePlan:
             if self.times_read(name) > len(p)
         ]
         if extra:
-            # A span holds no data: each step taking one reads its chunks itself (a cumulative step's carry, a
-            # second reduction of the same source); otherwise it is work with halos beside work without.
+            # A span holds no data: each step taking one reads its chunks itself (a cumulative step's totals, a
+            # step beside a reduction); otherwise it is work with halos beside work without.
             why = (
                 "by each step taking its spans"
                 if self.spans is not None

@@ -173,7 +173,10 @@ def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
         takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
         check_whole(graph, name, cap, takers, read=name in found.reads)
     layers, dependencies = dict(graph.layers), dict(graph.dependencies)
+    together = {name for group in found.siblings for name in group}  # rewritten with their siblings, below
     for name, kind in found.kinds.items():
+        if name in together:
+            continue
         if kind == "carry":  # with a layer of its own: the spans' totals
             carried, needs = carry_layers(graph, name, whole=name in found.taken_whole)
             layers.update(carried)

@@ -152,8 +152,8 @@ def carries_scans(graph: HighLevelGraph, name: str, values: list[Any], taken: se
     """Whether a layer's tasks are the rest of a cumulative step over the ``scan`` layer it takes (dask's
     ``cumreduction``): blocks passed on, carries made of ``full_like``, and merges of a carry with a block or
     with a block's last slice."""
-    scans = graph.dependencies.get(name, set()) & taken
-    if len(scans) != 1:
+    scans = graph.dependencies.get(name, set())
+    if len(scans) != 1 or not scans <= taken:  # dask's carries take the scanned blocks alone
         return False
     (scan,) = scans
     layer = graph.layers[scan]
@@ -182,25 +182,27 @@ def carry_layers(graph: HighLevelGraph, name: str, *, whole: bool) -> tuple[dict
     """A carry layer (:func:`carries_scans`) taking spans, and the layer of the spans' totals it merges: the
     layers, and what each needs."""
     layer = graph.layers[name]
+    (scan,) = graph.dependencies[name]  # a carry layer takes its scan layer alone
+    scanning = graph.layers[scan]
+    assert isinstance(scanning, Blockwise)  # as carries_scans found it
+    merging = scan_merge_of(scanning.task)
     totals_name = f"span-totals-{tokenize(name)}"
     tasks: dict[Any, Any] = {}
     totals: dict[Any, Task] = {}
     for key, value in layer.items():
-        if isinstance(value, tuple) and value and value[0] is apply:
+        kind = _carry_kind(value, merging, scan)
+        if kind == "start":
             tasks[key] = value  # a carry of zeros or ones, as dask makes it
-        elif not (isinstance(value, tuple) and callable(value[0])):
+        elif kind == "pass":
             tasks[key] = Task(key, whole_of, TaskRef(value)) if whole else Alias(key, value)
+        elif kind == "carry":
+            # The carry past a span: its total, made beside the other spans' (not after their carries).
+            merge, carry, (_, block, last) = value
+            total = (totals_name, *block[1:])
+            totals[total] = Task(total, span_total, TaskRef(block), last)
+            tasks[key] = Task(key, merge, TaskRef(carry), TaskRef(total))
         else:
-            merge, carry, last = value
-            if isinstance(last, tuple) and last and last[0] is operator.getitem:
-                # The carry past a span: its total, made beside the other spans' (not after their carries).
-                total = (totals_name, *last[1][1:])
-                totals[total] = Task(total, span_total, TaskRef(last[1]), last[2])
-                tasks[key] = Task(key, merge, TaskRef(carry), TaskRef(total))
-            else:
-                tasks[key] = Task(
-                    key, span_merged_whole if whole else span_merged, merge, TaskRef(carry), TaskRef(last)
-                )
+            merge, carry, block = value
+            tasks[key] = Task(key, span_merged_whole if whole else span_merged, merge, TaskRef(carry), TaskRef(block))
     layers: dict[str, Layer] = {name: materialized_like(layer, tasks), totals_name: MaterializedLayer(totals)}
-    needs = set(graph.dependencies[name])
-    return layers, {name: needs | {totals_name}, totals_name: needs}
+    return layers, {name: {scan, totals_name}, totals_name: {scan}}

@@ -43,7 +43,9 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   :func:`fold_pieces`).
 
 A span holds no data: every step that takes one reads its chunks itself, so
-a source whose spans two reductions take is read twice (the plan counts it).
+a source whose spans two steps take is read twice (the plan counts it) --
+except reductions computed together, whose first steps read each piece once
+for all of them (:func:`span_reductions`).
 
 Any other step taking a span's blocks (dask's ``map_blocks``, a reshape,
 the result of ``compute``) gets its blocks whole where they fit a task's share
