@@ -390,11 +390,13 @@ def test_a_remembered_winner_that_observed_runs_contradict_is_replaced(tmp_path,
     assert not first.from_cache
     assert cache.get(first.key) is not None
     tuned = tuple(first.chunks)
-    # Another shape the space admits: halved when that stays a whole storage chunk, else doubled
-    # (doubling 1024 rows of 2048 would leave one task for two threads, which the tuner rejects).
+    # Another shape the space admits, in whole storage chunks: half as many rows' chunks (3 become 1),
+    # or two where the tuned shape has one (doubling 1024 rows of 2048 would leave one task for two
+    # threads, which the tuner rejects).
     source = ds.open_source(path)
-    half = tuned[0] // 2
-    other = (half, tuned[1]) if half >= source.storage_chunks[0] else (tuned[0] * 2, tuned[1])
+    rows = source.storage_chunks[0]
+    multiple = tuned[0] // rows
+    other = ((multiple // 2 if multiple >= 2 else 2) * rows, tuned[1])
 
     def observed(chunks, throughput):
         multiples = [c // u for c, u in zip(chunks, source.storage_chunks)]
