@@ -41,6 +41,7 @@ from daskstream.planning.budget import format_size
 from daskstream.planning.chunks import plan_chunks
 from daskstream.planning.plan import ChunkPlan
 from daskstream.planning.settings import PlanSettings
+from daskstream.sources.checked_once import is_unchecked
 from daskstream.sources.objects.places import is_url
 from daskstream.sources.reads import record_read
 
@@ -158,15 +159,19 @@ class Source(ABC):
         if math.prod(shape) == 0:
             out = np.empty(shape, dtype=self.dtype)
         else:
-            # Checked on both sides: a file rewritten while this task read it is caught too.
-            self.check_unchanged()
+            # Checked on both sides: a file rewritten while this task read it is caught too (once for all the
+            # pieces a task streams: daskstream.sources.checked_once).
+            checking = not is_unchecked(self)
+            if checking:
+                self.check_unchanged()
             try:
                 out = self._read_box(box)
             except (OSError, EOFError, ValueError):
                 # A file cut short or rewritten mid-read fails in the reader: say so when that is why.
                 self.check_unchanged()
                 raise
-            self.check_unchanged()
+            if checking:
+                self.check_unchanged()
         record_read(out.nbytes)
         if not post:
             return out

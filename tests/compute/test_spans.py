@@ -420,3 +420,45 @@ def test_reductions_of_one_source_computed_together_read_it_once(span_field, spa
         np.nanmean(x).compute()
         np.nanstd(x).compute()
     assert apart.bytes_read == 2 * data.nbytes
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])
+def test_a_task_checks_its_source_once_not_around_every_chunk(span_field, spanned, monkeypatch, fmt):
+    data, paths = span_field
+    x, plan = opened(paths[fmt])
+    source_class = type(ds.open_source(paths[fmt]))
+    reads = Reads(monkeypatch, source_class)
+    checks = []
+    check = source_class.check_unchanged
+    monkeypatch.setattr(source_class, "check_unchanged", lambda source: checks.append(1) or check(source))
+    got = float(np.nanmax(x).compute(scheduler="sync"))
+    assert got == float(np.nanmax(data))
+    # Before its first chunk and after its last, per task: not on both sides of every chunk (several system
+    # calls each, for a Zarr store).
+    spans = x.npartitions
+    assert len(reads.sizes) == plan.n_tasks > 4 * spans
+    assert len(checks) <= 2 * spans
+
+
+def test_a_source_changed_while_a_task_streams_its_span_is_caught(tmp_path, spanned, monkeypatch):
+    from daskstream.errors import SourceChangedError
+    from daskstream.sources.npy import NpySource
+
+    data = np.random.default_rng(3).standard_normal((24_000, 40, 6)).astype("f4")
+    path = tmp_path / "a.npy"
+    np.save(path, data)
+    x, plan = opened(str(path))
+    read = NpySource.__getitem__
+    count = []
+
+    def touching(source, region):
+        count.append(1)
+        # The file changed before the last task's last chunk: no read checks it after, and no task comes after.
+        if len(count) == plan.n_tasks - 1:
+            os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+        return read(source, region)
+
+    monkeypatch.setattr(NpySource, "__getitem__", touching)
+    with pytest.raises(SourceChangedError, match=r"a\.npy"):
+        np.nanmax(x).compute(scheduler="sync")
+    assert len(count) == plan.n_tasks  # each chunk read once: the check after the span's last caught it

@@ -91,7 +91,7 @@ class Scanned(StepToApply):
         # The parts before the box's own along the axis: each read (its reads let go) for its last slice alone.
         for cut in [c for c in self.inner.cuts()[axis] if done < c <= start]:
             raise_if_stopped()
-            carry = self._carry(carry, self._piece(box, done, cut, Reads()))
+            carry = self._carry(carry, self._piece(box, done, cut, read.apart()))
             done = cut
         scanned = self._piece(box, done, stop, read)  # from the last cut before the box: one read of its chunk
         if carry is not None:

@@ -73,6 +73,7 @@ from dask.blockwise import blockwise_token
 from daskstream.compute.streaming.span_steps import concatenated
 from daskstream.graph.reads import SpanRead
 from daskstream.runtime.stopping import raise_if_stopped
+from daskstream.sources.checked_once import CheckedOnce
 
 Box = tuple[slice, ...]
 
@@ -243,15 +244,25 @@ def is_span(value: Any) -> bool:
 class Reads:
     """The source regions one piece's evaluation has read: each read once, however many steps take it."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources: CheckedOnce | None = None) -> None:
         self._read: dict[tuple[int, tuple[tuple[int, int], ...]], Any] = {}
+        # A task's sources, checked unchanged once for all its pieces (each piece's Reads shares them).
+        self._sources = CheckedOnce() if sources is None else sources
 
     def __call__(self, span: SpanRead, box: Box) -> Any:
         region = span.narrowed(box).region
         key = (id(span.source), tuple((s.start, s.stop) for s in region))
         if key not in self._read:
-            self._read[key] = span.source[region]
+            self._read[key] = self._sources.read(span.source, region)
         return self._read[key]
+
+    def apart(self) -> Reads:
+        """Reads of their own (let go with them), their sources checked with these."""
+        return Reads(self._sources)
+
+    def check(self) -> None:
+        """Check the sources read once more, after the last piece (:class:`CheckedOnce`)."""
+        self._sources.check()
 
 
 def _part(
@@ -299,15 +310,23 @@ def whole(value: Any) -> Any:
     """A span's data at once (a block that fits the task's share), anything else as it is."""
     if not is_span(value):
         return value
-    return _part(value, None, tuple(slice(0, n) for n in value.shape), value.shape, Reads())
+    return _checked_part(value, tuple(slice(0, n) for n in value.shape))
 
 
-def piece_of(value: Any, box: Box) -> Any:
+def piece_of(value: Any, box: Box, read: Reads | None = None) -> Any:
     """The data of ``value`` in ``box`` (unit-step slices relative to it): of a span, that part alone read and
-    computed; of data, its slice."""
+    computed (its reads shared through ``read``); of data, its slice."""
     if not is_span(value):
         return value[box]
-    return _part(value, None, box, value.shape, Reads())
+    return _checked_part(value, box) if read is None else _part(value, None, box, value.shape, read)
+
+
+def _checked_part(value: Any, box: Box) -> Any:
+    """A span's part read with reads of its own, its sources checked once more after its last piece."""
+    read = Reads()
+    part = _part(value, None, box, value.shape, read)
+    read.check()
+    return part
 
 
 def read_whole(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -377,7 +396,7 @@ def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     if not spans or 0 in spans[0].shape:  # an empty slice: nothing to read, its partial as numpy gives it
         return step([whole(v) for v in values])
     shape = spans[0].shape
-    return _folded(spans, combine.reduced, combine, lambda box: step(step.parts(values, box, shape, Reads())))
+    return _folded(spans, combine.reduced, combine, lambda box, read: step(step.parts(values, box, shape, read)))
 
 
 def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], offset_info: Any) -> Any:
@@ -394,13 +413,13 @@ def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], o
     # dask gives an index into the whole array raveled where all its axes are reduced (and for one axis).
     ravelled = len(axis) == len(value.shape)
 
-    def partial_of(box: Box) -> Any:
+    def partial_of(box: Box, read: Reads) -> Any:
         if ravelled:  # the piece's corner within the whole array
             offset, total_shape = offset_info
             at = (tuple(o + b.start for o, b in zip(offset, box)), total_shape)
         else:
             at = offset_info + box[axis[0]].start
-        return chunk(piece_of(value, box), axis, at)
+        return chunk(piece_of(value, box, read), axis, at)
 
     return _folded([value], axis, combine, partial_of)
 
@@ -412,7 +431,7 @@ def fold_pieces(
     come along the ``reduced`` axes (``merge`` of a list of them, keeping those axes as length 1) and joined
     along the others (dicts of partials field by field): what ``of_piece`` of the whole block would give
     where ``merge`` is its own combine."""
-    return _folded([value], reduced, merge, lambda box: of_piece(piece_of(value, box)))
+    return _folded([value], reduced, merge, lambda box, read: of_piece(piece_of(value, box, read)))
 
 
 def span_reductions(layout: tuple[tuple[Step, Combine, int], ...], *values: Any) -> tuple[Any, ...]:
@@ -458,11 +477,13 @@ class _Fold:
 
 def _folded_together(spans: Sequence[Any], folds: Sequence[_Fold]) -> list[Any]:
     """Each fold of the pieces of ``spans``, every piece read once (its reads shared) for all of them."""
+    first = Reads()
     for position, box in _boxes(_cuts(spans)):
         raise_if_stopped()
-        read = Reads()
+        read = first.apart()
         for fold in folds:
             fold.add(position, box, read)
+    first.check()
     return [fold.result() for fold in folds]
 
 
@@ -470,11 +491,11 @@ def _folded(
     spans: Sequence[Any],
     reduced: tuple[int, ...],
     combine: Callable[[list[Any]], Any],
-    partial_of: Callable[[Box], Any],
+    partial_of: Callable[[Box, Reads], Any],
 ) -> Any:
-    """The partials of the pieces of ``spans`` (``partial_of`` a piece's box), combined as they come along the
-    ``reduced`` axes and joined along the kept ones."""
-    fold = _Fold(reduced, combine, lambda box, _: partial_of(box), len(spans[0].shape))
+    """The partials of the pieces of ``spans`` (``partial_of`` a piece's box and its reads), combined as they
+    come along the ``reduced`` axes and joined along the kept ones."""
+    fold = _Fold(reduced, combine, partial_of, len(spans[0].shape))
     return _folded_together(spans, [fold])[0]
 
 
@@ -485,11 +506,12 @@ def span_counts(step: Step, *values: Any) -> Any:
     if not spans or 0 in spans[0].shape:
         return step([whole(v) for v in values])
     shape = spans[0].shape
-    total = None
+    total, first = None, Reads()
     for _, box in _boxes(_cuts(spans)):
         raise_if_stopped()
-        row = step(step.parts(values, box, shape, Reads()))
+        row = step(step.parts(values, box, shape, first.apart()))
         total = row if total is None else total + row
+    first.check()
     return total
 
 
