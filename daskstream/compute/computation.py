@@ -40,12 +40,12 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         reads = {**plan.reads}
         for source, times in read_counts.items():
             reads[source] = max(times, reads.get(source, 0))
+        passes = max([plan.passes, *reads.values()])
+        # A pass is a step reading its spans (counted above), not where the pieced graph's reductions would
+        # have to wait for whole blocks: its worst task is in one of those passes.
+        worst = plan.worst and dataclasses.replace(plan.worst, level=min(plan.worst.level, max(passes - 1, 0)))
         return dataclasses.replace(
-            plan,
-            tasks=len(optimized),
-            spans=span_facts(optimized, graph),
-            reads=reads,
-            passes=max([plan.passes, *reads.values()]),
+            plan, tasks=len(optimized), spans=span_facts(optimized, graph), reads=reads, passes=passes, worst=worst
         )
     rewritten, plan = plan_graph(graph, keys, resources)
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):

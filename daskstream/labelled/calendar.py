@@ -134,6 +134,10 @@ def calendar_planned(
     if not any(dim in periods for dim in dims) or source.ndim != len(dims):
         return "auto"
     plan = source.plan(settings)
+    if plan.span is not None:
+        # Chunks at the most a task may hold outnumber what a graph may: tasks stream spans of them, whose
+        # groups (months, years) flox reduces piece by piece (daskstream.compute.streaming.span_groups).
+        return "auto"
     factor = max(plan.working_set_factor, analysis_working_set_factor(source.dtype, CALENDAR_FLOAT64_COPIES))
     cap = min(
         per_task_cap(plan.memory_budget, plan.threads, factor, plan.decode_bytes),

@@ -16,6 +16,9 @@ blocks that may be spans is one of:
     the axes it keeps;
 ``arg``
     an arg-reduction's first step (dask's ``arg_chunk``), block for block;
+``grouped``
+    flox's first step of a map-reduce groupby, block for block
+    (:mod:`~daskstream.compute.streaming.span_groups`);
 ``scan``
     a cumulative step's first step (each block scanned along an axis), block for block;
 ``carry``
@@ -50,6 +53,7 @@ from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
+from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_scans import carries_scans, carry_layers, span_scan, span_scan_whole
 from daskstream.compute.streaming.span_siblings import fused_reductions, sibling_reductions
@@ -355,6 +359,9 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
         return "transpose"
     if len(layer.indices) == 1 and layer.indices[0][1] == out and scan_merge_of(layer.task) is not None:
         return "scan"
+    spanned_whole = [index == out for name, index in layer.indices if isinstance(name, str) and name in taken]
+    if all(spanned_whole) and grouped_combine(graph, layer) is not None:
+        return "grouped"
     chunks = _chunks(layer)
     spanned = [(name, index) for name, index in layer.indices if isinstance(name, str) and name in taken]
     inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
@@ -448,6 +455,11 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
         task = Task(layer.task.key, span_map_whole if whole else span_map, step, *refs)
     elif kind == "counts":
         task = Task(layer.task.key, span_counts, step, *refs)
+    elif kind == "grouped":
+        grouped = grouped_combine(graph, layer)
+        assert grouped is not None  # a "grouped" layer is one whose combine is known
+        combine = Combine(grouped[0], grouped[1], len(out), join=joined_groups)
+        task = Task(layer.task.key, span_reduce, step, combine, *refs)
     elif kind == "scan":
         merge = scan_merge_of(layer.task)
         scan = span_scan_whole if whole else span_scan

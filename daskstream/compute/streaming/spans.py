@@ -383,6 +383,9 @@ class Combine:
     func: Callable[..., Any]
     reduced: tuple[int, ...]
     ndim: int
+    #: How the combined partials at the kept positions join into the block's partial (``join(partials by
+    #: position, kept axes)``), where not as arrays (or dicts of arrays) are joined.
+    join: Callable[[Mapping[tuple[int, ...], Any], list[int]], Any] | None = None
 
     def __call__(self, partials: list[Any]) -> Any:
         # One level per reduced axis: the partials along the first, each alone along the others.
@@ -472,7 +475,7 @@ class _Fold:
         combined = {
             p: self.combine(waiting) if len(waiting) > 1 else waiting[0] for p, waiting in self.partials.items()
         }
-        return _joined(combined, self.kept)
+        return (getattr(self.combine, "join", None) or _joined)(combined, self.kept)
 
 
 def _folded_together(spans: Sequence[Any], folds: Sequence[_Fold]) -> list[Any]:

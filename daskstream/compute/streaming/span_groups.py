@@ -1,0 +1,121 @@
+"""Groupby-style reductions over spans: flox's map-reduce steps, each piece of a span reduced by group.
+
+xarray's ``groupby(...).mean()`` (and ``resample``, and the other
+reductions flox computes by "map-reduce") reduces each block to one partial
+per group with flox's ``chunk_reduce``, then combines the partials of
+neighbouring blocks along the reduced axis with flox's ``_simple_combine``.
+A block's partial is what that combine makes of the partials of its pieces,
+each piece reduced with the group labels of its own rows: the cut between
+pieces is one more cut between blocks. So over a span, the first step
+reduces one piece at a time (with the labels it covers) and combines the
+partials as they come with the very combine flox put after it
+(:func:`grouped_combine`), holding one piece and the partials of the groups.
+
+Only these are recognised: flox's ``chunk_reduce`` (not its arg-reductions,
+whose indices count from the start of the block they were given), followed
+by ``_simple_combine`` (a level of flox's tree, or within the ``_aggregate``
+that ends it) and nothing else. Any other groupby step takes its blocks
+whole, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dask.array.core import _concatenate2
+from dask.blockwise import Blockwise
+from dask.core import reverse_dict
+from dask.highlevelgraph import HighLevelGraph
+from toolz.functoolz import Compose
+
+#: What a flox map-reduce step's partial holds besides its intermediates: the labels of its groups.
+_GROUPS = "groups"
+
+
+def grouped_combine(graph: HighLevelGraph, layer: Blockwise) -> tuple[Callable[..., Any], tuple[int, ...]] | None:
+    """flox's combine of the partials of ``layer`` and the axes it reduces, where ``layer`` is flox's first
+    step of a map-reduce groupby (``chunk_reduce`` of each block with its rows' group labels) and its partials
+    go to that combine alone; else ``None``."""
+    func = layer.task.func
+    if not isinstance(func, functools.partial) or not isinstance(func.func, Compose):
+        return None
+    steps = [func.func.first, *func.func.funcs]
+    if not any(_is_flox(step, "chunk_reduce") for step in steps) or "axis" not in func.keywords:
+        return None
+    axis = tuple(func.keywords["axis"])
+    combines = set()
+    for dependent in reverse_dict(graph.dependencies).get(layer.output, ()):
+        tasks = list(graph.layers[dependent].values())
+        combines |= {_task_function(task) for task in tasks}
+    if len(combines) != 1:
+        return None
+    combine = _simple_combine_of(combines.pop())
+    if combine is None or tuple(combine.keywords.get("axis", ())) != axis:
+        return None
+    return combine, axis
+
+
+def _simple_combine_of(step: Any) -> functools.partial[Any] | None:
+    """flox's ``_simple_combine`` of intermediates where ``step`` is it (a level of the tree), or is the
+    ``_aggregate`` around it (the last level, which then finalizes): the same combine either way, keeping the
+    axes it reduces (``keepdims``) as a level of the tree does."""
+    if not isinstance(step, functools.partial):
+        return None
+    if _is_flox(step, "_simple_combine"):
+        return step
+    inner = step.keywords.get("combine")
+    if not (_is_flox(step, "_aggregate") and isinstance(inner, functools.partial)):
+        return None
+    if not _is_flox(inner, "_simple_combine") or "agg" not in step.keywords or "axis" not in step.keywords:
+        return None
+    return functools.partial(inner, agg=step.keywords["agg"], axis=step.keywords["axis"], keepdims=True)
+
+
+def _is_flox(step: Any, name: str) -> bool:
+    func = step.func if isinstance(step, functools.partial) else step
+    return getattr(func, "__name__", None) == name and str(getattr(func, "__module__", "")).startswith("flox.")
+
+
+def _task_function(task: Any) -> Any:
+    """The function a task calls: a legacy tuple's first item, a task object's ``func``."""
+    if isinstance(task, tuple) and task and callable(task[0]):
+        return task[0]
+    return getattr(task, "func", None)
+
+
+def joined_groups(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
+    """The partials of a block's pieces at each position along the kept ``axes`` (each combined along the
+    reduced ones) joined into the block's: each intermediate joined along those axes, the group labels --
+    the same at every position, the rows being the same -- kept once."""
+    if not axes:
+        return parts[()]
+    counts = [max(position[i] for position in parts) + 1 for i in range(len(axes))]
+
+    def nest(prefix: tuple[int, ...], pick: Callable[[Any], Any]) -> Any:
+        if len(prefix) == len(counts):
+            return pick(parts[prefix])
+        return [nest((*prefix, i), pick) for i in range(counts[len(prefix)])]
+
+    def joined(pick: Callable[[Any], Any]) -> Any:
+        return _concatenate2(nest((), pick), axes=axes)
+
+    first = next(iter(parts.values()))
+    result: dict[str, Any] = {}
+    for field, value in first.items():
+        if field == _GROUPS:
+            result[field] = value
+        elif isinstance(value, (list, tuple)):
+            result[field] = type(value)(joined(functools.partial(_item, field, i)) for i in range(len(value)))
+        else:
+            result[field] = joined(functools.partial(_item, field, None))
+    return result
+
+
+def _item(field: str, index: int | None, partial: Mapping[str, Any]) -> Any:
+    """A partial's ``field`` (its ``index``-th intermediate, where the field is a list of them)."""
+    return partial[field] if index is None else partial[field][index]
+
+
+__all__ = ["grouped_combine", "joined_groups"]
