@@ -33,6 +33,8 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 from dask.utils import key_split
 
+from daskstream.graph.flox_steps import flox_chunk_step
+from daskstream.graph.trees import tree_fan_in
 from daskstream.planning.passes import LayerFacts
 from daskstream.planning.settings import PlanSettings, Resources
 from daskstream.sources.base import Source
@@ -171,6 +173,9 @@ def _block_bytes(layer: Layer) -> int:
     largest = [max(c, default=0) for c in chunks]
     if any(isinstance(n, float) and math.isnan(n) for n in largest):
         return 0
+    flox = flox_chunk_step(layer.task.func) if isinstance(layer, Blockwise) else None
+    if flox is not None:  # annotated with its input's blocks, but a value per group and intermediate
+        return flox.block_bytes(tuple(int(n) for n in largest))
     return int(math.prod(largest)) * itemsize
 
 
@@ -245,7 +250,11 @@ def _blockwise_fan_in(graph: HighLevelGraph, layer: Blockwise) -> dict[str, int]
 
 
 def _sampled_fan_in(graph: HighLevelGraph, name: str, layer: Layer) -> dict[str, int]:
-    """Block dependencies of a few output keys, followed through the layer's own inner keys."""
+    """Block dependencies of a few output keys, followed through the layer's own inner keys (a task's own,
+    for a layer holding whole tree reductions)."""
+    tree = tree_fan_in(graph, name, layer, lambda value: _dependencies(value, layer, graph))
+    if tree is not None:
+        return tree
     outputs = sorted(layer.get_output_keys(), key=_sort_key)
     if not outputs:
         return {}

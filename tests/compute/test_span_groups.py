@@ -108,3 +108,26 @@ def test_a_groupby_flox_does_not_map_and_reduce_is_refused_before_any_read(label
     with pytest.raises(MemoryBudgetError, match="groupby reductions"):
         v.groupby("time.year").median().compute()
     assert reads.sizes == []
+
+
+def test_floxs_first_step_is_projected_as_the_partials_it_makes(labelled):
+    from daskstream.graph.flox_steps import flox_chunk_step
+    from daskstream.graph.layers import describe
+
+    _, path = labelled
+    v = ds.open_dataset(path)["t"]  # read in blocks, not spans
+    graph = v.groupby("time.month").mean().data.__dask_graph__()
+    name = next(n for n in graph.layers if "-chunk-" in n)
+    step = flox_chunk_step(graph.layers[name].task.func)
+    assert step is not None
+    assert step.groups == 12  # the months
+    assert step.intermediate_bytes == 4 + 8  # a float32 sum and an int64 count
+    # dask annotates the step with its input's blocks; each makes a value per month and intermediate instead.
+    block = [max(lengths) for lengths in graph.layers[name].collection_annotations["chunks"]]
+    kept = math.prod(n for axis, n in enumerate(block) if axis not in step.axis)
+    rows = math.prod(block[axis] for axis in step.axis)
+    assert step.block_bytes(tuple(block)) == kept * min(rows, 12) * 12 < math.prod(block) * 4
+    facts = {f.name: f for f in describe(graph).facts}
+    assert facts[name].block_bytes <= step.block_bytes(tuple(block))
+    # Anything else is not taken for it.
+    assert flox_chunk_step(np.sum) is None

@@ -118,3 +118,20 @@ def test_a_rolling_window_is_planned_as_a_view_of_its_block_not_window_copies(tm
     assert plan.worst.peak_bytes < 10 * block
     oracle = xr.open_dataset(path, engine="h5netcdf")["t"].load()
     np.testing.assert_allclose(rolled.values, oracle.rolling(time=30).mean().max("time").values, rtol=1e-5)
+
+
+def test_a_climatology_flox_reduces_by_cohorts_is_projected_by_what_each_task_takes(tmp_path):
+    path = tmp_path / "daily.nc"
+    written = write_daily(path)
+    # A day per block: flox reduces each month's days as a cohort, a tree of combines per month in one layer.
+    t = ds.open_dataset(path, chunks={"time": 1})["t"]
+    climatology = t.groupby("time.month").mean()
+    assert any("cohorts" in name for name in climatology.data.__dask_graph__().layers)
+    plan = ds.plan_compute(climatology.data)
+    partial_bytes = 6 * 8 * 12  # a day's partial: a float32 sum and an int64 count per cell, one month
+    # Each combine holds the few partials it takes (flox combines 4 at a time here), not the dozens of days a
+    # level of the month's tree reaches through the layer.
+    assert plan.worst.peak_bytes <= 10 * partial_bytes
+    assert plan.projected_peak_bytes <= plan.budget
+    got = climatology.compute()
+    xr.testing.assert_allclose(got, written["t"].groupby("time.month").mean(), rtol=1e-6)

@@ -28,7 +28,8 @@ from dask.array.core import _concatenate2
 from dask.blockwise import Blockwise
 from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph
-from toolz.functoolz import Compose
+
+from daskstream.graph.flox_steps import flox_chunk_step, is_flox
 
 #: What a flox map-reduce step's partial holds besides its intermediates: the labels of its groups.
 _GROUPS = "groups"
@@ -38,13 +39,9 @@ def grouped_combine(graph: HighLevelGraph, layer: Blockwise) -> tuple[Callable[.
     """flox's combine of the partials of ``layer`` and the axes it reduces, where ``layer`` is flox's first
     step of a map-reduce groupby (``chunk_reduce`` of each block with its rows' group labels) and its partials
     go to that combine alone; else ``None``."""
-    func = layer.task.func
-    if not isinstance(func, functools.partial) or not isinstance(func.func, Compose):
+    step = flox_chunk_step(layer.task.func)
+    if step is None:
         return None
-    steps = [func.func.first, *func.func.funcs]
-    if not any(_is_flox(step, "chunk_reduce") for step in steps) or "axis" not in func.keywords:
-        return None
-    axis = tuple(func.keywords["axis"])
     combines = set()
     for dependent in reverse_dict(graph.dependencies).get(layer.output, ()):
         tasks = list(graph.layers[dependent].values())
@@ -52,9 +49,9 @@ def grouped_combine(graph: HighLevelGraph, layer: Blockwise) -> tuple[Callable[.
     if len(combines) != 1:
         return None
     combine = _simple_combine_of(combines.pop())
-    if combine is None or tuple(combine.keywords.get("axis", ())) != axis:
+    if combine is None or tuple(combine.keywords.get("axis", ())) != step.axis:
         return None
-    return combine, axis
+    return combine, step.axis
 
 
 def _simple_combine_of(step: Any) -> functools.partial[Any] | None:
@@ -63,19 +60,14 @@ def _simple_combine_of(step: Any) -> functools.partial[Any] | None:
     axes it reduces (``keepdims``) as a level of the tree does."""
     if not isinstance(step, functools.partial):
         return None
-    if _is_flox(step, "_simple_combine"):
+    if is_flox(step, "_simple_combine"):
         return step
     inner = step.keywords.get("combine")
-    if not (_is_flox(step, "_aggregate") and isinstance(inner, functools.partial)):
+    if not (is_flox(step, "_aggregate") and isinstance(inner, functools.partial)):
         return None
-    if not _is_flox(inner, "_simple_combine") or "agg" not in step.keywords or "axis" not in step.keywords:
+    if not is_flox(inner, "_simple_combine") or "agg" not in step.keywords or "axis" not in step.keywords:
         return None
     return functools.partial(inner, agg=step.keywords["agg"], axis=step.keywords["axis"], keepdims=True)
-
-
-def _is_flox(step: Any, name: str) -> bool:
-    func = step.func if isinstance(step, functools.partial) else step
-    return getattr(func, "__name__", None) == name and str(getattr(func, "__module__", "")).startswith("flox.")
 
 
 def _task_function(task: Any) -> Any:
