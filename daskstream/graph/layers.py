@@ -33,7 +33,7 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 from dask.utils import key_split
 
-from daskstream.graph.flox_steps import flox_chunk_step
+from daskstream.graph.flox_steps import flox_chunk_step, groups_found
 from daskstream.graph.trees import tree_fan_in
 from daskstream.planning.passes import LayerFacts
 from daskstream.planning.settings import PlanSettings, Resources
@@ -98,7 +98,7 @@ def describe(graph: HighLevelGraph, names: Iterable[str] | None = None) -> Graph
             # A later pass's gate gives its reads their Source once the pass before is done: an order, no data.
             facts = LayerFacts(name, "constant")
         else:
-            facts = LayerFacts(name, "compute", _block_bytes(layer), blocks or 1, inputs)
+            facts = LayerFacts(name, "compute", _block_bytes(layer, graph), blocks or 1, inputs)
         described.facts.append(facts)
     described.facts = _reduction_partials(described.facts)
     return described
@@ -160,7 +160,7 @@ def annotated_blocks(layer: Layer) -> int | None:
     return math.prod(len(c) for c in chunks)
 
 
-def _block_bytes(layer: Layer) -> int:
+def _block_bytes(layer: Layer, graph: HighLevelGraph | None = None) -> int:
     """Bytes of the layer's largest output block, from the array it makes (0 when unknown)."""
     annotations = layer.collection_annotations or {}
     chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
@@ -175,7 +175,7 @@ def _block_bytes(layer: Layer) -> int:
         return 0
     flox = flox_chunk_step(layer.task.func) if isinstance(layer, Blockwise) else None
     if flox is not None:  # annotated with its input's blocks, but a value per group and intermediate
-        return flox.block_bytes(tuple(int(n) for n in largest))
+        return flox.block_bytes(tuple(int(n) for n in largest), groups_found(graph, layer, flox))
     return int(math.prod(largest)) * itemsize
 
 

@@ -131,3 +131,39 @@ def test_floxs_first_step_is_projected_as_the_partials_it_makes(labelled):
     assert facts[name].block_bytes <= step.block_bytes(tuple(block))
     # Anything else is not taken for it.
     assert flox_chunk_step(np.sum) is None
+
+
+@pytest.mark.parametrize("how", ["mean", "max", "std"])
+def test_a_groupby_flox_reduces_by_cohorts_streams_spans_too(labelled, spanned, monkeypatch, how):
+    field, path = labelled
+    v, plan = spanned_field(path, field)
+    grouped = v.groupby("time.month")
+    result = getattr(grouped, how)(method="cohorts")  # each block's partial holds the months it found
+    assert any("cohorts" in name for name in result.data.__dask_graph__().layers)
+    reads = Reads(monkeypatch, type(ds.open_source(f"{path}::t")))
+    with dask.config.set(scheduler="threads", num_workers=2):
+        got = result.compute()
+    xr.testing.assert_allclose(got, getattr(field.groupby("time.month"), how)(), rtol=1e-5, atol=1e-6)
+    # The pieces of a span found different months: their partials were joined on all they found.
+    assert len(reads.sizes) == plan.n_tasks
+
+
+def test_a_climatology_of_an_hourly_terabyte_in_spans_is_planned_within_the_budget(tmp_path):
+    import zarr
+
+    # A terabyte of ERA5-like hours, metadata only (every chunk reads as the fill value), with its hours.
+    hours = 2**40 // (721 * 1440 * 4)
+    group = zarr.open_group(str(tmp_path / "era5.zarr"), mode="w", zarr_format=3)
+    dims = ["time", "lat", "lon"]
+    group.create_array("v", shape=(hours, 721, 1440), chunks=(24, 721, 1440), dtype="f4", dimension_names=dims)
+    time = group.create_array("time", shape=(hours,), chunks=(2**20,), dtype="i8", dimension_names=["time"])
+    time[:] = np.arange(hours)
+    time.attrs.update(units="hours since 1950-01-01", calendar="proleptic_gregorian")
+    with dask.config.set({"daskstream.planning.max-tasks": 2_000}):
+        v = ds.open_dataset(str(tmp_path / "era5.zarr"))["v"]
+        climatology = v.groupby("time.month").mean()  # flox reduces blocks of a few weeks by cohorts
+        plan = ds.plan_compute(climatology.data)
+    assert plan.spans is not None
+    assert plan.tasks < hours // 24 // 4  # far fewer than the days stored: a task streams a span of them
+    # Each block's partial holds the one or two months it found, not a row per hour: within the budget.
+    assert plan.projected_peak_bytes <= plan.budget

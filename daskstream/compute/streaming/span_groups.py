@@ -11,11 +11,17 @@ reduces one piece at a time (with the labels it covers) and combines the
 partials as they come with the very combine flox put after it
 (:func:`grouped_combine`), holding one piece and the partials of the groups.
 
+flox's "cohorts" (what it chooses where a block holds few of the groups: a
+day per block of hourly data, months as groups) keep in a block's partial
+only the groups it found: the pieces' partials, each with the groups it
+found, are then combined on all they found between them
+(:func:`_union_combine`), which is the block's partial.
+
 Only these are recognised: flox's ``chunk_reduce`` (not its arg-reductions,
 whose indices count from the start of the block they were given), followed
 by ``_simple_combine`` (a level of flox's tree, or within the ``_aggregate``
-that ends it) and nothing else. Any other groupby step takes its blocks
-whole, as before.
+that ends it), or by the cohorts' steps. Any other groupby step takes its
+blocks whole, as before.
 """
 
 from __future__ import annotations
@@ -46,12 +52,38 @@ def grouped_combine(graph: HighLevelGraph, layer: Blockwise) -> tuple[Callable[.
     for dependent in reverse_dict(graph.dependencies).get(layer.output, ()):
         tasks = list(graph.layers[dependent].values())
         combines |= {_task_function(task) for task in tasks}
+    if not step.reindexed:
+        # Cohorts: each block's partial holds the groups it found, which its pieces' partials, each holding
+        # theirs, give once reindexed to all they found between them.
+        combine = _union_combine(combines, step.axis)
+        return None if combine is None else (combine, step.axis)
     if len(combines) != 1:
         return None
     combine = _simple_combine_of(combines.pop())
     if combine is None or tuple(combine.keywords.get("axis", ())) != step.axis:
         return None
     return combine, step.axis
+
+
+def _union_combine(functions: set[Any], axis: tuple[int, ...]) -> functools.partial[Any] | None:
+    """flox's ``_simple_combine`` of partials holding different groups (reindexed to the groups they hold
+    between them first), for the aggregation the steps after name; ``None`` where they name none, or this
+    flox has no such combine."""
+    aggregations = {id(f.keywords["agg"]): f.keywords["agg"] for f in functions if _names_aggregation(f)}
+    if len(aggregations) != 1:
+        return None
+    try:
+        from flox.dask import ReindexStrategy, _simple_combine
+    except ImportError:  # another flox: its blocks are taken whole
+        return None
+    every_group = ReindexStrategy(blockwise=False)
+    return functools.partial(
+        _simple_combine, agg=next(iter(aggregations.values())), axis=axis, keepdims=True, reindex=every_group
+    )
+
+
+def _names_aggregation(function: Any) -> bool:
+    return isinstance(function, functools.partial) and "agg" in function.keywords and is_flox(function, "")
 
 
 def _simple_combine_of(step: Any) -> functools.partial[Any] | None:
