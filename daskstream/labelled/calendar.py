@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -87,13 +88,51 @@ def calendar_starts(xr: Any, variables: Mapping[str, Any]) -> dict[str, tuple[tu
         if raw.dims != (name,) or " since " not in units or not 2 < raw.shape[0] <= LARGEST_CALENDAR:
             continue
         try:
-            dates = np.asarray(xr.conventions.decode_cf_variable(name, raw, decode_times=True).values)
+            dates = gregorian_dates(raw)
+            if dates is None:
+                dates = np.asarray(xr.conventions.decode_cf_variable(name, raw, decode_times=True).values)
         except (ValueError, TypeError, OverflowError, KeyError, AttributeError):
             continue  # (the decoders say what is wrong when the dataset is decoded)
         starts = period_starts(dates)
         if starts is not None:
             found[name] = starts
     return found
+
+
+#: CF time units numpy counts in, and the calendars whose dates are numpy's (proleptic Gregorian; the mixed
+#: "standard" calendar only from its reform on).
+_NUMPY_UNITS = {"days": "D", "hours": "h", "minutes": "m", "seconds": "s", "milliseconds": "ms", "microseconds": "us"}
+_GREGORIAN = frozenset({"proleptic_gregorian", "standard", "gregorian"})
+_REFORM = np.datetime64("1582-10-15")
+_PLAIN_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?)?$")
+
+
+def gregorian_dates(raw: Any) -> np.ndarray | None:
+    """A time coordinate's whole-number offsets ``units since`` a date as numpy dates, where numpy's dates are
+    the calendar's and no value is missing; else ``None`` (xarray's decoders then decode it).
+
+    Where periods start needs the dates once, not their decoding as the dataset's index: xarray decodes a
+    long coordinate date by date (49 s for 4.2 million hours here), numpy adds the offsets at once.
+
+    >>> import xarray as xr
+    >>> gregorian_dates(xr.Variable(("time",), np.arange(3), {"units": "hours since 1990-01-01"}))
+    array(['1990-01-01T00', '1990-01-01T01', '1990-01-01T02'],
+          dtype='datetime64[h]')
+    """
+    step, _, since = str(raw.attrs.get("units", "")).strip().partition(" since ")
+    unit = _NUMPY_UNITS.get(step.strip().lower())
+    calendar = str(raw.attrs.get("calendar", "standard")).lower()
+    if unit is None or calendar not in _GREGORIAN or "_FillValue" in raw.attrs or "missing_value" in raw.attrs:
+        return None
+    values = np.asarray(raw.values)
+    if values.dtype.kind not in "iu" or "scale_factor" in raw.attrs or "add_offset" in raw.attrs:
+        return None
+    if not _PLAIN_DATE.match(since.strip()):
+        return None  # a time zone, or a date numpy does not read: xarray's decoders then
+    start = np.datetime64(since.strip().replace(" ", "T"), unit)
+    if calendar != "proleptic_gregorian" and start < _REFORM:
+        return None
+    return start + values.astype(np.int64).astype(f"timedelta64[{unit}]")
 
 
 def period_starts(dates: np.ndarray) -> tuple[tuple[int, ...], ...] | None:

@@ -135,3 +135,41 @@ def test_a_climatology_flox_reduces_by_cohorts_is_projected_by_what_each_task_ta
     assert plan.projected_peak_bytes <= plan.budget
     got = climatology.compute()
     xr.testing.assert_allclose(got, written["t"].groupby("time.month").mean(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("units", "calendar", "values"),
+    [
+        ("hours since 1700-01-01", "proleptic_gregorian", np.arange(0, 4_000_000, 997)),
+        ("days since 2001-03-01 00:00:00", None, np.arange(3_000)),
+        ("minutes since 1970-01-01T06:00:00", "standard", np.arange(0, 10**6, 7, dtype="u4")),
+        ("seconds since 1900-02-28 12:00", "proleptic_gregorian", np.arange(0, 10**9, 86_399)),
+    ],
+)
+def test_time_offsets_are_the_dates_xarray_decodes(units, calendar, values):
+    from daskstream.labelled.calendar import gregorian_dates, period_starts
+
+    attrs = {"units": units} if calendar is None else {"units": units, "calendar": calendar}
+    raw = xr.Variable(("time",), values, attrs)
+    fast = gregorian_dates(raw)
+    decoded = xr.conventions.decode_cf_variable("time", raw).values
+    assert fast is not None
+    np.testing.assert_array_equal(fast.astype("datetime64[ns]"), decoded.astype("datetime64[ns]"))
+    assert period_starts(fast) == period_starts(decoded)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"units": "days since 2000-01-01", "calendar": "noleap"},  # not numpy's calendar
+        {"units": "days since 1500-01-01"},  # the standard calendar before its reform is Julian
+        {"units": "days since 2000-01-01", "_FillValue": -1},
+        {"units": "days since 2000-01-01 00:00:00 +05:00"},  # a time zone numpy does not read
+        {"units": "months since 2000-01-01"},
+    ],
+)
+def test_time_offsets_numpy_would_misdate_are_left_to_xarray(attrs):
+    from daskstream.labelled.calendar import gregorian_dates
+
+    assert gregorian_dates(xr.Variable(("time",), np.arange(10), attrs)) is None
+    assert gregorian_dates(xr.Variable(("time",), np.arange(10.0), {"units": "days since 2000-01-01"})) is None
