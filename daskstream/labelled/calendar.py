@@ -129,7 +129,7 @@ def gregorian_dates(raw: Any) -> np.ndarray | None:
         return None
     if not _PLAIN_DATE.match(since.strip()):
         return None  # a time zone, or a date numpy does not read: xarray's decoders then
-    start = np.datetime64(since.strip().replace(" ", "T"), unit)
+    start = np.datetime64(since.strip().replace(" ", "T")).astype(f"datetime64[{unit}]")
     if calendar != "proleptic_gregorian" and start < _REFORM:
         return None
     return start + values.astype(np.int64).astype(f"timedelta64[{unit}]")
