@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dask.highlevelgraph import HighLevelGraph, Layer
+from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 #: How dask's tree reductions name the keys of their levels below the root.
@@ -34,6 +34,8 @@ def tree_fan_in(
 
     ``dependencies(value)``: the keys a task of the layer depends on.
     """
+    if not isinstance(layer, MaterializedLayer):  # other layers would make every task to be looked through
+        return None
     first_of_name: dict[Any, Key] = {}
     for key in layer:
         first_of_name.setdefault(key[0] if isinstance(key, tuple) else key, key)
