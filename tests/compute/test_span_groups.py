@@ -167,3 +167,14 @@ def test_a_climatology_of_an_hourly_terabyte_in_spans_is_planned_within_the_budg
     assert plan.tasks < hours // 24 // 4  # far fewer than the days stored: a task streams a span of them
     # Each block's partial holds the one or two months it found, not a row per hour: within the budget.
     assert plan.projected_peak_bytes <= plan.budget
+
+
+def test_a_resample_flox_rechunks_is_refused_with_the_method_that_streams(labelled, spanned, monkeypatch):
+    field, path = labelled
+    v, _ = spanned_field(path, field)
+    reads = Reads(monkeypatch, type(ds.open_source(f"{path}::t")))
+    with pytest.raises(MemoryBudgetError, match='method="map-reduce"'):
+        v.resample(time="1MS").mean().compute()  # flox rechunks to whole months first
+    assert reads.sizes == []
+    got = v.resample(time="1MS").mean(method="map-reduce").compute()
+    xr.testing.assert_allclose(got, field.resample(time="1MS").mean(), rtol=1e-5, atol=1e-6)

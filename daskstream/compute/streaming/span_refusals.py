@@ -50,14 +50,24 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
     kernel = getattr(annotations.get(REGIONS_ANNOTATION), "kernel", None)
     maker = funcname(getattr(kernel, "fn", kernel)) if kernel is not None else None if read else _step_name(name)
     blocks = f"blocks of {source}" if maker is None else f"blocks of what {maker} makes of {source}"
+    # flox rechunks a resample (and a groupby whose groups it finds contiguous) to reduce whole groups: asked
+    # for its map-reduce, it reduces each chunk by group instead, which streams.
+    grouped = any(key_split(layer_name).startswith("groupby_") for layer_name in graph.layers)
+    flox = (
+        '; a groupby or resample streams with method="map-reduce" (not a median or quantile per group, which '
+        "flox computes on whole groups)"
+        if grouped
+        else ""
+    )
     raise MemoryBudgetError(
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
             f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, sums, means, extremes "
-            "and where they lie, moments, groupby reductions (flox's map-reduce and cohorts), cumulative sums and products, histograms, exact quantiles, describe, "
-            "daskstream's kernels (ds.map_blocks, ds.kernels) and stores to Zarr stream a span chunk by chunk: "
-            "compute a part of the array at a time (x[...]), or reduce it first, or open it with a larger ",
+            "and where they lie, moments, groupby reductions (flox's map-reduce and cohorts), cumulative sums "
+            "and products, histograms, exact quantiles, describe, daskstream's kernels (ds.map_blocks, "
+            f"ds.kernels) and stores to Zarr stream a span chunk by chunk{flox}: compute a part of the array at a "
+            "time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )
     )
