@@ -30,11 +30,11 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dask.array.core import _concatenate2
 from dask.blockwise import Blockwise
 from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph
 
+from daskstream.compute.streaming.spans import joined_partials
 from daskstream.graph.flox_steps import flox_chunk_step, is_flox
 
 #: What a flox map-reduce step's partial holds besides its intermediates: the labels of its groups.
@@ -115,31 +115,18 @@ def joined_groups(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
     the same at every position, the rows being the same -- kept once."""
     if not axes:
         return parts[()]
-    counts = [max(position[i] for position in parts) + 1 for i in range(len(axes))]
-
-    def nest(prefix: tuple[int, ...], pick: Callable[[Any], Any]) -> Any:
-        if len(prefix) == len(counts):
-            return pick(parts[prefix])
-        return [nest((*prefix, i), pick) for i in range(counts[len(prefix)])]
-
-    def joined(pick: Callable[[Any], Any]) -> Any:
-        return _concatenate2(nest((), pick), axes=axes)
-
     first = next(iter(parts.values()))
     result: dict[str, Any] = {}
     for field, value in first.items():
         if field == _GROUPS:
             result[field] = value
         elif isinstance(value, (list, tuple)):
-            result[field] = type(value)(joined(functools.partial(_item, field, i)) for i in range(len(value)))
+            result[field] = type(value)(
+                joined_partials({at: part[field][i] for at, part in parts.items()}, axes) for i in range(len(value))
+            )
         else:
-            result[field] = joined(functools.partial(_item, field, None))
+            result[field] = joined_partials({at: part[field] for at, part in parts.items()}, axes)
     return result
-
-
-def _item(field: str, index: int | None, partial: Mapping[str, Any]) -> Any:
-    """A partial's ``field`` (its ``index``-th intermediate, where the field is a list of them)."""
-    return partial[field] if index is None else partial[field][index]
 
 
 __all__ = ["grouped_combine", "joined_groups"]

@@ -475,7 +475,7 @@ class _Fold:
         combined = {
             p: self.combine(waiting) if len(waiting) > 1 else waiting[0] for p, waiting in self.partials.items()
         }
-        return (getattr(self.combine, "join", None) or _joined)(combined, self.kept)
+        return (getattr(self.combine, "join", None) or joined_partials)(combined, self.kept)
 
 
 def _folded_together(spans: Sequence[Any], folds: Sequence[_Fold]) -> list[Any]:
@@ -518,7 +518,7 @@ def span_counts(step: Step, *values: Any) -> Any:
     return total
 
 
-def _joined(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
+def joined_partials(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
     """The partials at each kept position, joined along the kept ``axes`` (dicts of partials field by field)."""
     if not axes:
         return parts[()]
