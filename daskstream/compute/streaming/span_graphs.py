@@ -9,8 +9,8 @@ blocks that may be spans is one of:
 ``transpose``
     their axes permuted (``np.transpose``, ``np.swapaxes``);
 ``narrow``
-    slices of them, integers and positive steps in their index (or whole
-    blocks passed on);
+    slices of them, integers, steps (reversing ones too) and new axes in
+    their index (or whole blocks passed on);
 ``reduce``
     a reduction's first step whose combine is known, block for block along
     the axes it keeps;
@@ -238,14 +238,23 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[
 
 
 def _narrowed_piece(layer: Layer, piece: tuple[int, ...]) -> tuple[int, ...]:
-    """``piece`` through the index of a ``narrow`` layer's tasks (all alike but at the edges)."""
+    """``piece`` through the index of a ``narrow`` layer's tasks (all alike but at the edges): axes indexed by an
+    integer gone, stepped axes shorter, new axes of one."""
     task = next(iter(layer.values()))
     if isinstance(task, Alias):
         return piece
-    index = tuple(task.args[1]) + (slice(None),) * (len(piece) - len(task.args[1]))
-    return tuple(
-        max(1, -(-p // (item.step or 1))) for item, p in zip(index, piece, strict=True) if isinstance(item, slice)
-    )
+    taken = [item for item in task.args[1] if item is not None]
+    index = tuple(task.args[1]) + (slice(None),) * (len(piece) - len(taken))
+    pieces = iter(piece)
+    found: list[int] = []
+    for item in index:
+        if item is None:
+            found.append(1)
+        elif isinstance(item, slice):
+            found.append(max(1, -(-next(pieces) // abs(item.step or 1))))
+        else:
+            next(pieces)
+    return tuple(found)
 
 
 def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
@@ -384,7 +393,7 @@ def _chunks(layer: Layer) -> Any:
 
 
 def _narrows(value: Any, taken: set[str]) -> bool:
-    """True for a task passing a block on, or taking part of it with integers and slices of positive steps."""
+    """True for a task passing a block on, or taking part of it with integers, slices and new axes."""
     if isinstance(value, Alias):
         return True
     return (
@@ -398,9 +407,14 @@ def _narrows(value: Any, taken: set[str]) -> bool:
 
 
 def _narrowing(item: Any) -> bool:
-    """An integer, or a slice with a positive step (a new axis, a reversal or an array of indices is not)."""
+    """An integer, a slice of whole-number step (reversing ones too) or a new axis (an array of indices is not)."""
+    if item is None:
+        return True
     if isinstance(item, slice):
-        return item.step is None or (isinstance(item.step, (int, np.integer)) and bool(item.step >= 1))
+        return all(
+            bound is None or (isinstance(bound, (int, np.integer)) and not isinstance(bound, bool))
+            for bound in (item.start, item.stop, item.step)
+        )
     return isinstance(item, (int, np.integer)) and not isinstance(item, bool)
 
 

@@ -14,7 +14,7 @@ from daskstream.planning.budget import format_size
 #: dask's names of steps (the prefixes of their keys) that differ from what a user called.
 _STEP_NAMES = {
     "arg-reduce": "argmin or argmax",
-    "getitem": "indexing with a new axis, a reversed step or an array",
+    "getitem": "indexing with an array",
     "nanarg-reduce": "nanargmin or nanargmax",
     "histogram-sum": "histogram",
     "lambda": "a function of map_blocks",

@@ -20,8 +20,8 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   the next block) is the span scanned to its end, so each span is read
   once more for it;
 - a **slice** (``x[a:b, ...]``) gives a narrower span, and an index with
-  integers or positive steps (``x[:, 3]``, ``x[::2]``) an :class:`Indexed`
-  one, each piece read then indexed; a **transpose** (``np.transpose``,
+  integers, steps or new axes (``x[:, 3]``, ``x[::-2]``, ``x[:, None]``) an
+  :class:`Indexed` one, each piece read then indexed; a **transpose** (``np.transpose``,
   ``np.swapaxes``) a :class:`Transposed` one;
 - a **reduction's first step** (sums, products, means, extremes, moments:
   what var and std combine, any, all, and their nan- forms) reads the span
@@ -137,24 +137,32 @@ class Mapped(StepToApply):
 
 
 class Indexed(StepToApply):
-    """A span indexed with integers or slices with steps: the index still to apply to each piece once read.
+    """A span indexed with integers, slices with steps (reversing ones too) and new axes: the index still to apply
+    to each piece once read.
 
-    ``index`` has one entry per axis of ``inner``: an integer (the axis is
-    dropped) or ``(start, stop, step)`` with a positive step, within it.
+    ``index`` has one entry per axis of ``inner`` -- an integer (the axis is
+    dropped) or ``(start, stop, step)`` within it, ``step`` not 0 -- and a
+    ``None`` where a new axis of length one comes.
     """
 
     __slots__ = ("index", "inner", "shape")
 
-    def __init__(self, inner: Any, index: Sequence[int | tuple[int, int, int]], shape: tuple[int, ...]) -> None:
+    def __init__(self, inner: Any, index: Sequence[int | tuple[int, int, int] | None], shape: tuple[int, ...]) -> None:
         self.inner, self.index, self.shape = inner, tuple(index), shape
 
     @classmethod
     def of(cls, inner: Any, index: tuple[Any, ...]) -> Indexed:
-        """``inner[index]`` (integers and slices with positive steps)."""
-        entries: list[int | tuple[int, int, int]] = []
+        """``inner[index]`` (integers, slices and ``None``)."""
+        entries: list[int | tuple[int, int, int] | None] = []
         shape: list[int] = []
-        full = tuple(index) + (slice(None),) * (len(inner.shape) - len(index))
-        for item, n in zip(full, inner.shape, strict=True):
+        taken = sum(item is not None for item in index)
+        lengths = iter(inner.shape)
+        for item in tuple(index) + (slice(None),) * (len(inner.shape) - taken):
+            if item is None:
+                entries.append(None)
+                shape.append(1)
+                continue
+            n = next(lengths)
             if isinstance(item, slice):
                 start, stop, step = item.indices(n)
                 entries.append((start, stop, step))
@@ -170,33 +178,54 @@ class Indexed(StepToApply):
         after: list[Any] = []
         boxes = iter(box)
         for entry in self.index:
+            if entry is None:
+                next(boxes)  # the new axis: its one position is the whole of it
+                after.append(None)
+                continue
             if isinstance(entry, int):
                 region.append(slice(entry, entry + 1))
                 after.append(0)
                 continue
             start, _, step = entry
             cell = next(boxes)
-            first = start + cell.start * step
-            region.append(slice(first, start + (cell.stop - 1) * step + 1 if cell.stop > cell.start else first))
+            first, last = start + cell.start * step, start + (cell.stop - 1) * step
+            if cell.stop <= cell.start:
+                region.append(slice(first, first))
+            else:  # a reversing step reads from its last position up, then reverses
+                region.append(slice(min(first, last), max(first, last) + 1))
             after.append(slice(None, None, step))
         return tuple(region), tuple(after)
 
     def cuts(self) -> tuple[tuple[int, ...], ...]:
         """Where pieces begin along each axis kept, each piece within one piece of ``inner``."""
         found: list[tuple[int, ...]] = []
-        for entry, cuts in zip(self.index, self.inner.cuts(), strict=True):
+        inner_cuts = iter(self.inner.cuts())
+        for entry in self.index:
+            if entry is None:
+                found.append((0, 1))
+                continue
+            cuts = next(inner_cuts)
             if isinstance(entry, int):
                 continue
             start, _, step = entry
             length = self.shape[len(found)]
-            # The first position at or after each of inner's cuts.
-            within = {p for c in cuts if 0 < (p := -(-(c - start) // step)) < length}
-            found.append((0, *sorted(within), length))
+            # The first position at or after each of inner's cuts (before it, with a reversing step).
+            firsts = (-(-(c - start) // step) for c in cuts) if step > 0 else ((start - c) // -step + 1 for c in cuts)
+            found.append((0, *sorted({p for p in firsts if 0 < p < length}), length))
         return tuple(found)
 
     def narrowed(self, box: Box) -> Indexed:
         region, after = self._inner_box(box)
-        index = [0 if isinstance(a, int) else (0, r.stop - r.start, a.step) for a, r in zip(after, region)]
+        regions = iter(region)
+        index: list[int | tuple[int, int, int] | None] = []
+        for item in after:
+            if item is None or isinstance(item, int):
+                if isinstance(item, int):
+                    next(regions)
+                index.append(item)
+                continue
+            n = (r := next(regions)).stop - r.start
+            index.append((0, n, item.step) if item.step > 0 else (n - 1, -1, item.step))
         return Indexed(self.inner.narrowed(region), index, tuple(b.stop - b.start for b in box))
 
     def value(self, box: Box, read: Reads) -> Any:
@@ -373,7 +402,8 @@ def span_narrow_whole(value: Any, index: tuple[slice, ...]) -> Any:
 
 def _unit_slices(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
     full = tuple(index) + (slice(None),) * (len(shape) - len(index))
-    return tuple(slice(*s.indices(n)[:2]) for s, n in zip(full, shape))
+    bounds = (s.indices(n)[:2] for s, n in zip(full, shape))
+    return tuple(slice(start, max(start, stop)) for start, stop in bounds)  # an empty slice stays empty
 
 
 @dataclass(frozen=True)
