@@ -51,6 +51,10 @@ EXPRESSIONS = {
     # An integer index drops an axis, a step keeps every other row: the pieces follow.
     "every other row of a column": (lambda x: x[::2, 3] - 1, lambda a: a[::2, 3] - 1, lambda c: (c[0] // 2, c[2])),
     "transposed": (lambda x: x.transpose(1, 0, 2), lambda a: a.transpose(1, 0, 2), lambda c: (c[1], c[0], c[2])),
+    # Reversed, with a new axis of one: each chunk read from its last row.
+    "reversed, with a new axis": (lambda x: x[::-1, None], lambda a: a[::-1, None], lambda c: (c[0], 1, *c[1:])),
+    # Whole rows merged: each chunk read, then reshaped.
+    "rows merged": (lambda x: x.reshape(24_000, 240), lambda a: a.reshape(24_000, 240), lambda c: (c[0], 240)),
 }
 # Expressions whose reads take the rows between those kept (a step): more is read than stored.
 STEPPED = {"every other row of a column"}
@@ -112,9 +116,9 @@ def test_codecs_are_chosen_from_chunks_of_a_spanned_array(span_field, spanned, t
 
 STEPS_NOT_STREAMING = {
     "sort": (lambda x: x.map_blocks(np.sort, axis=0), "sort takes whole blocks of {path}"),
-    "reversed rows": (
-        lambda x: x[::-1],
-        "indexing with a new axis, a reversed step or an array takes whole blocks of {path}",
+    "rows picked by an array": (
+        lambda x: x[np.array([5, 17_000, 3])],
+        "indexing with an array takes whole blocks of {path}",
     ),
 }
 

@@ -83,6 +83,19 @@ EXPRESSIONS = {
         lambda x: np.cumsum(x[::-1, 5, None].astype("f8"), axis=0)[-1],
         lambda a: np.cumsum(a[::-1, 5, None].astype("f8"), axis=0)[-1],
     ),
+    # Reshapes: each chunk of whole rows read, then reshaped.
+    "row sums of a reshape": (
+        lambda x: x.reshape(24_000, 240).sum(axis=1, dtype="f8"),
+        lambda a: a.reshape(24_000, 240).sum(axis=1, dtype="f8"),
+    ),
+    "histogram of a ravel": (
+        lambda x: ds.reduce(x.ravel(), "histogram", bins=6, range=(-3, 3))[0],
+        lambda a: np.histogram(a.ravel(), bins=6, range=(-3, 3))[0],
+    ),
+    "maxima of rows split in two": (
+        lambda x: np.nanmax(x.reshape(12_000, 2, 40, 6) * 2, axis=(0, 2)),
+        lambda a: np.nanmax(a.reshape(12_000, 2, 40, 6) * 2, axis=(0, 2)),
+    ),
     # Axes permuted: each piece read, then transposed.
     "sums over the last axis of a transpose": (
         lambda x: np.nansum(x.T, axis=2, dtype="f8"),
@@ -219,8 +232,8 @@ def test_a_spanned_computation_runs_far_fewer_tasks_than_chunks(span_field, span
 STEPS_TAKING_WHOLE_BLOCKS = {
     "a sort of dask's map_blocks": lambda x: x.map_blocks(np.sort, axis=0).sum(),
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
-    "a reshape": lambda x: x.reshape(24_000, 240).sum(),
     "rows picked by an array after a step": lambda x: (x * 2)[np.array([3, 17_000, 40])].sum(),
+    "a rechunk": lambda x: x.rechunk((24_000, 40, 1)).sum(),
     "the result itself": lambda x: x + 1,
 }
 
@@ -228,8 +241,8 @@ STEPS_TAKING_WHOLE_BLOCKS = {
 REFUSED_AS = {
     "a sort of dask's map_blocks": "sort takes whole blocks of {path}",
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
-    "a reshape": "reshape takes whole blocks of {path}",
     "rows picked by an array after a step": "indexing with an array takes whole blocks of what mul makes of {path}",
+    "a rechunk": "a rechunk takes whole blocks of {path}",
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }
 
@@ -416,6 +429,57 @@ def test_an_indexed_span_reads_each_piece_within_one_chunk_as_numpy_indexes(case
     for region in source.regions:
         for cell, step in zip(region, piece, strict=True):
             assert cell.stop <= cell.start or cell.start // step == (cell.stop - 1) // step
+
+
+@st.composite
+def _reshaped_spans(draw):
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12]), min_size=1, max_size=3)))
+    piece = tuple(draw(st.integers(1, n)) for n in shape)
+    # Any reshape: the prime factors of the size, in any order, cut into runs, with axes of one put in.
+    factors = draw(st.permutations([p for n in shape for p in _prime_factors(n)]))
+    new, run = [], 1
+    for factor in factors:
+        run *= factor
+        if draw(st.booleans()):
+            new.append(run)
+            run = 1
+    new.extend([run] if run > 1 or not new else [])
+    for _ in range(draw(st.integers(0, 2))):
+        new.insert(draw(st.integers(0, len(new))), 1)
+    return shape, piece, tuple(new)
+
+
+def _prime_factors(n):
+    found = []
+    for p in (2, 3):
+        while n % p == 0:
+            n //= p
+            found.append(p)
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(_reshaped_spans(), st.data())
+def test_a_reshaped_span_reads_whole_rows_as_numpy_reshapes(case, data):
+    from daskstream.compute.streaming.span_reshapes import reshaped_piece, span_reshape
+    from daskstream.compute.streaming.spans import Reads as PieceReads
+    from daskstream.compute.streaming.spans import _boxes, read_part, whole
+    from daskstream.graph.reads import SpanRead
+
+    shape, piece, new = case
+    values = np.arange(math.prod(shape)).reshape(shape)
+    expected = values.reshape(new)
+    source = _ReadsRecorded(values)
+    span = span_reshape(SpanRead(source, tuple(slice(0, n) for n in shape), piece), new)
+    assert span.shape == expected.shape
+    for _, box in _boxes(span.cuts()):
+        np.testing.assert_array_equal(read_part(span, box, PieceReads()), expected[box])
+    # A piece holds no more than the projection says.
+    most = math.prod(reshaped_piece(shape, new, piece))
+    assert max(math.prod(s.stop - s.start for s in region) for region in source.regions) <= most
+    # Any part of it, pieces or not, reads as numpy's.
+    box = tuple(slice(a, data.draw(st.integers(a, n))) for n in new for a in [data.draw(st.integers(0, n))])
+    np.testing.assert_array_equal(whole(span.narrowed(box)), expected[box])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -8,6 +8,9 @@ blocks that may be spans is one of:
     a blockwise element-wise step over them, block for block;
 ``transpose``
     their axes permuted (``np.transpose``, ``np.swapaxes``);
+``reshape``
+    each reshaped to its block's shape (``x.reshape``, ``x.ravel``;
+    :mod:`~daskstream.compute.streaming.span_reshapes`);
 ``narrow``
     slices of them, integers, steps (reversing ones too) and new axes in
     their index (or whole blocks passed on);
@@ -40,13 +43,10 @@ from __future__ import annotations
 import copy as copy_module
 import graphlib
 import math
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import dask.array.chunk as dask_chunk
-import numpy as np
 from dask._task_spec import Alias, Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
 from dask.core import reverse_dict
@@ -55,6 +55,12 @@ from dask.typing import Key
 
 from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
+from daskstream.compute.streaming.span_reshapes import (
+    is_reshaping,
+    reshaped_layer_piece,
+    span_reshape,
+    span_reshape_whole,
+)
 from daskstream.compute.streaming.span_scans import carries_scans, carry_layers, span_scan, span_scan_whole
 from daskstream.compute.streaming.span_siblings import fused_reductions, sibling_reductions
 from daskstream.compute.streaming.span_steps import (
@@ -63,6 +69,7 @@ from daskstream.compute.streaming.span_steps import (
     is_counting_each_value,
     is_elementwise,
     is_key_of,
+    is_narrowing,
     is_streaming_spans,
     materialized_like,
     scan_merge_of,
@@ -92,7 +99,7 @@ from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import Spans
 
 #: The kinds of steps whose blocks are spans again where they take spans.
-_PASSING_SPANS = ("map", "narrow", "transpose", "scan", "carry")
+_PASSING_SPANS = ("map", "narrow", "transpose", "reshape", "scan", "carry")
 
 
 @dataclass
@@ -222,6 +229,10 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[
             continue
         if kind == "narrow":
             pieces[name] = _narrowed_piece(graph.layers[name], inputs[0])
+        elif kind == "reshape":
+            reshaped = reshaped_layer_piece(graph, graph.layers[name], inputs[0])
+            if reshaped is not None:
+                pieces[name] = reshaped
         elif kind == "transpose":
             layer = graph.layers[name]
             assert isinstance(layer, Blockwise)  # a "transpose" layer is one
@@ -351,8 +362,10 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
             return "arg"
         if values and carries_scans(graph, name, values, taken):
             return "carry"
-        if all(_narrows(value, taken) for value in values):
+        if all(is_narrowing(value) for value in values):
             return "narrow"
+        if values and all(is_reshaping(value) for value in values):
+            return "reshape"
     return None
 
 
@@ -392,36 +405,6 @@ def _chunks(layer: Layer) -> Any:
     return (layer.collection_annotations or {}).get("chunks")
 
 
-def _narrows(value: Any, taken: set[str]) -> bool:
-    """True for a task passing a block on, or taking part of it with integers, slices and new axes."""
-    if isinstance(value, Alias):
-        return True
-    return (
-        isinstance(value, Task)
-        and value.func in _GETITEMS
-        and len(value.args) == 2
-        and isinstance(value.args[0], TaskRef)
-        and isinstance(value.args[1], tuple)
-        and all(_narrowing(item) for item in value.args[1])
-    )
-
-
-def _narrowing(item: Any) -> bool:
-    """An integer, a slice of whole-number step (reversing ones too) or a new axis (an array of indices is not)."""
-    if item is None:
-        return True
-    if isinstance(item, slice):
-        return all(
-            bound is None or (isinstance(bound, (int, np.integer)) and not isinstance(bound, bool))
-            for bound in (item.start, item.stop, item.step)
-        )
-    return isinstance(item, (int, np.integer)) and not isinstance(item, bool)
-
-
-#: The functions dask's slicing puts in a task taking part of a block.
-_GETITEMS = (dask_chunk.getitem, operator.getitem)
-
-
 def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bool:
     """Whether ``layer`` counts each value of the spans it takes into one row per block (a function marked by
     :func:`~daskstream.compute.streaming.span_steps.counts_each_value`, its row on one new last axis), the spans
@@ -448,6 +431,9 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
             layer,
             {key: Task(key, span_arg, f, TaskRef(block), axis, at) for key, (f, block, axis, at) in layer.items()},
         )
+    if kind == "reshape":
+        reshape = span_reshape_whole if whole else span_reshape
+        return materialized_like(layer, {key: Task(key, reshape, *value.args) for key, value in layer.items()})
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
         return materialized_like(

@@ -20,7 +20,7 @@ import dask.array as da
 import dask.array.chunk as dask_chunk
 import dask.array.reductions as dask_reductions
 import numpy as np
-from dask._task_spec import Task
+from dask._task_spec import Alias, Task, TaskRef
 from dask.array.core import _concatenate2, _enforce_dtype
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
@@ -203,3 +203,32 @@ def transposition_of(task: Task, ndim: int) -> tuple[int, ...] | None:
         order[first], order[second] = order[second], order[first]
         return tuple(order)
     return None
+
+
+def is_narrowing(value: Any) -> bool:
+    """True for a task passing a block on, or taking part of it with integers, slices (of any whole-number
+    step) and new axes -- not with an array of indices."""
+    if isinstance(value, Alias):
+        return True
+    return (
+        isinstance(value, Task)
+        and value.func in _GETITEMS
+        and len(value.args) == 2
+        and isinstance(value.args[0], TaskRef)
+        and isinstance(value.args[1], tuple)
+        and all(item is None or _is_whole_number(item) or _is_slice_of_whole_numbers(item) for item in value.args[1])
+    )
+
+
+#: The functions dask's slicing puts in a task taking part of a block.
+_GETITEMS = (dask_chunk.getitem, operator.getitem)
+
+
+def _is_whole_number(item: Any) -> bool:
+    return isinstance(item, (int, np.integer)) and not isinstance(item, bool)
+
+
+def _is_slice_of_whole_numbers(item: Any) -> bool:
+    return isinstance(item, slice) and all(
+        bound is None or _is_whole_number(bound) for bound in (item.start, item.stop, item.step)
+    )

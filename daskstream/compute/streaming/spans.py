@@ -22,7 +22,9 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
 - a **slice** (``x[a:b, ...]``) gives a narrower span, and an index with
   integers, steps or new axes (``x[:, 3]``, ``x[::-2]``, ``x[:, None]``) an
   :class:`Indexed` one, each piece read then indexed; a **transpose** (``np.transpose``,
-  ``np.swapaxes``) a :class:`Transposed` one;
+  ``np.swapaxes``) a :class:`Transposed` one; a **reshape** (``x.reshape``,
+  ``x.ravel``) a :class:`~daskstream.compute.streaming.span_reshapes.Reshaped`
+  one, each piece read as whole rows, then reshaped;
 - a **reduction's first step** (sums, products, means, extremes, moments:
   what var and std combine, any, all, and their nan- forms) reads the span
   one chunk at a time, applies the element-wise steps before it and its own
@@ -47,7 +49,7 @@ a source whose spans two steps take is read twice (the plan counts it) --
 except reductions computed together, whose first steps read each piece once
 for all of them (:func:`span_reductions`).
 
-Any other step taking a span's blocks (dask's ``map_blocks``, a reshape,
+Any other step taking a span's blocks (dask's ``map_blocks``, a rechunk,
 the result of ``compute``) gets its blocks whole where they fit a task's share
 of the budget (a small slice), and is refused before anything is read where
 they do not, naming the step. The lists of what is known to stream are
