@@ -79,6 +79,10 @@ EXPRESSIONS = {
         lambda x: np.nanmean((x[:, None, 3] - x[:, 2][:, None]).astype("f8"), axis=(0, 1)),
         lambda a: np.nanmean((a[:, None, 3] - a[:, 2][:, None]).astype("f8"), axis=(0, 1)),
     ),
+    "sum of an empty part of a new axis": (
+        lambda x: np.nansum(x[:, None][:, 1:], dtype="f8"),
+        lambda a: np.nansum(a[:, None][:, 1:], dtype="f8"),
+    ),
     "cumulative sum of a reversed column": (
         lambda x: np.cumsum(x[::-1, 5, None].astype("f8"), axis=0)[-1],
         lambda a: np.cumsum(a[::-1, 5, None].astype("f8"), axis=0)[-1],
@@ -446,7 +450,9 @@ def _reshaped_spans(draw):
     new.extend([run] if run > 1 or not new else [])
     for _ in range(draw(st.integers(0, 2))):
         new.insert(draw(st.integers(0, len(new))), 1)
-    return shape, piece, tuple(new)
+    # The span starts anywhere on the chunks' grid (a slice of the source before the reshape).
+    offset = tuple(draw(st.integers(0, p)) for p in piece)
+    return shape, piece, tuple(new), offset
 
 
 def _prime_factors(n):
@@ -460,22 +466,25 @@ def _prime_factors(n):
 
 @settings(max_examples=300, deadline=None)
 @given(_reshaped_spans(), st.data())
-def test_a_reshaped_span_reads_whole_rows_as_numpy_reshapes(case, data):
+def test_a_reshaped_span_reads_as_numpy_reshapes_within_its_projection(case, data):
     from daskstream.compute.streaming.span_reshapes import reshaped_piece, span_reshape
     from daskstream.compute.streaming.spans import Reads as PieceReads
     from daskstream.compute.streaming.spans import _boxes, read_part, whole
     from daskstream.graph.reads import SpanRead
 
-    shape, piece, new = case
-    values = np.arange(math.prod(shape)).reshape(shape)
-    expected = values.reshape(new)
-    source = _ReadsRecorded(values)
-    span = span_reshape(SpanRead(source, tuple(slice(0, n) for n in shape), piece), new)
+    shape, piece, new, offset = case
+    whole_source = np.arange(math.prod(n + o for n, o in zip(shape, offset))).reshape(
+        [n + o for n, o in zip(shape, offset)]
+    )
+    region = tuple(slice(o, o + n) for n, o in zip(shape, offset))
+    expected = whole_source[region].reshape(new)
+    source = _ReadsRecorded(whole_source)
+    span = span_reshape(SpanRead(source, region, piece), new)
     assert span.shape == expected.shape
     for _, box in _boxes(span.cuts()):
         np.testing.assert_array_equal(read_part(span, box, PieceReads()), expected[box])
-    # A piece holds no more than the projection says.
-    most = math.prod(reshaped_piece(shape, new, piece))
+    # A piece holds no more than the projection says, wherever the chunks' grid falls.
+    most = math.prod(reshaped_piece(shape, new, piece, at_most=True))
     assert max(math.prod(s.stop - s.start for s in region) for region in source.regions) <= most
     # Any part of it, pieces or not, reads as numpy's.
     box = tuple(slice(a, data.draw(st.integers(a, n))) for n in new for a in [data.draw(st.integers(0, n))])

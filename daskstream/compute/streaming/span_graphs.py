@@ -217,10 +217,10 @@ def span_piece_of(graph: Any, name: str) -> tuple[int, ...] | None:
     return _layer_pieces(graph, found).get(name) if name in found.spans or name in found.kinds else None
 
 
-def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[int, ...]]:
+def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = False) -> dict[str, tuple[int, ...]]:
     """The piece of each layer whose blocks are spans or take them: a read's own, the smallest of a step's
     inputs along each axis, a slice's or index's of its input (axes indexed by an integer gone, stepped
-    axes shorter)."""
+    axes shorter), a reshape's rows (``at_most``: the most a piece holds, for the projection)."""
     pieces = {name: tuple(planned["piece"]) for name, planned in found.reads.items()}
     for name in graphlib.TopologicalSorter(graph.dependencies).static_order():
         kind = found.kinds.get(name)
@@ -230,7 +230,7 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified) -> dict[str, tuple[
         if kind == "narrow":
             pieces[name] = _narrowed_piece(graph.layers[name], inputs[0])
         elif kind == "reshape":
-            reshaped = reshaped_layer_piece(graph, graph.layers[name], inputs[0])
+            reshaped = reshaped_layer_piece(graph, graph.layers[name], inputs[0], at_most=at_most)
             if reshaped is not None:
                 pieces[name] = reshaped
         elif kind == "transpose":
@@ -271,7 +271,7 @@ def _narrowed_piece(layer: Layer, piece: tuple[int, ...]) -> tuple[int, ...]:
 def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     """The number of blocks of the layers annotated in pieces is then the pieces', not the tasks'."""
     reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind in ("reduce", "arg")}
-    pieces = _layer_pieces(graph, found)
+    pieces = _layer_pieces(graph, found, at_most=True)
     layers = dict(graph.layers)
     for name in (found.spans - found.taken_whole) | set(reduced):
         layer, chunks = graph.layers[name], _chunks(graph.layers[name])

@@ -25,10 +25,12 @@ _STEP_NAMES = {
 }
 
 
-def _step_name(layer_name: str) -> str:
+def _step_name(layer_name: str, *, making: bool = False) -> str:
     name = key_split(layer_name)
     if name.startswith("finalize"):
         return "the result"  # dask's layer gathering what compute returns
+    if making and name == "getitem":
+        return "an index"  # a slice, too, makes blocks; only an array of indices takes them whole
     return _STEP_NAMES.get(name, name)
 
 
@@ -48,7 +50,13 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
     source = source_name(graph, name)
     # A kernel's regions read in spans are what the kernel makes of the source.
     kernel = getattr(annotations.get(REGIONS_ANNOTATION), "kernel", None)
-    maker = funcname(getattr(kernel, "fn", kernel)) if kernel is not None else None if read else _step_name(name)
+    maker = (
+        funcname(getattr(kernel, "fn", kernel))
+        if kernel is not None
+        else None
+        if read
+        else _step_name(name, making=True)
+    )
     blocks = f"blocks of {source}" if maker is None else f"blocks of what {maker} makes of {source}"
     # flox rechunks a resample (and a groupby whose groups it finds contiguous) to reduce whole groups: asked
     # for its map-reduce, it reduces each chunk by group instead, which streams.

@@ -5,13 +5,13 @@ each block's ``reshape`` to its own shape), once every block holds whole
 rows of the axes it merges. A reshape's axes fall in groups, each a run of
 the old axes whose product is a run of the new ones': the old run's first
 axis cut into rows of the others, the new run's first axis into rows of the
-others. A piece of the old array whole along its group's later axes is a run
-of whole rows, so it is a piece of the new one wherever those rows start a
-new row -- chunks of whole rows (storage chunks of whole rows of the grid
-merged, as a field stored by time is) stream one at a time. Pieces that do
-not are read together with their neighbours until they do, so a reshape is
-never wrong, only holding more at once; :func:`reshaped_piece` says how much,
-for the projection.
+others. A piece of the old array is a run of its group's rows, so the new rows it falls in are
+a piece of the new array: chunks of whole rows (storage chunks of whole rows
+of the grid merged, as a field stored by time is) stream one at a time, each
+read once. A piece starting or ending mid-row is read with the rest of its
+first and last rows, and the old rows around them whole: more is read at its
+edges, and held, than the chunk, by at most a row either side, which
+:func:`reshaped_piece` adds to the projection.
 """
 
 from __future__ import annotations
@@ -67,11 +67,10 @@ def _row(shape: Sequence[int], axes: tuple[int, ...]) -> int:
     return math.prod(shape[a] for a in axes[1:])
 
 
-def _group_cuts(cuts: Sequence[int], whole_rows: bool, old_row: int, new_row: int, old_length: int) -> tuple[int, ...]:
-    """Where pieces begin along a group's first new axis: each old cut (positions along its first old axis)
-    that starts a new row too; none but the ends where the old pieces are not whole rows."""
-    flat = [c * old_row for c in cuts] if whole_rows else [0, old_length * old_row]
-    return tuple(sorted({f // new_row for f in flat if f % new_row == 0} | {flat[-1] // new_row}))
+def _group_cuts(cuts: Sequence[int], old_row: int, new_row: int) -> tuple[int, ...]:
+    """Where pieces begin along a group's first new axis: at the new row each old cut (a position along its
+    first old axis) falls in, so that a piece holds the rows its old pieces fill and at most one more."""
+    return tuple(sorted({c * old_row // new_row for c in cuts}))
 
 
 class Reshaped(StepToApply):
@@ -89,12 +88,8 @@ class Reshaped(StepToApply):
         inner_cuts, old = self.inner.cuts(), self.inner.shape
         found: list[tuple[int, ...]] = [(0, n) for n in self.full]
         for taken, made in self.groups:
-            if not taken or not made:
-                continue
-            whole_rows = all(inner_cuts[a] == (0, old[a]) for a in taken[1:])
-            found[made[0]] = _group_cuts(
-                inner_cuts[taken[0]], whole_rows, _row(old, taken), _row(self.full, made), old[taken[0]]
-            )
+            if taken and made:
+                found[made[0]] = _group_cuts(inner_cuts[taken[0]], _row(old, taken), _row(self.full, made))
         return tuple(
             (0, *sorted({c - b.start for c in cuts if b.start < c < b.stop}), b.stop - b.start)
             for cuts, b in zip(found, self.box, strict=True)
@@ -145,21 +140,22 @@ def span_reshape_whole(value: Any, shape: tuple[int, ...]) -> Any:
     return whole(span_reshape(value, shape))
 
 
-def reshaped_piece(old: Sequence[int], new: Sequence[int], piece: Sequence[int]) -> tuple[int, ...] | None:
-    """The most a piece of a block of shape ``old`` (pieces of ``piece``) holds along each axis once
-    reshaped to ``new``: rows of whole old pieces, where they start new rows, else the group whole."""
+def reshaped_piece(
+    old: Sequence[int], new: Sequence[int], piece: Sequence[int], *, at_most: bool = False
+) -> tuple[int, ...] | None:
+    """A piece of a block of shape ``old`` (pieces of ``piece``) reshaped to ``new``: the new rows a piece of the
+    first old axis of each group fills; ``at_most``, the most a piece holds wherever the pieces start -- a row
+    more where one starts mid-row, and the old rows read whole at either end."""
     groups = reshape_groups(old, new)
     if groups is None:
         return None
     found = list(new)
     for taken, made in groups:
-        if not taken or not made:
-            continue
-        old_row, new_row = _row(old, taken), _row(new, made)
-        if all(piece[a] >= old[a] for a in taken[1:]):
-            step = min(piece[taken[0]], old[taken[0]]) * old_row
-            # Rows of new_row elements holding pieces of step: a whole multiple of both where they differ.
-            found[made[0]] = min(new[made[0]], math.lcm(step, new_row) // new_row)
+        if taken and made:
+            old_row, new_row = _row(old, taken), _row(new, made)
+            rows = -(-min(piece[taken[0]], old[taken[0]]) * old_row // new_row)
+            edges = 1 + -(-2 * old_row // new_row) if at_most else 0
+            found[made[0]] = min(new[made[0]], rows + edges)
     return tuple(found)
 
 
@@ -175,13 +171,15 @@ def is_reshaping(value: Any) -> bool:
     )
 
 
-def reshaped_layer_piece(graph: HighLevelGraph, layer: Layer, piece: tuple[int, ...]) -> tuple[int, ...] | None:
-    """``piece`` (of the blocks a layer of :func:`is_reshaping` tasks takes) through the reshape: the most of
-    the new shape one piece of its first block holds."""
+def reshaped_layer_piece(
+    graph: HighLevelGraph, layer: Layer, piece: tuple[int, ...], *, at_most: bool = False
+) -> tuple[int, ...] | None:
+    """``piece`` (of the blocks a layer of :func:`is_reshaping` tasks takes) through the reshape, of its first
+    block (:func:`reshaped_piece`)."""
     task = next(iter(layer.values()))
     block, shape = task.args[0].key, task.args[1]
     chunks = (graph.layers[block[0]].collection_annotations or {}).get("chunks")
     if chunks is None:
         return None
     old = tuple(lengths[i] for lengths, i in zip(chunks, block[1:], strict=True))
-    return reshaped_piece(old, shape, piece)
+    return reshaped_piece(old, shape, piece, at_most=at_most)

@@ -204,7 +204,7 @@ class Indexed(StepToApply):
         inner_cuts = iter(self.inner.cuts())
         for entry in self.index:
             if entry is None:
-                found.append((0, 1))
+                found.append((0, self.shape[len(found)]))  # of one, or none in an empty part
                 continue
             cuts = next(inner_cuts)
             if isinstance(entry, int):
@@ -232,7 +232,9 @@ class Indexed(StepToApply):
 
     def value(self, box: Box, read: Reads) -> Any:
         region, after = self._inner_box(box)
-        return _part(self.inner, None, region, self.inner.shape, read)[after]
+        data = _part(self.inner, None, region, self.inner.shape, read)[after]
+        # A new axis gives one position: none where the box is empty along it.
+        return data[tuple(slice(0, b.stop - b.start) for b in box)]
 
     def __repr__(self) -> str:
         return f"<Indexed {self.shape}>"
