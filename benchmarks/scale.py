@@ -134,6 +134,8 @@ try:
         y = ds.reduce(x, "histogram", bins=100, range=(-1, 1))[0]
     elif expression == "store":
         y = x + 1
+    elif expression == "flattened std":  # each first-axis position's grid flattened: a std per time step
+        y = x.reshape(x.shape[0], -1).std(axis=1)
     elif expression == "moving mean":  # a kernel with a halo, reduced: a moving mean of 5 along the first axis
         from scipy import ndimage
         if contender == "daskstream":
@@ -706,8 +708,9 @@ def main() -> None:
         "--expressions",
         default=",".join(EXPRESSIONS),
         help=f"of the virtual section, from "
-        f"{', '.join((*EXPRESSIONS, *DASKSTREAM_ONLY, 'store', 'moving mean', *LABELLED))} "
-        "(median and histogram daskstream's; store: x + 1 stored to Zarr, ds.store against da.to_zarr; moving mean: "
+        f"{', '.join((*EXPRESSIONS, *DASKSTREAM_ONLY, 'store', 'moving mean', 'flattened std', *LABELLED))} "
+        "(median and histogram daskstream's; store: x + 1 stored to Zarr, ds.store against da.to_zarr; flattened "
+        "std: x.reshape(x.shape[0], -1).std(axis=1), a std per first-axis position of its grid; moving mean: "
         "the mean of a moving mean of 5 along the first axis, ds.kernels.moving_mean against dask's map_overlap; "
         "monthly mean: v.groupby('time.month').mean() of ds.open_dataset against xarray's open_zarr, with flox, "
         "on an hourly time coordinate, era5 layout up to 4.9 million hours: about 18.7 TiB)",
