@@ -79,6 +79,10 @@ EXPRESSIONS = {
         lambda x: np.nanmean((x[:, None, 3] - x[:, 2][:, None]).astype("f8"), axis=(0, 1)),
         lambda a: np.nanmean((a[:, None, 3] - a[:, 2][:, None]).astype("f8"), axis=(0, 1)),
     ),
+    "cumulative sum of a ravel": (
+        lambda x: np.cumsum(x[12:].astype("f8").ravel(), axis=0)[-7:],
+        lambda a: np.cumsum(a[12:].astype("f8").ravel(), axis=0)[-7:],
+    ),
     "sum of an empty part of a new axis": (
         lambda x: np.nansum(x[:, None][:, 1:], dtype="f8"),
         lambda a: np.nansum(a[:, None][:, 1:], dtype="f8"),
@@ -148,6 +152,7 @@ PASSES = {
     "exact quantiles": 4,
     # The carry past each span is the span scanned to its end: read once more.
     "cumulative sum of a reversed column": 2,
+    "cumulative sum of a ravel": 2,
 }
 # Slices read only the chunks they touch.
 SLICED = {
@@ -158,6 +163,7 @@ SLICED = {
     "argmax of every third row backwards, in a slice",
     "mean over a new axis and time",
     "cumulative sum of a reversed column",
+    "cumulative sum of a ravel",
     "histogram over the data's range",
     "exact median",
     "exact quantiles",
