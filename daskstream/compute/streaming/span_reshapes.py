@@ -119,10 +119,9 @@ class Reshaped(StepToApply):
             rows.extend([last - first, *(self.full[a] for a in made[1:])] if made else [])
         data = read_part(self.inner, tuple(region), read)
         data = data.reshape([math.prod(data.shape[a] for a in taken) for taken, _ in self.groups])
-        within = tuple(
-            slice(0, None) if i in [m[0] for _, m in self.groups if m] else wanted[i] for i in range(len(wanted))
-        )
-        return np.ascontiguousarray(data[tuple(flat)]).reshape(rows)[within]
+        firsts = {made[0] for _, made in self.groups if made}  # their rows already cut to those wanted
+        within = tuple(slice(None) if i in firsts else cell for i, cell in enumerate(wanted))
+        return data[tuple(flat)].reshape(rows)[within]
 
 
 def span_reshape(value: Any, shape: tuple[int, ...]) -> Any:
