@@ -3,6 +3,7 @@ fresh process."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,7 +13,21 @@ import textwrap
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("needs tensorflow", allow_module_level=True)
+
+
+class _TensorFlow:
+    """TensorFlow, imported where a test first uses it: every worker collects this file, and importing
+    TensorFlow takes some 6 s, in the one worker that runs it only."""
+
+    def __getattr__(self, name: str):
+        import tensorflow
+
+        return getattr(tensorflow, name)
+
+
+tf = _TensorFlow()
 
 from stream_helpers import WIDTH, N, indexed  # noqa: E402
 
@@ -266,6 +281,8 @@ def test_tensorflow_is_imported_only_by_daskstream_tensorflow():
     assert done.stdout.startswith(MissingDependencyError.__name__)
     assert "pip install 'daskstream[tensorflow]'" in done.stdout
     # The module's own name does not shadow TensorFlow inside it.
+    import tensorflow
+
     import daskstream.tensorflow as adapter
 
-    assert adapter.tf is tf
+    assert adapter.tf is tensorflow
