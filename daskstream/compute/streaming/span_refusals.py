@@ -50,13 +50,12 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
     source = source_name(graph, name)
     # A kernel's regions read in spans are what the kernel makes of the source.
     kernel = getattr(annotations.get(REGIONS_ANNOTATION), "kernel", None)
-    maker = (
-        funcname(getattr(kernel, "fn", kernel))
-        if kernel is not None
-        else None
-        if read
-        else _step_name(name, making=True)
-    )
+    if kernel is not None:
+        maker: str | None = funcname(getattr(kernel, "fn", kernel))
+    elif read:
+        maker = None  # the source's own blocks
+    else:
+        maker = _step_name(name, making=True)
     blocks = f"blocks of {source}" if maker is None else f"blocks of what {maker} makes of {source}"
     # flox rechunks a resample (and a groupby whose groups it finds contiguous) to reduce whole groups: asked
     # for its map-reduce, it reduces each chunk by group instead, which streams.
