@@ -1,8 +1,9 @@
 """A slow store of an array read in spans, to be killed part-way, for tests/compute/test_span_stores.py.
 
 Run as ``python span_store_worker.py SOURCE TARGET DELAY``: it stores
-:func:`build` of SOURCE (a Zarr array opened in spans) to TARGET on the
-threaded scheduler, every read of the source taking DELAY seconds more. The
+:func:`build` of SOURCE (a Zarr array opened in spans) to TARGET (Zarr, or
+HDF5 as ``path::/name``) on the threaded scheduler, every read of the source
+taking DELAY seconds more, printing ``progress N`` as N chunks are recorded. The
 test process imports :func:`build` too, so both sides store the same array
 under the same name.
 """
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> int:
 
     source_class.__getitem__ = slow_read
     with dask.config.set({**SPANNED, "scheduler": "threads", "num_workers": 2}):
-        ds.store(build(source), target)
+        ds.store(build(source), target, progress=lambda done, total: print("progress", done, flush=True))
     print("finished", flush=True)
     return 0
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import dask
+import h5py
 import numpy as np
 import pytest
 import span_store_worker
@@ -20,24 +21,24 @@ from dask.callbacks import Callback
 from span_helpers import BUDGET, SPANNED, Reads
 
 import daskstream as ds
-from daskstream.compute.store.record import PROGRESS_DIR
+from daskstream.compute.store.record import H5_COMPLETE_ATTR, H5_DONE_ATTR, PROGRESS_DIR
 from daskstream.compute.store.span_writes import ChunksLeft, span_writes
 from daskstream.compute.store.zarr_writes import ChunkWrites
-from daskstream.errors import MemoryBudgetError
+from daskstream.errors import InvalidChunksError, MemoryBudgetError
 from daskstream.runtime.metering import ReadMeter
 
 WORKER = Path(span_store_worker.__file__)
 
 
 class StoreTasks(Callback):
-    """The store's tasks run, counted by key."""
+    """The store's tasks run (those whose keys begin with ``prefix``), counted by key."""
 
-    def __init__(self):
+    def __init__(self, prefix="daskstream-store-spans"):
         super().__init__()
-        self.ran = 0
+        self.prefix, self.ran = prefix, 0
 
     def _posttask(self, key, *_):
-        if isinstance(key, tuple) and str(key[0]).startswith("daskstream-store-spans"):
+        if isinstance(key, tuple) and str(key[0]).startswith(self.prefix):
             self.ran += 1
 
 
@@ -138,14 +139,89 @@ def test_a_step_that_cannot_stream_is_refused_before_the_target_is_made(
     assert reads.sizes == []
 
 
-def test_an_hdf5_target_is_refused_for_spans_naming_zarr(span_field, spanned, tmp_path):
-    _, paths = span_field
+# A float64 chunk (2.2 MiB) encoded for HDF5 projects past the 16 MiB budget with two threads, spans or not.
+HDF5_REFUSED = {"as float64"}
+
+
+@pytest.mark.parametrize("expression", sorted(set(EXPRESSIONS) - HDF5_REFUSED))
+def test_a_spanned_array_is_stored_to_hdf5_by_a_task_per_chunk_each_read_once(
+    span_field, spanned, tmp_path, monkeypatch, expression
+):
+    data, paths = span_field
+    build, oracle, piece = EXPRESSIONS[expression]
+    plan = ds.plan(paths["zarr"], memory_budget=BUDGET)
+    x = build(ds.open(paths["zarr"], memory_budget=BUDGET))
+    expected = oracle(data)
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
     target = tmp_path / "out.h5"
-    with pytest.raises(MemoryBudgetError) as refused:
-        ds.store(ds.open(paths["zarr"], memory_budget=BUDGET), f"{target}::/x")
-    assert isinstance(refused.value, MemoryError)
-    assert str(refused.value).startswith(f"{target}: the array stored is read in spans")
-    assert "store to a Zarr folder" in str(refused.value)
+    with dask.config.set(scheduler="threads"), StoreTasks("daskstream-span-chunks") as tasks, ReadMeter() as meter:
+        y = ds.store(x, f"{target}::/x")
+    with h5py.File(target, "r") as f:
+        np.testing.assert_array_equal(f["x"][...], expected)  # h5py is the oracle
+        # Chunked in the pieces the spans stream in, as a Zarr target is; finished, with no progress record left.
+        assert f["x"].chunks == tuple(min(c, n) for c, n in zip(piece(plan.chunks), expected.shape))
+        assert set(f["x"].attrs) == {H5_COMPLETE_ATTR}
+        chunks = math.prod(-(-n // c) for n, c in zip(expected.shape, f["x"].chunks))
+    # Each chunk computed by one task, once, its part of the source read once a piece at a time: none whole.
+    assert y.result.written == tasks.ran == chunks > x.npartitions
+    assert meter.bytes_read == expected.size * data.itemsize or (
+        expression in STEPPED and expected.nbytes < meter.bytes_read <= 2 * expected.size * data.itemsize
+    )
+    assert max(reads.sizes) <= plan.chunk_bytes < data.nbytes / x.npartitions
+
+
+@pytest.mark.parametrize("expression", sorted(HDF5_REFUSED))
+def test_a_chunk_whose_hdf5_encoding_passes_the_budget_is_refused_as_without_spans(span_field, tmp_path, expression):
+    _, paths = span_field
+    build = EXPRESSIONS[expression][0]
+    refusals = []
+    for settings in ({}, SPANNED):
+        target = tmp_path / f"out-{len(refusals)}.h5"
+        with dask.config.set(settings), pytest.raises(MemoryBudgetError) as refused:
+            ds.store(build(ds.open(paths["zarr"], memory_budget=BUDGET)), f"{target}::/x")
+        assert not target.exists()
+        refusals.append(str(refused.value).split(" (")[0])
+    assert refusals[0] == refusals[1]
+    # Into a file already there: the file and what it holds stay as they were, with no dataset added.
+    target = tmp_path / "kept.h5"
+    with h5py.File(target, "w") as f:
+        f["keep"] = np.arange(5)
+    with dask.config.set(SPANNED), pytest.raises(MemoryBudgetError):
+        ds.store(build(ds.open(paths["zarr"], memory_budget=BUDGET)), f"{target}::/x")
+    with h5py.File(target, "r") as f:
+        assert list(f) == ["keep"]
+        np.testing.assert_array_equal(f["keep"][...], np.arange(5))
+    assert refusals[0].startswith("this computation projects")
+    assert "over its memory budget of 16.00 MiB" in refusals[0]
+
+
+def test_a_real_cluster_computes_the_chunks_of_a_spanned_hdf5_store_on_its_workers(dask_cluster, span_field, tmp_path):
+    from distributed import Client, get_task_stream
+
+    data, paths = span_field
+    target = tmp_path / "out.h5"
+    with Client(scheduler_file=str(dask_cluster)), dask.config.set(SPANNED):
+        x = ds.open(paths["zarr"], memory_budget=BUDGET)
+        with get_task_stream() as tasks:
+            y = ds.store(x * 2, f"{target}::/x")
+    with h5py.File(target, "r") as f:
+        np.testing.assert_array_equal(f["x"][...], data * 2)
+    chunk_tasks = {t["key"] for t in tasks.data if "daskstream-span-chunks" in str(t["key"])}
+    assert len(chunk_tasks) == y.result.written > x.npartitions
+
+
+def test_an_hdf5_target_of_more_chunks_than_its_record_holds_is_refused_before_it_is_made(tmp_path):
+    # Metadata only: a pebibyte of 1.4 million chunks, none read.
+    zarr.create_array(tmp_path / "p.zarr", shape=(2**20, 2**14, 2**14), chunks=(64, 1024, 1024), dtype="f4")
+    x = ds.open(str(tmp_path / "p.zarr")) + 1
+    assert ds.plan(str(tmp_path / "p.zarr")).span is not None
+    target = tmp_path / "out.h5"
+    with pytest.raises(InvalidChunksError) as refused:
+        ds.store(x, f"{target}::/x")
+    assert isinstance(refused.value, ValueError)
+    message = str(refused.value)
+    assert message.startswith(f"{target}::/x: the array is read in spans and stored in the chunks they stream in")
+    assert "is more than an HDF5 progress record holds (480,000); store to a Zarr folder" in message
     assert not target.exists()
 
 
@@ -192,6 +268,48 @@ def test_a_killed_store_of_spans_resumes_reading_and_writing_only_the_chunks_not
         (i * rows, min((i + 1) * rows, data.shape[0])) for i in range(partial.nchunks) if (i, 0, 0) not in marked
     )
     np.testing.assert_array_equal(zarr.open_array(str(target), mode="r")[...], expected)
+
+
+def test_a_killed_hdf5_store_of_spans_resumes_reading_and_writing_only_the_chunks_recorded_missing(
+    span_field, tmp_path, monkeypatch
+):
+    data, paths = span_field
+    target = f"{tmp_path / 'out.h5'}::/x"
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), paths["zarr"], target, "0.15"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")])},
+    )
+    try:
+        for line in worker.stdout:
+            if line.startswith("progress") and int(line.split()[1]) >= 4:
+                worker.send_signal(signal.SIGKILL)
+                break
+        else:
+            pytest.fail("the store finished before it could be killed")
+    finally:
+        worker.kill()
+        worker.wait()
+        worker.stdout.close()
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        partial = f["x"]
+        rows, total = partial.chunks[0], -(-data.shape[0] // partial.chunks[0])
+        marked = set(np.flatnonzero(np.unpackbits(partial.attrs[H5_DONE_ATTR], count=total)))
+        assert 4 <= len(marked) < total
+        for i in marked:  # every chunk recorded done is whole
+            np.testing.assert_array_equal(partial[i * rows : (i + 1) * rows], data[i * rows : (i + 1) * rows] * 2 + 1)
+
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
+    with dask.config.set({**SPANNED, "scheduler": "threads"}):
+        y = ds.store(span_store_worker.build(paths["zarr"]), target)
+    assert (y.result.done_before, y.result.written) == (len(marked), total - len(marked))
+    # Only the chunks not recorded were read again, each once.
+    assert sorted(region[0] for region in reads.regions) == [
+        (i * rows, min((i + 1) * rows, data.shape[0])) for i in range(total) if i not in marked
+    ]
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        np.testing.assert_array_equal(f["x"][...], data * 2 + 1)
 
 
 def test_a_pebibyte_store_is_planned_in_tasks_as_few_as_its_spans(tmp_path):

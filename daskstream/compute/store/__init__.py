@@ -42,7 +42,6 @@ from daskstream.errors import (
     DaskstreamError,
     InvalidArgumentError,
     InvalidChunksError,
-    MemoryBudgetError,
     UnsupportedDtypeError,
 )
 from daskstream.graph.layers import read_layers, rechunk_records, span_reads
@@ -276,16 +275,6 @@ def store(
     settings = as_opened if memory_budget is None else settings_for(x, memory_budget=memory_budget)
     refuse_unbuildable(x, settings.resources)
     if kind == "hdf5":
-        if reads_spans(x):
-            raise MemoryBudgetError(
-                said(
-                    f"{path}: the array stored is read in spans of many chunks per task (more chunks than a graph "
-                    "may hold), stored by tasks writing their chunks themselves, which Zarr takes and HDF5 "
-                    "(written by one process, through which every chunk would pass) does not: store to a Zarr "
-                    "folder, or a part of the array at a time (x[...]), or open it with a larger ",
-                    named("memory_budget"),
-                )
-            )
         if not member or not member.strip("/"):
             raise InvalidArgumentError(
                 said(f"{path}: name the HDF5 dataset to write, as '{path}::/name' or ", keyword("dataset", "/name"))
@@ -294,7 +283,9 @@ def store(
             raise InvalidArgumentError(
                 said(f"{path}: ", named("inner_chunks"), " (shards) are for Zarr targets; HDF5 has none")
             )
-        writer: Target = Hdf5Target(path, "/" + member.strip("/"), codec, settings.resources, carried)
+        hdf5 = Hdf5Target(path, "/" + member.strip("/"), codec, settings.resources, carried)
+        hdf5.check_size(x)  # before the target is touched
+        writer: Target = hdf5
     else:
         if zarr_format not in (2, 3):
             raise InvalidArgumentError(said(keyword("zarr_format", zarr_format), ": give 2 or 3"))

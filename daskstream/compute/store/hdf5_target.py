@@ -28,8 +28,11 @@ from daskstream.compute.store.record import (
     H5_IDENTITY_ATTR,
     H5_MAX_BLOCKS,
     StoreIdentity,
+    chunk_counts,
     chunk_shape,
+    span_chunk_shape,
 )
+from daskstream.compute.store.span_writes import span_chunks
 from daskstream.compute.store.swap import aside_name, staging_name
 from daskstream.compute.store.target import (
     Carried,
@@ -42,6 +45,7 @@ from daskstream.errors import (
     DaskstreamWarning,
     InvalidArgumentError,
     InvalidChunksError,
+    MemoryBudgetError,
     TargetDamagedError,
     TargetMismatchError,
     TargetWriteError,
@@ -49,7 +53,7 @@ from daskstream.errors import (
     warn,
 )
 from daskstream.graph.layers import source_places
-from daskstream.planning.budget import FILTERED_WRITE_COPIES, plannable_bytes
+from daskstream.planning.budget import FILTERED_WRITE_COPIES, format_size, plannable_bytes
 from daskstream.planning.settings import Resources
 from daskstream.runtime.stopping import deferred_stop
 from daskstream.safe_writes import os_place, same_path
@@ -82,6 +86,8 @@ class Hdf5Target(Target):
         self._same_file: list[Source] = []
         # The dataset the new array is written to when it replaces one (see _prepare_staged), else None.
         self._staged: str | None = None
+        # The dataset this store created, else None: removed again where its tasks are refused.
+        self._created: str | None = None
         self.path = os_place(path)
         self.member = member
         self.compressor = compressor
@@ -99,18 +105,35 @@ class Hdf5Target(Target):
         report: ProgressCallback | None,
     ) -> None:
 
+        self.check_size(x)
+        piece = span_chunk_shape(x)
+        if piece is not None:
+            # Every chunk passes through this process: spans come as one task per target chunk (see span_chunks).
+            x = span_chunks(x, piece)
         blocks = list(np.ndindex(*x.numblocks))
-        if len(blocks) > H5_MAX_BLOCKS:
-            raise InvalidChunksError(
-                f"{self.name}: {len(blocks)} blocks is more than an HDF5 progress record holds "
-                f"({H5_MAX_BLOCKS}); rechunk to larger chunks before storing"
-            )
         # HDF5 refuses to open for writing a file this process still holds open for reading.
         forget_handles()
         # The array may read other datasets of this very file (threads of this process, see check_sources):
         # the writes are this store's own, not a change under those reads.
         with own_writes.writing(self.path) if self._same_file else contextlib.nullcontext():
             self._write(x, identity, blocks, resume=resume, overwrite=overwrite, report=report)
+
+    def check_size(self, x: da.Array) -> None:
+        """Refuse ``x`` before anything is written where its target has more chunks than a progress record holds."""
+        count = math.prod(chunk_counts(x))
+        if count <= H5_MAX_BLOCKS:
+            return
+        if span_chunk_shape(x) is None:
+            raise InvalidChunksError(
+                f"{self.name}: {count:,} blocks is more than an HDF5 progress record holds "
+                f"({H5_MAX_BLOCKS:,}); rechunk to larger chunks before storing"
+            )
+        raise InvalidChunksError(
+            f"{self.name}: the array is read in spans and stored in the chunks they stream in, "
+            f"{format_size(math.prod(chunk_shape(x)) * x.dtype.itemsize)} each: {count:,} chunks is more than an "
+            f"HDF5 progress record holds ({H5_MAX_BLOCKS:,}); store to a Zarr folder, or a part of the array at "
+            "a time (x[...])"
+        )
 
     def _write(
         self,
@@ -122,16 +145,25 @@ class Hdf5Target(Target):
         overwrite: bool,
         report: ProgressCallback | None,
     ) -> None:
+        file_existed = os.path.exists(self.path)
         h5file = self._open_file()
-        self._staged = None
+        self._staged = self._created = None
         try:
             dset, done = self._prepare(h5file, x, identity, resume=resume, overwrite=overwrite)
             pending = [b for b in blocks if not done[flat_index(b, x.numblocks)]] if x.size else []
             total = len(blocks)
+            if pending:
+                try:
+                    writer = Hdf5Writer(self, h5file, dset, x, done, total, report)
+                except MemoryBudgetError:
+                    # The tasks' projection (which depends on the dataset's filters) refuses them: what this
+                    # store made for them goes, as if it had been refused before the target was touched.
+                    self._undo_created(h5file, file_existed)
+                    raise
             if report:
                 report(total - len(pending), total)
             if pending:
-                Hdf5Writer(self, h5file, dset, x, done, total, report).run(pending)
+                writer.run(pending)
             try:
                 # What was computed is kept, so the same store run again finds it complete.
                 dset.attrs[H5_COMPLETE_ATTR] = identity.to_json()
@@ -164,6 +196,15 @@ class Hdf5Target(Target):
             with contextlib.suppress(OSError, RuntimeError):
                 h5file.close()
             raise
+
+    def _undo_created(self, h5file: Any, file_existed: bool) -> None:
+        """Remove the file this store created, or else the dataset it created in a file that was there."""
+        with contextlib.suppress(*H5_WRITE_ERRORS):
+            if file_existed and self._created is not None:
+                del h5file[self._created]
+            h5file.close()
+            if not file_existed:
+                os.remove(self.path)
 
     def _reopens(self) -> bool:
         """Whether HDF5 can open the file after a failed write: asked of a fresh process.
@@ -399,6 +440,7 @@ class Hdf5Target(Target):
             options["fillvalue"] = fill
         try:
             dset = h5file.create_dataset(name, shape=x.shape, dtype=x.dtype, **options)
+            self._created = name
             self._carry(dset)
             # The record is in place before any block is written; both reach the disk with one flush.
             dset.attrs[H5_IDENTITY_ATTR] = identity.to_json()

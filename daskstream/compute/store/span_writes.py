@@ -8,6 +8,11 @@ writes it and marks it done, then the next, so a task holds one chunk's work
 whatever its span, and a resumed store reads and writes only the chunks not
 marked. A span is a description of what to read, not data: a task whose
 chunks straddle two spans (an array sliced off the source's grid) takes both.
+
+A target written by one process (HDF5) takes its chunks from tasks instead:
+:func:`span_chunks` makes the array one task per target chunk, each
+computing its chunk from the spans it lies in, for the writer to gather a
+window at a time as it does any array's blocks.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import dask.array as da
 import numpy as np
 from dask._task_spec import List, Task, TaskRef
 from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute.streaming.span_graphs import checked_spans
 from daskstream.compute.streaming.span_steps import streaming_tasks, streams_spans
 from daskstream.compute.streaming.spans import piece_of
+from daskstream.planning.grid import regular_grid
 
 if TYPE_CHECKING:
     from daskstream.compute.store.zarr_writes import ChunkWrites
@@ -117,6 +124,51 @@ def refuse_unstreamed(x: da.Array) -> None:
     checked_spans(streaming_tasks(key[0], {key: task}, [x], (1,)).dask, [key])
 
 
+def span_chunks(x: da.Array, piece: tuple[int, ...]) -> da.Array:
+    """``x`` (read in spans) on the grid of its target's chunks, ``piece``: a task per chunk computes it from
+    the spans it lies in, one piece read at a time, for a writer through which every chunk passes.
+
+    Its blocks are the target's chunks, computed alone: a graph of as many
+    tasks as the target has chunks, each holding one.
+    """
+    grid = regular_grid(x.shape, piece)
+    # Per axis and chunk along it: the blocks of x it overlaps, each with where it begins.
+    along = [_blocks_along(sizes, lengths) for sizes, lengths in zip(x.chunks, grid)]
+    name = f"daskstream-span-chunks-{tokenize(x.name, piece)}"
+    tasks: dict[tuple[Any, ...], Task] = {}
+    for index in np.ndindex(*(len(lengths) for lengths in grid)):
+        parts = [axis[i] for axis, i in zip(along, index)]
+        blocks = list(itertools.product(*(blocks for blocks, _ in parts)))
+        key = (name, *index)
+        tasks[key] = Task(
+            key,
+            span_chunk,
+            List(*(TaskRef((x.name, *block)) for block in blocks)),
+            list(itertools.product(*(origins for _, origins in parts))),
+            _region(index, piece, x.shape),
+            x.dtype,
+        )
+    inputs: list[Any] = [x]
+    graph = HighLevelGraph.from_collections(name, MaterializedLayer(tasks), dependencies=inputs)
+    return da.Array(graph, name, chunks=grid, meta=x._meta)
+
+
+def _blocks_along(sizes: tuple[int, ...], lengths: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """For each chunk of ``lengths`` along an axis of blocks of ``sizes``: the blocks it overlaps, and where
+    each begins."""
+    starts = np.cumsum((0, *sizes))
+    found = []
+    for start, length in zip(itertools.accumulate((0, *lengths[:-1])), lengths):
+        blocks = list(_overlapping(starts, (start, start + length)))
+        found.append((blocks, [int(starts[b]) for b in blocks]))
+    return found
+
+
+def _region(index: Index, piece: tuple[int, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """Where the chunk ``index`` of a grid of ``piece`` over ``shape`` lies."""
+    return tuple(slice(i * p, min((i + 1) * p, n)) for i, p, n in zip(index, piece, shape))
+
+
 def _task_of(edges: list[np.ndarray], index: Index) -> Index:
     """The task (its position along each axis) whose box holds the chunk ``index``."""
     return tuple(int(np.searchsorted(e, i, side="right")) - 1 for e, i in zip(edges, index))
@@ -153,21 +205,25 @@ def write_span_chunks(
     write = writes.opened()
     for index in indices:
         region = writes.region(index, shape)
-        found = ((block, origin, _within(region, origin, block.shape)) for block, origin in zip(blocks, origins))
-        parts = [(block, origin, within) for block, origin, within in found if all(w.stop > w.start for w in within)]
-        if len(parts) == 1:
-            # The chunk lies in one block (the chunks tile the blocks they overlap): its part, computed alone.
-            block, _, within = parts[0]
-            data = np.asarray(piece_of(block, within), dtype=dtype)
-        else:
-            data = np.empty(tuple(r.stop - r.start for r in region), dtype=dtype)
-            for block, origin, within in parts:
-                place = tuple(
-                    slice(o + w.start - r.start, o + w.stop - r.start) for o, w, r in zip(origin, within, region)
-                )
-                data[place] = piece_of(block, within)
-        write(index, region, data)
+        write(index, region, span_chunk(blocks, origins, region, dtype))
     return np.ones(1, dtype=bool)
+
+
+@streams_spans
+def span_chunk(blocks: list[Any], origins: list[Index], region: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
+    """The part ``region`` of an array from its ``blocks`` (spans, or data) that begin at ``origins``: one
+    target chunk, read a piece at a time; runs in a task."""
+    found = ((block, origin, _within(region, origin, block.shape)) for block, origin in zip(blocks, origins))
+    parts = [(block, origin, within) for block, origin, within in found if all(w.stop > w.start for w in within)]
+    if len(parts) == 1:
+        # The chunk lies in one block (the chunks tile the blocks they overlap): its part, computed alone.
+        block, _, within = parts[0]
+        return np.asarray(piece_of(block, within), dtype=dtype)
+    data = np.empty(tuple(r.stop - r.start for r in region), dtype=dtype)
+    for block, origin, within in parts:
+        place = tuple(slice(o + w.start - r.start, o + w.stop - r.start) for o, w, r in zip(origin, within, region))
+        data[place] = piece_of(block, within)
+    return data
 
 
 def _within(region: tuple[slice, ...], origin: Index, shape: tuple[int, ...]) -> tuple[slice, ...]:

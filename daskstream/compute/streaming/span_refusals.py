@@ -73,7 +73,7 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
             f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, reshapes, sums, means, extremes "
             "and where they lie, moments, groupby reductions (flox's map-reduce and cohorts), cumulative sums "
             "and products, histograms, exact quantiles, describe, daskstream's kernels (ds.map_blocks, "
-            f"ds.kernels) and stores to Zarr stream a span chunk by chunk{flox}: compute a part of the array at a "
+            f"ds.kernels) and stores stream a span chunk by chunk{flox}: compute a part of the array at a "
             "time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),
         )
