@@ -54,6 +54,12 @@ EXPRESSIONS = {
     "transposed": (lambda x: x.transpose(1, 0, 2), lambda a: a.transpose(1, 0, 2), lambda c: (c[1], c[0], c[2])),
     # Reversed, with a new axis of one: each chunk read from its last row.
     "reversed, with a new axis": (lambda x: x[::-1, None], lambda a: a[::-1, None], lambda c: (c[0], 1, *c[1:])),
+    # Rows picked by an array, in two runs across spans: each chunk gathered from the source's rows it takes.
+    "rows picked by an array": (
+        lambda x: x[np.r_[100:3000, 9000:9500]],
+        lambda a: a[np.r_[100:3000, 9000:9500]],
+        lambda c: c,
+    ),
     # Whole rows merged: each chunk read, then reshaped.
     "rows merged": (lambda x: x.reshape(24_000, 240), lambda a: a.reshape(24_000, 240), lambda c: (c[0], 240)),
 }
@@ -117,9 +123,9 @@ def test_codecs_are_chosen_from_chunks_of_a_spanned_array(span_field, spanned, t
 
 STEPS_NOT_STREAMING = {
     "sort": (lambda x: x.map_blocks(np.sort, axis=0), "sort takes whole blocks of {path}"),
-    "rows picked by an array": (
-        lambda x: x[np.array([5, 17_000, 3])],
-        "indexing with an array takes whole blocks of {path}",
+    "points picked by vindex": (
+        lambda x: x.vindex[np.array([5, 17_000, 3]), np.array([1, 2, 3])],
+        "vindex takes whole blocks of {path}",
     ),
 }
 

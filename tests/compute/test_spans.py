@@ -4,6 +4,7 @@ buffer of one, with numpy's answers, reads of one chunk at a time, and refusals 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import signal
@@ -55,6 +56,20 @@ EXPRESSIONS = {
         lambda a: np.nanstd(a.astype("f8"), axis=(0, 2), ddof=1),
     ),
     "mean as ds.reduce": (lambda x: ds.reduce(x, "nanmean", axis=0), lambda a: np.nanmean(a, axis=0, dtype="f8")),
+    # Rows picked by an array, in order: each piece gathered from the chunks they lie in.
+    "mean of every seventh row picked by an array": (
+        lambda x: ds.reduce(x[np.arange(0, 24_000, 7)], "nanmean", axis=0),
+        lambda a: np.nanmean(a[::7], axis=0, dtype="f8"),
+    ),
+    # Columns picked in no order, one twice, then rows picked across spans in no order.
+    "maximum of columns picked in no order": (
+        lambda x: np.nanmax(x[:, np.array([3, 1, 1, 39])], axis=(0, 2)),
+        lambda a: np.nanmax(a[:, [3, 1, 1, 39]], axis=(0, 2)),
+    ),
+    "sum of rows picked across spans in no order": (
+        lambda x: ds.reduce(x[np.array([23_999, 5, 12_000, 6_001, 5])], "nansum", axis=1),
+        lambda a: np.nansum(a[[23_999, 5, 12_000, 6_001, 5]], axis=1, dtype="f8"),
+    ),
     "any above 4": (lambda x: (x > 4).any(), lambda a: (a > 4).any()),
     "rows as float64": (
         lambda x: np.nanmean(x.astype("f8"), axis=(1, 2)),
@@ -157,6 +172,9 @@ PASSES = {
 # Slices read only the chunks they touch.
 SLICED = {
     "weighted sum of a slice",
+    "mean of every seventh row picked by an array",
+    "maximum of columns picked in no order",
+    "sum of rows picked across spans in no order",
     "mean of a column over time",
     "maximum of every third row, every other column",
     "nanargmax along a kept axis of a slice",
@@ -242,7 +260,7 @@ def test_a_spanned_computation_runs_far_fewer_tasks_than_chunks(span_field, span
 STEPS_TAKING_WHOLE_BLOCKS = {
     "a sort of dask's map_blocks": lambda x: x.map_blocks(np.sort, axis=0).sum(),
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
-    "rows picked by an array after a step": lambda x: (x * 2)[np.array([3, 17_000, 40])].sum(),
+    "points picked by vindex after a step": lambda x: (x * 2).vindex[np.array([3, 17_000]), np.array([1, 2])].sum(),
     "a rechunk": lambda x: x.rechunk((24_000, 40, 1)).sum(),
     "the result itself": lambda x: x + 1,
 }
@@ -251,7 +269,7 @@ STEPS_TAKING_WHOLE_BLOCKS = {
 REFUSED_AS = {
     "a sort of dask's map_blocks": "sort takes whole blocks of {path}",
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
-    "rows picked by an array after a step": "indexing with an array takes whole blocks of what mul makes of {path}",
+    "points picked by vindex after a step": "vindex takes whole blocks of what mul makes of {path}",
     "a rechunk": "a rechunk takes whole blocks of {path}",
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }
@@ -439,6 +457,55 @@ def test_an_indexed_span_reads_each_piece_within_one_chunk_as_numpy_indexes(case
     for region in source.regions:
         for cell, step in zip(region, piece, strict=True):
             assert cell.stop <= cell.start or cell.start // step == (cell.stop - 1) // step
+
+
+@st.composite
+def _taken_spans(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 23), min_size=1, max_size=3)))
+    piece = tuple(draw(st.integers(1, n)) for n in shape)
+    axis = draw(st.integers(0, len(shape) - 1))
+    positions = draw(st.lists(st.integers(0, shape[axis] - 1), max_size=40))
+    blocks = draw(st.integers(1, min(3, shape[axis])))  # the spans dask's shuffle picks from along the axis
+    return shape, piece, axis, positions, blocks
+
+
+@settings(max_examples=300, deadline=None)
+@given(_taken_spans())
+def test_rows_picked_by_an_array_read_each_piece_within_one_chunk_as_numpy_takes(case):
+    from daskstream.compute.streaming.span_takes import span_gather, span_take
+    from daskstream.compute.streaming.spans import Reads as PieceReads
+    from daskstream.compute.streaming.spans import _boxes, read_part, whole
+    from daskstream.graph.reads import SpanRead
+
+    shape, piece, axis, positions, blocks = case
+    data = np.arange(math.prod(shape)).reshape(shape)
+    expected = np.take(data, positions, axis=axis)
+    source = _ReadsRecorded(data)
+    span = SpanRead(source, tuple(slice(0, n) for n in shape), piece)
+    # As dask's shuffle does: each block's positions picked in order, concatenated, put in the order asked.
+    edges = np.linspace(0, shape[axis], blocks + 1).astype(int)
+    order = np.argsort(positions, kind="stable")
+    in_order = np.asarray(positions, dtype=int)[order]
+    picks = []
+    for start, stop in itertools.pairwise(edges):
+        mine = in_order[(in_order >= start) & (in_order < stop)] - start
+        block = span.narrowed(tuple(slice(start, stop) if a == axis else slice(0, n) for a, n in enumerate(shape)))
+        index = tuple(mine if a == axis else slice(None) for a in range(len(shape)))
+        picks.append(span_take(block, (1, index)))
+    taken = span_gather(picks, (1, order), axis)
+    assert taken.shape == expected.shape
+    np.testing.assert_array_equal(whole(taken), expected)
+    for _, box in _boxes(taken.cuts()):
+        np.testing.assert_array_equal(whole(taken.narrowed(box)), expected[box])
+        before = len(source.regions)
+        np.testing.assert_array_equal(read_part(taken, box, PieceReads()), expected[box])
+        # A piece holds at most as many rows as a chunk, and reads each chunk it needs once, within it.
+        assert box[axis].stop - box[axis].start <= piece[axis]
+        read = [tuple((c.start, c.stop) for c in region) for region in source.regions[before:]]
+        assert len(set(read)) == len(read)
+        for region in read:
+            for (start, stop), step in zip(region, piece, strict=True):
+                assert stop <= start or start // step == (stop - 1) // step
 
 
 @st.composite

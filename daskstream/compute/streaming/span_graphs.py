@@ -14,6 +14,10 @@ blocks that may be spans is one of:
 ``narrow``
     slices of them, integers, steps (reversing ones too) and new axes in
     their index (or whole blocks passed on);
+``take``
+    dask's index of them with an array of positions along an axis: its
+    picks of each block's positions and their concatenations in the order
+    asked (:mod:`~daskstream.compute.streaming.span_takes`);
 ``reduce``
     a reduction's first step whose combine is known, block for block along
     the axes it keeps;
@@ -76,6 +80,7 @@ from daskstream.compute.streaming.span_steps import (
     scan_merge_of,
     transposition_of,
 )
+from daskstream.compute.streaming.span_takes import is_take_layer, streaming_take_layer
 from daskstream.compute.streaming.spans import (
     Combine,
     Step,
@@ -100,7 +105,7 @@ from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import Spans
 
 #: The kinds of steps whose blocks are spans again where they take spans.
-_PASSING_SPANS = ("map", "narrow", "transpose", "reshape", "scan", "carry")
+_PASSING_SPANS = ("map", "narrow", "take", "transpose", "reshape", "scan", "carry")
 
 
 @dataclass
@@ -239,7 +244,7 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
             assert isinstance(layer, Blockwise)  # a "transpose" layer is one
             order = transposition_of(layer.task, len(inputs[0]))
             pieces[name] = tuple(inputs[0][axis] for axis in order or ())
-        elif kind == "carry":
+        elif kind in ("carry", "take"):  # a taken piece holds at most as many rows as its input's
             pieces[name] = inputs[0]
         elif kind in ("map", "reduce", "arg", "scan"):
             ndim = len(_chunks(graph.layers[name]) or inputs[0])
@@ -367,6 +372,8 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
             return "carry"
         if all(is_narrowing(value) for value in values):
             return "narrow"
+        if is_take_layer(values):
+            return "take"
         if values and all(is_reshaping(value) for value in values):
             return "reshape"
     return None
@@ -437,6 +444,8 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     if kind == "reshape":
         reshape = span_reshape_whole if whole else span_reshape
         return materialized_like(layer, {key: Task(key, reshape, *value.args) for key, value in layer.items()})
+    if kind == "take":
+        return streaming_take_layer(layer, name, taken_whole=whole)
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
         return materialized_like(

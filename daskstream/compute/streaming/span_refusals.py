@@ -21,6 +21,8 @@ _STEP_NAMES = {
     "rechunk-merge": "a rechunk",
     "rechunk-split": "a rechunk",
     "top_digit_counts": "an exact quantile's counting pass",
+    "vindex-merge": "vindex",
+    "vindex-slice": "vindex",
     "next_digit_counts": "an exact quantile's counting pass",
 }
 
@@ -70,9 +72,10 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, indices, transposes, reshapes, sums, means, extremes "
-            "and where they lie, moments, groupby reductions (flox's map-reduce and cohorts), cumulative sums "
-            "and products, histograms, exact quantiles, describe, daskstream's kernels (ds.map_blocks, "
+            f"{format_size(cap)}; only element-wise steps, slices, indices (integers, or an array along one "
+            "axis), transposes, reshapes, sums, means, extremes and where they lie, moments, groupby reductions "
+            "(flox's map-reduce and cohorts), cumulative sums and products, histograms, exact quantiles, "
+            "describe, daskstream's kernels (ds.map_blocks, "
             f"ds.kernels) and stores stream a span chunk by chunk{flox}: compute a part of the array at a "
             "time (x[...]), or reduce it first, or open it with a larger ",
             named("memory_budget"),

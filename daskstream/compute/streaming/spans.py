@@ -21,7 +21,10 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   once more for it;
 - a **slice** (``x[a:b, ...]``) gives a narrower span, and an index with
   integers, steps or new axes (``x[:, 3]``, ``x[::-2]``, ``x[:, None]``) an
-  :class:`Indexed` one, each piece read then indexed; a **transpose** (``np.transpose``,
+  :class:`Indexed` one, each piece read then indexed, and an index with an
+  array of positions along one axis (``x[[5, 17, 3]]``) a
+  :class:`~daskstream.compute.streaming.span_takes.Taken` one, each piece
+  gathered from the chunks its rows lie in; a **transpose** (``np.transpose``,
   ``np.swapaxes``) a :class:`Transposed` one; a **reshape** (``x.reshape``,
   ``x.ravel``) a :class:`~daskstream.compute.streaming.span_reshapes.Reshaped`
   one, each piece read as whole rows, then reshaped;
@@ -50,7 +53,7 @@ except reductions computed together, whose first steps read each piece once
 for all of them (:func:`span_reductions`).
 
 Any other step taking a span's blocks (dask's ``map_blocks``, a rechunk,
-the result of ``compute``) gets its blocks whole where they fit a task's share
+``vindex``, the result of ``compute``) gets its blocks whole where they fit a task's share
 of the budget (a small slice), and is refused before anything is read where
 they do not, naming the step. The lists of what is known to stream are
 :mod:`daskstream.compute.streaming.span_steps`: a step not on them is never
