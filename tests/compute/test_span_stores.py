@@ -60,6 +60,8 @@ EXPRESSIONS = {
         lambda a: a[np.r_[100:3000, 9000:9500]],
         lambda c: c,
     ),
+    # Rechunked off the spans' grid: each target chunk joined from the parts of spans it lies in.
+    "rechunked": (lambda x: x.rechunk((4000, 40, 3)), lambda a: a, lambda c: c),
     # Whole rows merged: each chunk read, then reshaped.
     "rows merged": (lambda x: x.reshape(24_000, 240), lambda a: a.reshape(24_000, 240), lambda c: (c[0], 240)),
 }

@@ -66,6 +66,15 @@ EXPRESSIONS = {
         lambda x: np.nanmax(x[:, np.array([3, 1, 1, 39])], axis=(0, 2)),
         lambda a: np.nanmax(a[:, [3, 1, 1, 39]], axis=(0, 2)),
     ),
+    # Rechunked: each new block the parts of spans it joins, off the spans' grid and along every axis.
+    "maximum of a rechunk off the spans' grid": (
+        lambda x: np.nanmax(x.rechunk((4000, 40, 3)), axis=0),
+        lambda a: np.nanmax(a, axis=0),
+    ),
+    "mean over time of a rechunk to whole columns": (
+        lambda x: ds.reduce(x.rechunk((24_000, 10, 3)), "nanmean", axis=0),
+        lambda a: np.nanmean(a, axis=0, dtype="f8"),
+    ),
     "sum of rows picked across spans in no order": (
         lambda x: ds.reduce(x[np.array([23_999, 5, 12_000, 6_001, 5])], "nansum", axis=1),
         lambda a: np.nansum(a[[23_999, 5, 12_000, 6_001, 5]], axis=1, dtype="f8"),
@@ -261,7 +270,7 @@ STEPS_TAKING_WHOLE_BLOCKS = {
     "a sort of dask's map_blocks": lambda x: x.map_blocks(np.sort, axis=0).sum(),
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
     "points picked by vindex after a step": lambda x: (x * 2).vindex[np.array([3, 17_000]), np.array([1, 2])].sum(),
-    "a rechunk": lambda x: x.rechunk((24_000, 40, 1)).sum(),
+    "a rechunk by p2p": lambda x: x.rechunk((24_000, 40, 1), method="p2p").sum(),
     "the result itself": lambda x: x + 1,
 }
 
@@ -270,7 +279,7 @@ REFUSED_AS = {
     "a sort of dask's map_blocks": "sort takes whole blocks of {path}",
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
     "points picked by vindex after a step": "vindex takes whole blocks of what mul makes of {path}",
-    "a rechunk": "a rechunk takes whole blocks of {path}",
+    "a rechunk by p2p": 'a rechunk by p2p (one by tasks streams: dask.config "array.rechunk.method": "tasks") takes',
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }
 
@@ -314,8 +323,12 @@ def test_a_real_cluster_runs_spanned_tasks(dask_cluster, span_field):
         x = ds.open(paths["zarr"], memory_budget=BUDGET)
         with get_task_stream() as tasks:
             got = float(np.nanstd(x).compute())
+        # Taken and joined spans go from worker to worker as any span does.
+        picked = x[np.array([23_999, 5, 12_000, 6_001])].rechunk((4, 10, 3))
+        picked_max = np.nanmax(picked, axis=0).compute()
     assert got == pytest.approx(float(np.nanstd(data.astype("f8"))), rel=1e-6)  # float32 moments, as dask
     assert len(tasks.data) < ds.plan(paths["zarr"], memory_budget=BUDGET).n_tasks
+    np.testing.assert_array_equal(picked_max, np.nanmax(data[[23_999, 5, 12_000, 6_001]], axis=0))
 
 
 def test_partials_are_combined_as_they_come(span_field, spanned, monkeypatch):
@@ -506,6 +519,47 @@ def test_rows_picked_by_an_array_read_each_piece_within_one_chunk_as_numpy_takes
         for region in read:
             for (start, stop), step in zip(region, piece, strict=True):
                 assert stop <= start or start // step == (stop - 1) // step
+
+
+@st.composite
+def _joined_spans(draw):
+    shape = tuple(draw(st.lists(st.integers(1, 23), min_size=1, max_size=3)))
+    piece = tuple(draw(st.integers(1, n)) for n in shape)
+    # The parts a new block joins, as a rechunk cuts them: where each axis is cut.
+    cuts = tuple(sorted({0, n, *draw(st.lists(st.integers(1, n), max_size=3))}) for n in shape)
+    return shape, piece, cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(_joined_spans())
+def test_a_rechunk_joins_parts_of_spans_read_a_piece_at_a_time_as_numpy(case):
+    from daskstream.compute.streaming.span_rechunks import span_concatenate_shaped
+    from daskstream.compute.streaming.spans import Reads as PieceReads
+    from daskstream.compute.streaming.spans import _boxes, read_part, whole
+    from daskstream.graph.reads import SpanRead
+
+    shape, piece, cuts = case
+    data = np.arange(math.prod(shape)).reshape(shape)
+    source = _ReadsRecorded(data)
+    span = SpanRead(source, tuple(slice(0, n) for n in shape), piece)
+    parts = [span.narrowed(tuple(itertools.starmap(slice, cells))) for cells in itertools.product(
+        *(list(itertools.pairwise(axis)) for axis in cuts)
+    )]  # fmt: skip
+    joined = span_concatenate_shaped(parts, [len(axis) - 1 for axis in cuts])
+    assert joined.shape == shape
+    np.testing.assert_array_equal(whole(joined), data)
+    read = []
+    for _, box in _boxes(joined.cuts()):
+        np.testing.assert_array_equal(whole(joined.narrowed(box)), data[box])
+        before = len(source.regions)
+        np.testing.assert_array_equal(read_part(joined, box, PieceReads()), data[box])
+        read.extend(source.regions[before:])
+    # Every piece read lies within one storage chunk and one part, and the pieces read the array once.
+    assert sum(math.prod(c.stop - c.start for c in region) for region in read) == data.size
+    for region in read:
+        for cell, step, axis in zip(region, piece, cuts, strict=True):
+            assert cell.start // step == (cell.stop - 1) // step
+            assert np.searchsorted(axis, cell.start, side="right") == np.searchsorted(axis, cell.stop - 1, side="right")
 
 
 @st.composite

@@ -18,6 +18,9 @@ blocks that may be spans is one of:
     dask's index of them with an array of positions along an axis: its
     picks of each block's positions and their concatenations in the order
     asked (:mod:`~daskstream.compute.streaming.span_takes`);
+``rechunk``
+    dask's rechunk of them: their parts cut and joined into new blocks
+    (:mod:`~daskstream.compute.streaming.span_rechunks`);
 ``reduce``
     a reduction's first step whose combine is known, block for block along
     the axes it keeps;
@@ -59,6 +62,7 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
+from daskstream.compute.streaming.span_rechunks import is_rechunk_layer, streaming_rechunk_layer
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_reshapes import (
     is_reshaping,
@@ -77,6 +81,7 @@ from daskstream.compute.streaming.span_steps import (
     is_narrowing,
     is_streaming_spans,
     materialized_like,
+    narrowed_piece,
     scan_merge_of,
     transposition_of,
 )
@@ -105,7 +110,7 @@ from daskstream.graph.optimize import plan_graph
 from daskstream.planning.computation import Spans
 
 #: The kinds of steps whose blocks are spans again where they take spans.
-_PASSING_SPANS = ("map", "narrow", "take", "transpose", "reshape", "scan", "carry")
+_PASSING_SPANS = ("map", "narrow", "take", "rechunk", "transpose", "reshape", "scan", "carry")
 
 
 @dataclass
@@ -234,7 +239,7 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
         if name in pieces or kind is None or not inputs:
             continue
         if kind == "narrow":
-            pieces[name] = _narrowed_piece(graph.layers[name], inputs[0])
+            pieces[name] = narrowed_piece(graph.layers[name], inputs[0])
         elif kind == "reshape":
             reshaped = reshaped_layer_piece(graph, graph.layers[name], inputs[0], at_most=at_most)
             if reshaped is not None:
@@ -244,7 +249,7 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
             assert isinstance(layer, Blockwise)  # a "transpose" layer is one
             order = transposition_of(layer.task, len(inputs[0]))
             pieces[name] = tuple(inputs[0][axis] for axis in order or ())
-        elif kind in ("carry", "take"):  # a taken piece holds at most as many rows as its input's
+        elif kind in ("carry", "take", "rechunk"):  # their pieces hold at most as much as their input's
             pieces[name] = inputs[0]
         elif kind in ("map", "reduce", "arg", "scan"):
             ndim = len(_chunks(graph.layers[name]) or inputs[0])
@@ -252,26 +257,6 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
             if alike:
                 pieces[name] = tuple(min(p[axis] for p in alike) for axis in range(ndim))
     return pieces
-
-
-def _narrowed_piece(layer: Layer, piece: tuple[int, ...]) -> tuple[int, ...]:
-    """``piece`` through the index of a ``narrow`` layer's tasks (all alike but at the edges): axes indexed by an
-    integer gone, stepped axes shorter, new axes of one."""
-    task = next(iter(layer.values()))
-    if isinstance(task, Alias):
-        return piece
-    taken = [item for item in task.args[1] if item is not None]
-    index = tuple(task.args[1]) + (slice(None),) * (len(piece) - len(taken))
-    pieces = iter(piece)
-    found: list[int] = []
-    for item in index:
-        if item is None:
-            found.append(1)
-        elif isinstance(item, slice):
-            found.append(max(1, -(-next(pieces) // abs(item.step or 1))))
-        else:
-            next(pieces)
-    return tuple(found)
 
 
 def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
@@ -374,6 +359,8 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
             return "narrow"
         if is_take_layer(values):
             return "take"
+        if is_rechunk_layer(values):
+            return "rechunk"
         if values and all(is_reshaping(value) for value in values):
             return "reshape"
     return None
@@ -446,6 +433,8 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
         return materialized_like(layer, {key: Task(key, reshape, *value.args) for key, value in layer.items()})
     if kind == "take":
         return streaming_take_layer(layer, name, taken_whole=whole)
+    if kind == "rechunk":
+        return streaming_rechunk_layer(layer, name, taken_whole=whole)
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
         return materialized_like(

@@ -28,6 +28,8 @@ _STEP_NAMES = {
 
 
 def _step_name(layer_name: str, *, making: bool = False) -> str:
+    if layer_name.startswith("rechunk-p2p-"):  # whose key dask splits to "rechunk"
+        return 'a rechunk by p2p (one by tasks streams: dask.config "array.rechunk.method": "tasks")'
     name = key_split(layer_name)
     if name.startswith("finalize"):
         return "the result"  # dask's layer gathering what compute returns

@@ -220,6 +220,26 @@ def is_narrowing(value: Any) -> bool:
     )
 
 
+def narrowed_piece(layer: Layer, piece: tuple[int, ...]) -> tuple[int, ...]:
+    """``piece`` through the index of a ``narrow`` layer's tasks (all alike but at the edges): axes indexed by an
+    integer gone, stepped axes shorter, new axes of one."""
+    task = next(iter(layer.values()))
+    if isinstance(task, Alias):
+        return piece
+    taken = [item for item in task.args[1] if item is not None]
+    index = tuple(task.args[1]) + (slice(None),) * (len(piece) - len(taken))
+    pieces = iter(piece)
+    found: list[int] = []
+    for item in index:
+        if item is None:
+            found.append(1)
+        elif isinstance(item, slice):
+            found.append(max(1, -(-next(pieces) // abs(item.step or 1))))
+        else:
+            next(pieces)
+    return tuple(found)
+
+
 #: The functions dask's slicing puts in a task taking part of a block.
 _GETITEMS = (dask_chunk.getitem, operator.getitem)
 

@@ -24,7 +24,8 @@ rewrites, before dask's own optimizations, the steps that take such blocks:
   :class:`Indexed` one, each piece read then indexed, and an index with an
   array of positions along one axis (``x[[5, 17, 3]]``) a
   :class:`~daskstream.compute.streaming.span_takes.Taken` one, each piece
-  gathered from the chunks its rows lie in; a **transpose** (``np.transpose``,
+  gathered from the chunks its rows lie in; a **rechunk** joins parts of spans
+  (:mod:`~daskstream.compute.streaming.span_rechunks`); a **transpose** (``np.transpose``,
   ``np.swapaxes``) a :class:`Transposed` one; a **reshape** (``x.reshape``,
   ``x.ravel``) a :class:`~daskstream.compute.streaming.span_reshapes.Reshaped`
   one, each piece read as whole rows, then reshaped;
@@ -52,8 +53,8 @@ a source whose spans two steps take is read twice (the plan counts it) --
 except reductions computed together, whose first steps read each piece once
 for all of them (:func:`span_reductions`).
 
-Any other step taking a span's blocks (dask's ``map_blocks``, a rechunk,
-``vindex``, the result of ``compute``) gets its blocks whole where they fit a task's share
+Any other step taking a span's blocks (dask's ``map_blocks``, a rechunk by
+p2p, ``vindex``, the result of ``compute``) gets its blocks whole where they fit a task's share
 of the budget (a small slice), and is refused before anything is read where
 they do not, naming the step. The lists of what is known to stream are
 :mod:`daskstream.compute.streaming.span_steps`: a step not on them is never
