@@ -4,12 +4,14 @@ buffer of one, with numpy's answers, reads of one chunk at a time, and refusals 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
 import signal
 
 import dask
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
@@ -74,6 +76,28 @@ EXPRESSIONS = {
     "mean over time of a rechunk to whole columns": (
         lambda x: ds.reduce(x.rechunk((24_000, 10, 3)), "nanmean", axis=0),
         lambda a: np.nanmean(a, axis=0, dtype="f8"),
+    ),
+    # Joined as dask's concatenate, stack, pad and roll join blocks: each block a span (or data) passed on.
+    "mean of a concatenation, padded and rolled": (
+        lambda x: ds.reduce(
+            da.roll(da.pad(da.concatenate([x[12_000:], x[:12_000]]), ((2, 2), (0, 0), (0, 0))), 5, axis=0),
+            "nanmean",
+            axis=0,
+        ),
+        lambda a: np.nanmean(
+            np.roll(np.pad(np.concatenate([a[12_000:], a[:12_000]]), ((2, 2), (0, 0), (0, 0))), 5, axis=0),
+            axis=0,
+            dtype="f8",
+        ),
+    ),
+    "maximum over a stack of the array and its double": (
+        lambda x: np.nanmax(da.stack([x, x * 2]), axis=(0, 1)),
+        lambda a: np.nanmax(np.stack([a, a * 2]), axis=(0, 1)),
+    ),
+    # numpy's element-wise functions that are not ufuncs, as dask maps them over blocks.
+    "sum of values rounded and clipped": (
+        lambda x: ds.reduce(np.clip(da.round(x, 1), -1, 1), "nansum", axis=0),
+        lambda a: np.nansum(np.clip(np.round(a, 1), -1, 1), axis=0, dtype="f8"),
     ),
     "sum of rows picked across spans in no order": (
         lambda x: ds.reduce(x[np.array([23_999, 5, 12_000, 6_001, 5])], "nansum", axis=1),
@@ -177,6 +201,8 @@ PASSES = {
     # The carry past each span is the span scanned to its end: read once more.
     "cumulative sum of a reversed column": 2,
     "cumulative sum of a ravel": 2,
+    # Its blocks are the array's spans and their doubles': each read for its own.
+    "maximum over a stack of the array and its double": 2,
 }
 # Slices read only the chunks they touch.
 SLICED = {
@@ -271,6 +297,8 @@ STEPS_TAKING_WHOLE_BLOCKS = {
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
     "points picked by vindex after a step": lambda x: (x * 2).vindex[np.array([3, 17_000]), np.array([1, 2])].sum(),
     "a rechunk by p2p": lambda x: x.rechunk((24_000, 40, 1), method="p2p").sum(),
+    # Element-wise, but bound to an array, which would not follow the pieces in general.
+    "a ufunc bound to an array": lambda x: x.map_blocks(functools.partial(np.add, np.ones(6, "f4"))).sum(),
     "the result itself": lambda x: x + 1,
 }
 
@@ -279,6 +307,7 @@ REFUSED_AS = {
     "a sort of dask's map_blocks": "sort takes whole blocks of {path}",
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
     "points picked by vindex after a step": "vindex takes whole blocks of what mul makes of {path}",
+    "a ufunc bound to an array": "add takes whole blocks of {path}",
     "a rechunk by p2p": 'a rechunk by p2p (one by tasks streams: dask.config "array.rechunk.method": "tasks") takes',
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }
@@ -356,6 +385,11 @@ def test_empty_slices_and_small_spans_taken_whole_give_numpys_answer(span_field,
     np.testing.assert_array_equal(x[100:100].sum(axis=0).compute(), data[100:100].sum(axis=0))
     assert float(x[100:100].sum().compute()) == 0.0
     assert x[:, 5:5].sum(axis=0).compute().shape == (0, 6)
+    # Small parts joined, picked or rechunked as the result: each block computed whole, as numpy's.
+    ends = da.concatenate([x[:5], x[-5:]])
+    np.testing.assert_array_equal(ends.compute(), np.concatenate([data[:5], data[-5:]]))
+    np.testing.assert_array_equal(x[np.array([23_999, 7])].compute(), data[[23_999, 7]])
+    np.testing.assert_array_equal(ends.rechunk((3, 40, 6)).compute(), np.concatenate([data[:5], data[-5:]]))
     # A plan whose spans fit a task's share: steps taking whole blocks get them read at once.
     small = dataclasses.replace(plan, chunks=(20, 40, 6), span=(5, 1, 1))
     y = ds.open(paths["zarr"], chunks=small, memory_budget=BUDGET)

@@ -84,6 +84,7 @@ from daskstream.compute.streaming.span_steps import (
     narrowed_piece,
     scan_merge_of,
     transposition_of,
+    with_tasks,
 )
 from daskstream.compute.streaming.span_takes import is_take_layer, streaming_take_layer
 from daskstream.compute.streaming.spans import (
@@ -166,6 +167,7 @@ def span_graphs(graph: Any, keys: list[Key]) -> SpanGraphs | None:
     """
     if not span_reads(graph):
         return None
+    graph = with_tasks(graph)
     found = _classified(graph, keys)
     return SpanGraphs(_streamed(graph, found), _pieced(graph, found), _read_counts(graph, found))
 
@@ -224,6 +226,7 @@ def span_piece_of(graph: Any, name: str) -> tuple[int, ...] | None:
     first step over spans): the chunk of the reads they come from, through the steps between; else ``None``."""
     if not span_reads(graph):
         return None
+    graph = with_tasks(graph)
     found = _classified(graph, [])
     return _layer_pieces(graph, found).get(name) if name in found.spans or name in found.kinds else None
 
@@ -438,11 +441,7 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
         return materialized_like(
-            layer,
-            {
-                key: value if isinstance(value, Alias) else Task(key, narrow, *value.args)
-                for key, value in layer.items()
-            },
+            layer, {key: _narrowing(key, value, narrow, whole=whole) for key, value in layer.items()}
         )
     assert isinstance(layer, Blockwise)
     out = layer.output_indices
@@ -469,6 +468,14 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     else:
         task = Task(layer.task.key, span_reduce, *_reduction_parts(layer), *refs)
     return blockwise_like(layer, task=task)
+
+
+def _narrowing(key: Key, value: Any, narrow: Any, *, whole: bool) -> Any:
+    """A task of a ``narrow`` layer streaming spans; a block passed on (an alias: dask's concatenate) is given
+    whole, with an index of nothing, where the step after takes it so."""
+    if not isinstance(value, Alias):
+        return Task(key, narrow, *value.args)
+    return Task(key, span_narrow_whole, TaskRef(next(iter(value.dependencies))), ()) if whole else value
 
 
 def _step_axes(layer: Blockwise) -> tuple[tuple[int | None, ...] | None, ...]:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any, TypeVar
 
 import dask.array as da
 import dask.array.chunk as dask_chunk
 import dask.array.reductions as dask_reductions
 import numpy as np
-from dask._task_spec import Alias, Task, TaskRef
+from dask._task_spec import Alias, GraphNode, Task, TaskRef, convert_legacy_graph
 from dask.array.core import _concatenate2, _enforce_dtype
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
@@ -90,6 +90,9 @@ ELEMENTWISE: frozenset[Callable[..., Any]] = frozenset(
         )),
         np.where,
         dask_chunk.astype,
+        # numpy functions of one element at a time that are not ufuncs (dask maps them over blocks)
+        np.clip, np.nan_to_num, np.round, np.around, np.fix, np.real, np.imag, np.angle, np.isreal,
+        np.iscomplex, np.i0, np.sinc, np.isclose,
     }
 )  # fmt: skip
 
@@ -116,6 +119,40 @@ def is_key_of(value: Any, layers: set[str]) -> bool:
     return isinstance(value, tuple) and bool(value) and value[0] in layers
 
 
+def with_tasks(graph: HighLevelGraph) -> HighLevelGraph:
+    """``graph`` with its materialized layers passing blocks on in dask's older tuples (its ``concatenate``
+    and ``stack`` still make them: a block's key, ``(getitem, key, index)``) as tasks, which the rewriting of
+    spans reads; ``graph`` itself where it has none. Layers of other tuples are left as they are."""
+    layers: dict[str, Layer] | None = None
+    for name, layer in graph.layers.items():
+        first = next(iter(layer.values()), None) if isinstance(layer, MaterializedLayer) else None
+        if first is None or isinstance(first, GraphNode) or not graph.dependencies.get(name):
+            continue
+        keys = _KeysOf({name, *graph.dependencies[name]})
+        if not all(value in keys or _is_legacy_getitem(value, keys) for value in layer.values()):
+            continue
+        layers = dict(graph.layers) if layers is None else layers
+        layers[name] = materialized_like(layer, convert_legacy_graph(dict(layer), keys))
+    if layers is None:
+        return graph
+    return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
+
+
+def _is_legacy_getitem(value: Any, keys: Container[Any]) -> bool:
+    """Whether ``value`` is an older tuple taking part of a block: ``(getitem, key, index)``."""
+    return isinstance(value, tuple) and len(value) == 3 and value[0] in _GETITEMS and value[1] in keys
+
+
+class _KeysOf:
+    """The keys of blocks of the layers ``names``, as a container: what a tuple of an older task refers to."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and bool(key) and key[0] in self.names
+
+
 def materialized_like(layer: Layer, tasks: Mapping[Key, Any]) -> MaterializedLayer:
     """``tasks`` as a layer annotated as ``layer``."""
     copy = MaterializedLayer(dict(tasks), annotations=layer.annotations)
@@ -128,6 +165,10 @@ def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
     wrapper of one, whose ``kwargs`` name it, included)."""
     if func is _enforce_dtype:
         return is_elementwise((kwargs or {}).get("enforce_dtype_function"))
+    if isinstance(func, functools.partial):
+        # Bound to constants only (decimals=1, rtol=...): an array bound in would not follow the pieces.
+        bound = (*func.args, *func.keywords.values())
+        return all(value is None or np.isscalar(value) for value in bound) and is_elementwise(func.func)
     return isinstance(func, np.ufunc) or func in ELEMENTWISE
 
 
@@ -214,7 +255,7 @@ def is_narrowing(value: Any) -> bool:
         isinstance(value, Task)
         and value.func in _GETITEMS
         and len(value.args) == 2
-        and isinstance(value.args[0], TaskRef)
+        and isinstance(value.args[0], (TaskRef, Alias))  # a reference (an Alias in a task converted from a tuple)
         and isinstance(value.args[1], tuple)
         and all(item is None or _is_whole_number(item) or _is_slice_of_whole_numbers(item) for item in value.args[1])
     )

@@ -12,8 +12,9 @@ blocks with their halos (:func:`~daskstream.graph.regions.region_array`) -- and 
 rewrites, before dask's own optimizations, the steps that take such blocks:
 
 - an **element-wise step** (numpy ufuncs, arithmetic and comparison
-  operators, ``where``, ``astype``) gives a :class:`Mapped` value, the step
-  still to apply piece by piece;
+  operators, ``where``, ``astype``, ``clip``, ``round``...) gives a
+  :class:`Mapped` value, the step still to apply piece by piece; a block
+  passed on as it is (dask's ``concatenate``, ``stack``) stays the span it is;
 - a **cumulative sum or product** along an axis (and their nan- forms)
   gives a :class:`~daskstream.compute.streaming.span_scans.Scanned` span, each piece scanned and merged with the
   carry of the pieces before it; the carry past a span (what dask adds to
