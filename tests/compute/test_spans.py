@@ -99,6 +99,11 @@ EXPRESSIONS = {
         lambda x: ds.reduce(np.clip(da.round(x, 1), -1, 1), "nansum", axis=0),
         lambda a: np.nansum(np.clip(np.round(a, 1), -1, 1), axis=0, dtype="f8"),
     ),
+    # xarray's weighted mean (dask's einsum): each piece contracted with its part of the weights, summed.
+    "mean weighted by row, as xarray weighs it": (
+        lambda x: _weighted_mean(x).data,
+        lambda a: _weighted_mean(a).values,
+    ),
     "sum of rows picked across spans in no order": (
         lambda x: ds.reduce(x[np.array([23_999, 5, 12_000, 6_001, 5])], "nansum", axis=1),
         lambda a: np.nansum(a[[23_999, 5, 12_000, 6_001, 5]], axis=1, dtype="f8"),
@@ -201,6 +206,8 @@ PASSES = {
     # The carry past each span is the span scanned to its end: read once more.
     "cumulative sum of a reversed column": 2,
     "cumulative sum of a ravel": 2,
+    # The weights' sum where values are not NaN, and the weighted sum: each its own pass.
+    "mean weighted by row, as xarray weighs it": 2,
     # Its blocks are the array's spans and their doubles': each read for its own.
     "maximum over a stack of the array and its double": 2,
 }
@@ -221,6 +228,13 @@ SLICED = {
     "exact median",
     "exact quantiles",
 }
+
+
+def _weighted_mean(array):
+    import xarray as xr
+
+    weights = xr.DataArray(np.linspace(0.1, 1.0, 40), dims="y")
+    return xr.DataArray(array, dims=("t", "y", "z")).weighted(weights).mean(("y", "z"))
 
 
 def da_nan(x, name):

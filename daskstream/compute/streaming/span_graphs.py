@@ -73,7 +73,6 @@ from daskstream.compute.streaming.span_reshapes import (
 from daskstream.compute.streaming.span_scans import carries_scans, carry_layers, span_scan, span_scan_whole
 from daskstream.compute.streaming.span_siblings import fused_reductions, sibling_reductions
 from daskstream.compute.streaming.span_steps import (
-    combine_of,
     is_arg_chunk,
     is_counting_each_value,
     is_elementwise,
@@ -82,6 +81,7 @@ from daskstream.compute.streaming.span_steps import (
     is_streaming_spans,
     materialized_like,
     narrowed_piece,
+    reduction_of,
     scan_merge_of,
     transposition_of,
     with_tasks,
@@ -287,7 +287,9 @@ def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
 def _reduced_axes(layer: Layer) -> tuple[int, ...]:
     """The axes a reduction's first step (a ``reduce`` or ``arg`` layer) reduces."""
     if isinstance(layer, Blockwise):
-        return tuple(layer.task.kwargs["axis"])
+        reduction = reduction_of(layer.task, len(layer.output_indices))
+        assert reduction is not None  # a "reduce" layer is one whose combine is known
+        return reduction[1]
     return tuple(next(iter(layer.values()))[2])  # an arg-reduction's (chunk, block, axis, offset)
 
 
@@ -391,10 +393,10 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
         return None
     if is_elementwise(layer.task.func, layer.task.kwargs) and all(c == chunks for c in inputs):
         return "map"
-    combine = combine_of(layer.task)
-    if combine is None:
+    reduction = reduction_of(layer.task, len(out))
+    if reduction is None:
         return None
-    reduced = layer.task.kwargs["axis"]
+    reduced = reduction[1]
     # A first step keeps its blocks along the axes it keeps (and makes one partial of each along the others).
     if any(c[a] != chunks[a] for c in inputs for a in range(len(c)) if a not in reduced):
         return None
@@ -489,8 +491,6 @@ def _step_axes(layer: Blockwise) -> tuple[tuple[int | None, ...] | None, ...]:
 
 def _reduction_parts(layer: Blockwise) -> tuple[Step, Combine]:
     """A ``reduce`` layer's step and how its partials combine."""
-    combined = combine_of(layer.task)
-    assert combined is not None  # a "reduce" layer is one whose combine is known
-    return Step(layer.task, _step_axes(layer)), Combine(
-        combined, tuple(layer.task.kwargs["axis"]), len(layer.output_indices)
-    )
+    reduction = reduction_of(layer.task, len(layer.output_indices))
+    assert reduction is not None  # a "reduce" layer is one whose combine is known
+    return Step(layer.task, _step_axes(layer)), Combine(*reduction, len(layer.output_indices))

@@ -22,6 +22,7 @@ import dask.array.reductions as dask_reductions
 import numpy as np
 from dask._task_spec import Alias, GraphNode, Task, TaskRef, convert_legacy_graph
 from dask.array.core import _concatenate2, _enforce_dtype
+from dask.array.einsumfuncs import chunk_einsum
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
@@ -170,6 +171,18 @@ def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
         bound = (*func.args, *func.keywords.values())
         return all(value is None or np.isscalar(value) for value in bound) and is_elementwise(func.func)
     return isinstance(func, np.ufunc) or func in ELEMENTWISE
+
+
+def reduction_of(task: Task, ndim: int) -> tuple[Callable[..., Any], tuple[int, ...]] | None:
+    """The combine of a reduction whose first step is ``task`` (of ``ndim`` axes out), and the axes it
+    reduces; ``None`` for one not known to stream. dask's einsum's first step (``xr.dot``, weighted means)
+    is one: each block contracted, its contracted axes kept as axes of one, summed by the step after."""
+    if task.func is chunk_einsum:
+        contracted = int(task.kwargs.get("ncontract_inds") or 0)
+        axis = tuple(range(ndim - contracted, ndim))
+        return (concatenated(functools.partial(np.sum, axis=axis, keepdims=True), axis), axis) if axis else None
+    combine = combine_of(task)
+    return None if combine is None else (combine, tuple(task.kwargs["axis"]))
 
 
 def combine_of(task: Task) -> Callable[..., Any] | None:
