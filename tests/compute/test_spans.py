@@ -104,6 +104,25 @@ EXPRESSIONS = {
         lambda x: _weighted_mean(x).data,
         lambda a: _weighted_mean(a).values,
     ),
+    # Contracted in another axis order than the array's: each piece read in its own, contracted in the output's.
+    "sum per column by einsum": (
+        lambda x: da.einsum("tyz->y", x.astype("f8")),
+        lambda a: np.einsum("tyz->y", a.astype("f8")),
+    ),
+    "mean weighted by row over every axis": (
+        lambda x: _weighted_mean(x, ("t", "y", "z")).data,
+        lambda a: _weighted_mean(a, ("t", "y", "z")).values,
+    ),
+    # dask's tensordot with a vector: each piece contracted along its last axis, whole in every piece.
+    "maximum over time of a dot with a vector": (
+        lambda x: np.nanmax(da.dot(x, np.linspace(-1, 1, 6).astype("f4")), axis=0),
+        lambda a: np.nanmax(np.dot(a, np.linspace(-1, 1, 6).astype("f4")), axis=0),
+    ),
+    # dask's own histogram: each piece's row of counts, summed.
+    "dask's own histogram": (
+        lambda x: da.histogram(x, bins=16, range=(-4, 4))[0],
+        lambda a: np.histogram(a, bins=16, range=(-4, 4))[0],
+    ),
     "sum of rows picked across spans in no order": (
         lambda x: ds.reduce(x[np.array([23_999, 5, 12_000, 6_001, 5])], "nansum", axis=1),
         lambda a: np.nansum(a[[23_999, 5, 12_000, 6_001, 5]], axis=1, dtype="f8"),
@@ -208,6 +227,7 @@ PASSES = {
     "cumulative sum of a ravel": 2,
     # The weights' sum where values are not NaN, and the weighted sum: each its own pass.
     "mean weighted by row, as xarray weighs it": 2,
+    "mean weighted by row over every axis": 2,
     # Its blocks are the array's spans and their doubles': each read for its own.
     "maximum over a stack of the array and its double": 2,
 }
@@ -230,11 +250,11 @@ SLICED = {
 }
 
 
-def _weighted_mean(array):
+def _weighted_mean(array, dims=("y", "z")):
     import xarray as xr
 
     weights = xr.DataArray(np.linspace(0.1, 1.0, 40), dims="y")
-    return xr.DataArray(array, dims=("t", "y", "z")).weighted(weights).mean(("y", "z"))
+    return xr.DataArray(array, dims=("t", "y", "z")).weighted(weights).mean(dims)
 
 
 def da_nan(x, name):

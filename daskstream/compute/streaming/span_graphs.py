@@ -35,6 +35,9 @@ blocks that may be spans is one of:
     the rest of a cumulative step: the carry past each block merged into the
     next (dask's ``extra`` blocks), the carry past a span being the span
     scanned to its end;
+``histogram``
+    dask's own histogram's counts of each block
+    (:mod:`~daskstream.compute.streaming.span_histograms`);
 ``streams``
     a step reading the spans it takes part by part itself (a function
     marked :func:`~daskstream.compute.streaming.span_steps.streams_spans`: a
@@ -62,6 +65,7 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
+from daskstream.compute.streaming.span_histograms import is_histogram_layer, streaming_histogram_layer
 from daskstream.compute.streaming.span_rechunks import is_rechunk_layer, streaming_rechunk_layer
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_reshapes import (
@@ -73,8 +77,8 @@ from daskstream.compute.streaming.span_reshapes import (
 from daskstream.compute.streaming.span_scans import carries_scans, carry_layers, span_scan, span_scan_whole
 from daskstream.compute.streaming.span_siblings import fused_reductions, sibling_reductions
 from daskstream.compute.streaming.span_steps import (
+    counts_rows,
     is_arg_chunk,
-    is_counting_each_value,
     is_elementwise,
     is_key_of,
     is_narrowing,
@@ -255,7 +259,15 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
         elif kind in ("carry", "take", "rechunk"):  # their pieces hold at most as much as their input's
             pieces[name] = inputs[0]
         elif kind in ("map", "reduce", "arg", "scan"):
-            ndim = len(_chunks(graph.layers[name]) or inputs[0])
+            layer = graph.layers[name]
+            if kind == "reduce" and isinstance(layer, Blockwise):  # its inputs' axes in its order (an einsum's)
+                out = layer.output_indices
+                inputs = [
+                    tuple(pieces[n][index.index(o)] for o in out)
+                    for n, index in layer.indices
+                    if isinstance(n, str) and n in pieces and index is not None and sorted(index) == sorted(out)
+                ] or inputs
+            ndim = len(_chunks(layer) or inputs[0])
             alike = [p for p in inputs if len(p) == ndim]
             if alike:
                 pieces[name] = tuple(min(p[axis] for p in alike) for axis in range(ndim))
@@ -366,6 +378,8 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
             return "take"
         if is_rechunk_layer(values):
             return "rechunk"
+        if is_histogram_layer(values, taken):
+            return "histogram"
         if values and all(is_reshaping(value) for value in values):
             return "reshape"
     return None
@@ -374,7 +388,7 @@ def _kind(graph: HighLevelGraph, name: str, taken: set[str]) -> str | None:
 def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> str | None:
     """``map``, ``reduce`` or ``counts`` for a blockwise step that streams the spans it takes block for block,
     else None."""
-    if _counts_rows(graph, layer, taken):
+    if counts_rows(layer, taken):
         return "counts"
     if layer.new_axes or layer.concatenate:
         return None
@@ -387,43 +401,27 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     if all(spanned_whole) and grouped_combine(graph, layer) is not None:
         return "grouped"
     chunks = _chunks(layer)
-    spanned = [(name, index) for name, index in layer.indices if isinstance(name, str) and name in taken]
+    spanned = [(name, index or ()) for name, index in layer.indices if isinstance(name, str) and name in taken]
     inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
-    if chunks is None or any(index != out for _, index in spanned) or any(c is None for c in inputs):
+    # Each spanned input has the output's axes, in its order (a reduction's: in any order, an einsum's).
+    if chunks is None or any(sorted(index) != sorted(out) for _, index in spanned) or any(c is None for c in inputs):
         return None
-    if is_elementwise(layer.task.func, layer.task.kwargs) and all(c == chunks for c in inputs):
+    aligned = all(index == out for _, index in spanned)
+    if aligned and is_elementwise(layer.task.func, layer.task.kwargs) and all(c == chunks for c in inputs):
         return "map"
     reduction = reduction_of(layer.task, len(out))
     if reduction is None:
         return None
     reduced = reduction[1]
     # A first step keeps its blocks along the axes it keeps (and makes one partial of each along the others).
-    if any(c[a] != chunks[a] for c in inputs for a in range(len(c)) if a not in reduced):
+    kept = [a for a in range(len(out)) if a not in reduced]
+    if any(c[index.index(out[a])] != chunks[a] for (_, index), c in zip(spanned, inputs) for a in kept):
         return None
     return "reduce"
 
 
 def _chunks(layer: Layer) -> Any:
     return (layer.collection_annotations or {}).get("chunks")
-
-
-def _counts_rows(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) -> bool:
-    """Whether ``layer`` counts each value of the spans it takes into one row per block (a function marked by
-    :func:`~daskstream.compute.streaming.span_steps.counts_each_value`, its row on one new last axis), the spans
-    indexed block for block and any other input taken whole."""
-    out = layer.output_indices
-    if not is_counting_each_value(layer.task.func) or layer.concatenate or list(layer.new_axes) != [out[-1]]:
-        return False
-    spanned = [index for name, index in layer.indices if isinstance(name, str) and name in taken]
-    others = [index for name, index in layer.indices if not (isinstance(name, str) and name in taken)]
-    # Every value the function takes comes through the layer's inputs (none hidden in its keywords).
-    tokens = {blockwise_token(i) for i in range(len(layer.indices))}
-    return (
-        bool(spanned)
-        and all(index == out[:-1] for index in spanned)
-        and all(index is None for index in others)
-        and set(layer.task.dependencies) <= tokens
-    )
 
 
 def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:
@@ -440,6 +438,8 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
         return streaming_take_layer(layer, name, taken_whole=whole)
     if kind == "rechunk":
         return streaming_rechunk_layer(layer, name, taken_whole=whole)
+    if kind == "histogram":
+        return streaming_histogram_layer(layer)
     if kind == "narrow":
         narrow = span_narrow_whole if whole else span_narrow
         return materialized_like(

@@ -23,6 +23,8 @@ import numpy as np
 from dask._task_spec import Alias, GraphNode, Task, TaskRef, convert_legacy_graph
 from dask.array.core import _concatenate2, _enforce_dtype
 from dask.array.einsumfuncs import chunk_einsum
+from dask.array.routines import _tensordot
+from dask.blockwise import Blockwise, blockwise_token
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
@@ -50,6 +52,25 @@ def counts_each_value(fn: Counter) -> Counter:
 def is_counting_each_value(fn: Any) -> bool:
     """Whether ``fn`` was marked by :func:`counts_each_value`."""
     return getattr(fn, _COUNTS_EACH_VALUE, False) is True
+
+
+def counts_rows(layer: Blockwise, taken: set[str]) -> bool:
+    """Whether ``layer`` counts each value of the spans (blocks of ``taken``) it takes into one row per block
+    (a function marked by :func:`counts_each_value`, its row on one new last axis), the spans indexed block
+    for block and any other input taken whole."""
+    out = layer.output_indices
+    if not is_counting_each_value(layer.task.func) or layer.concatenate or list(layer.new_axes) != [out[-1]]:
+        return False
+    spanned = [index for name, index in layer.indices if isinstance(name, str) and name in taken]
+    others = [index for name, index in layer.indices if not (isinstance(name, str) and name in taken)]
+    # Every value the function takes comes through the layer's inputs (none hidden in its keywords).
+    tokens = {blockwise_token(i) for i in range(len(layer.indices))}
+    return (
+        bool(spanned)
+        and all(index == out[:-1] for index in spanned)
+        and all(index is None for index in others)
+        and set(layer.task.dependencies) <= tokens
+    )
 
 
 #: The attribute :func:`streams_spans` sets on a function.
@@ -175,12 +196,17 @@ def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
 
 def reduction_of(task: Task, ndim: int) -> tuple[Callable[..., Any], tuple[int, ...]] | None:
     """The combine of a reduction whose first step is ``task`` (of ``ndim`` axes out), and the axes it
-    reduces; ``None`` for one not known to stream. dask's einsum's first step (``xr.dot``, weighted means)
-    is one: each block contracted, its contracted axes kept as axes of one, summed by the step after."""
+    reduces; ``None`` for one not known to stream. dask's einsum's and tensordot's first steps (``xr.dot``,
+    weighted means, ``da.dot`` with a vector) are ones: each block contracted, its contracted axes kept as
+    axes of one, summed by the step after."""
+    axis: tuple[int, ...] = ()
     if task.func is chunk_einsum:
         contracted = int(task.kwargs.get("ncontract_inds") or 0)
         axis = tuple(range(ndim - contracted, ndim))
-        return (concatenated(functools.partial(np.sum, axis=axis, keepdims=True), axis), axis) if axis else None
+    elif task.func is _tensordot and not task.kwargs.get("is_sparse"):
+        axis = tuple(sorted(int(a) % ndim for a in task.kwargs["axes"][0]))
+    if axis:
+        return concatenated(functools.partial(np.sum, axis=axis, keepdims=True), axis), axis
     combine = combine_of(task)
     return None if combine is None else (combine, tuple(task.kwargs["axis"]))
 

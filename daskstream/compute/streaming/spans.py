@@ -309,6 +309,8 @@ def _part(
     """``value``'s part in ``box`` of an output of ``shape``: with ``read``, a span's piece, else a narrower span;
     a block's slice along the axes it spans whole; anything else as it is (constants, blocks broadcast along an
     axis)."""
+    if is_span(value) and axes is not None and set(axes) == set(range(len(box))) and len(axes) == len(box):
+        box = tuple(box[axis] for axis in axes if axis is not None)  # a span whose axes the step permutes
     if isinstance(value, SpanRead):
         return value.narrowed(box) if read is None else read(value, box)
     if isinstance(value, StepToApply):
@@ -434,11 +436,20 @@ class Combine:
 
 def span_reduce(step: Step, combine: Combine, *values: Any) -> Any:
     """A reduction's first step: over a span, read piece by piece, each piece's partial combined as it comes."""
-    spans = [v for v in values if is_span(v)]
+    # Each span's axes in the step's output order (an einsum may order them otherwise): its pieces cut so.
+    spans = [_in_order(v, axes) for v, axes in zip(values, step.axes) if is_span(v)]
     if not spans or 0 in spans[0].shape:  # an empty slice: nothing to read, its partial as numpy gives it
         return step([whole(v) for v in values])
     shape = spans[0].shape
     return _folded(spans, combine.reduced, combine, lambda box, read: step(step.parts(values, box, shape, read)))
+
+
+def _in_order(span: Any, axes: tuple[int | None, ...] | None) -> Any:
+    """``span`` with its axes in the output's order, where a step puts them there (``axes``: the output's
+    axis of each of its own)."""
+    if axes is None or list(axes) == list(range(len(axes))) or None in axes:
+        return span
+    return Transposed(span, [axes.index(axis) for axis in range(len(axes))])
 
 
 def span_arg(chunk: functools.partial[Any], value: Any, axis: tuple[int, ...], offset_info: Any) -> Any:
