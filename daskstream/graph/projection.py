@@ -291,7 +291,7 @@ def _makes_view(layer: Layer) -> bool:
 _NUMPY_LIGHT = {
     "sum", "prod", "max", "min", "amax", "amin", "mean", "any", "all", "argmax", "argmin", "einsum", "dot",
     "tensordot", "matmul", "concatenate", "stack", "clip", "round", "around", "cumsum", "cumprod",
-    "zeros_like", "ones_like", "full_like", "empty_like",
+    "zeros_like", "ones_like", "full_like", "empty_like", "fix", "real", "imag", "angle", "iscomplex",
 }  # fmt: skip
 # Modules whose functions are dask's own block steps: each makes its output and little else.
 _LIGHT_MODULES = ("dask.array.chunk", "dask.array.reductions", "dask.array.einsumfuncs", "dask.array.core",
@@ -299,8 +299,9 @@ _LIGHT_MODULES = ("dask.array.chunk", "dask.array.reductions", "dask.array.einsu
 # Functions that copy their input this many times in its own dtype (measured with tracemalloc on a 1-degree
 # daily float32 field): numpy's quantile partitions a copy of columns assembled from the pieces read (2 a
 # task beside the block); flox's blockwise reduction (a resample whose periods a chunk holds whole)
-# reorders the block and masks it.
-_INPUT_COPIES = {"_block_quantile": 2, "_reduce_blockwise": 2}
+# reorders the block and masks it. numpy's nan_to_num holds its output and three masks (at most 3.5 copies
+# beside its input, of float16; 2.25 of float32), and isreal its answer and the imaginary parts' (1.5).
+_INPUT_COPIES = {"_block_quantile": 2, "_reduce_blockwise": 2, "nan_to_num": 3, "isreal": 2}
 #: Float64 copies of its input an unknown function is taken to hold: the chunk planner's own assumption
 #: (PlanSettings.float64_copies). flox's map-reduce step of a monthly mean holds 3 (a year of float32 days:
 #: 6.0 blocks), its standard deviation 3.7.

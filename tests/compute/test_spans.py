@@ -250,11 +250,17 @@ SLICED = {
 }
 
 
+def _labelled(array):
+    import xarray as xr
+
+    return xr.DataArray(array, dims=("t", "y", "z"))
+
+
 def _weighted_mean(array, dims=("y", "z")):
     import xarray as xr
 
     weights = xr.DataArray(np.linspace(0.1, 1.0, 40), dims="y")
-    return xr.DataArray(array, dims=("t", "y", "z")).weighted(weights).mean(dims)
+    return _labelled(array).weighted(weights).mean(dims)
 
 
 def da_nan(x, name):
@@ -331,6 +337,10 @@ STEPS_TAKING_WHOLE_BLOCKS = {
     "map_blocks": lambda x: x.map_blocks(lambda b: b[::-1]).sum(),
     "points picked by vindex after a step": lambda x: (x * 2).vindex[np.array([3, 17_000]), np.array([1, 2])].sum(),
     "a rechunk by p2p": lambda x: x.rechunk((24_000, 40, 1), method="p2p").sum(),
+    # Steps of whole axes or of halos, as dask and xarray make them.
+    "xarray's rolling mean": lambda x: _labelled(x).rolling(t=3).mean().max().data,
+    "xarray's quantile": lambda x: _labelled(x).quantile(0.5, dim="t").max().data,
+    "a median along an axis": lambda x: da.median(x, axis=0).max(),
     # Element-wise, but bound to an array, which would not follow the pieces in general.
     "a ufunc bound to an array": lambda x: x.map_blocks(functools.partial(np.add, np.ones(6, "f4"))).sum(),
     "the result itself": lambda x: x + 1,
@@ -342,6 +352,9 @@ REFUSED_AS = {
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
     "points picked by vindex after a step": "vindex takes whole blocks of what mul makes of {path}",
     "a ufunc bound to an array": "add takes whole blocks of {path}",
+    "xarray's rolling mean": "map_overlap's halos (xarray's rolling: ds.kernels streams) takes whole blocks",
+    "xarray's quantile": "a quantile along an axis takes whole blocks of what a rechunk makes of {path}",
+    "a median along an axis": "median takes whole blocks of what a rechunk makes of {path}",
     "a rechunk by p2p": 'a rechunk by p2p (one by tasks streams: dask.config "array.rechunk.method": "tasks") takes',
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }

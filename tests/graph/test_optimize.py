@@ -186,3 +186,35 @@ def test_cumulative_sums_are_planned_and_give_numpys_answer(field, axis):
         np.cumsum(x, axis=axis).sum(axis=axis).compute(), np.cumsum(data, axis=axis).sum(axis=axis), rtol=1e-5
     )
     np.testing.assert_allclose(np.cumsum(x, axis=axis)[3:250].compute(), np.cumsum(data, axis=axis)[3:250], rtol=1e-5)
+
+
+# numpy's element-wise functions that are not ufuncs, as dask maps them over blocks.
+ELEMENT_WISE_FUNCTIONS = {
+    "clip": lambda m, x: m.clip(x, -1, 1),
+    "round": lambda m, x: m.round(x, 2),
+    "nan_to_num": lambda m, x: m.nan_to_num(x),
+    "fix": lambda m, x: m.fix(x),
+    "angle": lambda m, x: m.angle(x),
+    "isreal": lambda m, x: m.isreal(x),
+    "iscomplex": lambda m, x: m.iscomplex(x),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4", "f8"])
+@pytest.mark.parametrize("name", sorted(ELEMENT_WISE_FUNCTIONS))
+def test_an_element_wise_function_holds_no_more_than_its_projection(name, dtype):
+    import tracemalloc
+
+    apply = ELEMENT_WISE_FUNCTIONS[name]
+    block = np.random.default_rng(5).standard_normal((512, 512)).astype(dtype)
+    block[0, :3] = [np.nan, np.inf, -np.inf]
+    worst = ds.plan_compute(apply(da, da.from_array(block, chunks=block.shape))).worst
+    tracemalloc.start()
+    try:
+        result = apply(np, block)
+        _, held = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.shape == block.shape
+    # Beside its input (allocated before), what it held at its peak, output included.
+    assert block.nbytes + held <= worst.peak_bytes
