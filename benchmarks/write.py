@@ -17,6 +17,11 @@ The **sharded** target holds each task's block as one shard of 256-row chunks
 (gzip 1 + shuffle) or Zarr (zstd 3) copy instead, against ``da.from_array`` of
 the h5py dataset and ``da.from_zarr``.
 
+The **HDF5 from spans** rows store the field read in spans (a graph ceiling
+set low, so each task of the source streams several chunks; the target gets a
+task per chunk, gathered by the one writer) against daskstream storing the same
+chunks read a chunk per task: "vs plain dask" is then against the latter.
+
 The **encode limit** is the codec's single-thread rate on the same chunks
 (encoding them one after another in this process, untimed once first) times
 the threads: no writer that encodes can beat it. "% of limit" is a writer's
@@ -29,7 +34,8 @@ are removed between runs. **Peak** is the most the process's resident memory
 rose above where it stood when a run began (sampled every 5 ms), the largest
 over the rounds.
 
-    python -m benchmarks.write [--size 512MiB] [--repeats 3] [--threads N] [--out benchmarks/results/write]
+    python -m benchmarks.write [--size 512MiB] [--repeats 3] [--threads N] [--targets zarr,sources,hdf5,hdf5-spans]
+                               [--out benchmarks/results/write]
 """
 
 from __future__ import annotations
@@ -230,6 +236,29 @@ def hdf5_contenders(path: str, chunks: tuple[int, int], target: Path) -> dict[st
     return {"daskstream (HDF5, gzip 1)": daskstream_store, "dask da.store (HDF5, gzip 1)": dask_store}
 
 
+# A graph ceiling low enough that the field is read in spans of several chunks per task, at SPAN_BUDGET.
+SPANNED = {"daskstream.planning.max-tasks": 16, "daskstream.planning.first-task-within": None}
+SPAN_BUDGET = "64MiB"
+
+
+def hdf5_span_contenders(path: str, target: Path) -> dict[str, Callable[[], None]]:
+    """The field read in spans (each task streaming several chunks) stored to HDF5, a task per target chunk
+    gathered by the one writer, against the same store of the same chunks read a chunk per task."""
+    with dask.config.set(SPANNED):
+        plan = ds.plan(path, memory_budget=SPAN_BUDGET)
+    assert plan.span is not None, "the field is not read in spans at this size"
+    gzip = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+
+    def spanned() -> None:
+        with dask.config.set(SPANNED):
+            ds.store(ds.open(path, memory_budget=SPAN_BUDGET), f"{target}::/x", compressor=gzip)
+
+    def chunked() -> None:
+        ds.store(ds.open(path, chunks=plan.chunks, memory_budget=SPAN_BUDGET), f"{target}::/x", compressor=gzip)
+
+    return {"daskstream, read in spans (HDF5, gzip 1)": spanned, "daskstream, a chunk per task (HDF5, gzip 1)": chunked}
+
+
 def timed(runs: dict[str, Callable[[], None]], target: Path, repeats: int) -> dict[str, tuple[float, int]]:
     """Per contender: the median seconds of ``repeats`` alternating rounds, and its largest rise in memory."""
 
@@ -265,7 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--chunk-rows", type=int, default=4096, help="rows per chunk (1024 float32 a row)")
     parser.add_argument("--out", default="benchmarks/results/write")
+    parser.add_argument("--targets", default="zarr,sources,hdf5,hdf5-spans", help="which rows to measure")
     args = parser.parse_args(argv)
+    targets = set(args.targets.split(","))
 
     path = ensure("npy", parse_bytes(args.size))
     source = np.load(path, mmap_mode="r")
@@ -281,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
                          "vs_dask": medians[baseline(contender)][0] / seconds})  # fmt: skip
 
     with dask.config.set(scheduler="threads", num_workers=args.threads), tempfile.TemporaryDirectory() as scratch:
-        for name, (label, compressor, codec, sharded) in codecs().items():
+        for name, (label, compressor, codec, sharded) in codecs().items() if "zarr" in targets else ():
             limit = encode_rate(np.asarray(source), SHARD_INNER_ROWS if sharded else args.chunk_rows, codec)
             limit *= args.threads
             target = Path(scratch) / f"{name}.zarr"
@@ -289,14 +320,24 @@ def main(argv: list[str] | None = None) -> None:
             add(label, medians, lambda c: "stencil: dask" if c.startswith("stencil") else "dask to_zarr", limit)
             print(f"{label}: encode limit {limit / 1e9:.2f} GB/s ({args.threads} threads)", flush=True)
         zstd = codecs()["zstd-3"][1]
-        for key in ("hdf5-gzip", "zarr-zstd"):
+        for key in ("hdf5-gzip", "zarr-zstd") if "sources" in targets else ():
             where = ensure(key, parse_bytes(args.size))
             target = Path(scratch) / f"from-{key}.zarr"
             medians = timed(source_contenders(key, where, chunks, zstd, target), target, args.repeats)
             add("Zarr v3, zstd 3", medians, lambda c: c.replace("daskstream", "dask to_zarr"), None)
         target = Path(scratch) / "out.h5"
-        medians = timed(hdf5_contenders(path, chunks, target), target, args.repeats)
-        add("HDF5, gzip 1 + shuffle", medians, lambda c: "dask da.store (HDF5, gzip 1)", None)
+        if "hdf5" in targets:
+            medians = timed(hdf5_contenders(path, chunks, target), target, args.repeats)
+            add("HDF5, gzip 1 + shuffle", medians, lambda c: "dask da.store (HDF5, gzip 1)", None)
+        if "hdf5-spans" in targets:
+            # Against daskstream itself: plain dask has no spans to store.
+            medians = timed(hdf5_span_contenders(path, target), target, args.repeats)
+            add(
+                "HDF5 from spans, gzip 1 + shuffle",
+                medians,
+                lambda c: "daskstream, a chunk per task (HDF5, gzip 1)",
+                None,
+            )
 
     lines = [
         f"Writing a {format_bytes(source.nbytes)} float32 field (.npy, warm, unless named) in chunks of {chunks}, "

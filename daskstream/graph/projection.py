@@ -233,9 +233,27 @@ def _kernel_depth(regions: Any) -> int:
     return own + max(inner, default=0)
 
 
+#: The attribute :func:`holds_its_output_only` sets on a function.
+_OUTPUT_ONLY = "_daskstream_holds_its_output_only"
+
+
+def holds_its_output_only(fn: Any) -> Any:
+    """Mark ``fn``, a step's function, as holding nothing beside its input and its output (a chunk computed
+    from the span it lies in: the piece read, and the chunk made of it)."""
+    setattr(fn, _OUTPUT_ONLY, True)
+    return fn
+
+
+def _holds_its_output_only(layer: Layer) -> bool:
+    task = getattr(layer, "task", None) or next(iter(layer.values()), None)
+    return getattr(getattr(task, "func", None), _OUTPUT_ONLY, False) is True
+
+
 def _workspace(layer: Layer, taken: int, out: int, piece_values: int, taken_itemsize: int | None = None) -> int:
     """An operation's temporaries beyond its output, from what its function is known to hold
     (``taken``: bytes of its largest input, of ``taken_itemsize`` bytes a value)."""
+    if _holds_its_output_only(layer):
+        return 0
     func = _function(layer)
     if func is None:
         return out

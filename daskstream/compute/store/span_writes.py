@@ -32,6 +32,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from daskstream.compute.streaming.span_graphs import checked_spans
 from daskstream.compute.streaming.span_steps import streaming_tasks, streams_spans
 from daskstream.compute.streaming.spans import piece_of
+from daskstream.graph.projection import holds_its_output_only
 from daskstream.planning.grid import regular_grid
 
 if TYPE_CHECKING:
@@ -210,6 +211,7 @@ def write_span_chunks(
 
 
 @streams_spans
+@holds_its_output_only
 def span_chunk(blocks: list[Any], origins: list[Index], region: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
     """The part ``region`` of an array from its ``blocks`` (spans, or data) that begin at ``origins``: one
     target chunk, read a piece at a time; runs in a task."""
