@@ -82,11 +82,13 @@ def rewrite(graph: HighLevelGraph, plan: PassPlan) -> HighLevelGraph:
             if constant is not None and earlier:
                 _gate(layers, dependencies, renamed[name], constant[0], earlier, seed)
     for name, level in plan.levels.items():
-        # Layers of pass ``level`` take its copies of what earlier passes streamed.
+        # Layers of pass ``level`` take its copies of what earlier passes streamed: of those it has (a small
+        # constant an earlier pass made, the weights of an einsum, is taken as it is).
+        copied = plan.recomputed.get(level, ())
         wanted = {
             dep: clone_key(dep, pass_seed(level))
             for dep in graph.dependencies.get(name, ())
-            if dep not in plan.shared and plan.levels[dep] < level
+            if dep not in plan.shared and plan.levels[dep] < level and dep in copied
         }
         if wanted:
             layers[name] = _redirect(graph.layers[name], wanted, graph)

@@ -109,6 +109,11 @@ EXPRESSIONS = {
         lambda x: da.einsum("tyz->y", x.astype("f8")),
         lambda a: np.einsum("tyz->y", a.astype("f8")),
     ),
+    # Over time only: the weights' sum is taken, as it is, by the pass after the one that made it.
+    "mean over time weighted by row": (
+        lambda x: _weighted_mean(x, ("t",)).data,
+        lambda a: _weighted_mean(a, ("t",)).values,
+    ),
     "mean weighted by row over every axis": (
         lambda x: _weighted_mean(x, ("t", "y", "z")).data,
         lambda a: _weighted_mean(a, ("t", "y", "z")).values,
@@ -228,6 +233,7 @@ PASSES = {
     # The weights' sum where values are not NaN, and the weighted sum: each its own pass.
     "mean weighted by row, as xarray weighs it": 2,
     "mean weighted by row over every axis": 2,
+    "mean over time weighted by row": 2,
     # Its blocks are the array's spans and their doubles': each read for its own.
     "maximum over a stack of the array and its double": 2,
 }
