@@ -24,7 +24,7 @@ import daskstream as ds
 from daskstream.compute.store.record import H5_COMPLETE_ATTR, H5_DONE_ATTR, PROGRESS_DIR
 from daskstream.compute.store.span_writes import ChunksLeft, span_writes
 from daskstream.compute.store.zarr_writes import ChunkWrites
-from daskstream.errors import InvalidChunksError, MemoryBudgetError
+from daskstream.errors import InvalidArgumentError, InvalidChunksError, MemoryBudgetError
 from daskstream.runtime.metering import ReadMeter
 
 WORKER = Path(span_store_worker.__file__)
@@ -190,17 +190,34 @@ def test_a_chunk_whose_hdf5_encoding_passes_the_budget_is_refused_as_without_spa
         assert not target.exists()
         refusals.append(str(refused.value).split(" (")[0])
     assert refusals[0] == refusals[1]
-    # Into a file already there: the file and what it holds stay as they were, with no dataset added.
+    # Into a file already there: the file and what it holds stay as they were, with no group or dataset added.
     target = tmp_path / "kept.h5"
     with h5py.File(target, "w") as f:
         f["keep"] = np.arange(5)
     with dask.config.set(SPANNED), pytest.raises(MemoryBudgetError):
-        ds.store(build(ds.open(paths["zarr"], memory_budget=BUDGET)), f"{target}::/x")
+        ds.store(build(ds.open(paths["zarr"], memory_budget=BUDGET)), f"{target}::/g/sub/x")
+    # Into a folder still to make: no folder is left either.
+    with dask.config.set(SPANNED), pytest.raises(MemoryBudgetError):
+        ds.store(build(ds.open(paths["zarr"], memory_budget=BUDGET)), f"{tmp_path / 'new' / 'deeper' / 'o.h5'}::/x")
+    assert not (tmp_path / "new").exists()
     with h5py.File(target, "r") as f:
         assert list(f) == ["keep"]
         np.testing.assert_array_equal(f["keep"][...], np.arange(5))
     assert refusals[0].startswith("this computation projects")
     assert "over its memory budget of 16.00 MiB" in refusals[0]
+
+
+def test_a_cumulative_step_of_spans_is_refused_for_hdf5_naming_zarr(span_field, spanned, tmp_path, monkeypatch):
+    _, paths = span_field
+    reads = Reads(monkeypatch, type(ds.open_source(paths["zarr"])))
+    target = tmp_path / "out.h5"
+    with pytest.raises(InvalidArgumentError) as refused:
+        ds.store(np.cumsum(ds.open(paths["zarr"], memory_budget=BUDGET), axis=0), f"{target}::/x")
+    assert isinstance(refused.value, ValueError)
+    assert "each scanning its span from its start" in str(refused.value)
+    assert "store it to a Zarr folder" in str(refused.value)
+    assert not target.exists()
+    assert reads.sizes == []
 
 
 def test_a_real_cluster_computes_the_chunks_of_a_spanned_hdf5_store_on_its_workers(dask_cluster, span_field, tmp_path):

@@ -347,7 +347,10 @@ STEPS_TAKING_WHOLE_BLOCKS = {
     "xarray's rolling mean": lambda x: _labelled(x).rolling(t=3).mean().max().data,
     "xarray's quantile": lambda x: _labelled(x).quantile(0.5, dim="t").max().data,
     "a median along an axis": lambda x: da.median(x, axis=0).max(),
-    # Element-wise, but bound to an array, which would not follow the pieces in general.
+    # An array of positions beside a new axis: not one of dask's shuffles known to stream.
+    "rows picked by an array beside a new axis": lambda x: x[np.array([3, 1]), None].sum(),
+    # Element-wise, but with a constant array, applied whole to every block: it would not follow the pieces.
+    "a constant array given to map_blocks": lambda x: x.map_blocks(np.add, np.ones((1, 40, 1), "f4")).sum(),
     "a ufunc bound to an array": lambda x: x.map_blocks(functools.partial(np.add, np.ones(6, "f4"))).sum(),
     "the result itself": lambda x: x + 1,
 }
@@ -358,6 +361,8 @@ REFUSED_AS = {
     "map_blocks": "a function of map_blocks takes whole blocks of {path}",
     "points picked by vindex after a step": "vindex takes whole blocks of what mul makes of {path}",
     "a ufunc bound to an array": "add takes whole blocks of {path}",
+    "rows picked by an array beside a new axis": "indexing with an array takes whole blocks of {path}",
+    "a constant array given to map_blocks": "add takes whole blocks of {path}",
     "xarray's rolling mean": "map_overlap's halos (xarray's rolling: ds.kernels streams) takes whole blocks",
     "xarray's quantile": "a quantile along an axis takes whole blocks of what a rechunk makes of {path}",
     "a median along an axis": "median takes whole blocks of what a rechunk makes of {path}",

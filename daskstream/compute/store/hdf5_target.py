@@ -32,7 +32,7 @@ from daskstream.compute.store.record import (
     chunk_shape,
     span_chunk_shape,
 )
-from daskstream.compute.store.span_writes import span_chunks
+from daskstream.compute.store.span_writes import scans_before, span_chunks
 from daskstream.compute.store.swap import aside_name, staging_name
 from daskstream.compute.store.target import (
     Carried,
@@ -62,6 +62,25 @@ from daskstream.sources.handles import forget_handles
 from daskstream.sources.hdf5.filters import import_h5py
 from daskstream.sources.metadata import hdf5_ready
 
+
+def _names_in(h5file: Any) -> set[str]:
+    """Every object's path in an open HDF5 file."""
+    names: set[str] = set()
+    h5file.visit(names.add)
+    return names
+
+
+def _first_missing(folder: str) -> str | None:
+    """The outermost folder of ``folder`` (``folder`` itself included) that does not exist yet, or ``None``."""
+    missing = None
+    while folder and not os.path.exists(folder):
+        missing, parent = folder, os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return missing
+
+
 # Below this many bytes per batch, the HDF5 writer gathers more blocks per batch than threads need.
 BATCH_BYTES = 16 * 2**20
 
@@ -86,8 +105,6 @@ class Hdf5Target(Target):
         self._same_file: list[Source] = []
         # The dataset the new array is written to when it replaces one (see _prepare_staged), else None.
         self._staged: str | None = None
-        # The dataset this store created, else None: removed again where its tasks are refused.
-        self._created: str | None = None
         self.path = os_place(path)
         self.member = member
         self.compressor = compressor
@@ -119,11 +136,20 @@ class Hdf5Target(Target):
             self._write(x, identity, blocks, resume=resume, overwrite=overwrite, report=report)
 
     def check_size(self, x: da.Array) -> None:
-        """Refuse ``x`` before anything is written where its target has more chunks than a progress record holds."""
+        """Refuse ``x`` before anything is written where its target has more chunks than a progress record holds,
+        or where its chunks, read in spans, would each scan their span from its start."""
         count = math.prod(chunk_counts(x))
+        spanned = span_chunk_shape(x) is not None
+        if spanned and scans_before(x):
+            raise InvalidArgumentError(
+                f"{self.name}: a cumulative step (cumsum, cumprod) of an array read in spans is stored to HDF5 a "
+                "chunk per task, each scanning its span from its start, so each span would be read as many times "
+                "as it has chunks: store it to a Zarr folder, whose tasks scan each span once, or a part of the "
+                "array at a time (x[...])"
+            )
         if count <= H5_MAX_BLOCKS:
             return
-        if span_chunk_shape(x) is None:
+        if not spanned:
             raise InvalidChunksError(
                 f"{self.name}: {count:,} blocks is more than an HDF5 progress record holds "
                 f"({H5_MAX_BLOCKS:,}); rechunk to larger chunks before storing"
@@ -145,9 +171,12 @@ class Hdf5Target(Target):
         overwrite: bool,
         report: ProgressCallback | None,
     ) -> None:
+        # What was there before this store, so that a store refused once the dataset is made leaves it so.
         file_existed = os.path.exists(self.path)
+        folder = _first_missing(os.path.dirname(self.path))
         h5file = self._open_file()
-        self._staged = self._created = None
+        self._staged = None
+        names_before = _names_in(h5file) if file_existed else set()
         try:
             dset, done = self._prepare(h5file, x, identity, resume=resume, overwrite=overwrite)
             pending = [b for b in blocks if not done[flat_index(b, x.numblocks)]] if x.size else []
@@ -158,7 +187,7 @@ class Hdf5Target(Target):
                 except MemoryBudgetError:
                     # The tasks' projection (which depends on the dataset's filters) refuses them: what this
                     # store made for them goes, as if it had been refused before the target was touched.
-                    self._undo_created(h5file, file_existed)
+                    self._undo_created(h5file, names_before if file_existed else None, folder)
                     raise
             if report:
                 report(total - len(pending), total)
@@ -197,14 +226,26 @@ class Hdf5Target(Target):
                 h5file.close()
             raise
 
-    def _undo_created(self, h5file: Any, file_existed: bool) -> None:
-        """Remove the file this store created, or else the dataset it created in a file that was there."""
+    def _undo_created(self, h5file: Any, names_before: set[str] | None, folder: str | None) -> None:
+        """Remove what this store created: in a file that was there (``names_before``: its objects then), the
+        groups, dataset and dimension scales it added; else the file, and the folder it made for it."""
         with contextlib.suppress(*H5_WRITE_ERRORS):
-            if file_existed and self._created is not None:
-                del h5file[self._created]
+            if names_before is not None:
+                added = sorted(_names_in(h5file) - names_before)
+                # The outermost first: deleting a group deletes what it holds.
+                for name in added:
+                    if not any(name.startswith(f"{other}/") for other in added if other != name):
+                        del h5file[name]
             h5file.close()
-            if not file_existed:
+            if names_before is None:
                 os.remove(self.path)
+                # The folders it made, innermost first, each only while empty.
+                inner = os.path.dirname(self.path)
+                while folder is not None and inner.startswith(folder) and not os.listdir(inner):
+                    os.rmdir(inner)
+                    if inner == folder:
+                        break
+                    inner = os.path.dirname(inner)
 
     def _reopens(self) -> bool:
         """Whether HDF5 can open the file after a failed write: asked of a fresh process.
@@ -440,7 +481,6 @@ class Hdf5Target(Target):
             options["fillvalue"] = fill
         try:
             dset = h5file.create_dataset(name, shape=x.shape, dtype=x.dtype, **options)
-            self._created = name
             self._carry(dset)
             # The record is in place before any block is written; both reach the disk with one flush.
             dset.attrs[H5_IDENTITY_ATTR] = identity.to_json()

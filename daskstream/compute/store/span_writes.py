@@ -27,10 +27,11 @@ import dask.array as da
 import numpy as np
 from dask._task_spec import List, Task, TaskRef
 from dask.base import tokenize
+from dask.blockwise import Blockwise
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from daskstream.compute.streaming.span_graphs import checked_spans
-from daskstream.compute.streaming.span_steps import streaming_tasks, streams_spans
+from daskstream.compute.streaming.span_steps import scan_merge_of, streaming_tasks, streams_spans
 from daskstream.compute.streaming.spans import piece_of
 from daskstream.graph.projection import holds_its_output_only
 from daskstream.planning.grid import regular_grid
@@ -152,6 +153,14 @@ def span_chunks(x: da.Array, piece: tuple[int, ...]) -> da.Array:
     inputs: list[Any] = [x]
     graph = HighLevelGraph.from_collections(name, MaterializedLayer(tasks), dependencies=inputs)
     return da.Array(graph, name, chunks=grid, meta=x._meta)
+
+
+def scans_before(x: da.Array) -> bool:
+    """Whether a cumulative step (``cumsum``, ``cumprod``) makes ``x``: a chunk of its spans computed alone is
+    scanned from its span's start, so a task per chunk would read each span as many times as it has chunks."""
+    return any(
+        isinstance(layer, Blockwise) and scan_merge_of(layer.task) is not None for layer in x.dask.layers.values()
+    )
 
 
 def _blocks_along(sizes: tuple[int, ...], lengths: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:

@@ -78,6 +78,7 @@ from daskstream.compute.streaming.span_scans import carries_scans, carry_layers,
 from daskstream.compute.streaming.span_siblings import fused_reductions, sibling_reductions
 from daskstream.compute.streaming.span_steps import (
     counts_rows,
+    has_array_constants,
     is_arg_chunk,
     is_elementwise,
     is_key_of,
@@ -406,6 +407,8 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     # Each spanned input has the output's axes, in its order (a reduction's: in any order, an einsum's).
     if chunks is None or any(sorted(index) != sorted(out) for _, index in spanned) or any(c is None for c in inputs):
         return None
+    if has_array_constants(layer):
+        return None  # a constant array applied whole to every piece would not follow the pieces
     aligned = all(index == out for _, index in spanned)
     if aligned and is_elementwise(layer.task.func, layer.task.kwargs) and all(c == chunks for c in inputs):
         return "map"

@@ -77,8 +77,8 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
         said(
             f"{step} takes whole {blocks}, {format_size(largest)} each: the array is "
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
-            f"{format_size(cap)}; only element-wise steps, slices, indices (integers, or an array along one "
-            "axis), joins (concatenate, stack, pad, roll), rechunks by tasks, transposes, reshapes, sums, means, "
+            f"{format_size(cap)}; only element-wise steps, slices, indices (integers, or one array of positions "
+            "with whole slices elsewhere), joins (concatenate, stack, pad, roll), rechunks by tasks, transposes, reshapes, sums, means, "
             "extremes and where they lie, moments, weighted means (einsum), groupby reductions "
             "(flox's map-reduce and cohorts), cumulative sums and products, histograms, exact quantiles, "
             "describe, daskstream's kernels (ds.map_blocks, "

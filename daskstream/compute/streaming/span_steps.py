@@ -194,6 +194,14 @@ def is_elementwise(func: Any, kwargs: Mapping[str, Any] | None = None) -> bool:
     return isinstance(func, np.ufunc) or func in ELEMENTWISE
 
 
+def has_array_constants(layer: Blockwise) -> bool:
+    """Whether a blockwise step takes an array (or a list) as a constant, the same for every block (an input
+    without axes, or a keyword): applied to a piece, it would not be cut as the piece is."""
+    constants = [value for value, index in layer.indices if index is None]
+    constants += list(layer.task.kwargs.values())
+    return any(isinstance(value, (np.ndarray, list)) and np.ndim(value) > 0 for value in constants)
+
+
 def reduction_of(task: Task, ndim: int) -> tuple[Callable[..., Any], tuple[int, ...]] | None:
     """The combine of a reduction whose first step is ``task`` (of ``ndim`` axes out), and the axes it
     reduces; ``None`` for one not known to stream. dask's einsum's and tensordot's first steps (``xr.dot``,
@@ -203,8 +211,13 @@ def reduction_of(task: Task, ndim: int) -> tuple[Callable[..., Any], tuple[int, 
     if task.func is chunk_einsum:
         contracted = int(task.kwargs.get("ncontract_inds") or 0)
         axis = tuple(range(ndim - contracted, ndim))
-    elif task.func is _tensordot and not task.kwargs.get("is_sparse"):
-        axis = tuple(sorted(int(a) % ndim for a in task.kwargs["axes"][0]))
+    elif (
+        task.func is _tensordot
+        and not task.kwargs.get("is_sparse")
+        # Counted from the left operand's end where negative: its number of axes is not known here.
+        and all(int(a) >= 0 for a in task.kwargs["axes"][0])
+    ):
+        axis = tuple(sorted(int(a) for a in task.kwargs["axes"][0]))
     if axis:
         return concatenated(functools.partial(np.sum, axis=axis, keepdims=True), axis), axis
     combine = combine_of(task)

@@ -206,8 +206,22 @@ def streaming_take_layer(layer: Layer, name: str, *, taken_whole: bool) -> Mater
 
 def is_take_layer(values: Sequence[Any]) -> bool:
     """Whether ``values``, a layer's, are dask's shuffle's: picks of positions of blocks, concatenations of
-    picks, and the positions and orders they take."""
-    return any(_is_taking(v) for v in values) and all(_is_taking(v) or isinstance(v, DataNode) for v in values)
+    picks, and the positions (one array, whole slices elsewhere: no new axis) and orders they take."""
+    return any(_is_taking(v) for v in values) and all(
+        _is_taking(v) or (isinstance(v, DataNode) and _is_positions_or_order(v.value)) for v in values
+    )
+
+
+def _is_positions_or_order(value: Any) -> bool:
+    """A taker's ``(1, index)`` of one array and whole slices, or a sorter's ``(1, order)``."""
+    if not (isinstance(value, tuple) and len(value) == 2):
+        return False
+    index = value[1]
+    if isinstance(index, np.ndarray):
+        return True
+    arrays = [item for item in index if isinstance(item, np.ndarray)] if isinstance(index, tuple) else []
+    whole = [item for item in index if isinstance(item, slice) and item == slice(None)] if arrays else []
+    return len(arrays) == 1 and len(arrays) + len(whole) == len(index)
 
 
 def _is_taking(value: Any) -> bool:
