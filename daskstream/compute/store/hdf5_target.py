@@ -122,8 +122,7 @@ class Hdf5Target(Target):
         report: ProgressCallback | None,
     ) -> None:
 
-        self.check_size(x)
-        piece = span_chunk_shape(x)
+        piece = span_chunk_shape(x)  # its size checked by store, before the target was touched (check_size)
         if piece is not None:
             # Every chunk passes through this process: spans come as one task per target chunk (see span_chunks).
             x = span_chunks(x, piece)
@@ -139,8 +138,8 @@ class Hdf5Target(Target):
         """Refuse ``x`` before anything is written where its target has more chunks than a progress record holds,
         or where its chunks, read in spans, would each scan their span from its start."""
         count = math.prod(chunk_counts(x))
-        spanned = span_chunk_shape(x) is not None
-        if spanned and scans_before(x):
+        piece = span_chunk_shape(x)
+        if piece is not None and scans_before(x):
             raise InvalidArgumentError(
                 f"{self.name}: a cumulative step (cumsum, cumprod) of an array read in spans is stored to HDF5 a "
                 "chunk per task, each scanning its span from its start, so each span would be read as many times "
@@ -149,14 +148,14 @@ class Hdf5Target(Target):
             )
         if count <= H5_MAX_BLOCKS:
             return
-        if not spanned:
+        if piece is None:
             raise InvalidChunksError(
                 f"{self.name}: {count:,} blocks is more than an HDF5 progress record holds "
                 f"({H5_MAX_BLOCKS:,}); rechunk to larger chunks before storing"
             )
         raise InvalidChunksError(
             f"{self.name}: the array is read in spans and stored in the chunks they stream in, "
-            f"{format_size(math.prod(chunk_shape(x)) * x.dtype.itemsize)} each: {count:,} chunks is more than an "
+            f"{format_size(math.prod(piece) * x.dtype.itemsize)} each: {count:,} chunks is more than an "
             f"HDF5 progress record holds ({H5_MAX_BLOCKS:,}); store to a Zarr folder, or a part of the array at "
             "a time (x[...])"
         )

@@ -34,7 +34,7 @@ from daskstream.compute.streaming.span_graphs import checked_spans
 from daskstream.compute.streaming.span_steps import scan_merge_of, streaming_tasks, streams_spans
 from daskstream.compute.streaming.spans import piece_of
 from daskstream.graph.projection import holds_its_output_only
-from daskstream.planning.grid import regular_grid
+from daskstream.planning.grid import regular_block_slices, regular_grid
 
 if TYPE_CHECKING:
     from daskstream.compute.store.zarr_writes import ChunkWrites
@@ -147,7 +147,7 @@ def span_chunks(x: da.Array, piece: tuple[int, ...]) -> da.Array:
             span_chunk,
             List(*(TaskRef((x.name, *block)) for block in blocks)),
             list(itertools.product(*(origins for _, origins in parts))),
-            _region(index, piece, x.shape),
+            regular_block_slices(grid, index),
             x.dtype,
         )
     inputs: list[Any] = [x]
@@ -172,11 +172,6 @@ def _blocks_along(sizes: tuple[int, ...], lengths: tuple[int, ...]) -> list[tupl
         blocks = list(_overlapping(starts, (start, start + length)))
         found.append((blocks, [int(starts[b]) for b in blocks]))
     return found
-
-
-def _region(index: Index, piece: tuple[int, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
-    """Where the chunk ``index`` of a grid of ``piece`` over ``shape`` lies."""
-    return tuple(slice(i * p, min((i + 1) * p, n)) for i, p, n in zip(index, piece, shape))
 
 
 def _task_of(edges: list[np.ndarray], index: Index) -> Index:

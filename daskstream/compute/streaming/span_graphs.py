@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dask._task_spec import Alias, Task, TaskRef
+from dask._task_spec import Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
 from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
@@ -66,7 +66,7 @@ from dask.typing import Key
 
 from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
 from daskstream.compute.streaming.span_histograms import is_histogram_layer, streaming_histogram_layer
-from daskstream.compute.streaming.span_rechunks import is_rechunk_layer, streaming_rechunk_layer
+from daskstream.compute.streaming.span_rechunks import is_rechunk_layer, narrowing_task, streaming_rechunk_layer
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_reshapes import (
     is_reshaping,
@@ -100,8 +100,6 @@ from daskstream.compute.streaming.spans import (
     span_counts,
     span_map,
     span_map_whole,
-    span_narrow,
-    span_narrow_whole,
     span_reduce,
     span_transpose,
     span_transpose_whole,
@@ -444,10 +442,7 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     if kind == "histogram":
         return streaming_histogram_layer(layer)
     if kind == "narrow":
-        narrow = span_narrow_whole if whole else span_narrow
-        return materialized_like(
-            layer, {key: _narrowing(key, value, narrow, whole=whole) for key, value in layer.items()}
-        )
+        return materialized_like(layer, {key: narrowing_task(key, value, whole=whole) for key, value in layer.items()})
     assert isinstance(layer, Blockwise)
     out = layer.output_indices
     axes = _step_axes(layer)
@@ -473,14 +468,6 @@ def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> L
     else:
         task = Task(layer.task.key, span_reduce, *_reduction_parts(layer), *refs)
     return blockwise_like(layer, task=task)
-
-
-def _narrowing(key: Key, value: Any, narrow: Any, *, whole: bool) -> Any:
-    """A task of a ``narrow`` layer streaming spans; a block passed on (an alias: dask's concatenate) is given
-    whole, with an index of nothing, where the step after takes it so."""
-    if not isinstance(value, Alias):
-        return Task(key, narrow, *value.args)
-    return Task(key, span_narrow_whole, TaskRef(next(iter(value.dependencies))), ()) if whole else value
 
 
 def _step_axes(layer: Blockwise) -> tuple[tuple[int | None, ...] | None, ...]:

@@ -59,15 +59,20 @@ def streaming_rechunk_layer(layer: Layer, name: str, *, taken_whole: bool) -> Ma
     tasks: dict[Key, Any] = {}
     for key, value in layer.items():
         block = taken_whole and isinstance(key, tuple) and key[0] == name
-        if isinstance(value, Alias):
-            # A part passed on as a new block: given whole where the step after takes it so.
-            tasks[key] = Task(key, whole, TaskRef(next(iter(value.dependencies)))) if block else value
-        elif _is_join(value):
+        if _is_join(value):
             join = span_concatenate_shaped_whole if block else span_concatenate_shaped
             tasks[key] = Task(key, join, *value.args, **value.kwargs)
         else:
-            tasks[key] = Task(key, span_narrow_whole if block else span_narrow, *value.args)
+            tasks[key] = narrowing_task(key, value, whole=block)
     return materialized_like(layer, tasks)
+
+
+def narrowing_task(key: Key, value: Any, *, whole: bool) -> Any:
+    """A task cutting a block (``value``: a slice of it, or the block passed on by an alias, as dask's
+    concatenate and rechunk do) streaming spans; its block given whole where the step after takes it so."""
+    if not isinstance(value, Alias):
+        return Task(key, span_narrow_whole if whole else span_narrow, *value.args)
+    return Task(key, span_narrow_whole, TaskRef(next(iter(value.dependencies))), ()) if whole else value
 
 
 def _is_join(value: Any) -> bool:

@@ -95,22 +95,27 @@ class Taken(StepToApply):
 class Concatenated(StepToApply):
     """``np.concatenate(parts, axis)`` of spans (or blocks of data among them): each piece within one part."""
 
-    __slots__ = ("axis", "parts", "shape", "starts")
+    __slots__ = ("_cuts", "axis", "parts", "shape", "starts")
 
     def __init__(self, parts: Sequence[Any], axis: int) -> None:
         self.parts, self.axis = tuple(parts), axis
+        self._cuts: tuple[tuple[int, ...], ...] | None = None
         lengths = [part.shape[axis] for part in self.parts]
         self.starts = tuple(int(s) for s in np.cumsum((0, *lengths)))
         first = self.parts[0].shape
         self.shape = (*first[:axis], self.starts[-1], *first[axis + 1 :])
 
     def cuts(self) -> tuple[tuple[int, ...], ...]:
-        found: list[set[int]] = [set() for _ in self.shape]
-        for part, start in zip(self.parts, self.starts):
-            cuts = part.cuts() if is_span(part) else tuple((0, n) for n in part.shape)
-            for axis, along in enumerate(cuts):
-                found[axis].update(c + start if axis == self.axis else c for c in along)
-        return tuple(tuple(sorted(axis)) for axis in found)
+        """Its parts' cuts, each part's along the axis where the part begins; found once (a taken span asks
+        for them for every piece it reads)."""
+        if self._cuts is None:
+            found: list[set[int]] = [set() for _ in self.shape]
+            for part, start in zip(self.parts, self.starts):
+                cuts = part.cuts() if is_span(part) else tuple((0, n) for n in part.shape)
+                for axis, along in enumerate(cuts):
+                    found[axis].update(c + start if axis == self.axis else c for c in along)
+            self._cuts = tuple(tuple(sorted(axis)) for axis in found)
+        return self._cuts
 
     def _overlapping(self, box: Box) -> list[tuple[Any, Box]]:
         """The parts ``box`` overlaps, each with its region in the part (one part, for a box empty along the
