@@ -210,6 +210,15 @@ EXPRESSIONS = {
         lambda x: ds.reduce(x[12:], "histogram", bins=5)[0],
         lambda a: np.histogram(a[12:], bins=5)[0],
     ),
+    # The k largest or smallest of each piece, then of those: dask's topk combines its own partials.
+    "three largest of a ravel": (
+        lambda x: da.topk(x[12:].ravel(), 3),
+        lambda a: np.sort(a[12:].ravel())[::-1][:3],
+    ),
+    "five smallest along time of a double": (
+        lambda x: da.topk(x * 2, -5, axis=0),
+        lambda a: np.sort(a * 2, axis=0)[:5],
+    ),
     "exact median": (lambda x: ds.reduce(x[12:], "median"), lambda a: np.median(a[12:])),
     "exact quantiles": (
         lambda x: ds.reduce(x[12:] - 1, "quantile", q=[0.01, 0.5, 0.999]),
@@ -251,6 +260,7 @@ SLICED = {
     "cumulative sum of a reversed column",
     "cumulative sum of a ravel",
     "histogram over the data's range",
+    "three largest of a ravel",
     "exact median",
     "exact quantiles",
 }
@@ -347,6 +357,8 @@ STEPS_TAKING_WHOLE_BLOCKS = {
     "xarray's rolling mean": lambda x: _labelled(x).rolling(t=3).mean().max().data,
     "xarray's quantile": lambda x: _labelled(x).quantile(0.5, dim="t").max().data,
     "a median along an axis": lambda x: da.median(x, axis=0).max(),
+    "dask's percentile": lambda x: da.percentile(x.ravel(), 50),
+    "argtopk": lambda x: da.argtopk(x.ravel(), 3),
     # An array of positions beside a new axis: not one of dask's shuffles known to stream.
     "rows picked by an array beside a new axis": lambda x: x[np.array([3, 1]), None].sum(),
     # Element-wise, but with a constant array, applied whole to every block: it would not follow the pieces.
@@ -364,8 +376,15 @@ REFUSED_AS = {
     "rows picked by an array beside a new axis": "indexing with an array takes whole blocks of {path}",
     "a constant array given to map_blocks": "add takes whole blocks of {path}",
     "xarray's rolling mean": "map_overlap's halos (xarray's rolling: ds.kernels streams) takes whole blocks",
-    "xarray's quantile": "a quantile along an axis takes whole blocks of what a rechunk makes of {path}",
-    "a median along an axis": "median takes whole blocks of what a rechunk makes of {path}",
+    # Those daskstream computes exactly name how: ds.reduce streams.
+    "xarray's quantile": "a quantile along an axis skipping NaN, as xarray's quantile does "
+    '(ds.reduce(x, "quantile", q=..., axis=...) streams, exact, where no value is NaN) takes whole blocks of '
+    "what a rechunk makes of {path}",
+    "a median along an axis": 'median along an axis (ds.reduce(x, "median", axis=...) streams, exact) takes whole '
+    "blocks of what a rechunk makes of {path}",
+    "dask's percentile": 'dask\'s percentile, approximate (ds.reduce(x, "quantile", q=..., axis=...) streams, '
+    "exact) takes whole blocks of what reshape makes of {path}",
+    "argtopk": "argtopk takes whole blocks of what reshape makes of {path}",
     "a rechunk by p2p": 'a rechunk by p2p (one by tasks streams: dask.config "array.rechunk.method": "tasks") takes',
     "the result itself": "the result takes whole blocks of what add makes of {path}",
 }

@@ -11,16 +11,26 @@ from daskstream.errors import MemoryBudgetError
 from daskstream.graph.layers import REGIONS_ANNOTATION, sources_read_by
 from daskstream.planning.budget import format_size
 
+_QUANTILES = '{} (ds.reduce(x, "quantile", q=..., axis=...) streams, exact{})'
+_MEDIANS = '{} along an axis (ds.reduce(x, "median", axis=...) streams, exact{})'
+_NO_NAN = ", where no value is NaN"  # daskstream's quantiles count a NaN as numpy's quantile does
+
 #: dask's names of steps (the prefixes of their keys) that differ from what a user called.
 _STEP_NAMES = {
     "arg-reduce": "argmin or argmax",
+    "argtopk_preprocess": "argtopk",
     "getitem": "indexing with an array",
     "nanarg-reduce": "nanargmin or nanargmax",
     "histogram-sum": "histogram",
     "lambda": "a function of map_blocks",
     "overlap": "map_overlap's halos (xarray's rolling: ds.kernels streams)",
-    "custom_nanquantile": "a quantile along an axis",
-    "custom_quantile": "a quantile along an axis",
+    "custom_nanquantile": _QUANTILES.format(
+        "a quantile along an axis skipping NaN, as xarray's quantile does", _NO_NAN
+    ),
+    "custom_quantile": _QUANTILES.format("a quantile along an axis", ""),
+    "median": _MEDIANS.format("median", ""),
+    "nanmedian": _MEDIANS.format("nanmedian", _NO_NAN),
+    "percentile": _QUANTILES.format("dask's percentile, approximate", ""),
     "rechunk-merge": "a rechunk",
     "rechunk-split": "a rechunk",
     "top_digit_counts": "an exact quantile's counting pass",
@@ -79,7 +89,7 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
             f"read in spans of many chunks per task (more chunks than a graph may hold), and a task may hold "
             f"{format_size(cap)}; only element-wise steps, slices, indices (integers, or one array of positions "
             "with whole slices elsewhere), joins (concatenate, stack, pad, roll), rechunks by tasks, transposes, reshapes, sums, means, "
-            "extremes and where they lie, moments, weighted means (einsum), groupby reductions "
+            "extremes and where they lie, topk, moments, weighted means (einsum), groupby reductions "
             "(flox's map-reduce and cohorts), cumulative sums and products, histograms, exact quantiles, "
             "describe, daskstream's kernels (ds.map_blocks, "
             f"ds.kernels) and stores stream a span chunk by chunk{flox}: compute a part of the array at a "

@@ -125,6 +125,7 @@ _SELF_COMBINING: frozenset[Callable[..., Any]] = frozenset(
         dask_chunk.nansum, dask_chunk.nanprod, dask_chunk.nanmin, dask_chunk.nanmax,
         dask_reductions.chunk_min, dask_reductions.chunk_max,
         dask_reductions._nanmin_skip, dask_reductions._nanmax_skip,
+        dask_chunk.topk,  # the k largest (or smallest) of the k of each part
     }
 )  # fmt: skip
 
