@@ -33,7 +33,7 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
     if spanned is not None:
         # Spans stream: the steps that take them are checked as they run (refused past the budget), each task
         # holds one chunk's work at a time, projected as such, and the tasks are the streamed graph's.
-        streamed, pieced, read_counts = spanned
+        streamed, pieced, read_counts, read_again = spanned
         optimized = ensure_dict(dask_optimize(streamed, keys))
         _, plan = plan_graph(pieced, keys, resources, holds=False)
         # Each step taking a span reads its chunks itself: a pass over the source each.
@@ -45,7 +45,13 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         # have to wait for whole blocks: its worst task is in one of those passes.
         worst = plan.worst and dataclasses.replace(plan.worst, level=min(plan.worst.level, max(passes - 1, 0)))
         return dataclasses.replace(
-            plan, tasks=len(optimized), spans=span_facts(optimized, graph), reads=reads, passes=passes, worst=worst
+            plan,
+            tasks=len(optimized),
+            spans=span_facts(optimized, graph),
+            reads=reads,
+            read_again=read_again,
+            passes=passes,
+            worst=worst,
         )
     rewritten, plan = plan_graph(graph, keys, resources)
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):

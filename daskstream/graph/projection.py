@@ -102,7 +102,7 @@ def project(
         source_bytes=sources,
         pass_work={level: tuple(work) for level, work in sorted(pass_work.items())},
         worst=worst,
-        held=_held(facts, plan, dependents, groups, concurrency) + _kept_for_halos(graph, facts),
+        held=_held(graph, facts, plan, dependents, groups, concurrency) + _kept_for_halos(graph, facts),
         reads=reads,
     )
 
@@ -232,6 +232,10 @@ def _kernel_depth(regions: Any) -> int:
     own = 1 if hasattr(regions, "kernel") else 0
     return own + max(inner, default=0)
 
+
+#: The annotation of a layer whose blocks hold no data (spans, :mod:`daskstream.compute.streaming`): each step
+#: taking one reads its pieces itself, so none waits in memory for a second consumer.
+HOLDS_NO_DATA = "daskstream-holds-no-data"
 
 #: The attribute :func:`holds_its_output_only` sets on a function.
 _OUTPUT_ONLY = "_daskstream_holds_its_output_only"
@@ -400,6 +404,7 @@ def _kept_for_halos(graph: HighLevelGraph, facts: Mapping[str, Any]) -> tuple[tu
 
 
 def _held(
+    graph: HighLevelGraph,
     facts: Mapping[str, Any],
     plan: PassPlan,
     dependents: Mapping[str, set[str]],
@@ -415,11 +420,15 @@ def _held(
     reads_in = {root for root, members in groups.items() if any(facts[m].kind == "read" for m in members)}
     aggregates = 0
     for name, f in facts.items():
-        if f.kind == "compute" and any(
-            group_of[t] in reads_in
-            and group_of[t] != group_of[name]
-            and plan.levels.get(t, 0) > plan.levels.get(name, 0)
-            for t in dependents[name]
+        if (
+            f.kind == "compute"
+            and not _holds_no_data(graph, name)
+            and any(
+                group_of[t] in reads_in
+                and group_of[t] != group_of[name]
+                and plan.levels.get(t, 0) > plan.levels.get(name, 0)
+                for t in dependents[name]
+            )
         ):
             aggregates += f.block_bytes * f.blocks
     # A block waits for a second consumer when two tasks take it, not two steps of one task.
@@ -427,7 +436,9 @@ def _held(
         (
             facts[root].block_bytes
             for root in groups
-            if len({group_of[t] for t in dependents[root]}) > 1 and facts[root].kind != "constant"
+            if len({group_of[t] for t in dependents[root]}) > 1
+            and facts[root].kind != "constant"
+            and not _holds_no_data(graph, root)
         ),
         default=0,
     )
@@ -439,4 +450,8 @@ def _held(
     return tuple(held)
 
 
-__all__ = ["project"]
+def _holds_no_data(graph: HighLevelGraph, name: str) -> bool:
+    return bool((graph.layers[name].collection_annotations or {}).get(HOLDS_NO_DATA))
+
+
+__all__ = ["HOLDS_NO_DATA", "project"]

@@ -159,6 +159,11 @@ class ComputePlan:
         How many times each source is read in all: once per pass, unless work
         that reads it with halos and work that reads it without run in one pass
         (they read it separately). Empty: once per pass.
+    read_again
+        How many times over, beyond ``reads``, each source is read by
+        indices with positions in no order over spans (each piece of the
+        source once per piece of the result it feeds; on average, rounded
+        to no whole number).
     pass_work
         For each pass (by its level, from 0), what its tasks do with the blocks they read.
     worst
@@ -192,6 +197,7 @@ class ComputePlan:
     worst: TaskMemory | None
     held: tuple[tuple[str, int], ...] = field(default=())
     reads: Mapping[str, int] = field(default_factory=dict)
+    read_again: Mapping[str, float] = field(default_factory=dict)
     max_tasks: int | None = None
     limits: tuple[str, ...] = ()
     routes: tuple[str, ...] = ()
@@ -215,7 +221,10 @@ class ComputePlan:
     @property
     def bytes_to_read(self) -> int:
         """Bytes read from the sources, in all (halos aside)."""
-        return sum(self.times_read(source) * self.source_bytes.get(source, 0) for source in self.read_passes)
+        return sum(
+            round((self.times_read(source) + self.read_again.get(source, 0.0)) * self.source_bytes.get(source, 0))
+            for source in self.read_passes
+        )
 
     def check(self) -> None:
         """Raise :class:`MemoryBudgetError` when the projected peak exceeds the budget, or the tasks the ceiling."""
@@ -261,6 +270,12 @@ class ComputePlan:
                 else "separately by work with and without halos"
             )
             lines.append(f"  read {why} in one pass: {', '.join(extra)}")
+        regathered = [f"{name} {times:.1f} times over" for name, times in self.read_again.items() if times >= 0.05]
+        if regathered:
+            lines.append(
+                "  read again by indices with positions in no order (each chunk once per piece of the result it "
+                f"feeds): {', '.join(regathered)}"
+            )
         for number, level in enumerate(sorted({p for passes in self.read_passes.values() for p in passes}), 1):
             read = [name for name, passes in self.read_passes.items() if level in passes]
             again = " again" if all(name in seen for name in read) else ""

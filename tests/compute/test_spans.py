@@ -94,6 +94,15 @@ EXPRESSIONS = {
         lambda x: np.nanmax(da.stack([x, x * 2]), axis=(0, 1)),
         lambda a: np.nanmax(np.stack([a, a * 2]), axis=(0, 1)),
     ),
+    # Two spans of one source in one step: each reads its own pieces, neither waits for the other.
+    "maximum of the array plus its reverse": (
+        lambda x: np.nanmax(x + x[::-1], axis=0),
+        lambda a: np.nanmax(a + a[::-1], axis=0),
+    ),
+    "maximum over the array joined to its double": (
+        lambda x: np.nanmax(da.concatenate([x, 2 * x]), axis=0),
+        lambda a: np.nanmax(np.concatenate([a, 2 * a]), axis=0),
+    ),
     # numpy's element-wise functions that are not ufuncs, as dask maps them over blocks.
     "sum of values rounded and clipped": (
         lambda x: ds.reduce(np.clip(da.round(x, 1), -1, 1), "nansum", axis=0),
@@ -245,6 +254,8 @@ PASSES = {
     "mean over time weighted by row": 2,
     # Its blocks are the array's spans and their doubles': each read for its own.
     "maximum over a stack of the array and its double": 2,
+    "maximum of the array plus its reverse": 2,
+    "maximum over the array joined to its double": 2,
 }
 # Slices read only the chunks they touch.
 SLICED = {
@@ -801,6 +812,53 @@ def test_reductions_of_one_source_computed_together_read_it_once(span_field, spa
         np.nanmean(x).compute()
         np.nanstd(x).compute()
     assert apart.bytes_read == 2 * data.nbytes
+
+
+_RANDOM = np.random.default_rng(47)
+# Positions along time, in order and in no order, and what the plan says beside how many times over they read.
+POSITIONS = {
+    "every seventh row": (np.arange(0, 24_000, 7), False),
+    "rows in order, some twice": (np.sort(_RANDOM.integers(0, 24_000, 5_000)), False),
+    "5,000 rows in no order": (_RANDOM.integers(0, 24_000, 5_000), True),
+    "every row in no order": (_RANDOM.permutation(24_000), True),
+    "the last rows backwards, in no order after a slice": (_RANDOM.permutation(9_000)[::-1], True),
+}
+
+
+@pytest.mark.parametrize("positions", sorted(POSITIONS))
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside a sum of the whole"])
+def test_the_plan_says_how_much_an_index_of_positions_reads(span_field, spanned, positions, beside):
+    data, paths = span_field
+    x, _ = opened(paths["zarr"])
+    rows, unordered = POSITIONS[positions]
+    sliced = "slice" in positions
+    picked, expected = (x[15_000:][rows], data[15_000:][rows]) if sliced else (x[rows], data[rows])
+    wanted = [np.nanmax(picked, axis=0)]
+    if beside:  # a reduction of the whole computed with it: its pieces are not the taken ones
+        wanted.append(np.nansum(x, axis=0, dtype="f8"))
+    computation = ds.plan_compute(*wanted)
+    with dask.config.set(scheduler="threads"), ReadMeter() as meter:
+        got = dask.compute(*wanted)
+    np.testing.assert_array_equal(got[0], np.nanmax(expected, axis=0))
+    if beside:
+        np.testing.assert_allclose(got[1], np.nansum(data, axis=0, dtype="f8"), rtol=1e-6)
+    # The plan counts beforehand what a piece of the result reads: each chunk once per piece it feeds, the
+    # rows from the first it takes there to the last. In no order, many times the array; in order, the array
+    # once (a little less, where the positions leave the last rows of a chunk out).
+    if unordered:
+        assert computation.bytes_to_read == pytest.approx(meter.bytes_read, rel=0.01)
+    else:
+        assert (
+            computation.bytes_to_read
+            == computation.passes * data.nbytes
+            >= meter.bytes_read
+            > 0.99 * (computation.passes * data.nbytes)
+        )
+    again = computation.read_again.get(paths["zarr"], 0.0)
+    assert (again > 1) is unordered
+    text = computation.explain()
+    assert ("read again by indices with positions in no order" in text) is unordered
+    assert computation.projected_peak_bytes <= computation.budget  # nothing held for a second consumer
 
 
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])

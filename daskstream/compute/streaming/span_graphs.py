@@ -1,5 +1,8 @@
 """The graph of a computation over spanned arrays, rewritten so that every step taking a span streams it.
 
+(Longer than most modules: the rewrite, the pieces projected and the reads counted all follow the one
+classification of the graph's layers made here.)
+
 Runs before dask's own optimizations, on the high-level graph (see
 :mod:`daskstream.compute.streaming.spans` for what streams and how). Each layer taking
 blocks that may be spans is one of:
@@ -91,7 +94,7 @@ from daskstream.compute.streaming.span_steps import (
     transposition_of,
     with_tasks,
 )
-from daskstream.compute.streaming.span_takes import is_take_layer, streaming_take_layer
+from daskstream.compute.streaming.span_takes import is_take_layer, pieces_read, streaming_take_layer
 from daskstream.compute.streaming.spans import (
     Combine,
     Step,
@@ -111,6 +114,7 @@ from daskstream.graph.layers import (
     span_reads,
 )
 from daskstream.graph.optimize import plan_graph
+from daskstream.graph.projection import HOLDS_NO_DATA
 from daskstream.planning.computation import Spans
 
 #: The kinds of steps whose blocks are spans again where they take spans.
@@ -130,12 +134,13 @@ class _Classified:
 
 
 class SpanGraphs(NamedTuple):
-    """A graph reading spans, streamed; annotated in pieces for projecting a task's memory; and how many
-    times each source read in spans is read (:func:`_read_counts`)."""
+    """A graph reading spans, streamed; annotated in pieces for projecting a task's memory; how many times each
+    source read in spans is read, and how many times over beyond those (:func:`_read_counts`)."""
 
     streamed: HighLevelGraph
     pieced: HighLevelGraph
     read_counts: dict[str, int]
+    read_again: dict[str, float]
 
 
 def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
@@ -172,7 +177,7 @@ def span_graphs(graph: Any, keys: list[Key]) -> SpanGraphs | None:
         return None
     graph = with_tasks(graph)
     found = _classified(graph, keys)
-    return SpanGraphs(_streamed(graph, found), _pieced(graph, found), _read_counts(graph, found))
+    return SpanGraphs(_streamed(graph, found), _pieced(graph, found), *_read_counts(graph, found))
 
 
 def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
@@ -187,7 +192,7 @@ def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
     found = span_graphs(graph, keys)
     if found is None:
         return None
-    streamed, pieced, _ = found
+    streamed, pieced, _, _ = found
     planned = planned_with(graph)
     if planned is not None:
         plan_graph(pieced, keys, planned, holds=False)[1].check()
@@ -290,7 +295,9 @@ def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
             (1,) * len(lengths) if axis in reduced.get(name, ()) else _split(lengths, step)
             for axis, (lengths, step) in enumerate(zip(chunks, piece, strict=True))
         )
-        copy.collection_annotations = {**(layer.collection_annotations or {}), "chunks": split}
+        # Spans hold no data: each step taking one reads it itself, none waits for a second.
+        spans = {HOLDS_NO_DATA: True} if name in found.spans and name not in found.taken_whole else {}
+        copy.collection_annotations = {**(layer.collection_annotations or {}), "chunks": split, **spans}
         layers[name] = copy
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
 
@@ -311,37 +318,63 @@ def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
     return tuple(itertools.chain.from_iterable(cut))
 
 
-def _read_counts(graph: HighLevelGraph, found: _Classified) -> dict[str, int]:
+def _read_counts(graph: HighLevelGraph, found: _Classified) -> tuple[dict[str, int], dict[str, float]]:
     """How many times each source read in spans is read: once for every step that takes its spans (through
     element-wise steps and slices) piece by piece or whole (reductions computed together once for all), and
-    once more where the result is a span. A span holds no data, so each of them reads the chunks itself."""
+    once more where the result is a span. A span holds no data, so each of them reads the chunks itself. And
+    how many times over, beyond those, indices with positions in no order read it (:func:`pieces_read`)."""
     dependents = reverse_dict(graph.dependencies)
     group_of = {name: group for group in found.siblings for name in group}
+    pieces = _layer_pieces(graph, found)
     counts: dict[str, int] = {}
+    again: dict[str, float] = {}
     for read in found.reads:
-        takers, waiting, seen = 0, [read], set()
+        takers, more, seen = 0, 0.0, set()
+        waiting: list[tuple[str, float, bool]] = [(read, 1.0, False)]  # and how many times over, through a take
         together: set[tuple[str, ...]] = set()  # reductions reading it together, counted once
         while waiting:
-            name = waiting.pop()
+            name, times, through_take = waiting.pop()
             if name in seen:
                 continue
             seen.add(name)
             takers += name in found.results
+            more += max(times - 1, 0) * (name in found.results)
             for dependent in dependents.get(name, ()):
+                kind = found.kinds.get(dependent)
                 # A carry reads the spans it takes once more: each scanned to its end, for the next.
-                takers += found.kinds.get(dependent) == "carry" and dependent not in seen
-                if found.kinds.get(dependent) in _PASSING_SPANS:
-                    waiting.append(dependent)
+                takers += kind == "carry" and dependent not in seen
+                if kind in _PASSING_SPANS:
+                    taking = kind == "take" and _chunks(graph.layers[name]) is not None and name in pieces
+                    factor = _part_read(graph, name, dependent, kind, pieces.get(name))
+                    waiting.append((dependent, times * factor, through_take or taking))
                 elif dependent not in seen:
                     seen.add(dependent)
-                    group = group_of.get(dependent)
+                    # Reductions computed together share the reads of the pieces they read alike; through an
+                    # index of positions, their pieces are regions of their own.
+                    group = None if through_take else group_of.get(dependent)
                     if group is None or group not in together:
                         takers += 1
+                        more += max(times - 1, 0)
                     if group is not None:
                         together.add(group)
         source = source_name(graph, read)
         counts[source] = counts.get(source, 0) + takers
-    return counts
+        if more:
+            again[source] = again.get(source, 0.0) + more
+    return counts, again
+
+
+def _part_read(graph: HighLevelGraph, name: str, dependent: str, kind: str | None, piece: Any) -> float:
+    """What part of the blocks of ``name`` a step ``dependent`` of ``kind`` taking them reads, in all: a slice
+    its own part (as counted by its size), an index of positions how many times over (:func:`pieces_read`)."""
+    chunks, out = _chunks(graph.layers[name]), _chunks(graph.layers[dependent])
+    if chunks is None or (kind == "take" and piece is None):
+        return 1.0
+    if kind == "take":
+        return pieces_read(graph.layers[dependent], dependent, chunks, piece)
+    if kind == "narrow" and out is not None:  # no more than all of it (a join or a pad makes more of its parts)
+        return min(1.0, math.prod(map(sum, out)) / max(1, math.prod(map(sum, chunks))))
+    return 1.0
 
 
 def span_facts(streamed: Any, graph: HighLevelGraph) -> Spans:

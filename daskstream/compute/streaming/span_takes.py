@@ -209,6 +209,59 @@ def streaming_take_layer(layer: Layer, name: str, *, taken_whole: bool) -> Mater
     return materialized_like(layer, tasks)
 
 
+def pieces_read(layer: Layer, name: str, chunks: Sequence[Sequence[int]], piece: Sequence[int]) -> float:
+    """How many times the blocks of a take layer ``name`` (:func:`is_take_layer`), read as :class:`Taken` reads
+    them, read their input along the axis taken: about 1 for positions in order, more for positions in no
+    order (a piece of the input once per piece taken that has rows in it), less where they leave rows out.
+    The input is in blocks of ``chunks``, cut in pieces of ``piece``."""
+    nodes = dict(layer.items())
+    picks = [value for value in nodes.values() if isinstance(value, Task) and value.func is _getitem]
+    if not picks:
+        return 1.0
+    axis = _taken_axis(nodes[picks[0].args[1].key].value[1])
+    starts = np.cumsum((0, *chunks[axis]))
+    step = max(1, int(piece[axis]))
+    cuts = np.concatenate([np.arange(start, start + n, step) for start, n in zip(starts, chunks[axis])])
+    read, done = 0, set()
+    for key, value in nodes.items():
+        # Once per block along the taken axis: its blocks along the others take the same rows.
+        if not (isinstance(key, tuple) and key[0] == name and _is_taking(value)) or key[1 + axis] in done:
+            continue
+        done.add(key[1 + axis])
+        rows = _output_rows(nodes, value, axis, starts)
+        # As a taken span reads: runs of as many positions as its input's longest piece has rows (its pieces),
+        # each reading, in each piece of the input it has rows in, the rows from its first there to its last.
+        region = (np.arange(len(rows)) // step) * len(cuts) + np.searchsorted(cuts, rows, side="right") - 1
+        order = np.argsort(region, kind="stable")
+        region, rows = region[order], rows[order]
+        firsts = np.flatnonzero(np.diff(region, prepend=-1))
+        if len(firsts):
+            read += int((np.maximum.reduceat(rows, firsts) - np.minimum.reduceat(rows, firsts) + 1).sum())
+    return read / max(1, int(starts[-1]))
+
+
+def _taken_axis(index: Any) -> int:
+    """The axis of the one array in a taker's index (a bare array: the first)."""
+    items = index if isinstance(index, tuple) else (index,)
+    return next(i for i, item in enumerate(items) if isinstance(item, np.ndarray))
+
+
+def _output_rows(nodes: dict[Key, Any], value: Task, axis: int, starts: np.ndarray) -> np.ndarray:
+    """The rows an output block of dask's shuffle gives, as positions along ``axis`` of its input (whose blocks
+    begin at ``starts``), in its order."""
+    if value.func is _getitem:
+        picks, order = [value], None
+    else:  # concatenate_arrays(picks, sorter, axis): the picks concatenated, then put in order
+        picks, order = [nodes[ref.key] for ref in value.args[0].args], np.argsort(nodes[value.args[1].key].value[1])
+    rows = []
+    for pick in picks:
+        block, index = pick.args[0].key[1 + axis], nodes[pick.args[1].key].value[1]
+        items = index if isinstance(index, tuple) else (index,)
+        rows.append(starts[block] + np.asarray(items[axis], dtype=np.intp))
+    joined = np.concatenate(rows) if rows else np.zeros(0, dtype=np.intp)
+    return joined if order is None else joined[order]
+
+
 def is_take_layer(values: Sequence[Any]) -> bool:
     """Whether ``values``, a layer's, are dask's shuffle's: picks of positions of blocks, concatenations of
     picks, and the positions (one array, whole slices elsewhere: no new axis) and orders they take."""
