@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -27,17 +29,34 @@ def signalled_command(
     )
     try:
         process.wait(timeout=after)
+        pytest.fail(f"the command ended before it was signalled: {process.stderr.read()}")  # type: ignore[union-attr]
     except subprocess.TimeoutExpired:
+        # On a loaded machine the interpreter may not have reached daskstream's import (which answers SIGINT
+        # and SIGTERM at once) by then: a signal before it would test Python's start, not the command. Python
+        # catches SIGINT itself from its start, SIGTERM only once daskstream does.
+        _wait_until_caught(process, signal.SIGTERM, within)
         process.send_signal(signum)
         status = process.wait(timeout=within)
-    else:
-        pytest.fail(f"the command ended before it was signalled: {process.stderr.read()}")  # type: ignore[union-attr]
     finally:
         process.kill()
     assert process.stderr is not None
     lines = process.stderr.read().strip().splitlines()
     process.stderr.close()
     return status, lines
+
+
+def _wait_until_caught(process: subprocess.Popen[str], signum: int, within: float) -> None:
+    """Wait until ``process`` catches ``signum`` (its handler set, as Linux shows it in ``SigCgt``)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            status = Path(f"/proc/{process.pid}/status").read_text()
+        except OSError:
+            return  # no /proc here: signalled as it is
+        caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+        if caught >> (signum - 1) & 1:
+            return
+        time.sleep(0.05)
 
 
 def assert_stopped_by(status: int, lines: list[str], signum: int) -> None:

@@ -36,11 +36,11 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         streamed, pieced, read_counts, read_again = spanned
         optimized = ensure_dict(dask_optimize(streamed, keys))
         _, plan = plan_graph(pieced, keys, resources, holds=False)
-        # Each step taking a span reads its chunks itself: a pass over the source each.
-        reads = {**plan.reads}
-        for source, times in read_counts.items():
-            reads[source] = max(times, reads.get(source, 0))
-        passes = max([plan.passes, *reads.values()])
+        # Each step taking a span reads its chunks itself: counted by the ways the spans reach the steps. The
+        # pieced graph's own passes are where its reductions would wait for whole blocks: no more than those.
+        reads = {**plan.reads, **read_counts}
+        read_passes = {s: p[: reads.get(s, len(p))] for s, p in plan.read_passes.items()}
+        passes = max(reads.values(), default=plan.passes)
         # A pass is a step reading its spans (counted above), not where the pieced graph's reductions would
         # have to wait for whole blocks: its worst task is in one of those passes.
         worst = plan.worst and dataclasses.replace(plan.worst, level=min(plan.worst.level, max(passes - 1, 0)))
@@ -49,6 +49,7 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
             tasks=len(optimized),
             spans=span_facts(optimized, graph),
             reads=reads,
+            read_passes=read_passes,
             read_again=read_again,
             passes=passes,
             worst=worst,

@@ -108,7 +108,8 @@ EXPRESSIONS = {
         lambda x: ds.reduce(np.clip(da.round(x, 1), -1, 1), "nansum", axis=0),
         lambda a: np.nansum(np.clip(np.round(a, 1), -1, 1), axis=0, dtype="f8"),
     ),
-    # xarray's weighted mean (dask's einsum): each piece contracted with its part of the weights, summed.
+    # xarray's weighted mean (dask's einsum): each piece contracted with its part of the weights, summed; the
+    # weights' sum where values are not NaN and the weighted sum computed together, each piece read once.
     "mean weighted by row, as xarray weighs it": (
         lambda x: _weighted_mean(x).data,
         lambda a: _weighted_mean(a).values,
@@ -248,10 +249,6 @@ PASSES = {
     # The carry past each span is the span scanned to its end: read once more.
     "cumulative sum of a reversed column": 2,
     "cumulative sum of a ravel": 2,
-    # The weights' sum where values are not NaN, and the weighted sum: each its own pass.
-    "mean weighted by row, as xarray weighs it": 2,
-    "mean weighted by row over every axis": 2,
-    "mean over time weighted by row": 2,
     # Its blocks are the array's spans and their doubles': each read for its own.
     "maximum over a stack of the array and its double": 2,
     "maximum of the array plus its reverse": 2,

@@ -1,8 +1,5 @@
 """The graph of a computation over spanned arrays, rewritten so that every step taking a span streams it.
 
-(Longer than most modules: the rewrite, the pieces projected and the reads counted all follow the one
-classification of the graph's layers made here.)
-
 Runs before dask's own optimizations, on the high-level graph (see
 :mod:`daskstream.compute.streaming.spans` for what streams and how). Each layer taking
 blocks that may be spans is one of:
@@ -54,6 +51,7 @@ anything else
 from __future__ import annotations
 
 import copy as copy_module
+import functools
 import graphlib
 import itertools
 import math
@@ -63,12 +61,12 @@ from typing import Any, NamedTuple
 
 from dask._task_spec import Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
-from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
 from daskstream.compute.streaming.span_histograms import is_histogram_layer, streaming_histogram_layer
+from daskstream.compute.streaming.span_read_counts import PASSING_SPANS, read_counts
 from daskstream.compute.streaming.span_rechunks import is_rechunk_layer, narrowing_task, streaming_rechunk_layer
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_reshapes import (
@@ -94,7 +92,7 @@ from daskstream.compute.streaming.span_steps import (
     transposition_of,
     with_tasks,
 )
-from daskstream.compute.streaming.span_takes import is_take_layer, pieces_read, streaming_take_layer
+from daskstream.compute.streaming.span_takes import is_take_layer, streaming_take_layer
 from daskstream.compute.streaming.spans import (
     Combine,
     Step,
@@ -117,9 +115,6 @@ from daskstream.graph.optimize import plan_graph
 from daskstream.graph.projection import HOLDS_NO_DATA
 from daskstream.planning.computation import Spans
 
-#: The kinds of steps whose blocks are spans again where they take spans.
-_PASSING_SPANS = ("map", "narrow", "take", "rechunk", "transpose", "reshape", "scan", "carry")
-
 
 @dataclass
 class _Classified:
@@ -135,7 +130,7 @@ class _Classified:
 
 class SpanGraphs(NamedTuple):
     """A graph reading spans, streamed; annotated in pieces for projecting a task's memory; how many times each
-    source read in spans is read, and how many times over beyond those (:func:`_read_counts`)."""
+    source read in spans is read, and how many times over beyond those (:func:`~.span_read_counts.read_counts`)."""
 
     streamed: HighLevelGraph
     pieced: HighLevelGraph
@@ -151,7 +146,7 @@ def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
         if name in found.reads or not taken or name not in graph.layers:
             continue
         kind = found.kinds[name] = _kind(graph, name, taken)
-        if kind in _PASSING_SPANS:
+        if kind in PASSING_SPANS:
             found.spans.add(name)
     found.results = layer_names(keys)
     found.taken_whole = found.results & found.spans
@@ -177,7 +172,16 @@ def span_graphs(graph: Any, keys: list[Key]) -> SpanGraphs | None:
         return None
     graph = with_tasks(graph)
     found = _classified(graph, keys)
-    return SpanGraphs(_streamed(graph, found), _pieced(graph, found), *_read_counts(graph, found))
+    counted = read_counts(
+        graph,
+        found.kinds,
+        reads=set(found.reads),
+        results=found.results,
+        siblings=found.siblings,
+        pieces=_layer_pieces(graph, found),
+        source_of=functools.partial(source_name, graph),
+    )
+    return SpanGraphs(_streamed(graph, found), _pieced(graph, found), *counted)
 
 
 def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
@@ -316,65 +320,6 @@ def _split(lengths: tuple[int, ...], step: int) -> tuple[int, ...]:
     # Chained in C: a pebibyte's axis is millions of pieces, a generator's step apiece took 0.1 s an axis.
     cut = ((step,) * (n // step) + ((n % step,) if n % step else ()) for n in lengths)
     return tuple(itertools.chain.from_iterable(cut))
-
-
-def _read_counts(graph: HighLevelGraph, found: _Classified) -> tuple[dict[str, int], dict[str, float]]:
-    """How many times each source read in spans is read: once for every step that takes its spans (through
-    element-wise steps and slices) piece by piece or whole (reductions computed together once for all), and
-    once more where the result is a span. A span holds no data, so each of them reads the chunks itself. And
-    how many times over, beyond those, indices with positions in no order read it (:func:`pieces_read`)."""
-    dependents = reverse_dict(graph.dependencies)
-    group_of = {name: group for group in found.siblings for name in group}
-    pieces = _layer_pieces(graph, found)
-    counts: dict[str, int] = {}
-    again: dict[str, float] = {}
-    for read in found.reads:
-        takers, more, seen = 0, 0.0, set()
-        waiting: list[tuple[str, float, bool]] = [(read, 1.0, False)]  # and how many times over, through a take
-        together: set[tuple[str, ...]] = set()  # reductions reading it together, counted once
-        while waiting:
-            name, times, through_take = waiting.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            takers += name in found.results
-            more += max(times - 1, 0) * (name in found.results)
-            for dependent in dependents.get(name, ()):
-                kind = found.kinds.get(dependent)
-                # A carry reads the spans it takes once more: each scanned to its end, for the next.
-                takers += kind == "carry" and dependent not in seen
-                if kind in _PASSING_SPANS:
-                    taking = kind == "take" and _chunks(graph.layers[name]) is not None and name in pieces
-                    factor = _part_read(graph, name, dependent, kind, pieces.get(name))
-                    waiting.append((dependent, times * factor, through_take or taking))
-                elif dependent not in seen:
-                    seen.add(dependent)
-                    # Reductions computed together share the reads of the pieces they read alike; through an
-                    # index of positions, their pieces are regions of their own.
-                    group = None if through_take else group_of.get(dependent)
-                    if group is None or group not in together:
-                        takers += 1
-                        more += max(times - 1, 0)
-                    if group is not None:
-                        together.add(group)
-        source = source_name(graph, read)
-        counts[source] = counts.get(source, 0) + takers
-        if more:
-            again[source] = again.get(source, 0.0) + more
-    return counts, again
-
-
-def _part_read(graph: HighLevelGraph, name: str, dependent: str, kind: str | None, piece: Any) -> float:
-    """What part of the blocks of ``name`` a step ``dependent`` of ``kind`` taking them reads, in all: a slice
-    its own part (as counted by its size), an index of positions how many times over (:func:`pieces_read`)."""
-    chunks, out = _chunks(graph.layers[name]), _chunks(graph.layers[dependent])
-    if chunks is None or (kind == "take" and piece is None):
-        return 1.0
-    if kind == "take":
-        return pieces_read(graph.layers[dependent], dependent, chunks, piece)
-    if kind == "narrow" and out is not None:  # no more than all of it (a join or a pad makes more of its parts)
-        return min(1.0, math.prod(map(sum, out)) / max(1, math.prod(map(sum, chunks))))
-    return 1.0
 
 
 def span_facts(streamed: Any, graph: HighLevelGraph) -> Spans:

@@ -44,8 +44,11 @@ def sibling_reductions(
         layer = graph.layers[name]
         if kind != "reduce" or not isinstance(layer, Blockwise):
             continue
-        if any(not isinstance(n, str) or index != layer.output_indices for n, index in layer.indices):
-            continue  # an input broadcast or whole: not block for block
+        if any(
+            not isinstance(n, str) or index is None or not set(index) <= set(layer.output_indices)
+            for n, index in layer.indices
+        ):
+            continue  # an input whole, or contracted by dask: not block for block
         chunks = (layer.collection_annotations or {}).get("chunks")
         if chunks is not None:
             groups.setdefault((reads_of(name), tuple(map(len, chunks))), []).append(name)
@@ -62,6 +65,14 @@ def sibling_reductions(
             if len(together) > 1:
                 found.append(tuple(sorted(together)))
     return found
+
+
+def _block_of(layer: Blockwise, name: str, axes: Any, index: tuple[int, ...]) -> tuple[int, ...]:
+    """The block of input ``name`` (of ``axes``, the output's in its own order) that block ``index`` of ``layer``
+    takes, as blockwise takes it: the output's block along each axis, the first where it has one block (broadcast,
+    as an einsum's weights)."""
+    out = layer.output_indices
+    return tuple(0 if n == 1 else index[out.index(axis)] for axis, n in zip(axes, layer.numblocks[name]))
 
 
 def _ancestry(graph: HighLevelGraph) -> dict[str, set[str]]:
@@ -95,7 +106,9 @@ def fused_reductions(
         key = (name, *index)
         # Every input is a layer's name (sibling_reductions takes no other), read block for block.
         refs = [
-            TaskRef((cast(str, input_name), *index)) for layer in layers.values() for input_name, _ in layer.indices
+            TaskRef((cast(str, input_name), *_block_of(layer, cast(str, input_name), axes, index)))
+            for layer in layers.values()
+            for input_name, axes in layer.indices
         ]
         fused[key] = Task(key, span_reductions, tuple(layout), *refs)
         for position, n in enumerate(group):

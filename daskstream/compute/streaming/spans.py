@@ -494,7 +494,8 @@ def span_reductions(layout: tuple[tuple[Step, Combine, int], ...], *values: Any)
     for step, combine, count in layout:
         taken.append((step, combine, values[at : at + count]))
         at += count
-    spans = [v for v in values if is_span(v)]
+    # Each span's axes in its step's output order (an einsum may order them otherwise): its pieces cut so.
+    spans = [_in_order(v, axes) for step, _, inputs in taken for v, axes in zip(inputs, step.axes) if is_span(v)]
     shapes = {span.shape for span in spans}
     if len(shapes) != 1 or 0 in spans[0].shape:  # not one span's shape: each reads its own
         return tuple(span_reduce(step, combine, *inputs) for step, combine, inputs in taken)
