@@ -858,6 +858,19 @@ def test_the_plan_says_how_much_an_index_of_positions_reads(span_field, spanned,
     assert computation.projected_peak_bytes <= computation.budget  # nothing held for a second consumer
 
 
+def test_the_plan_counts_each_step_gathering_picked_rows_anew(span_field, spanned):
+    data, paths = span_field
+    x, _ = opened(paths["zarr"])
+    rows = np.sort(_RANDOM.choice(24_000, 8_000, replace=False))
+    # xarray's sum skips NaN through where(isnull(v), 0, v): two steps taking the picked rows, each gathering them.
+    result = _labelled(x).isel(t=rows).sum(dtype="f8").data
+    computation = ds.plan_compute(result)
+    with dask.config.set(scheduler="threads"), ReadMeter() as meter:
+        got = result.compute()
+    assert got == pytest.approx(np.nansum(data[rows], dtype="f8"), rel=1e-6)
+    assert 1.5 * data.nbytes < meter.bytes_read <= computation.bytes_to_read == 2 * data.nbytes
+
+
 @pytest.mark.parametrize("fmt", ["npy", "zarr"])
 def test_a_task_checks_its_source_once_not_around_every_chunk(span_field, spanned, monkeypatch, fmt):
     data, paths = span_field

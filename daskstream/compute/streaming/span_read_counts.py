@@ -102,7 +102,12 @@ def _ways_to(
         taking = kind == "take" and _chunks(graph.layers[d]) is not None and d in pieces
         factor = _part_read(graph, d, name, kind, pieces.get(d))
         for steps, times, through_take in ways.values():
-            route = (*steps, _step_of_way(graph, name, kind, d)) if kind in PASSING_SPANS and kind != "map" else steps
+            if kind in PASSING_SPANS and kind != "map":
+                route = (*steps, _step_of_way(graph, name, kind, d))
+            elif through_take:  # a taken span's pieces are gathered anew by each input taking it (not cached)
+                route = (*steps, (name, d))
+            else:
+                route = steps
             way = (route, times * factor, through_take or taking)
             found[route] = max(found.get(route, way), way, key=lambda w: w[1])
     return found
