@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dask.blockwise import Blockwise
+from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer
 
 from daskstream.compute.streaming.span_steps import transposition_of
@@ -51,16 +52,18 @@ def read_counts(
     the layers reading spans, ``results`` those of the keys asked for, ``siblings`` the reductions computed
     together, ``pieces`` each layer's piece, ``source_of`` a read's source by name."""
     group_of = {name: group for group in siblings for name in group}
-    order = list(graphlib.TopologicalSorter(graph.dependencies).static_order())
+    position = {name: at for at, name in enumerate(graphlib.TopologicalSorter(graph.dependencies).static_order())}
+    dependents = reverse_dict(graph.dependencies)
     counts: dict[str, int] = {}
     again: dict[str, float] = {}
     for read in reads:
         ways: dict[str, dict[tuple[Any, ...], _Way]] = {read: {(): ((), 1.0, False)}}
         takers, more = int(read in results), 0.0
         together: set[Any] = set()  # reductions reading it together the same ways, counted once
-        for name in order:
+        # Only the steps after the read, in dependency order: a graph of many files has a read per file.
+        for name in sorted(_after(read, dependents, kinds), key=position.__getitem__):
             inputs = [d for d in sorted(graph.dependencies.get(name, ())) if d in ways and d != name]
-            if name == read or not inputs:
+            if not inputs:
                 continue
             kind = kinds.get(name)
             reaching = _ways_to(graph, name, kind, {d: ways[d] for d in inputs}, pieces)
@@ -86,6 +89,18 @@ def read_counts(
         if more:
             again[source] = again.get(source, 0.0) + more
     return counts, again
+
+
+def _after(read: str, dependents: Mapping[str, set[str]], kinds: Mapping[str, str | None]) -> set[str]:
+    """The steps its spans reach from ``read``: through steps passing them on, and the first that does not."""
+    found, waiting = set(), [read]
+    while waiting:
+        for dependent in dependents.get(waiting.pop(), ()):
+            if dependent not in found:
+                found.add(dependent)
+                if kinds.get(dependent) in PASSING_SPANS:
+                    waiting.append(dependent)
+    return found
 
 
 def _ways_to(
