@@ -39,7 +39,7 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
         # Each step taking a span reads its chunks itself: counted by the ways the spans reach the steps. The
         # pieced graph's own passes are where its reductions would wait for whole blocks: no more than those.
         reads = {**plan.reads, **read_counts}
-        read_passes = {s: p[: reads.get(s, len(p))] for s, p in plan.read_passes.items()}
+        read_passes = {s: p[: max(1, reads.get(s, len(p)))] for s, p in plan.read_passes.items()}
         passes = max(reads.values(), default=plan.passes)
         # A pass is a step reading its spans (counted above), not where the pieced graph's reductions would
         # have to wait for whole blocks: its worst task is in one of those passes.

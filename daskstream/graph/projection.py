@@ -451,7 +451,8 @@ def _held(
 
 
 def _holds_no_data(graph: HighLevelGraph, name: str) -> bool:
-    return bool((graph.layers[name].collection_annotations or {}).get(HOLDS_NO_DATA))
+    layer = graph.layers.get(name)
+    return layer is not None and bool((layer.collection_annotations or {}).get(HOLDS_NO_DATA))
 
 
 __all__ = ["HOLDS_NO_DATA", "project"]
