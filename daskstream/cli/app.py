@@ -15,7 +15,12 @@ from daskstream.cli.words import in_cli_words
 from daskstream.errors import DaskstreamError, DaskstreamWarning
 from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.progress import close_open_bars
-from daskstream.runtime.stopping import Interrupted, stop_child_processes, stopping_on_signals
+from daskstream.runtime.stopping import (
+    Interrupted,
+    abandon_running_tasks,
+    stop_child_processes,
+    stopping_on_signals,
+)
 from daskstream.starting import finished
 
 
@@ -141,6 +146,8 @@ class _Group(click.Group):
             except DaskstreamError as exc:
                 _fail(exc, None)
             except Interrupted as exc:
+                # The command ends here: the tasks still running in the pool's threads need not finish first.
+                abandon_running_tasks(exc.signum)
                 _stopped(exc, ctx.invoked_subcommand)
 
 

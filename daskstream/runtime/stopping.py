@@ -26,7 +26,10 @@ open for writing is then left damaged). Within :func:`stopping_on_signals`:
 - the workers of a process pool, which would first run every task queued to
   them, are ended (each chunk is written whole or not at all); a cluster's
   tasks are cancelled by the code the exception unwinds;
-- a second signal while the first is being handled ends the process at once.
+- a second signal while the first is being handled ends the process at once;
+- a process ending on a stop (the command line) abandons the tasks its
+  threads still run (:func:`abandon_running_tasks`): each stops at its next
+  check instead of running to its end while the interpreter waits for it.
 
 The command line runs every command within it; a program using daskstream
 may too.
@@ -54,6 +57,7 @@ from daskstream.runtime.schedulers import uses_processes
 
 __all__ = [
     "Interrupted",
+    "abandon_running_tasks",
     "ctrl_c_kept_from_children",
     "deferred_stop",
     "quiet_workers_when_stopped",
@@ -190,6 +194,9 @@ class _Stop:
         self.redelivery: threading.Thread | None = None
         # How many deferred_stop regions the main thread is in: no stop is raised there.
         self.deferred = 0
+        # The signal that stopped a process on its way out (abandon_running_tasks): the tasks still running in
+        # its other threads stop at their next check.
+        self.abandoned: int | None = None
 
     @property
     def asked(self) -> bool:
@@ -239,11 +246,21 @@ class Interrupted(KeyboardInterrupt):
 def raise_if_stopped() -> None:
     """Raise :class:`Interrupted` when a signal asked this process to stop (any thread may ask)."""
     signum = _STOP.signum  # read once: the block's end may clear it meanwhile in the main thread
+    if signum is None and threading.current_thread() is not threading.main_thread():
+        signum = _STOP.abandoned  # a task of a computation already stopped, still running in its thread
     if signum is not None:
         if threading.current_thread() is threading.main_thread():
             _STOP.deliver()
         # In a task's thread: the task fails with it, and the scheduler raises it in the main thread.
         raise Interrupted(signum)
+
+
+def abandon_running_tasks(signum: int) -> None:
+    """The process, stopped by ``signum``, is ending: tasks still running in its other threads (a local
+    scheduler's pool, whose threads the interpreter waits for as it exits) stop at their next check of
+    :func:`raise_if_stopped`, instead of running to their end. Only for a process on its way out: a later
+    computation's tasks would stop too."""
+    _STOP.abandoned = signum
 
 
 @contextlib.contextmanager
@@ -337,6 +354,7 @@ def stopping_on_signals() -> Iterator[None]:
     levels = {logger.name: logger.level for logger in _loggers_under(_SHUTDOWN_LOGGERS)}
     callback = _NoNewTasks()
     _STOP.clear()
+    _STOP.abandoned = None  # a new computation's tasks are not the stopped one's
     _STOP.within = True
     for signum in previous:
         signal.signal(signum, _on_signal)

@@ -154,3 +154,41 @@ def test_a_program_importing_daskstream_keeps_its_own_handlers():
     code = "import signal, daskstream; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "True"
+
+
+def test_a_stopped_command_abandons_the_tasks_still_running_in_its_threads():
+    import threading
+
+    from daskstream.runtime.stopping import Interrupted, abandon_running_tasks, raise_if_stopped, stopping_on_signals
+
+    # A task of a local scheduler's pool, checking between its chunks (as streaming tasks and writers do).
+    checked, stopped_by = threading.Event(), []
+    go_on = threading.Event()
+
+    def task():
+        while not go_on.wait(0.01):
+            try:
+                raise_if_stopped()
+            except Interrupted as stop:
+                stopped_by.append(stop.signal_name)
+                return
+            checked.set()
+
+    thread = threading.Thread(target=task, daemon=True)
+    thread.start()
+    assert checked.wait(30)
+    raise_if_stopped()  # the main thread outside a stop: nothing to raise
+    assert stopped_by == []  # no stop asked: the task goes on
+    abandon_running_tasks(signal.SIGTERM)  # the command is ending on SIGTERM
+    thread.join(30)
+    assert stopped_by == ["SIGTERM"]
+    raise_if_stopped()  # the main thread is ending the command itself: not raised there
+    # A computation started afterwards is not the one stopped: its tasks run.
+    with stopping_on_signals():
+        later = threading.Thread(target=task, daemon=True)
+        checked.clear()
+        later.start()
+        assert checked.wait(30)
+        go_on.set()
+        later.join(30)
+    assert stopped_by == ["SIGTERM"]
