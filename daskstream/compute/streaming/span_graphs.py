@@ -66,7 +66,7 @@ from dask.typing import Key
 
 from daskstream.compute.streaming.span_groups import grouped_combine, joined_groups
 from daskstream.compute.streaming.span_histograms import is_histogram_layer, streaming_histogram_layer
-from daskstream.compute.streaming.span_read_counts import PASSING_SPANS, read_counts
+from daskstream.compute.streaming.span_read_counts import PASSING_SPANS, layer_chunks, read_counts
 from daskstream.compute.streaming.span_rechunks import is_rechunk_layer, narrowing_task, streaming_rechunk_layer
 from daskstream.compute.streaming.span_refusals import check_whole, source_name
 from daskstream.compute.streaming.span_reshapes import (
@@ -275,7 +275,7 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
                     for n, index in layer.indices
                     if isinstance(n, str) and n in pieces and index is not None and sorted(index) == sorted(out)
                 ] or inputs
-            ndim = len(_chunks(layer) or inputs[0])
+            ndim = len(layer_chunks(layer) or inputs[0])
             alike = [p for p in inputs if len(p) == ndim]
             if alike:
                 pieces[name] = tuple(min(p[axis] for p in alike) for axis in range(ndim))
@@ -288,7 +288,7 @@ def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
     pieces = _layer_pieces(graph, found, at_most=True)
     layers = dict(graph.layers)
     for name in (found.spans - found.taken_whole) | set(reduced):
-        layer, chunks = graph.layers[name], _chunks(graph.layers[name])
+        layer, chunks = graph.layers[name], layer_chunks(graph.layers[name])
         piece = pieces.get(name)
         if chunks is None or piece is None or len(piece) != len(chunks):
             continue  # no span read this layer's piece is known from: left as annotated
@@ -330,7 +330,7 @@ def span_facts(streamed: Any, graph: HighLevelGraph) -> Spans:
     for name, planned in found.items():
         layer = graph.layers[name]
         piece = tuple(planned["piece"])
-        per_span = math.prod(-(-max(c) // p) for c, p in zip(_chunks(layer), piece, strict=True))
+        per_span = math.prod(-(-max(c) // p) for c, p in zip(layer_chunks(layer), piece, strict=True))
         most = max(most, per_span)
         itemsize = getattr((layer.collection_annotations or {}).get("dtype"), "itemsize", 8)
         bytes_most = max(bytes_most, math.prod(piece) * itemsize)
@@ -377,9 +377,9 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     spanned_whole = [index == out for name, index in layer.indices if isinstance(name, str) and name in taken]
     if all(spanned_whole) and grouped_combine(graph, layer) is not None:
         return "grouped"
-    chunks = _chunks(layer)
+    chunks = layer_chunks(layer)
     spanned = [(name, index or ()) for name, index in layer.indices if isinstance(name, str) and name in taken]
-    inputs = [_chunks(graph.layers[name]) for name, _ in spanned]
+    inputs = [layer_chunks(graph.layers[name]) for name, _ in spanned]
     # Each spanned input has the output's axes, in its order (a reduction's: in any order, an einsum's).
     if chunks is None or any(sorted(index) != sorted(out) for _, index in spanned) or any(c is None for c in inputs):
         return None
@@ -397,10 +397,6 @@ def _blockwise_kind(graph: HighLevelGraph, layer: Blockwise, taken: set[str]) ->
     if any(c[index.index(out[a])] != chunks[a] for (_, index), c in zip(spanned, inputs) for a in kept):
         return None
     return "reduce"
-
-
-def _chunks(layer: Layer) -> Any:
-    return (layer.collection_annotations or {}).get("chunks")
 
 
 def _rewritten(graph: HighLevelGraph, name: str, kind: str, *, whole: bool) -> Layer:

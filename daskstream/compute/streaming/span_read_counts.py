@@ -114,7 +114,7 @@ def _ways_to(
     alike where only element-wise steps differ (a piece of each is the same part of the read)."""
     found: dict[tuple[Any, ...], _Way] = {}
     for d, ways in inputs.items():
-        taking = kind == "take" and _chunks(graph.layers[d]) is not None and d in pieces
+        taking = kind == "take" and layer_chunks(graph.layers[d]) is not None and d in pieces
         factor = _part_read(graph, d, name, kind, pieces.get(d))
         for steps, times, through_take in ways.values():
             if kind in PASSING_SPANS and kind != "map":
@@ -136,14 +136,14 @@ def _step_of_way(graph: HighLevelGraph, name: str, kind: str | None, taken: str)
     if kind == "transpose" and isinstance(layer, Blockwise):
         return (kind, transposition_of(layer.task, len(layer.output_indices)))
     if kind == "reshape":
-        return (kind, _chunks(layer))
+        return (kind, layer_chunks(layer))
     return (name, taken)
 
 
 def _part_read(graph: HighLevelGraph, name: str, dependent: str, kind: str | None, piece: Any) -> float:
     """What part of the blocks of ``name`` a step ``dependent`` of ``kind`` taking them reads, in all: a slice
     its own part (as counted by its size), an index of positions how many times over (:func:`pieces_read`)."""
-    chunks, out = _chunks(graph.layers[name]), _chunks(graph.layers[dependent])
+    chunks, out = layer_chunks(graph.layers[name]), layer_chunks(graph.layers[dependent])
     if chunks is None or (kind == "take" and piece is None):
         return 1.0
     if kind == "take":
@@ -153,5 +153,6 @@ def _part_read(graph: HighLevelGraph, name: str, dependent: str, kind: str | Non
     return 1.0
 
 
-def _chunks(layer: Layer) -> Any:
+def layer_chunks(layer: Layer) -> Any:
+    """A layer's blocks as dask annotates them (``None`` where it does not)."""
     return (layer.collection_annotations or {}).get("chunks")
