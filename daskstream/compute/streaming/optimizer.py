@@ -20,6 +20,7 @@ from dask.utils import ensure_dict
 
 from daskstream import config
 from daskstream.compute.streaming.chains import run_chains, stream_chains
+from daskstream.compute.streaming.chunkwise import chunkwise_reads
 from daskstream.compute.streaming.folds import FOLDED_PREFIX, fold_blocks, run_folded
 from daskstream.compute.streaming.span_graphs import checked_spans
 from daskstream.graph.optimize import planned_graph, requested_keys
@@ -64,6 +65,7 @@ def _optimized(dsk: Any, keys: Any, **kwargs: Any) -> Any:
 def streamed_graph(graph: HighLevelGraph, keys: Any, *, threads: int, ahead: int = 0, **kwargs: Any) -> dict[Key, Any]:
     """``graph`` (planned) as it runs: blocks folded into their combines, optimized by dask, chains streamed."""
     wanted = requested_keys(keys)
+    graph = chunkwise_reads(graph, wanted)
     optimized = ensure_dict(dask_optimize(fold_blocks(graph, wanted, threads=threads, ahead=ahead), keys, **kwargs))
     # Combines computing their blocks are as many as keep the threads busy: grouped further, they would not.
     kept = [*wanted, *(key for key, node in optimized.items() if isinstance(node, Task) and node.func is run_folded)]

@@ -117,7 +117,7 @@ from daskstream.planning.computation import Spans
 
 
 @dataclass
-class _Classified:
+class SpanKinds:
     """The layers of a graph reading spans: what each step taking them is, and which take them whole."""
 
     reads: dict[str, Mapping[str, Any]]
@@ -138,8 +138,10 @@ class SpanGraphs(NamedTuple):
     read_again: dict[str, float]
 
 
-def _classified(graph: HighLevelGraph, keys: list[Key]) -> _Classified:
-    found = _Classified(reads=span_reads(graph))
+def classified_spans(graph: HighLevelGraph, keys: list[Key]) -> SpanKinds:
+    """What each step taking the spans of ``graph``'s span reads is, which of them pass spans on, which take
+    them whole (``keys``' layers among them) and which reductions are computed together."""
+    found = SpanKinds(reads=span_reads(graph))
     found.spans = set(found.reads)
     for name in graphlib.TopologicalSorter(graph.dependencies).static_order():
         taken = graph.dependencies.get(name, set()) & found.spans
@@ -171,7 +173,7 @@ def span_graphs(graph: Any, keys: list[Key]) -> SpanGraphs | None:
     if not span_reads(graph):
         return None
     graph = with_tasks(graph)
-    found = _classified(graph, keys)
+    found = classified_spans(graph, keys)
     counted = read_counts(
         graph,
         found.kinds,
@@ -181,7 +183,7 @@ def span_graphs(graph: Any, keys: list[Key]) -> SpanGraphs | None:
         pieces=_layer_pieces(graph, found),
         source_of=functools.partial(source_name, graph),
     )
-    return SpanGraphs(_streamed(graph, found), _pieced(graph, found), *counted)
+    return SpanGraphs(streamed_spans(graph, found), _pieced(graph, found), *counted)
 
 
 def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
@@ -203,7 +205,14 @@ def checked_spans(graph: Any, keys: list[Key]) -> HighLevelGraph | None:
     return streamed
 
 
-def _streamed(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
+def streamed_spans(graph: HighLevelGraph, found: SpanKinds) -> HighLevelGraph:
+    """``graph`` with each step ``found`` classified rewritten to stream its spans, reads taken whole read at once.
+
+    Raises
+    ------
+    MemoryBudgetError
+        When a step takes whole blocks past the reads' cap.
+    """
     cap = min(int(planned["cap"]) for planned in found.reads.values())
     for name in found.taken_whole:
         takers = [d for d, kind in found.kinds.items() if kind is None and name in graph.dependencies[d]]
@@ -239,11 +248,11 @@ def span_piece_of(graph: Any, name: str) -> tuple[int, ...] | None:
     if not span_reads(graph):
         return None
     graph = with_tasks(graph)
-    found = _classified(graph, [])
+    found = classified_spans(graph, [])
     return _layer_pieces(graph, found).get(name) if name in found.spans or name in found.kinds else None
 
 
-def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = False) -> dict[str, tuple[int, ...]]:
+def _layer_pieces(graph: HighLevelGraph, found: SpanKinds, *, at_most: bool = False) -> dict[str, tuple[int, ...]]:
     """The piece of each layer whose blocks are spans or take them: a read's own, the smallest of a step's
     inputs along each axis, a slice's or index's of its input (axes indexed by an integer gone, stepped
     axes shorter), a reshape's rows (``at_most``: the most a piece holds, for the projection)."""
@@ -282,7 +291,7 @@ def _layer_pieces(graph: HighLevelGraph, found: _Classified, *, at_most: bool = 
     return pieces
 
 
-def _pieced(graph: HighLevelGraph, found: _Classified) -> HighLevelGraph:
+def _pieced(graph: HighLevelGraph, found: SpanKinds) -> HighLevelGraph:
     """The number of blocks of the layers annotated in pieces is then the pieces', not the tasks'."""
     reduced = {n: _reduced_axes(graph.layers[n]) for n, kind in found.kinds.items() if kind in ("reduce", "arg")}
     pieces = _layer_pieces(graph, found, at_most=True)

@@ -29,6 +29,7 @@ from dask.highlevelgraph import HighLevelGraph, Layer, MaterializedLayer
 from dask.typing import Key
 
 from daskstream.compute import moments
+from daskstream.graph.pieces import moment_chunk_in_pieces
 
 #: The attribute :func:`counts_each_value` sets on a function.
 _COUNTS_EACH_VALUE = "_daskstream_counts_each_value"
@@ -244,7 +245,8 @@ def combine_of(task: Task) -> Callable[..., Any] | None:
         )
     if func is moments._moments_chunk:
         return functools.partial(moments._moments_combine, axis=axis, keepdims=True)
-    if func is dask_reductions.moment_chunk:
+    # daskstream's own first step of a variance (the planner's, in pieces) gives dask's partials.
+    if func in (dask_reductions.moment_chunk, moment_chunk_in_pieces):
         return functools.partial(
             dask_reductions.moment_combine, **_taken(keywords, "order", "sum", "dtype"), axis=axis, keepdims=True
         )

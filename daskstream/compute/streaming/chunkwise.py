@@ -1,0 +1,165 @@
+"""Reductions that read their blocks a few storage chunks at a time, each reduced where it was decoded.
+
+A block of a planned array holds many storage chunks (a task's share of the
+budget). Read whole, each of its chunks is decoded into the block, and the
+reduction's first step then sums (or counts, or compares) the whole block,
+long after the chunks it decoded first have left the processor's caches: a
+second pass over memory, and a fresh block's pages to fault in for every
+read. Where every step taking a local source's blocks is one that streams
+spans piece by piece -- element-wise steps, slices, transposes and the first
+steps of reductions whose combine is known
+(:mod:`daskstream.compute.streaming.spans`) -- the read instead gives its
+block as a span of pieces a few storage chunks large: each piece is decoded,
+taken through the element-wise steps and reduced while it is in the cache,
+and the partials are combined as they come.
+
+The graph keeps its tasks: only what the read and its takers compute inside
+each one changes, so the plan (passes, tasks, memory: a piece holds less than
+its block) is the one made for the blocks. Arrays whose blocks a step takes
+whole (the result itself, dask's ``map_blocks`` of a function not known to
+be element-wise), sources on object stores (a block's chunks are fetched
+together, concurrently), sharded Zarr arrays read in part (each piece would
+open its shard and read its index again) and sources stored without chunks
+are read as before.
+``daskstream.compute.chunkwise: false`` reads every block whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dask._task_spec import Task
+from dask.blockwise import Blockwise
+from dask.highlevelgraph import HighLevelGraph
+from dask.typing import Key
+
+from daskstream import config
+from daskstream.compute.streaming.span_graphs import classified_spans, streamed_spans
+from daskstream.compute.streaming.span_read_counts import layer_chunks
+from daskstream.compute.streaming.span_steps import with_tasks
+from daskstream.graph.layers import SPAN_ANNOTATION, blockwise_like, source_read_by, span_reads
+from daskstream.graph.reads import read_span
+from daskstream.sources.objects.places import is_url
+
+#: The steps that take pieces where they would take the block: each piece computed while it is in the cache.
+STREAMED_KINDS = frozenset({"map", "narrow", "transpose", "reduce", "arg"})
+
+#: The fewest bytes a piece holds, storage chunks allowing: a piece's Python work (its read, its steps, its
+#: partial's combine; tens of microseconds) stays a few percent of decoding it.
+MIN_PIECE_BYTES = 2**20
+
+
+def chunkwise_reads(graph: HighLevelGraph, keys: list[Key]) -> HighLevelGraph:
+    """``graph`` with the reads of local chunked sources whose every taker streams pieces giving spans of
+    storage-chunk pieces, and those takers streaming them; ``graph`` itself where no read qualifies.
+
+    A read qualifies where its source is a local file stored in chunks, its
+    blocks begin on storage-chunk boundaries, and every step its blocks reach
+    (through element-wise steps, slices and transposes) is one of
+    :data:`STREAMED_KINDS`, the result none of them.
+    """
+    if not config.get("compute.chunkwise") or not isinstance(graph, HighLevelGraph) or span_reads(graph):
+        return graph
+    pieces = {name: piece for name, layer in graph.layers.items() if (piece := _piece(graph, layer)) is not None}
+    if not pieces:
+        return graph
+    graph = with_tasks(graph)
+    # A read some step takes whole is read as before; one less read spanned may leave another's step taking a
+    # mix of spans and blocks, which streams as well: a few rounds at most, one per read dropped.
+    while pieces:
+        spanned = _spanned(graph, pieces)
+        found = classified_spans(spanned, keys)
+        whole = {name for name in pieces if not _all_stream(spanned, name, found.kinds, found.spans, found.taken_whole)}
+        if not whole:
+            return streamed_spans(spanned, found)
+        pieces = {name: piece for name, piece in pieces.items() if name not in whole}
+    return graph
+
+
+def _piece(graph: HighLevelGraph, layer: Any) -> tuple[int, ...] | None:
+    """The piece a read layer's blocks would stream in: its source's storage chunk, grown along the first axis
+    to :data:`MIN_PIECE_BYTES` within the shortest block; ``None`` for any other layer, a source on an object
+    store or without chunks, or blocks not beginning on storage-chunk boundaries."""
+    if not isinstance(layer, Blockwise) or SPAN_ANNOTATION in (layer.collection_annotations or {}):
+        return None
+    source = source_read_by(graph, layer)
+    chunks = layer_chunks(layer)
+    storage = getattr(source, "storage_chunks", None)
+    if source is None or chunks is None or storage is None or is_url(str(source.path)):
+        return None
+    if getattr(source, "shards_in_part", False):
+        return None  # each piece would open its shard and read its index again: a block reads them once
+    if len(storage) != len(chunks) or not all(_aligned(lengths, step) for lengths, step in zip(chunks, storage)):
+        return None
+    if all(len(lengths) == 1 and lengths[0] <= step for lengths, step in zip(chunks, storage)):
+        return None  # one storage chunk a block: nothing to stream
+    # Grown along the first axis, a piece's storage chunks lie one after another in it: each decoded in place.
+    chunk_bytes = max(1, math.prod(storage) * source.dtype.itemsize)
+    grown = min(-(-MIN_PIECE_BYTES // chunk_bytes), -(-max(chunks[0]) // storage[0]))
+    return (storage[0] * max(1, grown), *storage[1:])
+
+
+def _aligned(lengths: tuple[int, ...], step: int) -> bool:
+    """Whether blocks of ``lengths`` each begin on a multiple of ``step`` (the last may end anywhere)."""
+    start = 0
+    for length in lengths[:-1]:
+        start += length
+        if start % step:
+            return False
+    return True
+
+
+def _spanned(graph: HighLevelGraph, pieces: Mapping[str, tuple[int, ...]]) -> HighLevelGraph:
+    """``graph`` with the read layers named in ``pieces`` giving spans of those pieces (what
+    :func:`~daskstream.graph.reads.span_array` makes), never refused: a block is what a task held before."""
+    layers = dict(graph.layers)
+    for name, piece in pieces.items():
+        read = graph.layers[name]
+        assert isinstance(read, Blockwise)  # a read layer is one (see _piece)
+        task = read.task
+        spanned = blockwise_like(read, task=Task(task.key, read_span, *task.args, piece=piece))
+        block_bytes = _block_bytes(read)
+        spanned.collection_annotations = {
+            **(read.collection_annotations or {}),
+            SPAN_ANNOTATION: {"piece": piece, "cap": block_bytes},
+        }
+        layers[name] = spanned
+    return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
+
+
+def _block_bytes(layer: Blockwise) -> int:
+    annotations = layer.collection_annotations or {}
+    chunks = layer_chunks(layer) or ()
+    itemsize = getattr(annotations.get("dtype"), "itemsize", 8)
+    return math.prod(max(lengths, default=0) for lengths in chunks) * itemsize
+
+
+def _all_stream(
+    graph: HighLevelGraph, read: str, kinds: Mapping[str, str | None], spans: set[str], whole: Iterable[str]
+) -> bool:
+    """Whether every step the spans of ``read`` reach streams pieces (:data:`STREAMED_KINDS`), none taking
+    them whole."""
+    taken_whole = set(whole)
+    dependents: dict[str, set[str]] = {}
+    for name, needs in graph.dependencies.items():
+        for need in needs:
+            dependents.setdefault(need, set()).add(name)
+    waiting, seen = [read], set()
+    while waiting:
+        current = waiting.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in taken_whole:
+            return False
+        for taker in dependents.get(current, ()):
+            if kinds.get(taker) not in STREAMED_KINDS:
+                return False
+            if taker in spans:
+                waiting.append(taker)
+    return True
+
+
+__all__ = ["MIN_PIECE_BYTES", "STREAMED_KINDS", "chunkwise_reads"]

@@ -1,0 +1,123 @@
+"""Reductions over local chunked sources read each block a piece of its storage chunks at a time.
+
+Each piece is decoded, taken through the element-wise steps and reduced while
+it is in the cache: no block is assembled. Where a step takes the blocks whole,
+or the source has no storage chunks, blocks are read whole as before. numpy is
+the oracle for every answer.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from span_helpers import Reads
+
+import daskstream as ds
+from daskstream.compute.streaming.chunkwise import MIN_PIECE_BYTES
+from daskstream.errors import ChunkSplitWarning
+from daskstream.sources.hdf5.source import Hdf5Source
+from daskstream.sources.npy import NpySource
+from daskstream.sources.zarr.source import ZarrSource
+
+#: Blocks of 6,000 rows (5.5 MiB), each many of the field's storage chunks (20 rows, 19 KiB).
+BLOCKS = (6000, 40, 6)
+#: The rows a piece holds: storage chunks of 20 rows grown to a mebibyte.
+PIECE_ROWS = 20 * -(-MIN_PIECE_BYTES // (20 * 40 * 6 * 4))
+SOURCES = {"zarr": ZarrSource, "hdf5": Hdf5Source}
+
+REDUCTIONS = {
+    "sum": lambda x: x.sum(axis=0, dtype="f8"),
+    "nanmean of a product": lambda x: da.nanmean(x * 2 - 1, axis=(0, 2)),
+    "std": lambda x: da.nanstd(x),
+    "max of a slice": lambda x: da.nanmax(x[100:23_000:3, 5], axis=0),
+    "argmin of a transpose": lambda x: da.nanargmin(x.transpose(2, 1, 0), axis=2),
+}
+
+
+def _numpy(name, data):
+    return REDUCTIONS[name].__call__(da.from_array(data, chunks=BLOCKS)).compute(optimize_graph=False)
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_a_reduction_reads_its_blocks_a_piece_at_a_time_and_equals_numpy(span_field, monkeypatch, kind, name):
+    data, paths = span_field
+    reads = Reads(monkeypatch, SOURCES[kind])
+    x = ds.open(paths[kind], chunks=BLOCKS)
+    result = REDUCTIONS[name](x).compute(scheduler="synchronous")
+    np.testing.assert_allclose(result, _numpy(name, data), rtol=1e-5, atol=1e-6)
+    # Every read is a piece within one block, of at most PIECE_ROWS rows; every row read once.
+    assert reads.regions
+    assert all(stop - start <= PIECE_ROWS for (start, stop), *_ in reads.regions)
+    assert all(start // BLOCKS[0] == (stop - 1) // BLOCKS[0] for (start, stop), *_ in reads.regions)
+    assert sum(reads.sizes) <= data.nbytes
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+def test_with_chunkwise_off_each_block_is_read_whole_and_the_answer_is_the_same(span_field, monkeypatch, kind):
+    data, paths = span_field
+    reads = Reads(monkeypatch, SOURCES[kind])
+    x = ds.open(paths[kind], chunks=BLOCKS)
+    with dask.config.set({"daskstream.compute.chunkwise": False}):
+        result = da.nanmean(x, axis=0).compute(scheduler="synchronous")
+    np.testing.assert_allclose(result, np.nanmean(data, axis=0), rtol=1e-5, atol=1e-6)
+    assert sorted(stop - start for (start, stop), *_ in reads.regions) == [6_000] * 4
+
+
+def test_a_task_holds_a_piece_not_its_block(span_field):
+    # The memory a reduction's task allocates: a block of 5.5 MiB read whole, a mebibyte's piece streamed.
+    _, paths = span_field
+    x = ds.open(paths["zarr"], chunks=BLOCKS)
+    peaks = {}
+    for chunkwise in (False, True):
+        total = x.sum(axis=(1, 2), dtype="f8")
+        with dask.config.set({"daskstream.compute.chunkwise": chunkwise}):
+            total.compute(scheduler="synchronous")  # warm: handles opened, readers made
+            tracemalloc.start()
+            try:
+                total.compute(scheduler="synchronous")
+                peaks[chunkwise] = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+    block = 6000 * 40 * 6 * 4
+    assert peaks[False] >= block
+    assert peaks[True] < block / 2
+
+
+@pytest.mark.parametrize(
+    "computation",
+    [
+        # A function of dask's map_blocks may do anything with its block: not known to stream.
+        pytest.param(lambda x: x.map_blocks(lambda block: block[::-1] * 2).sum(axis=0), id="map_blocks"),
+        pytest.param(lambda x: x + 1, id="the-result-itself"),
+    ],
+)
+def test_a_step_taking_blocks_whole_reads_them_whole(span_field, monkeypatch, computation):
+    data, paths = span_field
+    reads = Reads(monkeypatch, ZarrSource)
+    x = ds.open(paths["zarr"], chunks=BLOCKS)
+    result = computation(x).compute(scheduler="synchronous")
+    expected = computation(da.from_array(data, chunks=BLOCKS)).compute()
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+    assert sorted(stop - start for (start, stop), *_ in reads.regions) == [6_000] * 4
+
+
+def test_a_source_stored_without_chunks_is_read_in_its_blocks(span_field, monkeypatch):
+    data, paths = span_field
+    reads = Reads(monkeypatch, NpySource)
+    x = ds.open(paths["npy"], chunks=BLOCKS)
+    np.testing.assert_allclose(x.sum(dtype="f8").compute(scheduler="synchronous"), np.sum(data, dtype="f8"))
+    assert sorted(stop - start for (start, stop), *_ in reads.regions) == [6_000] * 4
+
+
+def test_blocks_not_beginning_on_storage_chunks_are_read_whole(span_field, monkeypatch):
+    data, paths = span_field
+    reads = Reads(monkeypatch, ZarrSource)
+    with pytest.warns(ChunkSplitWarning):
+        x = ds.open(paths["zarr"], chunks=(6010, 40, 6))
+    np.testing.assert_allclose(x.sum(dtype="f8").compute(scheduler="synchronous"), np.sum(data, dtype="f8"))
+    assert max(stop - start for (start, stop), *_ in reads.regions) == 6010
