@@ -18,10 +18,11 @@ from dask.array.optimization import optimize as dask_optimize
 from dask.utils import ensure_dict
 
 from daskstream import config
+from daskstream.compute.streaming.chunkwise import pieces_read
 from daskstream.compute.streaming.optimizer import chains_ahead, optimize_streaming, streamed_graph, streaming_of
 from daskstream.compute.streaming.span_graphs import span_facts, span_graphs
 from daskstream.graph.layers import merged_graph
-from daskstream.graph.optimize import plan_graph
+from daskstream.graph.optimize import plan_graph, requested_keys
 from daskstream.planning.computation import ComputePlan
 from daskstream.planning.settings import Resources
 
@@ -55,6 +56,9 @@ def computation_plan(collections: list[Any], resources: Resources) -> ComputePla
             worst=worst,
         )
     rewritten, plan = plan_graph(graph, keys, resources)
+    if config.get("compute.rewrite") and config.get("compute.streaming"):
+        # Read in pieces where the graph runs through streamed_graph, as below.
+        plan = dataclasses.replace(plan, pieces=pieces_read(rewritten, requested_keys(keys)))
     if plan.tasks <= STREAMING_COUNTED_TASKS and config.get("compute.rewrite") and config.get("compute.streaming"):
         # Counted on the graph dask will run, and on the graph dask would have run without streaming.
         built = len(ensure_dict(dask_optimize(rewritten, keys)))

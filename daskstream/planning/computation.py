@@ -185,6 +185,10 @@ class ComputePlan:
     spans
         How tasks stream the spans of arrays read in spans
         (:mod:`daskstream.compute.streaming`), where it does.
+    pieces
+        For each source whose blocks are read a piece of storage chunks at
+        a time, each piece reduced while in the cache
+        (:mod:`daskstream.compute.streaming.chunkwise`), a piece's bytes.
     """
 
     budget: int
@@ -203,6 +207,7 @@ class ComputePlan:
     routes: tuple[str, ...] = ()
     streaming: Streaming | None = None
     spans: Spans | None = None
+    pieces: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def held_bytes(self) -> int:
@@ -299,6 +304,11 @@ class ComputePlan:
             lines.append(self.streaming.line())
         if self.spans is not None:
             lines.append(self.spans.line())
+        lines.extend(
+            f"Read in pieces: {source}, each block {format_size(size)} of storage chunks at a time, each piece "
+            "reduced while in the cache"
+            for source, size in sorted(self.pieces.items())
+        )
         lines.extend(f"Limit here: {limit}" for limit in self.limits)
         return "\n".join(lines)
 

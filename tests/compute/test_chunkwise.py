@@ -38,6 +38,18 @@ REDUCTIONS = {
 }
 
 
+COUNTING = {
+    "histogram": (
+        lambda x: ds.reduce(x, "histogram", bins=12, range=(-4, 4))[0],
+        lambda d: np.histogram(d[~np.isnan(d)], bins=12, range=(-4, 4))[0],
+    ),
+    "dask's histogram": (
+        lambda x: da.histogram(x, bins=12, range=(-4, 4))[0],
+        lambda d: np.histogram(d, bins=12, range=(-4, 4))[0],
+    ),
+}
+
+
 def _numpy(name, data):
     return REDUCTIONS[name].__call__(da.from_array(data, chunks=BLOCKS)).compute(optimize_graph=False)
 
@@ -55,6 +67,19 @@ def test_a_reduction_reads_its_blocks_a_piece_at_a_time_and_equals_numpy(span_fi
     assert all(stop - start <= PIECE_ROWS for (start, stop), *_ in reads.regions)
     assert all(start // BLOCKS[0] == (stop - 1) // BLOCKS[0] for (start, stop), *_ in reads.regions)
     assert sum(reads.sizes) <= data.nbytes
+
+
+@pytest.mark.parametrize("name", sorted(COUNTING))
+def test_counts_read_a_piece_at_a_time_in_each_pass_and_equal_numpy(span_field, monkeypatch, name):
+    data, paths = span_field
+    clean = np.nan_to_num(data, nan=0.5)
+    counted, expected = COUNTING[name]
+    reads = Reads(monkeypatch, ZarrSource)
+    x = ds.open(paths["zarr"], chunks=BLOCKS)
+    result = counted(da.where(da.isnan(x), 0.5, x)).compute(scheduler="synchronous")
+    np.testing.assert_array_equal(result, expected(clean))
+    assert reads.regions
+    assert all(stop - start <= PIECE_ROWS for (start, stop), *_ in reads.regions)
 
 
 @pytest.mark.parametrize("kind", sorted(SOURCES))
@@ -121,3 +146,15 @@ def test_blocks_not_beginning_on_storage_chunks_are_read_whole(span_field, monke
         x = ds.open(paths["zarr"], chunks=(6010, 40, 6))
     np.testing.assert_allclose(x.sum(dtype="f8").compute(scheduler="synchronous"), np.sum(data, dtype="f8"))
     assert max(stop - start for (start, stop), *_ in reads.regions) == 6010
+
+
+def test_the_plan_says_which_sources_are_read_in_pieces_and_how_large(span_field):
+    _, paths = span_field
+    x = ds.open(paths["zarr"], chunks=BLOCKS)
+    plan = ds.plan_compute(da.nanmean(x * 2, axis=0))
+    assert plan.pieces == {paths["zarr"]: PIECE_ROWS * 40 * 6 * 4}
+    assert f"Read in pieces: {paths['zarr']}, each block 1.01 MiB of storage chunks at a time" in plan.explain()
+    # Taken whole by a step not known to stream, or with chunkwise off: nothing said.
+    assert ds.plan_compute(x.map_blocks(lambda block: block[::-1]).sum()).pieces == {}
+    with dask.config.set({"daskstream.compute.chunkwise": False}):
+        assert "Read in pieces" not in ds.plan_compute(da.nanmean(x, axis=0)).explain()

@@ -6,8 +6,8 @@ reduction's first step then sums (or counts, or compares) the whole block,
 long after the chunks it decoded first have left the processor's caches: a
 second pass over memory, and a fresh block's pages to fault in for every
 read. Where every step taking a local source's blocks is one that streams
-spans piece by piece -- element-wise steps, slices, transposes and the first
-steps of reductions whose combine is known
+spans piece by piece -- element-wise steps, slices, transposes, the first
+steps of reductions whose combine is known, counts and histograms
 (:mod:`daskstream.compute.streaming.spans`) -- the read instead gives its
 block as a span of pieces a few storage chunks large: each piece is decoded,
 taken through the element-wise steps and reduced while it is in the cache,
@@ -36,7 +36,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.typing import Key
 
 from daskstream import config
-from daskstream.compute.streaming.span_graphs import classified_spans, streamed_spans
+from daskstream.compute.streaming.span_graphs import SpanKinds, classified_spans, streamed_spans
 from daskstream.compute.streaming.span_read_counts import layer_chunks
 from daskstream.compute.streaming.span_steps import with_tasks
 from daskstream.graph.layers import SPAN_ANNOTATION, blockwise_like, source_read_by, span_reads
@@ -44,7 +44,9 @@ from daskstream.graph.reads import read_span
 from daskstream.sources.objects.places import is_url
 
 #: The steps that take pieces where they would take the block: each piece computed while it is in the cache.
-STREAMED_KINDS = frozenset({"map", "narrow", "transpose", "reduce", "arg"})
+#: Reductions' first steps, arg-reductions', counts (``ds.reduce``'s histograms, its exact quantiles' counting
+#: passes), dask's histograms and flox's groupbys, and the element-wise steps, slices and transposes before them.
+STREAMED_KINDS = frozenset({"map", "narrow", "transpose", "reduce", "arg", "counts", "histogram", "grouped"})
 
 #: The fewest bytes a piece holds, storage chunks allowing: a piece's Python work (its read, its steps, its
 #: partial's combine; tens of microseconds) stays a few percent of decoding it.
@@ -60,11 +62,35 @@ def chunkwise_reads(graph: HighLevelGraph, keys: list[Key]) -> HighLevelGraph:
     (through element-wise steps, slices and transposes) is one of
     :data:`STREAMED_KINDS`, the result none of them.
     """
+    found = _qualifying(graph, keys)
+    return graph if found is None else streamed_spans(*found[:2])
+
+
+def pieces_read(graph: HighLevelGraph, keys: list[Key]) -> dict[str, int]:
+    """The bytes of a piece each source of ``graph`` that :func:`chunkwise_reads` reads in pieces is read in,
+    by the source's name (the largest, where it is read in several ways)."""
+    found = _qualifying(graph, keys)
+    if found is None:
+        return {}
+    spanned, _, pieces = found
+    sizes: dict[str, int] = {}
+    for name, piece in pieces.items():
+        source = source_read_by(spanned, spanned.layers[name])
+        if source is not None:
+            sizes[source.name] = max(sizes.get(source.name, 0), math.prod(piece) * source.dtype.itemsize)
+    return sizes
+
+
+def _qualifying(
+    graph: HighLevelGraph, keys: list[Key]
+) -> tuple[HighLevelGraph, SpanKinds, dict[str, tuple[int, ...]]] | None:
+    """``graph`` with its qualifying reads giving spans, what takes them, and each one's piece; ``None`` where
+    no read qualifies."""
     if not config.get("compute.chunkwise") or not isinstance(graph, HighLevelGraph) or span_reads(graph):
-        return graph
+        return None
     pieces = {name: piece for name, layer in graph.layers.items() if (piece := _piece(graph, layer)) is not None}
     if not pieces:
-        return graph
+        return None
     graph = with_tasks(graph)
     # A read some step takes whole is read as before; one less read spanned may leave another's step taking a
     # mix of spans and blocks, which streams as well: a few rounds at most, one per read dropped.
@@ -73,9 +99,9 @@ def chunkwise_reads(graph: HighLevelGraph, keys: list[Key]) -> HighLevelGraph:
         found = classified_spans(spanned, keys)
         whole = {name for name in pieces if not _all_stream(spanned, name, found.kinds, found.spans, found.taken_whole)}
         if not whole:
-            return streamed_spans(spanned, found)
+            return spanned, found, pieces
         pieces = {name: piece for name, piece in pieces.items() if name not in whole}
-    return graph
+    return None
 
 
 def _piece(graph: HighLevelGraph, layer: Any) -> tuple[int, ...] | None:
@@ -162,4 +188,4 @@ def _all_stream(
     return True
 
 
-__all__ = ["MIN_PIECE_BYTES", "STREAMED_KINDS", "chunkwise_reads"]
+__all__ = ["MIN_PIECE_BYTES", "STREAMED_KINDS", "chunkwise_reads", "pieces_read"]
