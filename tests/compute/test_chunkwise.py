@@ -154,7 +154,9 @@ def test_the_plan_says_which_sources_are_read_in_pieces_and_how_large(span_field
     plan = ds.plan_compute(da.nanmean(x * 2, axis=0))
     assert plan.pieces == {paths["zarr"]: PIECE_ROWS * 40 * 6 * 4}
     assert f"Read in pieces: {paths['zarr']}, each block 1.01 MiB of storage chunks at a time" in plan.explain()
-    # Taken whole by a step not known to stream, or with chunkwise off: nothing said.
+    # Blocks of one storage chunk each, taken whole by a step not known to stream, or with chunkwise off:
+    # nothing said.
+    assert ds.plan_compute(ds.open(paths["zarr"], chunks="storage")[:2000].sum()).pieces == {}
     assert ds.plan_compute(x.map_blocks(lambda block: block[::-1]).sum()).pieces == {}
     with dask.config.set({"daskstream.compute.chunkwise": False}):
         assert "Read in pieces" not in ds.plan_compute(da.nanmean(x, axis=0)).explain()

@@ -119,12 +119,13 @@ def _piece(graph: HighLevelGraph, layer: Any) -> tuple[int, ...] | None:
         return None  # each piece would open its shard and read its index again: a block reads them once
     if len(storage) != len(chunks) or not all(_aligned(lengths, step) for lengths, step in zip(chunks, storage)):
         return None
-    if all(len(lengths) == 1 and lengths[0] <= step for lengths, step in zip(chunks, storage)):
-        return None  # one storage chunk a block: nothing to stream
     # Grown along the first axis, a piece's storage chunks lie one after another in it: each decoded in place.
     chunk_bytes = max(1, math.prod(storage) * source.dtype.itemsize)
-    grown = min(-(-MIN_PIECE_BYTES // chunk_bytes), -(-max(chunks[0]) // storage[0]))
-    return (storage[0] * max(1, grown), *storage[1:])
+    grown = min(-(-MIN_PIECE_BYTES // chunk_bytes), -(-max(chunks[0], default=0) // storage[0]))
+    piece = (storage[0] * max(1, grown), *storage[1:])
+    if all(max(lengths, default=0) <= step for lengths, step in zip(chunks, piece)):
+        return None  # every block one piece at most (chunks="storage", say): nothing to stream
+    return piece
 
 
 def _aligned(lengths: tuple[int, ...], step: int) -> bool:
