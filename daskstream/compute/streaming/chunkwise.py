@@ -15,12 +15,14 @@ and the partials are combined as they come.
 
 The graph keeps its tasks: only what the read and its takers compute inside
 each one changes, so the plan (passes, tasks, memory: a piece holds less than
-its block) is the one made for the blocks. Arrays whose blocks a step takes
-whole (the result itself, dask's ``map_blocks`` of a function not known to
-be element-wise), sources on object stores (a block's chunks are fetched
-together, concurrently), sharded Zarr arrays read in part (each piece would
-open its shard and read its index again) and sources stored without chunks
-are read as before.
+its block) is the one made for the blocks. Read as before, whole: blocks a
+step takes whole (the result itself, dask's ``map_blocks`` of a function not
+known to be element-wise); the reductions of one read that the planner
+computes together in one task per block
+(:func:`~daskstream.graph.rewrites.fuse_siblings`); sources on object stores
+(a block's chunks are fetched together, concurrently); sharded Zarr arrays
+read in part (each piece would open its shard and read its index again); and
+sources stored without chunks.
 ``daskstream.compute.chunkwise: false`` reads every block whole.
 """
 
