@@ -69,6 +69,23 @@ def test_a_reduction_reads_its_blocks_a_piece_at_a_time_and_equals_numpy(span_fi
     assert sum(reads.sizes) <= data.nbytes
 
 
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+def test_reductions_computed_together_read_each_piece_once_for_all(span_field, monkeypatch, kind):
+    # The planner computes a mean's and a std's first steps in one task per block; in pieces, each piece is read
+    # once and folded into both.
+    data, paths = span_field
+    reads = Reads(monkeypatch, SOURCES[kind])
+    x = ds.open(paths[kind], chunks=BLOCKS)
+    mean, std, total = dask.compute(
+        da.nanmean(x, axis=0), da.nanstd(x, axis=0), da.nansum(x, dtype="f8"), scheduler="synchronous"
+    )
+    np.testing.assert_allclose(mean, np.nanmean(data.astype("f8"), axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(std, np.nanstd(data.astype("f8"), axis=0), rtol=1e-5)
+    np.testing.assert_allclose(total, np.nansum(data, dtype="f8"), rtol=1e-9)
+    assert all(stop - start <= PIECE_ROWS for (start, stop), *_ in reads.regions)
+    assert sum(reads.sizes) == data.nbytes
+
+
 @pytest.mark.parametrize("name", sorted(COUNTING))
 def test_counts_read_a_piece_at_a_time_in_each_pass_and_equal_numpy(span_field, monkeypatch, name):
     data, paths = span_field

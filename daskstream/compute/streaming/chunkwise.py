@@ -11,15 +11,16 @@ steps of reductions whose combine is known, counts and histograms
 (:mod:`daskstream.compute.streaming.spans`) -- the read instead gives its
 block as a span of pieces a few storage chunks large: each piece is decoded,
 taken through the element-wise steps and reduced while it is in the cache,
-and the partials are combined as they come.
+and the partials are combined as they come. The first steps of reductions
+of one read that the planner computes together in one task per block
+(:func:`~daskstream.graph.rewrites.fuse_siblings`) are set apart again, and
+computed together piece by piece: each piece read once for all of them.
 
 The graph keeps its tasks: only what the read and its takers compute inside
 each one changes, so the plan (passes, tasks, memory: a piece holds less than
 its block) is the one made for the blocks. Read as before, whole: blocks a
 step takes whole (the result itself, dask's ``map_blocks`` of a function not
-known to be element-wise); the reductions of one read that the planner
-computes together in one task per block
-(:func:`~daskstream.graph.rewrites.fuse_siblings`); sources on object stores
+known to be element-wise); sources on object stores
 (a block's chunks are fetched together, concurrently); sharded Zarr arrays
 read in part (each piece would open its shard and read its index again); and
 sources stored without chunks.
@@ -29,19 +30,20 @@ sources stored without chunks.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dask._task_spec import Task
-from dask.blockwise import Blockwise
-from dask.highlevelgraph import HighLevelGraph
+from dask._task_spec import Task, TaskRef
+from dask.blockwise import Blockwise, blockwise_token
+from dask.highlevelgraph import HighLevelGraph, Layer
 from dask.typing import Key
 
 from daskstream import config
 from daskstream.compute.streaming.span_graphs import SpanKinds, classified_spans, streamed_spans
 from daskstream.compute.streaming.span_read_counts import layer_chunks
 from daskstream.compute.streaming.span_steps import with_tasks
-from daskstream.graph.layers import SPAN_ANNOTATION, blockwise_like, source_read_by, span_reads
+from daskstream.graph.layers import SIBLINGS_ANNOTATION, SPAN_ANNOTATION, blockwise_like, source_read_by, span_reads
 from daskstream.graph.reads import read_span
 from daskstream.sources.objects.places import is_url
 
@@ -97,7 +99,7 @@ def _qualifying(
     # A read some step takes whole is read as before; one less read spanned may leave another's step taking a
     # mix of spans and blocks, which streams as well: a few rounds at most, one per read dropped.
     while pieces:
-        spanned = _spanned(graph, pieces)
+        spanned = _spanned(_unfused(graph, set(pieces)), pieces)
         found = classified_spans(spanned, keys)
         whole = {name for name in pieces if not _all_stream(spanned, name, found.kinds, found.spans, found.taken_whole)}
         if not whole:
@@ -128,6 +130,62 @@ def _piece(graph: HighLevelGraph, layer: Any) -> tuple[int, ...] | None:
     if all(max(lengths, default=0) <= step for lengths, step in zip(chunks, piece)):
         return None  # every block one piece at most (chunks="storage", say): nothing to stream
     return piece
+
+
+def _unfused(graph: HighLevelGraph, reads: set[str]) -> HighLevelGraph:
+    """``graph`` with the steps the planner computes together in one task per block of ``reads``
+    (:func:`~daskstream.graph.rewrites.fuse_siblings`) apart again, each its own layer: where their blocks are
+    spans, the reductions among them are computed together piece by piece instead
+    (:mod:`~daskstream.compute.streaming.span_siblings`)."""
+    layers, dependencies = dict(graph.layers), dict(graph.dependencies)
+    for name, layer in graph.layers.items():
+        if SIBLINGS_ANNOTATION not in (layer.collection_annotations or {}) or not graph.dependencies[name] & reads:
+            continue
+        if any(source_read_by(graph, graph.layers[d]) is not None for d in graph.dependencies[name] - reads):
+            continue  # apart, another read's blocks read whole would wait for each step taking them
+        assert isinstance(layer, Blockwise)  # a fused layer is one
+        steps = layer.task.args  # each sibling's task, taking the fused layer's inputs
+        picks = {
+            taker: taker_layer.task.args[1]
+            for taker, needs in graph.dependencies.items()
+            if name in needs
+            and isinstance(taker_layer := graph.layers[taker], Blockwise)
+            and taker_layer.task.func is operator.getitem
+        }
+        if len(picks) != len(steps):
+            continue  # a pick not found: left as fused
+        for taker, position in picks.items():
+            layers[taker] = _apart(layer, steps[position], graph.layers[taker])
+            dependencies[taker] = set(graph.dependencies[name])
+        del layers[name], dependencies[name]
+    return HighLevelGraph(layers, dependencies, key_dependencies=dict(graph.key_dependencies))
+
+
+def _apart(fused: Blockwise, step: Task, picked: Layer) -> Blockwise:
+    """The layer of one sibling of ``fused``: its ``step`` over the inputs it takes, named as the layer that
+    picked its result out of the fused one (``picked``)."""
+    used = [i for i in range(len(fused.indices)) if blockwise_token(i) in step.dependencies]
+    renamed = {blockwise_token(i): blockwise_token(n) for n, i in enumerate(used)}
+    inputs = [fused.indices[i] for i in used]
+    task = step.substitute(renamed)
+    apart = Blockwise(
+        output=picked.output,  # type: ignore[attr-defined]
+        output_indices=fused.output_indices,
+        task=Task(picked.output, task.func, *task.args, **task.kwargs),  # type: ignore[attr-defined]
+        indices=inputs,
+        numblocks={_name(n): fused.numblocks[_name(n)] for n, index in inputs if index is not None},
+        concatenate=None,
+        new_axes={},
+        annotations=fused.annotations,
+        io_deps=fused.io_deps,
+    )
+    apart.collection_annotations = dict(picked.collection_annotations or {})
+    return apart
+
+
+def _name(ref: Any) -> Any:
+    """A blockwise input's layer name, whether given as itself or as a reference to it."""
+    return ref.key if isinstance(ref, TaskRef) else ref
 
 
 def _aligned(lengths: tuple[int, ...], step: int) -> bool:
