@@ -121,6 +121,8 @@ def _piece(graph: HighLevelGraph, layer: Any) -> tuple[int, ...] | None:
         return None
     if getattr(source, "shards_in_part", False):
         return None  # each piece would open its shard and read its index again: a block reads them once
+    if not storage or min(storage) < 1 or 0 in source.shape:
+        return None  # a scalar, or nothing stored: nothing to stream
     if len(storage) != len(chunks) or not all(_aligned(lengths, step) for lengths, step in zip(chunks, storage)):
         return None
     # Grown along the first axis, a piece's storage chunks lie one after another in it: each decoded in place.
