@@ -110,7 +110,7 @@ def _qualifying(
 
 def _piece(graph: HighLevelGraph, layer: Any) -> tuple[int, ...] | None:
     """The piece a read layer's blocks would stream in: its source's storage chunk, grown along the first axis
-    to :data:`MIN_PIECE_BYTES` within the shortest block; ``None`` for any other layer, a source on an object
+    to :data:`MIN_PIECE_BYTES`, no longer than the longest block; ``None`` for any other layer, a source on an object
     store or without chunks, or blocks not beginning on storage-chunk boundaries."""
     if not isinstance(layer, Blockwise) or SPAN_ANNOTATION in (layer.collection_annotations or {}):
         return None
