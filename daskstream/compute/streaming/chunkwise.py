@@ -31,17 +31,18 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from dask._task_spec import Task, TaskRef
 from dask.blockwise import Blockwise, blockwise_token
+from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph, Layer
 from dask.typing import Key
 
 from daskstream import config
 from daskstream.compute.streaming.span_graphs import SpanKinds, classified_spans, streamed_spans
-from daskstream.compute.streaming.span_read_counts import layer_chunks
+from daskstream.compute.streaming.span_read_counts import layer_chunks, steps_reached
 from daskstream.compute.streaming.span_steps import with_tasks
 from daskstream.graph.layers import SIBLINGS_ANNOTATION, SPAN_ANNOTATION, blockwise_like, source_read_by, span_reads
 from daskstream.graph.reads import read_span
@@ -101,7 +102,8 @@ def _qualifying(
     while pieces:
         spanned = _spanned(_unfused(graph, set(pieces)), pieces)
         found = classified_spans(spanned, keys)
-        whole = {name for name in pieces if not _all_stream(spanned, name, found.kinds, found.spans, found.taken_whole)}
+        dependents = reverse_dict(spanned.dependencies)
+        whole = {name for name in pieces if not _all_stream(name, dependents, found)}
         if not whole:
             return spanned, found, pieces
         pieces = {name: piece for name, piece in pieces.items() if name not in whole}
@@ -225,30 +227,13 @@ def _block_bytes(layer: Blockwise) -> int:
     return math.prod(max(lengths, default=0) for lengths in chunks) * itemsize
 
 
-def _all_stream(
-    graph: HighLevelGraph, read: str, kinds: Mapping[str, str | None], spans: set[str], whole: Iterable[str]
-) -> bool:
+def _all_stream(read: str, dependents: Mapping[str, set[str]], found: SpanKinds) -> bool:
     """Whether every step the spans of ``read`` reach streams pieces (:data:`STREAMED_KINDS`), none taking
-    them whole."""
-    taken_whole = set(whole)
-    dependents: dict[str, set[str]] = {}
-    for name, needs in graph.dependencies.items():
-        for need in needs:
-            dependents.setdefault(need, set()).add(name)
-    waiting, seen = [read], set()
-    while waiting:
-        current = waiting.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current in taken_whole:
-            return False
-        for taker in dependents.get(current, ()):
-            if kinds.get(taker) not in STREAMED_KINDS:
-                return False
-            if taker in spans:
-                waiting.append(taker)
-    return True
+    them whole (``dependents``: each layer's takers)."""
+    reached = steps_reached(read, dependents, found.kinds)
+    if read in found.taken_whole or reached & found.taken_whole:
+        return False
+    return all(found.kinds.get(step) in STREAMED_KINDS for step in reached)
 
 
 __all__ = ["MIN_PIECE_BYTES", "STREAMED_KINDS", "chunkwise_reads", "pieces_read"]

@@ -61,7 +61,7 @@ def read_counts(
         takers, more = int(read in results), 0.0
         together: set[Any] = set()  # reductions reading it together the same ways, counted once
         # Only the steps after the read, in dependency order: a graph of many files has a read per file.
-        for name in sorted(_after(read, dependents, kinds), key=position.__getitem__):
+        for name in sorted(steps_reached(read, dependents, kinds), key=position.__getitem__):
             inputs = [d for d in sorted(graph.dependencies.get(name, ())) if d in ways and d != name]
             if not inputs:
                 continue
@@ -91,8 +91,9 @@ def read_counts(
     return counts, again
 
 
-def _after(read: str, dependents: Mapping[str, set[str]], kinds: Mapping[str, str | None]) -> set[str]:
-    """The steps its spans reach from ``read``: through steps passing them on, and the first that does not."""
+def steps_reached(read: str, dependents: Mapping[str, set[str]], kinds: Mapping[str, str | None]) -> set[str]:
+    """The steps the spans of ``read`` reach (``dependents``: each layer's takers): through steps passing them
+    on, and the first that does not."""
     found, waiting = set(), [read]
     while waiting:
         for dependent in dependents.get(waiting.pop(), ()):
