@@ -21,11 +21,12 @@ from signals import assert_stopped_by, signalled_command
 from span_helpers import BUDGET, SPANNED, Reads
 
 import daskstream as ds
-from daskstream.compute.streaming.spans import FAN_IN
+from daskstream.compute.streaming.span_folds import MOST_WAITING, WAITING_BYTES, Fold, held_bytes
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.spans import _wave_use as wave_use
 from daskstream.planning.spans import plan_span, span_blocks
 from daskstream.runtime.metering import ReadMeter
+from daskstream.sources.npy import NpySource
 
 
 def opened(path):
@@ -446,7 +447,8 @@ def test_a_real_cluster_runs_spanned_tasks(dask_cluster, span_field):
 
 
 def test_partials_are_combined_as_they_come(span_field, spanned, monkeypatch):
-    """Each new partial is combined with the running one: a task holds the kept axes' partials twice at most."""
+    """Small partials wait to be combined many at a time: a task's few pieces' partials (40 x 6 values each)
+    combined once, at its end, where each new one was combined with the running one before; numpy's answer."""
     import daskstream.compute.streaming.spans as spans
 
     data, paths = span_field
@@ -458,10 +460,39 @@ def test_partials_are_combined_as_they_come(span_field, spanned, monkeypatch):
         return combine(self, partials)
 
     monkeypatch.setattr(spans.Combine, "__call__", counted)
+    reads = Reads(monkeypatch, NpySource)
     x, _plan = opened(paths["npy"])
     np.testing.assert_allclose(np.nanmax(x, axis=0).compute(), np.nanmax(data, axis=0))
-    assert held
-    assert max(held) == FAN_IN == 2
+    assert len(reads.sizes) > 2 * math.prod(x.numblocks)  # several pieces a task
+    assert sum(held) == len(reads.sizes)  # each piece's partial combined once
+    assert len(held) == math.prod(x.numblocks)  # once a task
+    assert max(held) <= MOST_WAITING
+
+
+@pytest.mark.parametrize("partial_bytes", [8, 4_000, 40_000, 200_000])
+@pytest.mark.parametrize("kept", [1, 3])
+def test_a_fold_holds_its_running_partials_and_little_beside(partial_bytes, kept):
+    """However large the partials, a fold holds one running partial per kept position and, beside them,
+    WAITING_BYTES at most once a piece is added; its result is every partial combined."""
+    pieces, length = 200, partial_bytes // 8
+    held_at_most = [0.0]
+
+    def partial_of(i):
+        return np.full((1, length), float(i))
+
+    def combined(partials):
+        return np.sum(partials, axis=0)
+
+    fold = Fold((0,), combined, partial_of, 2)
+    for i in range(pieces):
+        fold.add((i, i % kept), i)
+        held_at_most[0] = max(held_at_most[0], sum(held_bytes(p) for p in fold.partials.values()))
+    result = fold.result()
+    assert result.shape == (1, length * kept)
+    for k in range(kept):
+        np.testing.assert_array_equal(result[0, k * length : (k + 1) * length], sum(range(k, pieces, kept)))
+    running = kept * partial_bytes
+    assert held_at_most[0] <= running + WAITING_BYTES
 
 
 def test_empty_slices_and_small_spans_taken_whole_give_numpys_answer(span_field, spanned):
@@ -891,7 +922,6 @@ def test_a_task_checks_its_source_once_not_around_every_chunk(span_field, spanne
 
 def test_a_source_changed_while_a_task_streams_its_span_is_caught(tmp_path, spanned, monkeypatch):
     from daskstream.errors import SourceChangedError
-    from daskstream.sources.npy import NpySource
 
     data = np.random.default_rng(3).standard_normal((24_000, 40, 6)).astype("f4")
     path = tmp_path / "a.npy"

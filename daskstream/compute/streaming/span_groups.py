@@ -34,7 +34,7 @@ from dask.blockwise import Blockwise
 from dask.core import reverse_dict
 from dask.highlevelgraph import HighLevelGraph
 
-from daskstream.compute.streaming.spans import joined_partials
+from daskstream.compute.streaming.span_folds import joined_partials
 from daskstream.graph.flox_steps import flox_chunk_step, is_flox
 
 #: What a flox map-reduce step's partial holds besides its intermediates: the labels of its groups.

@@ -74,19 +74,15 @@ from typing import Any
 import dask.array.reductions as dask_reductions
 import numpy as np
 from dask._task_spec import Task
-from dask.array.core import _concatenate2
 from dask.blockwise import blockwise_token
 
+from daskstream.compute.streaming.span_folds import Fold
 from daskstream.compute.streaming.span_steps import concatenated
 from daskstream.graph.reads import SpanRead
 from daskstream.runtime.stopping import raise_if_stopped
 from daskstream.sources.checked_once import CheckedOnce
 
 Box = tuple[slice, ...]
-
-#: Partials of one kept position combined at once: two, a running partial and the next, so a task holds
-#: the partials of the axes it keeps twice at most (a partial of a thin piece can be as large as the piece).
-FAN_IN = 2
 
 
 @dataclass(frozen=True)
@@ -504,32 +500,11 @@ def span_reductions(layout: tuple[tuple[Step, Combine, int], ...], *values: Any)
     def partial_of(step: Step, inputs: Sequence[Any]) -> Callable[[Box, Reads], Any]:
         return lambda box, read: step(step.parts(inputs, box, shape, read))
 
-    folds = [_Fold(combine.reduced, combine, partial_of(step, inputs), len(shape)) for step, combine, inputs in taken]
+    folds = [Fold(combine.reduced, combine, partial_of(step, inputs), len(shape)) for step, combine, inputs in taken]
     return tuple(_folded_together(spans, folds))
 
 
-class _Fold:
-    """One reduction's partials of pieces, combined as they come along its ``reduced`` axes (:func:`_folded`)."""
-
-    def __init__(self, reduced: tuple[int, ...], combine: Callable[[list[Any]], Any], partial_of: Any, ndim: int):
-        self.combine, self.partial_of = combine, partial_of
-        self.kept = [axis for axis in range(ndim) if axis not in reduced]
-        self.partials: dict[tuple[int, ...], list[Any]] = {}
-
-    def add(self, position: tuple[int, ...], box: Box, read: Reads) -> None:
-        waiting = self.partials.setdefault(tuple(position[axis] for axis in self.kept), [])
-        waiting.append(self.partial_of(box, read))
-        if len(waiting) >= FAN_IN:
-            waiting[:] = [self.combine(waiting)]
-
-    def result(self) -> Any:
-        combined = {
-            p: self.combine(waiting) if len(waiting) > 1 else waiting[0] for p, waiting in self.partials.items()
-        }
-        return (getattr(self.combine, "join", None) or joined_partials)(combined, self.kept)
-
-
-def _folded_together(spans: Sequence[Any], folds: Sequence[_Fold]) -> list[Any]:
+def _folded_together(spans: Sequence[Any], folds: Sequence[Fold]) -> list[Any]:
     """Each fold of the pieces of ``spans``, every piece read once (its reads shared) for all of them."""
     first = Reads()
     for position, box in _boxes(_cuts(spans)):
@@ -549,7 +524,7 @@ def _folded(
 ) -> Any:
     """The partials of the pieces of ``spans`` (``partial_of`` a piece's box and its reads), combined as they
     come along the ``reduced`` axes and joined along the kept ones."""
-    fold = _Fold(reduced, combine, partial_of, len(spans[0].shape))
+    fold = Fold(reduced, combine, partial_of, len(spans[0].shape))
     return _folded_together(spans, [fold])[0]
 
 
@@ -567,25 +542,3 @@ def span_counts(step: Step, *values: Any) -> Any:
         total = row if total is None else total + row
     first.check()
     return total
-
-
-def joined_partials(parts: Mapping[tuple[int, ...], Any], axes: list[int]) -> Any:
-    """The partials at each kept position, joined along the kept ``axes`` (dicts of partials field by field)."""
-    if not axes:
-        return parts[()]
-    counts = [max(position[i] for position in parts) + 1 for i in range(len(axes))]
-
-    def nest(prefix: tuple[int, ...]) -> Any:
-        if len(prefix) == len(counts):
-            return parts[prefix]
-        return [nest((*prefix, i)) for i in range(counts[len(prefix)])]
-
-    nested = nest(())
-    first = next(iter(parts.values()))
-    if isinstance(first, dict):
-        return {field: _concatenate2(_field(nested, field), axes=axes) for field in first}
-    return _concatenate2(nested, axes=axes)
-
-
-def _field(nested: Any, field: str) -> Any:
-    return [_field(item, field) for item in nested] if isinstance(nested, list) else nested[field]
