@@ -76,6 +76,16 @@ def test_importing_leaves_the_allocator_alone_and_a_session_caps_its_arenas_as_c
     assert _arenas("session", "none") > 4  # left alone when the setting says so
 
 
+def test_a_top_pad_that_is_not_a_size_is_refused_naming_the_setting():
+    from daskstream.errors import DaskstreamError
+    from daskstream.runtime.allocator import keep_at_heap_tops
+
+    with pytest.raises(DaskstreamError, match=r"daskstream\.compute\.malloc-top-pad='lots' is not a size") as refused:
+        keep_at_heap_tops("lots")
+    assert isinstance(refused.value, ValueError)
+    assert keep_at_heap_tops("none") is None  # left alone
+
+
 def _same_graph(a, b) -> bool:
     a, b = dict(a), dict(b)
     return a.keys() == b.keys() and all(str(a[k]) == str(b[k]) for k in a)

@@ -1,4 +1,5 @@
-"""How many heaps the C allocator keeps: fewer, so memory freed by one thread serves the next.
+"""How glibc's allocator keeps freed memory: in fewer heaps, so memory freed by one thread serves the next, and
+with a few MiB kept free at each heap's top, so a task's next piece reuses the pages its last one freed.
 
 glibc gives each thread that allocates while another does a heap (arena) of
 its own, up to eight per CPU, and each keeps the blocks freed into it for
@@ -14,6 +15,20 @@ The cap is a change to the whole process, so importing daskstream makes none:
 it is set where daskstream starts work of its own (entering a
 :func:`~daskstream.session`, iterating a stream, the ``daskstream`` command),
 from the setting then in force.
+
+A task streaming its block piece by piece frees each piece and its temporaries
+(a variance's float64 copies) before allocating the next piece's. glibc gives
+back the memory at a heap's top beyond twice its largest freed block, so
+pieces of 1 MiB whose temporaries add up to 5 MiB were given back and faulted
+in again for every piece: a million page faults for a variance of 1 GiB, most
+of a core's time. Keeping ``daskstream.compute.malloc-top-pad`` bytes free at
+the top of each heap (glibc's ``M_TOP_PAD``) keeps those pages, at that many
+bytes per heap held when nothing runs. Setting it stops glibc's threshold for
+mapping a block apart from the heaps from sliding up with the blocks freed,
+so the threshold is set too, to the 32 MiB glibc slides it to at most: left
+at its first 128 KiB, every piece would be mapped apart and faulted in
+afresh. Both are set once in a process, by the first task that streams
+pieces there, from the setting then in force.
 """
 
 from __future__ import annotations
@@ -22,13 +37,24 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import threading
 
 from dask.system import cpu_count
 
 from daskstream import config
+from daskstream.planning.budget import parse_budget
 
-# glibc's mallopt parameter for the most arenas (malloc.h: M_ARENA_MAX).
+# glibc's mallopt parameters (malloc.h): the most arenas, and the free bytes a heap keeps at its top.
 _M_ARENA_MAX = -8
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+#: Blocks this large or larger are mapped apart from the heaps (and given back when freed): the most glibc's own
+#: sliding threshold reaches on a 64-bit machine (malloc.c: DEFAULT_MMAP_THRESHOLD_MAX).
+MAPPED_APART_BYTES = 32 * 2**20
+
+_padded: list[int | None] = []  # the pad set in this process, once set
+_padding = threading.Lock()
 
 
 def cap_malloc_arenas() -> int | None:
@@ -49,14 +75,51 @@ def limit_malloc_arenas(setting: int | str | None) -> int | None:
             return None
         setting = max(2, cpu_count())  # the usable CPUs: affinity and cgroup quota counted
     count = int(setting)
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    libc = _libc()
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(name)
-        if libc.mallopt(_M_ARENA_MAX, count) == 1:
+        if libc is not None and libc.mallopt(_M_ARENA_MAX, count) == 1:
             return count
     return None
 
 
-__all__ = ["cap_malloc_arenas", "limit_malloc_arenas"]
+def pad_heap_tops() -> int | None:
+    """Keep ``daskstream.compute.malloc-top-pad`` bytes free at the top of each heap (``none``: leave them), the
+    first time it is called in this process; the pad set, or ``None``."""
+    if not _padded:
+        with _padding:
+            if not _padded:
+                setting = config.setting("compute.malloc-top-pad")
+                _padded.append(keep_at_heap_tops(setting))
+    return _padded[0]
+
+
+def keep_at_heap_tops(setting: int | str | None) -> int | None:
+    """Have glibc keep ``setting`` bytes (``"16MiB"``, say) free at the top of each heap when it gives memory back,
+    and take blocks under :data:`MAPPED_APART_BYTES` from the heaps; the bytes kept, or ``None`` where left alone
+    (``none``, or no glibc).
+
+    >>> keep_at_heap_tops("none") is None
+    True
+    """
+    if setting in (None, "none", 0) or not hasattr(os, "sched_getaffinity"):  # not Linux: no glibc
+        return None
+    pad = min(parse_budget(setting, name="daskstream.compute.malloc-top-pad"), 2**31 - 1)  # mallopt takes an int
+    libc = _libc()
+    with contextlib.suppress(OSError, AttributeError):
+        # The threshold first: once the pad is set, glibc no longer slides it up from 128 KiB.
+        if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MAPPED_APART_BYTES) == 1:
+            return pad if libc.mallopt(_M_TOP_PAD, pad) == 1 else None
+    return None
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+__all__ = ["MAPPED_APART_BYTES", "cap_malloc_arenas", "keep_at_heap_tops", "limit_malloc_arenas", "pad_heap_tops"]

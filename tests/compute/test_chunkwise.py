@@ -8,6 +8,10 @@ the oracle for every answer.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 
 import dask
@@ -128,6 +132,49 @@ def test_a_task_holds_a_piece_not_its_block(span_field):
     block = 6000 * 40 * 6 * 4
     assert peaks[False] >= block
     assert peaks[True] < block / 2
+
+
+# A variance streamed in pieces (1 MiB each, float64 copies and powers of 2 MiB beside), computed once to warm,
+# then again: the page faults of the second, in a process of its own (the allocator's state is the process's).
+FAULTS = textwrap.dedent(
+    """
+    import resource, sys
+    import dask, dask.array as da
+    import daskstream as ds
+
+    x = ds.open(sys.argv[1], chunks=tuple(map(int, sys.argv[2].split(","))))
+    std = da.nanstd(x)
+    std.compute(scheduler="synchronous")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    std.compute(scheduler="synchronous")
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+def _faults(path, top_pad):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_DASKSTREAM__COMPUTE__MALLOC")}
+    env["DASK_DASKSTREAM__COMPUTE__MALLOC_TOP_PAD"] = top_pad
+    run = subprocess.run(
+        [sys.executable, "-c", FAULTS, path, ",".join(map(str, BLOCKS))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    return int(run.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_pieces_memory_is_reused_by_the_next_not_faulted_in_again(span_field):
+    """The pages a piece and its temporaries freed serve the next piece: a second variance faults in fewer
+    pages than one piece holds, where, the allocator left alone, every piece's are given back and faulted in."""
+    _, paths = span_field
+    pieces = -(-24_000 // PIECE_ROWS)
+    piece_pages = PIECE_ROWS * 40 * 6 * 4 // 4096
+    assert _faults(paths["zarr"], "16MiB") < piece_pages
+    assert _faults(paths["zarr"], "none") > pieces * piece_pages  # what the setting spares
 
 
 @pytest.mark.parametrize(
