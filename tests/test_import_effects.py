@@ -77,8 +77,8 @@ def test_importing_leaves_the_allocator_alone_and_a_session_caps_its_arenas_as_c
 
 
 def test_a_top_pad_that_is_not_a_size_is_refused_naming_the_setting():
+    from daskstream.allocator import keep_at_heap_tops
     from daskstream.errors import DaskstreamError
-    from daskstream.runtime.allocator import keep_at_heap_tops
 
     with pytest.raises(DaskstreamError, match=r"daskstream\.compute\.malloc-top-pad='lots' is not a size") as refused:
         keep_at_heap_tops("lots")

@@ -11,9 +11,9 @@ import click
 
 from daskstream import dependencies
 from daskstream.advice import message_of
+from daskstream.allocator import cap_malloc_arenas
 from daskstream.cli.words import in_cli_words
 from daskstream.errors import DaskstreamError, DaskstreamWarning
-from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.progress import close_open_bars
 from daskstream.runtime.stopping import (
     Interrupted,

@@ -44,12 +44,12 @@ import dask
 import dask.config
 
 from daskstream.advice import keyword, said
+from daskstream.allocator import cap_malloc_arenas
 from daskstream.errors import InvalidArgumentError
 from daskstream.graph.layers import read_layers
 from daskstream.planning.budget import parse_budget
 from daskstream.runtime import clusters
 from daskstream.runtime.addresses import check_scheduler_address
-from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.runtime.clusters import join
 from daskstream.runtime.metering import ReadMeter, process_initializer, shared_counter
 from daskstream.runtime.pools import one_process_pool

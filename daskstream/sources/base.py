@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from daskstream.advice import joined, keyword, said
+from daskstream.allocator import pad_heap_tops
 from daskstream.display import card, grid_figure, table
 from daskstream.errors import (
     CorruptSourceError,
@@ -154,6 +155,7 @@ class Source(ABC):
 
         Returns a new native-byte-order numpy array that owns its data.
         """
+        pad_heap_tops()  # once a process: a read's memory, freed, serves the next (daskstream.allocator)
         box, post = normalize_region(region, self.shape)
         shape = tuple(s.stop - s.start for s in box)
         if math.prod(shape) == 0:

@@ -21,8 +21,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from daskstream.allocator import cap_malloc_arenas
 from daskstream.planning.streams import window_order
-from daskstream.runtime.allocator import cap_malloc_arenas
 from daskstream.streaming.batches import _shuffled, _take
 from daskstream.streaming.plan import StreamPlan
 

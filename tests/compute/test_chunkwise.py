@@ -18,6 +18,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+import zarr
 from span_helpers import Reads
 
 import daskstream as ds
@@ -134,15 +135,16 @@ def test_a_task_holds_a_piece_not_its_block(span_field):
     assert peaks[True] < block / 2
 
 
-# A variance streamed in pieces (1 MiB each, float64 copies and powers of 2 MiB beside), computed once to warm,
-# then again: the page faults of the second, in a process of its own (the allocator's state is the process's).
+# A variance computed once to warm, then again: the page faults of the second, in a process of its own (the
+# allocator's state is the process's). Blocks as the second argument says: "storage", or rows per block.
 FAULTS = textwrap.dedent(
     """
     import resource, sys
     import dask, dask.array as da
     import daskstream as ds
 
-    x = ds.open(sys.argv[1], chunks=tuple(map(int, sys.argv[2].split(","))))
+    x = ds.open(sys.argv[1])
+    x = ds.open(sys.argv[1], chunks=sys.argv[2] if sys.argv[2] == "storage" else (int(sys.argv[2]),) + x.shape[1:])
     std = da.nanstd(x)
     std.compute(scheduler="synchronous")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -152,15 +154,11 @@ FAULTS = textwrap.dedent(
 )
 
 
-def _faults(path, top_pad):
+def _faults(path, blocks, top_pad):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_DASKSTREAM__COMPUTE__MALLOC")}
     env["DASK_DASKSTREAM__COMPUTE__MALLOC_TOP_PAD"] = top_pad
     run = subprocess.run(
-        [sys.executable, "-c", FAULTS, path, ",".join(map(str, BLOCKS))],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
+        [sys.executable, "-c", FAULTS, path, str(blocks)], capture_output=True, text=True, env=env, timeout=120
     )
     assert run.returncode == 0, run.stderr
     return int(run.stdout)
@@ -168,13 +166,25 @@ def _faults(path, top_pad):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_a_pieces_memory_is_reused_by_the_next_not_faulted_in_again(span_field):
-    """The pages a piece and its temporaries freed serve the next piece: a second variance faults in fewer
-    pages than one piece holds, where, the allocator left alone, every piece's are given back and faulted in."""
+    """The pages a piece (1 MiB) and its temporaries (float64 copies and powers, 2 MiB each) freed serve the
+    next piece: a second variance faults in fewer pages than one piece holds, where, the allocator left alone,
+    every piece's are given back and faulted in."""
     _, paths = span_field
     pieces = -(-24_000 // PIECE_ROWS)
     piece_pages = PIECE_ROWS * 40 * 6 * 4 // 4096
-    assert _faults(paths["zarr"], "16MiB") < piece_pages
-    assert _faults(paths["zarr"], "none") > pieces * piece_pages  # what the setting spares
+    assert _faults(paths["zarr"], BLOCKS[0], "16MiB") < piece_pages
+    assert _faults(paths["zarr"], BLOCKS[0], "none") > pieces * piece_pages  # what the setting spares
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_blocks_of_one_storage_chunk_reuse_the_memory_of_the_last(tmp_path):
+    """Read whole, blocks of a 1 MiB storage chunk each fault the same way: the first read of a source in a
+    process sets the allocator, whatever reads it."""
+    data = np.random.default_rng(3).standard_normal((8 * 1024, 256)).astype("f4")
+    zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(1024, 256))
+    block_pages = 1024 * 256 * 4 // 4096
+    assert _faults(str(tmp_path / "a.zarr"), "storage", "16MiB") < block_pages
+    assert _faults(str(tmp_path / "a.zarr"), "storage", "none") > 8 * block_pages
 
 
 @pytest.mark.parametrize(

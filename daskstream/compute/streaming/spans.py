@@ -79,7 +79,6 @@ from dask.blockwise import blockwise_token
 from daskstream.compute.streaming.span_folds import Fold
 from daskstream.compute.streaming.span_steps import concatenated
 from daskstream.graph.reads import SpanRead
-from daskstream.runtime.allocator import pad_heap_tops
 from daskstream.runtime.stopping import raise_if_stopped
 from daskstream.sources.checked_once import CheckedOnce
 
@@ -282,8 +281,6 @@ class Reads:
     def __init__(self, sources: CheckedOnce | None = None) -> None:
         self._read: dict[tuple[int, tuple[tuple[int, int], ...]], Any] = {}
         # A task's sources, checked unchanged once for all its pieces (each piece's Reads shares them).
-        if sources is None:
-            pad_heap_tops()  # each piece's memory reused by the next (daskstream.compute.malloc-top-pad)
         self._sources = CheckedOnce() if sources is None else sources
 
     def __call__(self, span: SpanRead, box: Box) -> Any:

@@ -23,12 +23,13 @@ pieces of 1 MiB whose temporaries add up to 5 MiB were given back and faulted
 in again for every piece: a million page faults for a variance of 1 GiB, most
 of a core's time. Keeping ``daskstream.compute.malloc-top-pad`` bytes free at
 the top of each heap (glibc's ``M_TOP_PAD``) keeps those pages, at that many
-bytes per heap held when nothing runs. Setting it stops glibc's threshold for
-mapping a block apart from the heaps from sliding up with the blocks freed,
-so the threshold is set too, to the 32 MiB glibc slides it to at most: left
-at its first 128 KiB, every piece would be mapped apart and faulted in
-afresh. Both are set once in a process, by the first task that streams
-pieces there, from the setting then in force.
+bytes per heap held when nothing runs. Blocks of a mebibyte or two read
+whole (``chunks="storage"``) fault the same way, so both are set by the first
+read of a source in a process (:meth:`daskstream.Source.read`), from the
+setting then in force. Setting the pad stops glibc's threshold for mapping a
+block apart from the heaps from sliding up with the blocks freed, so the
+threshold is set too, to the 32 MiB glibc slides it to at most: left at its
+first 128 KiB, every piece would be mapped apart and faulted in afresh.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def limit_malloc_arenas(setting: int | str | None) -> int | None:
 
 def pad_heap_tops() -> int | None:
     """Keep ``daskstream.compute.malloc-top-pad`` bytes free at the top of each heap (``none``: leave them), the
-    first time it is called in this process; the pad set, or ``None``."""
+    first time it is called in this process (a source's first read); the pad set, or ``None``."""
     if not _padded:
         with _padding:
             if not _padded:
