@@ -1,25 +1,27 @@
 """Reductions read in pieces beside the same reductions with blocks read whole, and with the allocator left alone.
 
 A reduction over a local chunked source reads each block a mebibyte of storage chunks at a time
-(``daskstream.compute.chunkwise``), and the first task that streams pieces in a process keeps 16 MiB free at
-the top of each of glibc's heaps (``daskstream.compute.malloc-top-pad``), so a piece's temporaries reuse the
-pages the last piece freed. This runs three computations over the peers' 1 GiB float32 field (Zarr, zstd 3,
-written by ``benchmarks.peers``; chunks of 1024 x 1024, or ``--chunk`` x ``--chunk``):
+(``daskstream.compute.chunkwise``), and a source's first read in a process has glibc keep 16 MiB free at the
+top of each heap (``daskstream.compute.malloc-top-pad``), so a piece's temporaries reuse the pages the last
+piece freed. This runs four computations over the peers' 1 GiB float32 field (Zarr, zstd 3, written by
+``benchmarks.peers``; chunks of 1024 x 1024, or ``--chunk`` x ``--chunk``):
 
-=============  ======================================================
-sum            ``x.sum(dtype="f8")``
-mean std max   ``dask.compute(x.mean(), x.std(), x.max())``: reductions computed together, each piece read once
-std along 0    ``x.std(axis=0)``: partials as wide as the kept axis
-=============  ======================================================
+===================  ================================================================================
+sum                  ``x.sum(dtype="f8")``
+mean std max         ``dask.compute(x.mean(), x.std(), x.max())``: computed together, each piece read once
+std along 0          ``x.std(axis=0)``: partials as wide as the kept axis
+std, storage blocks  ``x.std()`` of ``ds.open(path, chunks="storage")``: blocks of one storage chunk each
+===================  ================================================================================
 
 each in three settings: **pieces** (the defaults), **pieces, allocator left alone**
-(``malloc-top-pad: none``), **blocks whole** (``chunkwise: false``). Every run is a fresh interpreter that
+(``malloc-top-pad: none``), **blocks whole** (``chunkwise: false``); blocks of one storage chunk are read
+whole in all three (a block is one piece at most). Every run is a fresh interpreter that
 opens the array untimed and times its first computation, the way a script runs one (settings interleaved
 within each round). Reported: the medians of the wall time, the process's CPU time and its minor page faults
 (pages faulted in afresh) during the computation.
 
 Run ``python -m benchmarks.pieces [--size 1GiB] [--chunk 1024] [--format zarr3-zstd] [--repeats 5]
-[--data-dir benchmarks/data] [--out benchmarks/results/pieces]``.
+[--scheduler threads|synchronous] [--data-dir benchmarks/data] [--out benchmarks/results/pieces]``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from benchmarks import peers
 
-COMPUTATIONS = ("sum", "mean std max", "std along 0")
+COMPUTATIONS = ("sum", "mean std max", "std along 0", "std, storage blocks")
 SETTINGS: dict[str, dict[str, Any]] = {
     "pieces": {},
     "pieces, allocator left alone": {"daskstream.compute.malloc-top-pad": "none"},
@@ -52,13 +54,14 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
     import daskstream as ds
 
-    x = ds.open(spec["path"])
+    x = ds.open(spec["path"], chunks="storage" if spec["computation"] == "std, storage blocks" else "auto")
     work = {
         "sum": lambda: x.sum(dtype="f8").compute(),
         "mean std max": lambda: dask.compute(x.mean(), x.std(), x.max()),
         "std along 0": lambda: x.std(axis=0).compute(),
+        "std, storage blocks": lambda: x.std().compute(),
     }[spec["computation"]]
-    with dask.config.set(SETTINGS[spec["setting"]]):
+    with dask.config.set({**SETTINGS[spec["setting"]], "scheduler": spec.get("scheduler", "threads")}):
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         work()
         wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
@@ -104,6 +107,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunk", type=int, default=1024, help="Storage chunks' side (default 1024: 4 MiB).")
     parser.add_argument("--format", default="zarr3-zstd", choices=("zarr2-zstd", "zarr3-zstd"))
     parser.add_argument("--repeats", type=int, default=5, help="Rounds, each setting once per round (default 5).")
+    parser.add_argument(
+        "--scheduler",
+        default="threads",
+        choices=("threads", "synchronous"),
+        help="dask's scheduler (default threads, one per CPU; synchronous: one thread).",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds one run may take.")
     parser.add_argument("--data-dir", type=Path, default=Path("benchmarks/data"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pieces"))
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for round_number in range(args.repeats):
         for computation in COMPUTATIONS:
             for setting in SETTINGS:
-                spec = {"path": str(path), "computation": computation, "setting": setting}
+                spec = {"path": str(path), "computation": computation, "setting": setting, "scheduler": args.scheduler}
                 got = _launch(spec, args.timeout)
                 runs.setdefault((computation, setting), []).append(got)
                 print(
@@ -145,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     chunk_mib = args.chunk * args.chunk * 4 / 2**20
     header = (
         f"`python -m benchmarks.pieces --size {args.size} --chunk {args.chunk} --format {args.format} "
-        f"--repeats {args.repeats}`\n\n{peers.FORMATS[args.format].label}, {rows} x {peers.COLS} float32, storage "
-        f"chunks of {chunk_mib:g} MiB; {os.cpu_count()} CPUs, dask's threaded scheduler; medians of {args.repeats} "
+        f"--repeats {args.repeats} --scheduler {args.scheduler}`\n\n{peers.FORMATS[args.format].label}, {rows} x {peers.COLS} float32, storage "
+        f"chunks of {chunk_mib:g} MiB; {os.cpu_count()} CPUs, dask's {args.scheduler} scheduler; medians of {args.repeats} "
         "runs, each a fresh interpreter timing its first computation, settings interleaved."
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
