@@ -38,7 +38,8 @@ __version__ = "0.1.0"
 # What importing daskstream changes, all of it: dask's default array optimizer becomes daskstream's, which
 # plans the passes of graphs reading daskstream sources against their budget and hands every other graph to
 # dask's own optimizer untouched (daskstream.compute.rewrite: false hands it every graph). Nothing else:
-# the allocator's arenas are capped where daskstream starts work (see daskstream.allocator).
+# the allocator's arenas are capped where daskstream starts work, and its heaps keep a few MiB free at their
+# tops from a source's first read on (see daskstream.allocator).
 install_optimizer()
 
 __all__ = [

@@ -18,25 +18,26 @@ from the setting then in force.
 
 A task streaming its block piece by piece frees each piece and its temporaries
 (a variance's float64 copies) before allocating the next piece's. glibc gives
-back the memory at a heap's top beyond twice its largest freed block, so
-pieces of 1 MiB whose temporaries add up to 5 MiB were given back and faulted
-in again for every piece: a million page faults for a variance of 1 GiB, most
-of a core's time. Keeping ``daskstream.compute.malloc-top-pad`` bytes free at
-the top of each heap (glibc's ``M_TOP_PAD``) keeps those pages, at that many
-bytes per heap held when nothing runs. Blocks of a mebibyte or two read
-whole (``chunks="storage"``) fault the same way, so both are set by the first
-read of a source in a process (:meth:`daskstream.Source.read`), from the
-setting then in force. Setting the pad stops glibc's threshold for mapping a
+back the memory at a heap's top beyond twice the largest mapped block freed so
+far, so pieces of 1 MiB whose temporaries add up to 5 MiB were given back and
+faulted in again for every piece: a million page faults for a variance of
+1 GiB, most of a core's time. Keeping ``daskstream.compute.malloc-top-pad``
+bytes free at the top of each heap (glibc's ``M_TOP_PAD``) keeps those pages,
+at that many bytes per heap held when nothing runs. Blocks of a mebibyte or
+two read whole (``chunks="storage"``) fault the same way, so the pad is set by
+the first read of a source in a process (:meth:`daskstream.Source.read`), from
+the setting then in force. Setting it stops glibc's threshold for mapping a
 block apart from the heaps from sliding up with the blocks freed, so the
 threshold is set too, to the 32 MiB glibc slides it to at most: left at its
-first 128 KiB, every piece would be mapped apart and faulted in afresh.
+first 128 KiB, every piece would be mapped apart and faulted in afresh. Where
+the environment tunes glibc's allocator itself (``MALLOC_TOP_PAD_`` and its
+kin, ``glibc.malloc`` tunables), it is left as the environment says.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import threading
 
@@ -102,23 +103,41 @@ def keep_at_heap_tops(setting: int | str | None) -> int | None:
     >>> keep_at_heap_tops("none") is None
     True
     """
-    if setting in (None, "none", 0) or not hasattr(os, "sched_getaffinity"):  # not Linux: no glibc
+    if setting in (None, "none", 0):
         return None
     pad = min(parse_budget(setting, name="daskstream.compute.malloc-top-pad"), 2**31 - 1)  # mallopt takes an int
+    if not _glibc() or _tuned_by_environment():
+        return None
     libc = _libc()
     with contextlib.suppress(OSError, AttributeError):
-        # The threshold first: once the pad is set, glibc no longer slides it up from 128 KiB.
+        # Either call stops glibc sliding the threshold; the pad alone would leave it at 128 KiB.
         if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MAPPED_APART_BYTES) == 1:
             return pad if libc.mallopt(_M_TOP_PAD, pad) == 1 else None
     return None
 
 
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+def _glibc() -> bool:
+    """Whether this process runs on glibc (not musl, not macOS or Windows)."""
     try:
-        return ctypes.CDLL(name)
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+#: The environment's own tuning of glibc's allocator, which daskstream leaves as it says.
+_ENVIRONMENT_TUNING = ("MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_")
+
+
+def _tuned_by_environment() -> bool:
+    return any(name in os.environ for name in _ENVIRONMENT_TUNING) or "glibc.malloc." in os.environ.get(
+        "GLIBC_TUNABLES", ""
+    )
+
+
+def _libc() -> ctypes.CDLL | None:
+    """The C library this process runs on (its symbols, ``mallopt`` among them)."""
+    try:
+        return ctypes.CDLL(None)
     except OSError:
         return None
 

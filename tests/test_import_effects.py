@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -84,6 +85,37 @@ def test_a_top_pad_that_is_not_a_size_is_refused_naming_the_setting():
         keep_at_heap_tops("lots")
     assert isinstance(refused.value, ValueError)
     assert keep_at_heap_tops("none") is None  # left alone
+
+
+def test_an_allocator_the_environment_tunes_is_left_as_it_says(monkeypatch):
+    from daskstream.allocator import keep_at_heap_tops
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576")
+    assert keep_at_heap_tops("16MiB") is None
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "1048576")
+    assert keep_at_heap_tops("16MiB") is None
+
+
+PAD_ONCE = textwrap.dedent(
+    """
+    import dask
+    from daskstream.allocator import pad_heap_tops
+
+    with dask.config.set({"daskstream.compute.malloc-top-pad": "8MiB"}):
+        first = pad_heap_tops()
+    with dask.config.set({"daskstream.compute.malloc-top-pad": "none"}):
+        print(first, pad_heap_tops())
+    """
+)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_the_pad_is_set_once_a_process_from_the_setting_then_in_force():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    run = subprocess.run([sys.executable, "-c", PAD_ONCE], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(8 * 2**20)] * 2
 
 
 def _same_graph(a, b) -> bool:

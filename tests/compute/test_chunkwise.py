@@ -9,6 +9,7 @@ the oracle for every answer.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -154,8 +155,16 @@ FAULTS = textwrap.dedent(
 )
 
 
+GLIBC = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+
+
 def _faults(path, blocks, top_pad):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_DASKSTREAM__COMPUTE__MALLOC")}
+    # Nothing else tuning the allocator: daskstream leaves alone an allocator the environment tunes.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DASK_DASKSTREAM__COMPUTE__MALLOC", "MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD"))
+    }
     env["DASK_DASKSTREAM__COMPUTE__MALLOC_TOP_PAD"] = top_pad
     run = subprocess.run(
         [sys.executable, "-c", FAULTS, path, str(blocks)], capture_output=True, text=True, env=env, timeout=120
@@ -164,7 +173,7 @@ def _faults(path, blocks, top_pad):
     return int(run.stdout)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+@GLIBC
 def test_a_pieces_memory_is_reused_by_the_next_not_faulted_in_again(span_field):
     """The pages a piece (1 MiB) and its temporaries (float64 copies and powers, 2 MiB each) freed serve the
     next piece: a second variance faults in fewer pages than one piece holds, where, the allocator left alone,
@@ -176,7 +185,7 @@ def test_a_pieces_memory_is_reused_by_the_next_not_faulted_in_again(span_field):
     assert _faults(paths["zarr"], BLOCKS[0], "none") > pieces * piece_pages  # what the setting spares
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+@GLIBC
 def test_blocks_of_one_storage_chunk_reuse_the_memory_of_the_last(tmp_path):
     """Read whole, blocks of a 1 MiB storage chunk each fault the same way: the first read of a source in a
     process sets the allocator, whatever reads it."""

@@ -21,7 +21,7 @@ from signals import assert_stopped_by, signalled_command
 from span_helpers import BUDGET, SPANNED, Reads
 
 import daskstream as ds
-from daskstream.compute.streaming.span_folds import MOST_WAITING, WAITING_BYTES, Fold, held_bytes
+from daskstream.compute.streaming.span_folds import MOST_WAITING, WAITING_BYTES, Fold
 from daskstream.errors import MemoryBudgetError
 from daskstream.planning.spans import _wave_use as wave_use
 from daskstream.planning.spans import plan_span, span_blocks
@@ -469,30 +469,57 @@ def test_partials_are_combined_as_they_come(span_field, spanned, monkeypatch):
     assert max(held) <= MOST_WAITING
 
 
+def _nbytes(partial):
+    return sum(_nbytes(v) for v in partial.values()) if isinstance(partial, dict) else partial.nbytes
+
+
 @pytest.mark.parametrize("partial_bytes", [8, 4_000, 40_000, 200_000])
-@pytest.mark.parametrize("kept", [1, 3])
-def test_a_fold_holds_its_running_partials_and_little_beside(partial_bytes, kept):
-    """However large the partials, a fold holds one running partial per kept position and, beside them,
-    WAITING_BYTES at most once a piece is added; its result is every partial combined."""
-    pieces, length = 200, partial_bytes // 8
-    held_at_most = [0.0]
+@pytest.mark.parametrize("kept", [1, 3, 40])
+@pytest.mark.parametrize("as_dict", [False, True], ids=["arrays", "dicts of arrays"])
+def test_a_fold_holds_its_running_partials_and_little_beside(partial_bytes, kept, as_dict):
+    """However large the partials (arrays, or dicts of them as a variance's), and however many kept positions,
+    a fold holds one running partial per kept position and, beside them, WAITING_BYTES at most once a piece is
+    added; small partials are combined many at a time; its result is every partial combined."""
+    pieces, length = 400, max(1, partial_bytes // 8 // (2 if as_dict else 1))
+    held_at_most, combined_lists = 0, []
 
     def partial_of(i):
-        return np.full((1, length), float(i))
+        values = np.full((1, length), float(i))
+        return {"total": values, "n": np.ones((1, length))} if as_dict else values
 
     def combined(partials):
+        combined_lists.append(len(partials))
+        if as_dict:
+            return {key: np.sum([p[key] for p in partials], axis=0) for key in ("total", "n")}
         return np.sum(partials, axis=0)
 
+    combined.join = None
     fold = Fold((0,), combined, partial_of, 2)
     for i in range(pieces):
         fold.add((i, i % kept), i)
-        held_at_most[0] = max(held_at_most[0], sum(held_bytes(p) for p in fold.partials.values()))
+        held = sum(_nbytes(p) for waiting in fold.partials.values() for p in waiting)
+        held_at_most = max(held_at_most, held)
     result = fold.result()
-    assert result.shape == (1, length * kept)
+    total = result["total"] if as_dict else result
+    assert total.shape == (1, length * kept)
     for k in range(kept):
-        np.testing.assert_array_equal(result[0, k * length : (k + 1) * length], sum(range(k, pieces, kept)))
-    running = kept * partial_bytes
-    assert held_at_most[0] <= running + WAITING_BYTES
+        np.testing.assert_array_equal(total[0, k * length : (k + 1) * length], sum(range(k, pieces, kept)))
+    one = _nbytes(partial_of(0))
+    assert held_at_most <= kept * one + WAITING_BYTES
+    if one * kept <= WAITING_BYTES // 8:  # small partials: combined many at a time, not one by one
+        assert len(combined_lists) * 4 <= pieces
+
+
+def test_partials_of_a_kind_not_known_are_combined_as_they_come():
+    class Opaque:
+        def __init__(self, value):
+            self.value = value
+
+    fold = Fold((0,), lambda partials: Opaque(sum(p.value for p in partials)), Opaque, 1)
+    for i in range(10):
+        fold.add((i,), i)
+        assert len(fold.partials[()]) == 1  # too large to wait, for all a fold knows
+    assert fold.result().value == 45
 
 
 def test_empty_slices_and_small_spans_taken_whole_give_numpys_answer(span_field, spanned):

@@ -54,7 +54,14 @@ class Fold:
         size = held_bytes(waiting[-1])
         self._waiting[at] = self._waiting.get(at, 0.0) + size
         self._waiting_bytes += size
-        if len(waiting) >= MOST_WAITING or self._waiting_bytes > WAITING_BYTES:
+        if self._waiting_bytes > WAITING_BYTES:
+            # Every position's waiting partials combined, not this one's alone: with many kept positions each
+            # holding one, this one's would otherwise be combined in pairs from then on.
+            for position in self._waiting:
+                self.partials[position][:] = [self.combine(self.partials[position])]
+            self._waiting.clear()
+            self._waiting_bytes = 0.0
+        elif len(waiting) >= MOST_WAITING:
             self._waiting_bytes -= self._waiting.pop(at)
             waiting[:] = [self.combine(waiting)]
 
