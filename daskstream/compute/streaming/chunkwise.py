@@ -42,7 +42,7 @@ from dask.typing import Key
 
 from daskstream import config
 from daskstream.compute.streaming.span_graphs import SpanKinds, classified_spans, streamed_spans
-from daskstream.compute.streaming.span_read_counts import layer_chunks, steps_reached
+from daskstream.compute.streaming.span_read_counts import largest_block_bytes, layer_chunks, steps_reached
 from daskstream.compute.streaming.span_steps import with_tasks
 from daskstream.graph.layers import SIBLINGS_ANNOTATION, SPAN_ANNOTATION, blockwise_like, source_read_by, span_reads
 from daskstream.graph.reads import read_span
@@ -211,20 +211,13 @@ def _spanned(graph: HighLevelGraph, pieces: Mapping[str, tuple[int, ...]]) -> Hi
         assert isinstance(read, Blockwise)  # a read layer is one (see _piece)
         task = read.task
         spanned = blockwise_like(read, task=Task(task.key, read_span, *task.args, piece=piece))
-        block_bytes = _block_bytes(read)
+        block_bytes = largest_block_bytes(read)
         spanned.collection_annotations = {
             **(read.collection_annotations or {}),
             SPAN_ANNOTATION: {"piece": piece, "cap": block_bytes},
         }
         layers[name] = spanned
     return HighLevelGraph(layers, graph.dependencies, key_dependencies=dict(graph.key_dependencies))
-
-
-def _block_bytes(layer: Blockwise) -> int:
-    annotations = layer.collection_annotations or {}
-    chunks = layer_chunks(layer) or ()
-    itemsize = getattr(annotations.get("dtype"), "itemsize", 8)
-    return math.prod(max(lengths, default=0) for lengths in chunks) * itemsize
 
 
 def _all_stream(read: str, dependents: Mapping[str, set[str]], found: SpanKinds) -> bool:

@@ -157,3 +157,11 @@ def _part_read(graph: HighLevelGraph, name: str, dependent: str, kind: str | Non
 def layer_chunks(layer: Layer) -> Any:
     """A layer's blocks as dask annotates them (``None`` where it does not)."""
     return (layer.collection_annotations or {}).get("chunks")
+
+
+def largest_block_bytes(layer: Layer) -> int:
+    """The bytes of a layer's largest block as dask annotates its blocks and dtype (8-byte values where no dtype
+    is annotated; one value where no blocks are)."""
+    annotations = layer.collection_annotations or {}
+    itemsize = getattr(annotations.get("dtype"), "itemsize", 8)
+    return math.prod(max(lengths, default=0) for lengths in annotations.get("chunks") or ()) * itemsize

@@ -7,6 +7,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.utils import funcname, key_split
 
 from daskstream.advice import named, said
+from daskstream.compute.streaming.span_read_counts import largest_block_bytes
 from daskstream.errors import MemoryBudgetError
 from daskstream.graph.layers import REGIONS_ANNOTATION, sources_read_by
 from daskstream.planning.budget import format_size
@@ -56,12 +57,8 @@ def check_whole(graph: HighLevelGraph, name: str, cap: int, takers: list[str], *
     step takes them whole, naming the step as the user called it and the source by its path."""
     layer = graph.layers[name]
     annotations = layer.collection_annotations or {}
-    chunks, dtype = annotations.get("chunks"), annotations.get("dtype")
-    itemsize = getattr(dtype, "itemsize", 8)
-    largest = itemsize
-    for lengths in chunks or ():
-        largest *= max(lengths, default=0)
-    if chunks is not None and largest <= cap:
+    largest = largest_block_bytes(layer)
+    if annotations.get("chunks") is not None and largest <= cap:
         return
     step = ", ".join(sorted({_step_name(t) for t in takers})) or "the result"
     source = source_name(graph, name)
