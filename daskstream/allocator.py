@@ -70,18 +70,10 @@ def limit_malloc_arenas(setting: int | str | None) -> int | None:
     >>> limit_malloc_arenas(None) is None
     True
     """
-    if setting in (None, "none", 0):
+    if setting in (None, "none", 0) or not _glibc():
         return None
-    if setting == "auto":
-        if not hasattr(os, "sched_getaffinity"):  # not Linux: no glibc
-            return None
-        setting = max(2, cpu_count())  # the usable CPUs: affinity and cgroup quota counted
-    count = int(setting)
-    libc = _libc()
-    with contextlib.suppress(OSError, AttributeError):
-        if libc is not None and libc.mallopt(_M_ARENA_MAX, count) == 1:
-            return count
-    return None
+    count = max(2, cpu_count()) if setting == "auto" else int(setting)  # the usable CPUs: affinity and quota counted
+    return count if _mallopt(_M_ARENA_MAX, count) else None
 
 
 def pad_heap_tops() -> int | None:
@@ -108,12 +100,8 @@ def keep_at_heap_tops(setting: int | str | None) -> int | None:
     pad = min(parse_budget(setting, name="daskstream.compute.malloc-top-pad"), 2**31 - 1)  # mallopt takes an int
     if not _glibc() or _tuned_by_environment():
         return None
-    libc = _libc()
-    with contextlib.suppress(OSError, AttributeError):
-        # Either call stops glibc sliding the threshold; the pad alone would leave it at 128 KiB.
-        if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MAPPED_APART_BYTES) == 1:
-            return pad if libc.mallopt(_M_TOP_PAD, pad) == 1 else None
-    return None
+    # Either call stops glibc sliding the threshold; the pad alone would leave it at 128 KiB.
+    return pad if _mallopt(_M_MMAP_THRESHOLD, MAPPED_APART_BYTES) and _mallopt(_M_TOP_PAD, pad) else None
 
 
 def _glibc() -> bool:
@@ -134,12 +122,11 @@ def _tuned_by_environment() -> bool:
     )
 
 
-def _libc() -> ctypes.CDLL | None:
-    """The C library this process runs on (its symbols, ``mallopt`` among them)."""
-    try:
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
+def _mallopt(parameter: int, value: int) -> bool:
+    """glibc's ``mallopt(parameter, value)``, looked up in the C library this process runs on; whether it took."""
+    with contextlib.suppress(OSError, AttributeError):
+        return bool(ctypes.CDLL(None).mallopt(parameter, value) == 1)
+    return False
 
 
 __all__ = ["MAPPED_APART_BYTES", "cap_malloc_arenas", "keep_at_heap_tops", "limit_malloc_arenas", "pad_heap_tops"]
