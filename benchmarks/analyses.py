@@ -66,6 +66,7 @@ from benchmarks.peers import (
     remove,
     warm,
 )
+from benchmarks.timing import marked_report, run_fresh
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT_MARK = "ANALYSES-RESULT "
@@ -212,17 +213,15 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    command = [sys.executable, "-m", "benchmarks.analyses", "--one", json.dumps(spec)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     try:
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        done = run_fresh("benchmarks.analyses", spec, timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
-    line = next((s for s in reversed(done.stdout.splitlines()) if s.startswith(RESULT_MARK)), None)
-    if done.returncode != 0 or line is None:
+    report = marked_report(done.stdout, RESULT_MARK)
+    if done.returncode != 0 or report is None:
         lines = [s for s in done.stderr.strip().splitlines() if s.strip()]
         return {"error": (lines[-1] if lines else f"exit status {done.returncode}")[:300]}
-    return json.loads(line[len(RESULT_MARK) :])
+    return report
 
 
 def run(args: argparse.Namespace, echo: Callable[[str], None]) -> list[dict[str, Any]]:

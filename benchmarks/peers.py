@@ -72,6 +72,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.timing import marked_report, run_fresh
+
 REPO = Path(__file__).resolve().parent.parent
 COLS = 4096
 #: The side of HDF5 and unsharded Zarr storage chunks (``--chunk``; run children take it from the environment).
@@ -1145,21 +1147,18 @@ class Runs:
 
 def launch(spec: dict[str, Any], timeout: float, echo: Callable[[str], None]) -> dict[str, Any]:
     """Run ``spec`` in a fresh interpreter; its report, or ``{"error": reason}`` (stderr shown)."""
-    command = [sys.executable, "-m", "benchmarks.peers", "--one", json.dumps(spec)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     try:
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        done = run_fresh("benchmarks.peers", spec, timeout)
     except subprocess.TimeoutExpired as stopped:
         stderr = stopped.stderr.decode(errors="replace") if isinstance(stopped.stderr, bytes) else stopped.stderr or ""
         echo(f"    timed out after {timeout:.0f} s; its stderr ends:\n{_tail(stderr)}")
         return {"error": f"timed out after {timeout:.0f} s", "stderr": stderr[-4000:]}
-    line = next((s for s in reversed(done.stdout.splitlines()) if s.startswith(RESULT_MARK)), None)
-    if done.returncode != 0 or line is None:
+    report = marked_report(done.stdout, RESULT_MARK)
+    if done.returncode != 0 or report is None:
         lines = [s for s in done.stderr.strip().splitlines() if s.strip()]
         reason = lines[-1].strip() if lines else f"exit status {done.returncode}"
         echo(f"    failed ({reason}); its stderr ends:\n{_tail(done.stderr)}")
         return {"error": reason[:160], "stderr": done.stderr[-4000:]}
-    report = json.loads(line[len(RESULT_MARK) :])
     if done.stderr.strip():
         report["stderr"] = done.stderr[-2000:]
     return report

@@ -31,13 +31,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import peers
+from benchmarks.timing import marked_report, run_fresh, write_results
 
 COMPUTATIONS = ("sum", "mean std max", "std along 0", "std, storage blocks")
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -70,16 +70,11 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _launch(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.pieces", "--one", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    line = next((s for s in reversed(done.stdout.splitlines()) if s.startswith(RESULT_MARK)), None)
-    if line is None:
+    done = run_fresh("benchmarks.pieces", spec, timeout)
+    report = marked_report(done.stdout, RESULT_MARK)
+    if done.returncode != 0 or report is None:
         raise RuntimeError(f"{spec['computation']} ({spec['setting']}) failed: {done.stderr.strip()[-500:]}")
-    return json.loads(line[len(RESULT_MARK) :])
+    return dict(report)
 
 
 def table(rows: list[dict[str, Any]], header: str) -> str:
@@ -158,14 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         f"chunks of {chunk_mib:g} MiB; {os.cpu_count()} CPUs, dask's {args.scheduler} scheduler; medians of {args.repeats} "
         "runs, each a fresh interpreter timing its first computation, settings interleaved."
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(
-        json.dumps(
-            {"args": vars(args) | {"out": str(args.out), "data_dir": str(args.data_dir)}, "rows": rows_out}, indent=1
-        )
-    )
     text = table(rows_out, header)
-    args.out.with_suffix(".md").write_text(text)
+    document = {"args": vars(args) | {"out": str(args.out), "data_dir": str(args.data_dir)}, "rows": rows_out}
+    write_results(str(args.out), text.rstrip("\n"), document)
     print(text)
     return 0
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +25,23 @@ def warm_median(seconds: Callable[[], float], repeats: int) -> float:
     the page cache and the code paths."""
     seconds()
     return statistics.median(seconds() for _ in range(repeats))
+
+
+def run_fresh(module: str, spec: dict[str, Any], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> --one <spec as JSON>`` in a fresh interpreter, from the repository with it on the
+    path, its output captured (``subprocess.TimeoutExpired`` past ``timeout`` seconds)."""
+    repository = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join(filter(None, [str(repository), os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", module, "--one", json.dumps(spec)]
+    return subprocess.run(
+        command, cwd=repository, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def marked_report(stdout: str, mark: str) -> Any:
+    """The JSON a run printed after ``mark`` on its last line starting with it; ``None`` where none does."""
+    line = next((s for s in reversed(stdout.splitlines()) if s.startswith(mark)), None)
+    return None if line is None else json.loads(line[len(mark) :])
 
 
 def write_results(out: str | None, table: str, document: Any) -> None:
